@@ -1,0 +1,23 @@
+# hvdkit: the two commands of the README, and a few more.
+#   make train   horovodrun -np 4 on the embedded digits data (installs what is missing first)
+#   make test    the whole test suite (installs what is missing first); make test-quick skips slow cases
+VENV ?= .venv
+PY := $(VENV)/bin/python
+NP ?= 4
+
+.PHONY: setup train test test-quick clean
+
+setup:
+	bash launch/install.sh
+
+train: setup
+	$(VENV)/bin/horovodrun -np $(NP) $(PY) -m hvdkit.train $(ARGS)
+
+test: setup
+	$(PY) -m pytest -ra tests
+
+test-quick: setup
+	$(PY) -m pytest -ra -m "not slow" tests
+
+clean:
+	rm -rf runs results .pytest_cache

@@ -1,0 +1,253 @@
+"""One typed Config for a training run: the flags, their defaults, and where values come from.
+
+Precedence (highest first): command-line flag > ``--config FILE`` (JSON object) >
+``HVDKIT_<NAME>`` environment variable (e.g. ``HVDKIT_BATCH_SIZE=64``) > default.
+Unknown keys in the config file or unknown ``HVDKIT_*`` variables are refused, so a typo
+never silently falls back to a default. The resolved Config is saved in results.json.
+
+The flags are declared once, in :data:`FIELDS`; argparse, the env and file readers and
+the dataclass all come from that table.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+from hvdkit.errors import UsageError
+
+__all__ = ["Config", "FIELDS", "build_parser", "parse_config", "ENV_PREFIX"]
+
+ENV_PREFIX = "HVDKIT_"
+# Environment variables with this prefix that are not Config fields but are known.
+_ENV_RESERVED = {"HVDKIT_PYTHON", "HVDKIT_VENV"}
+
+
+@dataclass(frozen=True)
+class _Field:
+    name: str
+    type: type
+    default: Any
+    help: str
+    group: str
+    choices: tuple | None = None
+    metavar: str | None = None
+
+
+FIELDS: tuple[_Field, ...] = (
+    # what to train
+    _Field("strategy", str, "horovod", "how replicas agree (see README's strategy table)", "what to train"),
+    _Field("model", str, "mlp", "linear | mlp | cnn | resnet50 | MODULE:FUNCTION (a function "
+           "(input_shape, num_classes) -> tf.keras.Model returning logits)", "what to train", metavar="NAME"),
+    _Field("dataset", str, "digits", "digits (scikit-learn's 1,797 bundled 8x8 images) | synthetic | "
+           "npz:PATH (arrays x, y) | idx:DIR (MNIST IDX files)", "what to train", metavar="SPEC"),
+    _Field("image_size", int, 224, "synthetic images are IMAGE_SIZE x IMAGE_SIZE x 3", "what to train"),
+    _Field("synthetic_samples", int, 1024, "number of synthetic training samples", "what to train"),
+    _Field("num_classes", int, 0, "classes for synthetic data (0: 1000, as ImageNet)", "what to train"),
+    _Field("eval_fraction", float, 0.2, "held-out fraction for datasets without a test split", "what to train"),
+    # optimisation
+    _Field("epochs", int, 10, "passes over the training set", "optimisation"),
+    _Field("batch_size", int, 32, "samples per rank per step (the global batch is BATCH_SIZE x workers)", "optimisation"),
+    _Field("optimizer", str, "momentum", "sgd | momentum | adam", "optimisation", choices=("sgd", "momentum", "adam")),
+    _Field("lr", float, 0.02, "learning rate at one rank (scaled by the number of workers unless "
+           "--no-lr-scaling)", "optimisation"),
+    _Field("momentum", float, 0.9, "momentum for --optimizer momentum", "optimisation"),
+    _Field("lr_scaling", bool, True, "multiply the learning rate by the number of workers (Goyal et "
+           "al. 2017, as Horovod's examples do)", "optimisation"),
+    _Field("seed", int, 0, "seed for weights, data order and synthetic data (same on every rank)", "optimisation"),
+    _Field("max_steps", int, 0, "stop after this many steps in total (0: no limit)", "optimisation"),
+    # output
+    _Field("output_dir", str, "", "results directory (default runs/<timestamp>-<strategy>)", "output", metavar="DIR"),
+    _Field("export_weights", str, "", "write the final weights to this .npz file (rank 0; weights are "
+           "identical on every rank)", "output", metavar="PATH"),
+    _Field("resume", bool, False, "continue from the checkpoint in --output-dir", "output"),
+    _Field("checkpoint", bool, True, "write OUTPUT_DIR/checkpoint.npz after every epoch (rank 0, atomic)", "output"),
+    _Field("tensorboard", bool, True, "write TensorBoard scalars to OUTPUT_DIR/tensorboard", "output"),
+    _Field("progress_seconds", float, 10.0, "print a progress line inside an epoch at most this often", "output"),
+    # system
+    _Field("threads", int, 0, "TensorFlow intra-op threads per rank (0: cores / ranks on this host, "
+           "at least 1; inter-op is 1 when ranks >= cores)", "system"),
+    _Field("fail_at", str, "", "testing: raise an error on RANK at STEP (RANK:STEP) to exercise "
+           "failure handling", "testing", metavar="RANK:STEP"),
+)
+
+_BY_NAME = {f.name: f for f in FIELDS}
+
+
+@dataclass(frozen=True)
+class Config:
+    """The resolved settings of one run; see :data:`FIELDS` for meaning and units."""
+
+    strategy: str = "horovod"
+    model: str = "mlp"
+    dataset: str = "digits"
+    image_size: int = 224
+    synthetic_samples: int = 1024
+    num_classes: int = 0
+    eval_fraction: float = 0.2
+    epochs: int = 10
+    batch_size: int = 32
+    optimizer: str = "momentum"
+    lr: float = 0.02
+    momentum: float = 0.9
+    lr_scaling: bool = True
+    seed: int = 0
+    max_steps: int = 0
+    output_dir: str = ""
+    export_weights: str = ""
+    resume: bool = False
+    checkpoint: bool = True
+    tensorboard: bool = True
+    progress_seconds: float = 10.0
+    threads: int = 0
+    fail_at: str = ""
+    extra: Mapping[str, Any] = field(default_factory=dict)  # strategy-specific settings
+
+    def __post_init__(self) -> None:
+        _check(self)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict of every setting."""
+        d = dataclasses.asdict(self)
+        d["extra"] = dict(self.extra)
+        return d
+
+    def replace(self, **changes: Any) -> "Config":
+        """A copy with ``changes`` applied (validated again)."""
+        return dataclasses.replace(self, **changes)
+
+    @property
+    def fail_rank_step(self) -> tuple[int, int] | None:
+        """``--fail-at RANK:STEP`` as (rank, step), or None."""
+        if not self.fail_at:
+            return None
+        rank, step = self.fail_at.split(":")
+        return int(rank), int(step)
+
+
+def _check(c: Config) -> None:
+    def positive(name: str) -> None:
+        if getattr(c, name) <= 0:
+            raise UsageError(f"--{name.replace('_', '-')}={getattr(c, name)} must be > 0")
+
+    for name in ("batch_size", "epochs", "image_size", "synthetic_samples", "lr"):
+        positive(name)
+    for name in ("max_steps", "num_classes", "threads", "momentum"):
+        if getattr(c, name) < 0:
+            raise UsageError(f"--{name.replace('_', '-')}={getattr(c, name)} must be >= 0")
+    if not 0.0 < c.eval_fraction < 1.0:
+        raise UsageError(f"--eval-fraction={c.eval_fraction} must be between 0 and 1")
+    if c.optimizer not in ("sgd", "momentum", "adam"):
+        raise UsageError(f"--optimizer={c.optimizer!r}: choose sgd, momentum or adam")
+    if c.fail_at:
+        parts = c.fail_at.split(":")
+        if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
+            raise UsageError(f"--fail-at={c.fail_at!r} must be RANK:STEP, e.g. 1:2")
+    if c.resume and not c.output_dir:
+        raise UsageError("--resume needs --output-dir DIR (the directory holding checkpoint.npz)")
+
+
+def _convert(f: _Field, raw: Any, source: str) -> Any:
+    if f.type is bool:
+        if isinstance(raw, bool):
+            return raw
+        s = str(raw).strip().lower()
+        if s in ("1", "true", "yes", "on"):
+            return True
+        if s in ("0", "false", "no", "off", ""):
+            return False
+        raise UsageError(f"{source}: {f.name}={raw!r} is not a boolean (use true/false)")
+    try:
+        return f.type(raw)
+    except (TypeError, ValueError):
+        raise UsageError(f"{source}: {f.name}={raw!r} is not a valid {f.type.__name__}") from None
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that raises :class:`UsageError` (printed once, by rank 0) instead of exiting."""
+
+    def error(self, message):
+        raise UsageError(f"{message} (see {self.prog} --help)")
+
+
+def build_parser(prog: str = "python -m hvdkit.train", extra_fields: Sequence[_Field] = ()) -> argparse.ArgumentParser:
+    """The argparse parser for :data:`FIELDS` (every default is None: precedence is applied later)."""
+    p = _Parser(
+        prog=prog,
+        description="Train a shared model on a shared dataset under one distributed strategy, "
+                    "with the same timing, logging and results.json for every strategy.",
+        epilog="Settings come from (highest first): flags > --config FILE (JSON) > HVDKIT_<NAME> "
+               "environment variables (e.g. HVDKIT_BATCH_SIZE=64) > defaults. Examples:\n"
+               "  horovodrun -np 4 python -m hvdkit.train\n"
+               "  mpirun -np 2 python -m hvdkit.train --model cnn --epochs 3 --export-weights w.npz\n"
+               "  horovodrun -np 8 -H a:4,b:4 python -m hvdkit.train --model resnet50 --dataset synthetic",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--config", metavar="FILE", help="JSON object of settings (keys as below, with underscores)")
+    groups: dict[str, argparse._ArgumentGroup] = {}
+    for f in (*FIELDS, *extra_fields):
+        g = groups.get(f.group) or groups.setdefault(f.group, p.add_argument_group(f.group))
+        flag = "--" + f.name.replace("_", "-")
+        default_txt = f" (default: {f.default})" if f.default not in ("", 0, None) or f.type is int else ""
+        if f.type is bool:
+            g.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None,
+                           help=f"{f.help} (default: {'on' if f.default else 'off'})")
+        else:
+            g.add_argument(flag, dest=f.name, type=str, default=None, choices=f.choices,
+                           metavar=f.metavar or f.name.upper(), help=f.help + default_txt)
+    return p
+
+
+def parse_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None,
+                 extra_fields: Sequence[_Field] = ()) -> Config:
+    """Resolve a :class:`Config` from flags, an optional JSON file, the environment and defaults.
+
+    Args:
+        argv: command-line arguments (without the program name); None means ``sys.argv[1:]``.
+        env: environment mapping; None means ``os.environ``.
+        extra_fields: strategy-specific fields, stored in ``Config.extra``.
+
+    Raises:
+        UsageError: an unknown key in the file or environment, a value of the wrong type,
+            or a value out of range.
+        SystemExit: from argparse, for ``--help`` or an unknown flag.
+    """
+    env = os.environ if env is None else env
+    fields = {f.name: f for f in (*FIELDS, *extra_fields)}
+    args = vars(build_parser(extra_fields=extra_fields).parse_args(argv))
+    values: dict[str, Any] = {}
+    # lowest precedence first: defaults < env < file < flags
+    for f in fields.values():
+        values[f.name] = f.default
+    for key, raw in env.items():
+        if not key.startswith(ENV_PREFIX) or key in _ENV_RESERVED:
+            continue
+        name = key[len(ENV_PREFIX):].lower()
+        if name not in fields:
+            raise UsageError(f"unknown environment variable {key}; known: "
+                             + ", ".join(ENV_PREFIX + n.upper() for n in fields))
+        values[name] = _convert(fields[name], raw, f"environment {key}")
+    if args.get("config"):
+        path = args["config"]
+        try:
+            with open(path) as fh:
+                data = json.load(fh)
+        except FileNotFoundError:
+            raise UsageError(f"--config {path}: no such file") from None
+        except json.JSONDecodeError as e:
+            raise UsageError(f"--config {path}: not valid JSON ({e})") from None
+        if not isinstance(data, dict):
+            raise UsageError(f"--config {path}: expected a JSON object of settings")
+        for name, raw in data.items():
+            if name not in fields:
+                raise UsageError(f"--config {path}: unknown key {name!r}; known: {', '.join(fields)}")
+            values[name] = _convert(fields[name], raw, f"--config {path}")
+    for name, raw in args.items():
+        if name != "config" and raw is not None:
+            values[name] = _convert(fields[name], raw, "--" + name.replace("_", "-"))
+    base = {k: v for k, v in values.items() if k in _BY_NAME}
+    extra = {k: v for k, v in values.items() if k not in _BY_NAME}
+    return Config(**base, extra=extra)

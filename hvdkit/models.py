@@ -1,0 +1,129 @@
+"""The shared models: one registry, each built from (input_shape, num_classes).
+
+Every model returns logits of shape (batch, num_classes), float32; the loss is sparse
+softmax cross-entropy. Weights are initialised from ``tf.keras.utils.set_random_seed(seed)``
+on every rank (and then broadcast from rank 0 by strategies that need it), so every
+strategy starts from the same point.
+
+=========  ==================================================================  =========
+name       what                                                                 params*
+=========  ==================================================================  =========
+linear     y = W.x + b on the flattened input (the notes' LinearRegressor,      650
+           one output per class)
+mlp        flatten, Dense 128 ReLU, Dense 64 ReLU, Dense classes                 17,226
+cnn        LeNet-style: 2x (3x3 conv 'same' + ReLU + 2x2 max-pool), Dense 128    ~40 k
+           (works on 8x8 and 28x28 and larger images)
+resnet50   ``tf.keras.applications.ResNet50(weights=None)`` for throughput;      ~23.6 M
+           needs images >= 32x32
+MOD:FUNC   a user's function ``FUNC(input_shape, num_classes) -> tf.keras.Model``
+=========  ==================================================================  =========
+
+\\* on digits (8x8x1, 10 classes), except resnet50 (224x224x3, 1000 classes: 25.6 M).
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Callable
+
+from hvdkit.errors import UsageError
+
+__all__ = ["MODELS", "build_model", "check_model_name"]
+
+
+def _linear(input_shape, num_classes):
+    import tensorflow as tf
+
+    return tf.keras.Sequential([
+        tf.keras.Input(shape=input_shape),
+        tf.keras.layers.Flatten(),                      # (batch, H*W*C)
+        tf.keras.layers.Dense(num_classes),             # (batch, classes): y = W.x + b
+    ], name="linear")
+
+
+def _mlp(input_shape, num_classes):
+    import tensorflow as tf
+
+    return tf.keras.Sequential([
+        tf.keras.Input(shape=input_shape),
+        tf.keras.layers.Flatten(),                      # (batch, H*W*C)
+        tf.keras.layers.Dense(128, activation="relu"),
+        tf.keras.layers.Dense(64, activation="relu"),
+        tf.keras.layers.Dense(num_classes),             # (batch, classes) logits
+    ], name="mlp")
+
+
+def _cnn(input_shape, num_classes):
+    import tensorflow as tf
+
+    L = tf.keras.layers
+    return tf.keras.Sequential([
+        tf.keras.Input(shape=input_shape),              # (batch, H, W, C)
+        L.Conv2D(16, 3, padding="same", activation="relu"),
+        L.MaxPooling2D(2, padding="same"),              # (batch, H/2, W/2, 16)
+        L.Conv2D(32, 3, padding="same", activation="relu"),
+        L.MaxPooling2D(2, padding="same"),              # (batch, H/4, W/4, 32)
+        L.Flatten(),
+        L.Dense(128, activation="relu"),
+        L.Dense(num_classes),                           # (batch, classes) logits
+    ], name="cnn")
+
+
+def _resnet50(input_shape, num_classes):
+    import tensorflow as tf
+
+    if len(input_shape) != 3 or min(input_shape[:2]) < 32:
+        raise UsageError(f"resnet50 needs images of at least 32x32xC, got input shape {input_shape}; "
+                         "use --dataset synthetic --image-size 32 (or larger)")
+    return tf.keras.applications.ResNet50(weights=None, input_shape=tuple(input_shape),
+                                          classes=num_classes, classifier_activation=None)
+
+
+MODELS: dict[str, Callable] = {"linear": _linear, "mlp": _mlp, "cnn": _cnn, "resnet50": _resnet50}
+
+
+def _user_model(spec: str) -> Callable:
+    module_name, _, func_name = spec.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise UsageError(f"--model {spec}: cannot import module {module_name!r} ({e})") from None
+    fn = getattr(module, func_name, None)
+    if not callable(fn):
+        raise UsageError(f"--model {spec}: module {module_name!r} has no function {func_name!r}")
+    return fn
+
+
+def check_model_name(name: str) -> None:
+    """Raise :class:`UsageError` unless ``name`` is a registered model or MODULE:FUNC."""
+    if name not in MODELS and (":" not in name or not all(name.partition(":")[::2])):
+        raise UsageError(f"unknown model {name!r}; choose {', '.join(MODELS)} or MODULE:FUNCTION")
+
+
+def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, seed: int = 0):
+    """Build model ``name`` with seeded initial weights.
+
+    Args:
+        name: a key of :data:`MODELS` or ``package.module:function``.
+        input_shape: one sample's shape, e.g. (8, 8, 1).
+        num_classes: width of the logits.
+        seed: seeds Python, NumPy and TensorFlow before the weights are drawn.
+
+    Returns:
+        A built ``tf.keras.Model`` mapping (batch, *input_shape) float32 to (batch, num_classes) logits.
+
+    Raises:
+        UsageError: unknown name, unimportable user model, or a model whose output does
+            not have num_classes logits.
+    """
+    import tensorflow as tf
+
+    check_model_name(name)
+    fn = MODELS.get(name) or _user_model(name)
+    tf.keras.utils.set_random_seed(seed)
+    model = fn(tuple(input_shape), num_classes)
+    if not isinstance(model, tf.keras.Model):
+        raise UsageError(f"--model {name}: the function returned {type(model).__name__}, not a tf.keras.Model")
+    out = model.output_shape
+    if not (isinstance(out, tuple) and out[-1] == num_classes):
+        raise UsageError(f"--model {name}: output shape {out} does not end in num_classes={num_classes}")
+    return model

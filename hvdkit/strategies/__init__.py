@@ -1,0 +1,38 @@
+"""The strategy table: ``--strategy NAME`` -> the class that implements it.
+
+Classes are imported on first use, so that a run of one strategy never imports another's
+framework (Horovod, tf.distribute).
+"""
+from __future__ import annotations
+
+import importlib
+
+from hvdkit.errors import UsageError
+
+__all__ = ["STRATEGIES", "get_strategy", "extra_fields"]
+
+#: name -> "module:Class"
+STRATEGIES: dict[str, str] = {
+    "horovod": "hvdkit.strategies.horovod:HorovodStrategy",
+}
+
+
+def get_strategy(name: str):
+    """The strategy class registered as ``name``.
+
+    Raises:
+        UsageError: unknown name (the message lists the known ones).
+    """
+    if name not in STRATEGIES:
+        raise UsageError(f"unknown strategy {name!r}; choose one of: {', '.join(STRATEGIES)}")
+    module, _, cls = STRATEGIES[name].partition(":")
+    return getattr(importlib.import_module(module), cls)
+
+
+def extra_fields() -> tuple:
+    """Every registered strategy's extra flags (for the one argument parser)."""
+    seen: dict[str, object] = {}
+    for name in STRATEGIES:
+        for f in get_strategy(name).extra_fields:
+            seen.setdefault(f.name, f)
+    return tuple(seen.values())

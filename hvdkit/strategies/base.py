@@ -1,0 +1,165 @@
+"""The small protocol every strategy implements, and the data-parallel replica row.
+
+The training loop (:mod:`hvdkit.trainer`) is written once. A strategy only answers:
+
+* which data shard this rank trains on (``data_partition``), or None for ranks that hold
+  no data (parameter servers, which run ``serve`` instead of the loop);
+* ``setup(model, optimizer)``: make every replica start from the same state;
+* ``train_step(x, y, timer)``: one step on this rank's batch, timing its phases;
+* ``sync_for_eval()``: bring this rank's model to the weights that should be evaluated;
+* ``report()``: strategy-specific results (a ``ps`` section, bytes moved, ...).
+
+:class:`ReplicaStrategy` is the data-parallel synchronous pattern shared by every
+allreduce strategy: compute local gradients, average them across ranks (the one
+method a row overrides, ``allreduce``), apply the same update everywhere.
+"""
+from __future__ import annotations
+
+import abc
+from typing import Any, ClassVar, Sequence
+
+import numpy as np
+
+from hvdkit.comm import World
+from hvdkit.config import Config
+from hvdkit.timing import StepTimer
+
+__all__ = ["Strategy", "ReplicaStrategy", "make_step_functions"]
+
+
+class Strategy(abc.ABC):
+    """Base of every ``--strategy``.
+
+    Class attributes:
+        name: the CLI name.
+        summary: one line for ``--help`` and the README table.
+        extra_fields: strategy-specific flags (:class:`hvdkit.config._Field`), stored in
+            ``Config.extra``.
+    """
+
+    name: ClassVar[str]
+    summary: ClassVar[str] = ""
+    extra_fields: ClassVar[tuple] = ()
+
+    def __init__(self, cfg: Config, world: World):
+        self.cfg = cfg
+        self.world = world
+        self.model = None
+        self.optimizer = None
+
+    # -- roles ---------------------------------------------------------------------------
+    def data_partition(self) -> tuple[int, int] | None:
+        """(index, count) of this rank among the ranks that share the training data, or None."""
+        return self.world.rank, self.world.size
+
+    @property
+    def num_workers(self) -> int:
+        """Number of ranks computing gradients (the learning rate is scaled by this)."""
+        return self.world.size
+
+    # -- lifecycle -----------------------------------------------------------------------
+    @abc.abstractmethod
+    def setup(self, model, optimizer) -> None:
+        """Take ownership of a built Keras model and optimizer; make replicas start equal."""
+
+    @abc.abstractmethod
+    def train_step(self, x: np.ndarray, y: np.ndarray, timer: StepTimer) -> tuple[float, int]:
+        """One step on this rank's batch ``x`` (batch, *input_shape) float32, ``y`` (batch,) int64.
+
+        Returns:
+            (loss summed over the batch, number of correct predictions), both local.
+        """
+
+    def serve(self) -> None:
+        """Ranks without data (``data_partition() is None``) run this instead of the loop."""
+        raise NotImplementedError(f"{self.name} has no serving ranks")
+
+    def end_epoch(self) -> None:
+        """Called on every rank after each epoch's steps (e.g. to sync batch-norm statistics)."""
+
+    def sync_for_eval(self) -> None:
+        """Make ``self.model`` hold the weights to evaluate (every rank calls this)."""
+
+    def finish(self) -> None:
+        """Called on every rank after training; release resources, tell peers we are done."""
+
+    def report(self) -> dict[str, Any]:
+        """Strategy-specific results for results.json."""
+        return {}
+
+    # -- checkpoints ---------------------------------------------------------------------
+    def state(self) -> dict[str, np.ndarray]:
+        """Arrays that a checkpoint must hold (model weights and optimizer slots)."""
+        out = {f"model/{i}": w for i, w in enumerate(self.model.get_weights())}
+        for i, v in enumerate(self.optimizer.variables):
+            out[f"optimizer/{i}"] = v.numpy()
+        return out
+
+    def load_state(self, arrays: dict[str, np.ndarray]) -> None:
+        """Restore :meth:`state` (the arrays are identical on every rank)."""
+        n = len(self.model.get_weights())
+        self.model.set_weights([arrays[f"model/{i}"] for i in range(n)])
+        for i, v in enumerate(self.optimizer.variables):
+            v.assign(arrays[f"optimizer/{i}"])
+
+
+def make_step_functions(model, optimizer):
+    """Compiled gradient and update functions shared by the replica strategies.
+
+    Returns:
+        ``grads_fn(x, y) -> (loss_sum, correct, grads)`` where loss_sum is the summed
+        cross-entropy (float32 scalar), correct an int32 scalar and grads a list of
+        tensors shaped like ``model.trainable_variables`` (gradients of the batch MEAN
+        loss); and ``apply_fn(grads)`` applying them with ``optimizer``.
+    """
+    import tensorflow as tf
+
+    variables = model.trainable_variables
+    xspec = tf.TensorSpec((None, *model.input_shape[1:]), tf.float32)
+    yspec = tf.TensorSpec((None,), tf.int64)
+
+    @tf.function(input_signature=[xspec, yspec])
+    def grads_fn(x, y):
+        with tf.GradientTape() as tape:
+            logits = model(x, training=True)                                # (batch, classes)
+            losses = tf.keras.losses.sparse_categorical_crossentropy(y, logits, from_logits=True)
+            loss = tf.reduce_mean(losses)
+        grads = tape.gradient(loss, variables)
+        correct = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, 1), y), tf.int32))
+        return tf.reduce_sum(losses), correct, grads
+
+    @tf.function
+    def apply_fn(grads):
+        optimizer.apply_gradients(zip(grads, variables))
+
+    return grads_fn, apply_fn
+
+
+class ReplicaStrategy(Strategy):
+    """Synchronous data parallelism: every rank holds a replica; gradients are averaged.
+
+    A row of this family overrides :meth:`allreduce` (and, if it needs to, :meth:`broadcast`).
+    """
+
+    def setup(self, model, optimizer) -> None:
+        self.model, self.optimizer = model, optimizer
+        optimizer.build(model.trainable_variables)  # create slots now so they can be broadcast
+        self._grads_fn, self._apply_fn = make_step_functions(model, optimizer)
+        self.broadcast([*model.variables, *optimizer.variables])
+
+    @abc.abstractmethod
+    def allreduce(self, grads: Sequence) -> list:
+        """Average ``grads`` (tensors, same shapes and dtypes on every rank) across ranks."""
+
+    @abc.abstractmethod
+    def broadcast(self, variables: Sequence) -> None:
+        """Assign rank 0's value of every variable on every rank."""
+
+    def train_step(self, x, y, timer):
+        with timer.phase("compute"):
+            loss_sum, correct, grads = self._grads_fn(x, y)
+        with timer.phase("comm"):
+            grads = self.allreduce(grads)
+        with timer.phase("compute"):
+            self._apply_fn(grads)
+        return float(loss_sum), int(correct)

@@ -1,0 +1,47 @@
+"""``python -m hvdkit.train``: train one shared model under one distributed strategy.
+
+Launch (every line runs the same code; only the launcher differs)::
+
+    python -m hvdkit.train                                   # 1 process (world size 1)
+    horovodrun -np 4 python -m hvdkit.train                  # 4 ranks on this host
+    mpirun -np 4 python -m hvdkit.train --model cnn          # the same through Open MPI
+    horovodrun -np 8 -H a:4,b:4 python -m hvdkit.train       # 2 hosts x 4 GPUs
+
+``--help`` lists every flag; settings may also come from ``--config FILE`` and
+``HVDKIT_*`` environment variables. Exit status: 0 done, 2 bad input (one message from
+rank 0), 1 a rank failed during training (that rank's message, then MPI_Abort).
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+__all__ = ["main"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse flags, agree on them across ranks, train; returns the exit status."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TF's C++ start-up chatter, on every rank
+    from hvdkit.comm import agree, run_guarded, world
+    from hvdkit.config import parse_config
+    from hvdkit.strategies import extra_fields
+
+    w = world()
+    cfg, err = None, None
+    args = sys.argv[1:] if argv is None else argv
+    if not w.is_rank0 and ("-h" in args or "--help" in args):
+        sys.stdout = open(os.devnull, "w")  # --help is printed once, by rank 0
+    try:
+        cfg = parse_config(args, extra_fields=extra_fields())
+    except Exception as e:  # noqa: BLE001 - bad flags too: agreed on, printed once by rank 0
+        err = e
+    agree(err, w)
+
+    from hvdkit.trainer import run
+
+    run_guarded(run, cfg, w)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

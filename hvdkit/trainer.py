@@ -1,0 +1,341 @@
+"""THE training loop: set-up, epochs, evaluation, logging, checkpoints, results. Written once.
+
+Every strategy runs through :func:`run`; a strategy only supplies the step (see
+:mod:`hvdkit.strategies.base`). Rank 0 alone logs and writes files (``is_rank0``).
+
+Per epoch, rank 0 prints one line::
+
+    epoch  3/20  loss 0.2114  train_acc 0.941  eval_loss 0.1935  eval_acc 0.947  samples/s 2451  time 0.6s  elapsed 2.9s
+
+``samples/s`` is the global rate: samples trained by all ranks in the epoch divided by
+the slowest rank's training time (never rank 0's rate times the world size).
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+import zlib
+from datetime import datetime
+from typing import Any
+
+import numpy as np
+
+from hvdkit import results as R
+from hvdkit.comm import World, agree, log0, world as get_world
+from hvdkit.config import Config
+from hvdkit.data import Dataset, batches, epoch_shard, load_dataset
+from hvdkit.errors import UsageError
+from hvdkit.models import build_model, check_model_name
+from hvdkit.strategies import get_strategy
+from hvdkit.timing import StepTimer
+
+__all__ = ["run", "configure_threads", "make_optimizer", "evaluate"]
+
+CHECKPOINT = "checkpoint.npz"
+
+
+def configure_threads(cfg: Config, w: World) -> tuple[int, int]:
+    """Set TensorFlow's thread pools for this rank (before any TF op runs).
+
+    ``--threads 0`` (default): intra-op = max(1, cores // ranks on this host); inter-op =
+    1 when ranks on this host >= cores, else 2. Returns (intra, inter).
+    """
+    import tensorflow as tf
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    # mpirun binds each rank to one core by default; what matters is cores on the host.
+    cores = max(cores, os.cpu_count() or 1)
+    intra = cfg.threads or max(1, cores // w.local_size)
+    inter = 1 if w.local_size >= cores else 2
+    try:
+        tf.config.threading.set_intra_op_parallelism_threads(intra)
+        tf.config.threading.set_inter_op_parallelism_threads(inter)
+    except RuntimeError:  # already initialised (a second run in one process, tests)
+        pass
+    gpus = tf.config.list_physical_devices("GPU")
+    if gpus:  # one GPU per rank: the one matching the local rank (Horovod's convention)
+        tf.config.set_visible_devices(gpus[w.local_rank % len(gpus)], "GPU")
+        tf.config.experimental.set_memory_growth(gpus[w.local_rank % len(gpus)], True)
+    return intra, inter
+
+
+def make_optimizer(cfg: Config, num_workers: int):
+    """The Keras optimizer of ``cfg``; lr x num_workers when ``cfg.lr_scaling``."""
+    import tensorflow as tf
+
+    lr = cfg.lr * (num_workers if cfg.lr_scaling else 1)
+    if cfg.optimizer == "adam":
+        return tf.keras.optimizers.Adam(lr)
+    return tf.keras.optimizers.SGD(lr, momentum=cfg.momentum if cfg.optimizer == "momentum" else 0.0)
+
+
+def _eval_fn(model):
+    import tensorflow as tf
+
+    @tf.function(input_signature=[tf.TensorSpec((None, *model.input_shape[1:]), tf.float32),
+                                  tf.TensorSpec((None,), tf.int64)])
+    def fn(x, y):
+        logits = model(x, training=False)
+        loss = tf.reduce_sum(tf.keras.losses.sparse_categorical_crossentropy(y, logits, from_logits=True))
+        return loss, tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, 1), y), tf.int32))
+
+    return fn
+
+
+def evaluate(fn, x: np.ndarray, y: np.ndarray, comm, batch: int = 512) -> tuple[float, float]:
+    """Mean loss and accuracy on (x, y), sharded over the ranks of ``comm`` (collective).
+
+    Every rank of ``comm`` must hold the same weights; rank r evaluates ``x[r::size]`` and
+    the sums are combined with one ``Allreduce``. Returns (eval_loss, eval_accuracy).
+    """
+    r, n = comm.Get_rank(), comm.Get_size()
+    xs, ys = x[r::n], y[r::n]
+    sums = np.zeros(3, np.float64)  # loss_sum, correct, count
+    for s in range(0, len(xs), batch):
+        loss, correct = fn(xs[s:s + batch], ys[s:s + batch])
+        sums += (float(loss), int(correct), len(ys[s:s + batch]))
+    comm.Allreduce(sums.copy(), sums)
+    return sums[0] / max(sums[2], 1), sums[1] / max(sums[2], 1)
+
+
+def _output_dir(cfg: Config, w: World) -> str:
+    name = cfg.output_dir
+    if not name and w.is_rank0:
+        name = os.path.join("runs", f"{datetime.now():%Y%m%d-%H%M%S}-{cfg.strategy}")
+    return w.comm.bcast(name, root=0)
+
+
+def _bcast_arrays(arrays: dict[str, np.ndarray] | None, meta: dict | None, comm) -> tuple[dict, dict]:
+    """Rank 0's arrays to every rank: a small header (names, shapes, dtypes), then raw buffers."""
+    header = comm.bcast(None if arrays is None else
+                        (meta, [(k, a.shape, a.dtype.str) for k, a in arrays.items()]), root=0)
+    if header is None:
+        return {}, {}
+    meta, specs = header
+    out = {}
+    for k, shape, dt in specs:
+        a = np.ascontiguousarray(arrays[k]) if comm.Get_rank() == 0 else np.empty(shape, np.dtype(dt))
+        comm.Bcast(a, root=0)
+        out[k] = a
+    return out, meta
+
+
+def _weights_crc(model) -> str:
+    crc = 0
+    for w in model.get_weights():
+        crc = zlib.crc32(np.ascontiguousarray(w).tobytes(), crc)
+    return f"{crc:08x}"
+
+
+def _setup(cfg: Config, w: World):
+    """Everything that can fail because of the user's input; runs before any collective."""
+    cls = get_strategy(cfg.strategy)
+    check_model_name(cfg.model)
+    configure_threads(cfg, w)
+    data = load_dataset(cfg.dataset, seed=cfg.seed, eval_fraction=cfg.eval_fraction,
+                        image_size=cfg.image_size, synthetic_samples=cfg.synthetic_samples,
+                        num_classes=cfg.num_classes)
+    strategy = cls(cfg, w)
+    part = strategy.data_partition()
+    n_data = strategy.num_workers
+    if len(data.x_train) < n_data:
+        raise UsageError(f"dataset {data.name} has {len(data.x_train)} training samples, fewer than the "
+                         f"{n_data} ranks that share it; use fewer ranks or more data")
+    model = build_model(cfg.model, data.input_shape, data.num_classes, seed=cfg.seed)
+    optimizer = make_optimizer(cfg, strategy.num_workers)
+    return data, strategy, model, optimizer, part
+
+
+def run(cfg: Config, w: World | None = None) -> dict[str, Any] | None:
+    """Train under ``cfg`` on every rank of the world; rank 0 returns the results dict.
+
+    Collective: every rank calls it. Bad input ends every rank with SystemExit(2) after one
+    message from rank 0 (see :func:`hvdkit.comm.agree`).
+
+    Returns:
+        The results.json content on rank 0, None elsewhere.
+    """
+    w = w or get_world()
+    t_start = time.perf_counter()
+    err, setup = None, None
+    try:
+        setup = _setup(cfg, w)
+    except Exception as e:  # noqa: BLE001 - every set-up failure is agreed on, then reported once
+        err = e
+    agree(err, w)
+    data, strategy, model, optimizer, part = setup
+    out_dir = _output_dir(cfg, w)
+
+    # -- resume ---------------------------------------------------------------------------
+    start_epoch, history, global_step = 0, [], 0
+    ckpt_path = os.path.join(out_dir, CHECKPOINT)
+    err, loaded = None, (None, None)
+    if cfg.resume and w.is_rank0:
+        try:
+            if not os.path.isfile(ckpt_path):
+                raise UsageError(f"--resume: no checkpoint at {ckpt_path}")
+            loaded = R.load_npz(ckpt_path)
+            if loaded[1].get("model") != cfg.model or loaded[1].get("dataset") != cfg.dataset:
+                raise UsageError(f"--resume: {ckpt_path} is a checkpoint of model {loaded[1].get('model')!r} on "
+                                 f"{loaded[1].get('dataset')!r}, not {cfg.model!r} on {cfg.dataset!r}")
+        except Exception as e:  # noqa: BLE001
+            err = e
+    agree(err, w)
+
+    strategy.setup(model, optimizer)
+    if cfg.resume:
+        arrays, meta = _bcast_arrays(*loaded, w.comm)
+        strategy.load_state(arrays)
+        start_epoch, history, global_step = meta["epoch"], meta["history"], meta["global_step"]
+
+    _log_header(cfg, w, data, model, optimizer, strategy, out_dir, start_epoch)
+    writer = _tensorboard(cfg, w, out_dir)
+    if part is None:  # a rank without data (parameter server): serve until the workers finish
+        strategy.serve()
+        strategy.finish()
+        return None
+
+    timer = StepTimer(warmup=1)
+    eval_fn = _eval_fn(model)
+    fail = cfg.fail_rank_step
+    x_all, y_all = data.x_train, data.y_train
+    for epoch in range(start_epoch, cfg.epochs):
+        idx = epoch_shard(len(x_all), part[0], part[1], epoch, cfg.seed)
+        t_epoch = time.perf_counter()
+        t_log = t_epoch
+        sums = np.zeros(4, np.float64)  # loss_sum, correct, samples, steps
+        all_batches = list(batches(idx, cfg.batch_size))
+        for i, b in enumerate(all_batches):
+            if cfg.max_steps and global_step >= cfg.max_steps:
+                break
+            if fail and fail == (w.rank, global_step):
+                raise RuntimeError(f"injected failure at step {global_step} (--fail-at {cfg.fail_at})")
+            timer.start_step()
+            with timer.phase("data"):
+                x, y = x_all[b], y_all[b]                        # (batch, *input_shape), (batch,)
+            loss_sum, correct = strategy.train_step(x, y, timer)
+            timer.end_step(len(b))
+            sums += (loss_sum, correct, len(b), 1)
+            global_step += 1
+            now = time.perf_counter()
+            if w.is_rank0 and now - t_log >= cfg.progress_seconds and i + 1 < len(all_batches):
+                t_log = now
+                log0(f"  epoch {epoch + 1} step {i + 1}/{len(all_batches)}  loss {sums[0] / sums[2]:.4f}  "
+                     f"rank-0 samples/s {sums[2] / (now - t_epoch):.0f}  elapsed {now - t_start:.0f}s")
+        train_s = time.perf_counter() - t_epoch
+        strategy.end_epoch()
+        metrics = _reduce_epoch(w, sums, train_s)
+        strategy.sync_for_eval()
+        eval_loss, eval_acc = evaluate(eval_fn, data.x_eval, data.y_eval, w.comm)
+        row = {"epoch": epoch + 1, "step": global_step, **metrics, "eval_loss": eval_loss,
+               "eval_accuracy": eval_acc, "elapsed_s": time.perf_counter() - t_start}
+        history.append(row)
+        log0(f"epoch {epoch + 1:>{len(str(cfg.epochs))}}/{cfg.epochs}  loss {row['loss']:.4f}  "
+             f"train_acc {row['train_accuracy']:.3f}  eval_loss {eval_loss:.4f}  eval_acc {eval_acc:.3f}  "
+             f"samples/s {row['samples_per_s']:.0f}  time {train_s:.1f}s  elapsed {row['elapsed_s']:.1f}s")
+        if writer is not None:
+            _write_scalars(writer, row)
+        if cfg.checkpoint:
+            state = strategy.state()
+            if w.is_rank0:
+                R.save_npz(ckpt_path, state, {"epoch": epoch + 1, "global_step": global_step, "history": history,
+                                              "model": cfg.model, "dataset": cfg.dataset, "strategy": cfg.strategy})
+        if cfg.max_steps and global_step >= cfg.max_steps:
+            break
+
+    strategy.sync_for_eval()
+    result = _finish(cfg, w, data, model, strategy, timer, history, out_dir, t_start)
+    strategy.finish()
+    return result
+
+
+def _reduce_epoch(w: World, sums: np.ndarray, train_s: float) -> dict[str, float]:
+    tot = np.empty_like(sums)
+    w.comm.Allreduce(sums, tot)
+    slowest = w.comm.allreduce(train_s, op=__import__("mpi4py").MPI.MAX)
+    return {"loss": tot[0] / max(tot[2], 1), "train_accuracy": tot[1] / max(tot[2], 1),
+            "samples": int(tot[2]), "samples_per_s": tot[2] / max(slowest, 1e-9), "train_s": slowest}
+
+
+def _finish(cfg, w, data, model, strategy, timer, history, out_dir, t_start):
+    """Gather every rank's outcome; rank 0 writes results.json, epochs.csv and the export."""
+    summary = timer.summary()
+    mine = {"rank": w.rank, "host": w.host, "pid": os.getpid(), "weights_crc32": _weights_crc(model),
+            "measured_steps": summary["measured_steps"], "samples": summary["samples"],
+            "seconds": summary["seconds"], **{k: summary[k] for k in ("step_s", "compute_s", "comm_s",
+                                                                       "wait_s", "data_s", "other_s")}}
+    ranks = w.comm.gather(mine, root=0)
+    report = strategy.report()
+    if not w.is_rank0:
+        return None
+    identical = len({r["weights_crc32"] for r in ranks}) == 1
+    trained = [r for r in ranks if r["measured_steps"] > 0]
+    slowest = max((r["seconds"] for r in trained), default=0.0)
+    samples = sum(r["samples"] for r in trained)
+    timing = {k: float(np.mean([r[k] for r in trained])) if trained else 0.0
+              for k in ("step_s", "compute_s", "comm_s", "wait_s", "data_s", "other_s")}
+    last = history[-1] if history else {}
+    result = {
+        "strategy": cfg.strategy, "world_size": w.size, "num_workers": strategy.num_workers,
+        "config": cfg.to_dict(), "versions": R.versions(),
+        "dataset": {"name": data.name, "train_samples": len(data.x_train), "eval_samples": len(data.x_eval),
+                    "input_shape": list(data.input_shape), "num_classes": data.num_classes},
+        "model": {"name": cfg.model, "params": int(model.count_params()),
+                  "trainable_bytes": int(sum(np.prod(v.shape) * v.dtype.size for v in model.trainable_variables))},
+        "epochs": history,
+        "final": {"eval_accuracy": last.get("eval_accuracy"), "eval_loss": last.get("eval_loss"),
+                  "train_accuracy": last.get("train_accuracy"), "steps": last.get("step", 0),
+                  "weights_identical_across_ranks": identical},
+        "throughput": {"samples_per_s": samples / slowest if slowest else None, "measured_samples": samples,
+                       "seconds_slowest_rank": slowest, "method": "sum of samples over ranks / slowest rank's "
+                       "time, warm-up step excluded"},
+        "timing": {**timing, "unit": "seconds per step, mean over ranks", "warmup_steps_excluded": timer.warmup},
+        "ranks": ranks,
+        "wall_s": time.perf_counter() - t_start,
+        **report,
+    }
+    os.makedirs(out_dir, exist_ok=True)
+    R.write_json(os.path.join(out_dir, "results.json"), result)
+    R.write_csv(os.path.join(out_dir, "epochs.csv"), history)
+    if cfg.export_weights:
+        R.save_npz(cfg.export_weights, R.weights_to_arrays(model))
+    log0(f"final eval_accuracy {result['final']['eval_accuracy']:.4f}  eval_loss {result['final']['eval_loss']:.4f}  "
+         f"throughput {result['throughput']['samples_per_s'] or 0:.0f} samples/s  "
+         f"weights identical on {w.size} ranks: {'yes' if identical else 'NO'}")
+    log0(f"results: {os.path.join(out_dir, 'results.json')}")
+    return result
+
+
+def _log_header(cfg, w, data, model, optimizer, strategy, out_dir, start_epoch):
+    hosts = w.comm.gather((w.rank, w.host, os.getpid(), w.local_rank), root=0)
+    if not w.is_rank0:
+        return
+    lr = float(optimizer.learning_rate.numpy()) if hasattr(optimizer.learning_rate, "numpy") else cfg.lr
+    log0(f"# hvdkit: strategy {cfg.strategy}  world size {w.size}  workers {strategy.num_workers}")
+    log0(f"# model {cfg.model} ({model.count_params():,} params)  dataset {data.name} "
+         f"({len(data.x_train)} train / {len(data.x_eval)} eval, {'x'.join(map(str, data.input_shape))}, "
+         f"{data.num_classes} classes)")
+    log0(f"# batch {cfg.batch_size}/rank ({cfg.batch_size * strategy.num_workers} global)  optimizer {cfg.optimizer}  "
+         f"lr {lr:g}{' (= %g x %d workers)' % (cfg.lr, strategy.num_workers) if cfg.lr_scaling else ''}  "
+         f"epochs {cfg.epochs}  seed {cfg.seed}")
+    for r, host, pid, lr_ in hosts:
+        log0(f"#  rank {r:>3}  host {host}  pid {pid}  local rank {lr_}")
+    log0(f"# output {out_dir}" + (f"  (resuming after epoch {start_epoch})" if start_epoch else ""))
+
+
+def _tensorboard(cfg, w, out_dir):
+    if not (cfg.tensorboard and w.is_rank0):
+        return None
+    import tensorflow as tf
+
+    return tf.summary.create_file_writer(os.path.join(out_dir, "tensorboard"))
+
+
+def _write_scalars(writer, row):
+    import tensorflow as tf
+
+    with writer.as_default(step=row["epoch"]):
+        for k in ("loss", "train_accuracy", "eval_loss", "eval_accuracy", "samples_per_s"):
+            tf.summary.scalar(k, row[k])
+    writer.flush()

@@ -1,0 +1,71 @@
+"""Shared test helpers: launching hvdkit under mpirun with a hard timeout."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+VENV_BIN = os.path.dirname(sys.executable)
+
+
+@dataclass
+class Launch:
+    returncode: int
+    stdout: str
+    stderr: str
+    seconds: float
+
+    @property
+    def output(self) -> str:
+        return self.stdout + self.stderr
+
+
+def mpirun_cmd(np_: int, *args: str) -> list[str]:
+    """``mpirun -np N --oversubscribe [--allow-run-as-root] python ARGS`` for tests."""
+    cmd = ["mpirun", "-np", str(np_), "--oversubscribe", "--bind-to", "none"]
+    if os.geteuid() == 0:
+        cmd.append("--allow-run-as-root")
+    # forward the environment hvdkit needs to every rank
+    for var in ("PATH", "PYTHONPATH", "TF_CPP_MIN_LOG_LEVEL"):
+        cmd += ["-x", var]
+    return cmd + [sys.executable, *args]
+
+
+def launch(cmd: list[str], timeout: float, cwd: str | None = None, env: dict | None = None) -> Launch:
+    """Run ``cmd`` with a hard timeout: a hang fails the test instead of the suite."""
+    e = dict(os.environ)
+    e.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    e["PYTHONPATH"] = ROOT + os.pathsep + e.get("PYTHONPATH", "")
+    e["PATH"] = VENV_BIN + os.pathsep + e.get("PATH", "")
+    e.update(env or {})
+    t0 = time.monotonic()
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=cwd or ROOT, env=e,
+                           start_new_session=True)
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"timed out after {timeout}s (a hang?): {' '.join(cmd)}\n"
+                    f"stdout:\n{exc.stdout}\nstderr:\n{exc.stderr}")
+    return Launch(p.returncode, p.stdout, p.stderr, time.monotonic() - t0)
+
+
+def train(np_: int, *args: str, timeout: float = 240, launcher: str = "mpirun", env: dict | None = None) -> Launch:
+    """Run ``python -m hvdkit.train ARGS`` on ``np_`` ranks (``np_=0``: plain single process)."""
+    if np_ == 0:
+        cmd = [sys.executable, "-m", "hvdkit.train", *args]
+    elif launcher == "horovodrun":
+        cmd = [os.path.join(VENV_BIN, "horovodrun"), "-np", str(np_), "--mpi-args=--oversubscribe",
+               sys.executable, "-m", "hvdkit.train", *args]
+    else:
+        cmd = mpirun_cmd(np_, "-m", "hvdkit.train", *args)
+    return launch(cmd, timeout, env=env)
+
+
+def load_results(out_dir) -> dict:
+    with open(os.path.join(out_dir, "results.json")) as fh:
+        return json.load(fh)

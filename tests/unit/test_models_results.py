@@ -1,0 +1,69 @@
+import numpy as np
+import pytest
+
+from hvdkit import results as R
+from hvdkit.errors import UsageError
+from hvdkit.models import MODELS, build_model, check_model_name
+
+
+def my_model(input_shape, num_classes):  # used as --model tests.unit.test_models_results:my_model
+    import tensorflow as tf
+    return tf.keras.Sequential([tf.keras.Input(input_shape), tf.keras.layers.Flatten(),
+                                tf.keras.layers.Dense(num_classes)])
+
+
+@pytest.mark.parametrize("name,shape", [("linear", (8, 8, 1)), ("mlp", (8, 8, 1)), ("cnn", (8, 8, 1)),
+                                        ("cnn", (28, 28, 1)),
+                                        ("tests.unit.test_models_results:my_model", (8, 8, 1))])
+def test_models_give_logits(name, shape):
+    m = build_model(name, shape, 10)
+    assert m.output_shape == (None, 10)
+    out = m(np.zeros((2, *shape), np.float32))
+    assert out.shape == (2, 10)
+
+
+def test_linear_is_w_dot_x_plus_b():
+    m = build_model("linear", (8, 8, 1), 10)
+    assert m.count_params() == 64 * 10 + 10
+
+
+def test_same_seed_same_weights():
+    a = build_model("mlp", (8, 8, 1), 10, seed=5).get_weights()
+    b = build_model("mlp", (8, 8, 1), 10, seed=5).get_weights()
+    for x, y in zip(a, b):
+        np.testing.assert_array_equal(x, y)
+
+
+@pytest.mark.parametrize("name,match", [("vgg", "unknown model 'vgg'"), ("nosuchmod:f", "cannot import"),
+                                        ("hvdkit.models:nope", "has no function")])
+def test_bad_model_names(name, match):
+    with pytest.raises(UsageError, match=match):
+        build_model(name, (8, 8, 1), 10)
+
+
+def test_resnet50_refuses_tiny_images():
+    assert "resnet50" in MODELS
+    with pytest.raises(UsageError, match="at least 32x32"):
+        build_model("resnet50", (8, 8, 1), 10)
+    check_model_name("resnet50")
+
+
+def test_npz_roundtrip_is_atomic_and_pickle_free(tmp_path):
+    p = tmp_path / "sub" / "c.npz"
+    a = {"w": np.arange(6, dtype=np.float32).reshape(2, 3), "b": np.ones(3, np.int64)}
+    R.save_npz(str(p), a, {"epoch": 3})
+    arrays, meta = R.load_npz(str(p))
+    assert meta == {"epoch": 3}
+    for k in a:
+        np.testing.assert_array_equal(arrays[k], a[k])
+    assert [f.name for f in p.parent.iterdir()] == ["c.npz"]   # no temp file left behind
+
+
+def test_atomic_write_keeps_old_file_on_failure(tmp_path, monkeypatch):
+    p = tmp_path / "r.json"
+    R.write_json(str(p), {"a": 1})
+    monkeypatch.setattr(R.os, "replace", lambda *a: (_ for _ in ()).throw(OSError("disk full")))
+    with pytest.raises(OSError):
+        R.write_json(str(p), {"a": 2})
+    assert p.read_text().strip().replace(" ", "").replace("\n", "") == '{"a":1}'
+    assert len(list(tmp_path.iterdir())) == 1
