@@ -84,7 +84,9 @@ def world(comm: MPI.Comm | None = None) -> World:
 def log0(*parts: object, file=None) -> None:
     """Print on rank 0 only, flushed at once (so progress shows under mpirun)."""
     if world().is_rank0:
-        print(*parts, file=file or sys.stdout, flush=True)
+        out = file or sys.stdout
+        out.write(" ".join(map(str, parts)) + "\n")  # one write: mpirun tags whole lines
+        out.flush()
 
 
 def agree(error: BaseException | None, w: World | None = None) -> None:

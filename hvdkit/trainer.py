@@ -115,7 +115,7 @@ def _bcast_arrays(arrays: dict[str, np.ndarray] | None, meta: dict | None, comm)
     meta, specs = header
     out = {}
     for k, shape, dt in specs:
-        a = np.ascontiguousarray(arrays[k]) if comm.Get_rank() == 0 else np.empty(shape, np.dtype(dt))
+        a = np.ascontiguousarray(arrays[k]).reshape(shape) if comm.Get_rank() == 0 else np.empty(shape, np.dtype(dt))
         comm.Bcast(a, root=0)
         out[k] = a
     return out, meta

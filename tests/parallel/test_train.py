@@ -1,0 +1,108 @@
+"""hvdkit.train under mpirun/horovodrun: every rank's outcome, failures end the job, resume."""
+import numpy as np
+import pytest
+
+from hvdkit.results import load_npz
+from tests.conftest import load_results, train
+
+pytestmark = pytest.mark.parallel
+
+
+def assert_all_ranks_agree(res, n):
+    ranks = res["ranks"]
+    assert [r["rank"] for r in ranks] == list(range(n)), "every rank must report"
+    assert len({r["weights_crc32"] for r in ranks}) == 1, f"weights differ across ranks: {ranks}"
+    assert all(r["measured_steps"] > 0 for r in ranks), "every rank must have trained"
+    assert res["final"]["weights_identical_across_ranks"] is True
+
+
+@pytest.mark.slow
+def test_readme_main_job_horovodrun_4_ranks(tmp_path):
+    """The README's first command: 4 ranks on digits reach >= 0.95 eval accuracy."""
+    out = tmp_path / "run"
+    r = train(4, "--output-dir", str(out), launcher="horovodrun", timeout=300)
+    assert r.returncode == 0, r.output
+    res = load_results(out)
+    assert res["world_size"] == 4 and res["strategy"] == "horovod"
+    assert res["final"]["eval_accuracy"] >= 0.95
+    assert_all_ranks_agree(res, 4)
+    for key in ("config", "versions", "epochs", "final", "throughput", "timing"):
+        assert key in res
+    assert res["versions"]["horovod"] == "0.28.1" and res["versions"]["tensorflow"].startswith("2.15")
+    assert {"compute_s", "comm_s", "wait_s"} <= set(res["timing"])
+    assert res["timing"]["comm_s"] > 0
+    assert (out / "epochs.csv").exists() and any((out / "tensorboard").iterdir())
+    assert r.stdout.count("final eval_accuracy") == 1, "only rank 0 logs"
+
+
+def test_cnn_2_ranks_exports_identical_weights(tmp_path):
+    out, w = tmp_path / "run", tmp_path / "w.npz"
+    r = train(2, "--model", "cnn", "--epochs", "6", "--export-weights", str(w), "--output-dir", str(out))
+    assert r.returncode == 0, r.output
+    res = load_results(out)
+    assert_all_ranks_agree(res, 2)
+    assert res["final"]["eval_accuracy"] >= 0.95
+    arrays, _ = load_npz(str(w))
+    assert len(arrays) == 8 and all(a.dtype == np.float32 for a in arrays.values())
+
+
+def test_a_rank_raising_ends_the_job_quickly(tmp_path):
+    r = train(2, "--fail-at", "1:2", "--output-dir", str(tmp_path / "run"), timeout=120)
+    assert r.returncode != 0
+    assert "hvdkit: FAILED on rank 1/2" in r.output
+    assert r.output.count("Traceback") == 1, "only the failing rank prints a traceback"
+    assert "injected failure at step 2" in r.output
+    # start-up (~10 s for 2 TensorFlow processes on 2 cores) + the abort; a hang would hit 120 s
+    assert r.seconds < 60, f"took {r.seconds:.0f}s"
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--model", "vgg"], "hvdkit: error: unknown model 'vgg'; choose linear, mlp, cnn, resnet50 or MODULE:FUNCTION"),
+    (["--strategy", "nccl"], "hvdkit: error: unknown strategy 'nccl'"),
+    (["--dataset", "npz:/no/such.npz"], "hvdkit: error: --dataset npz:/no/such.npz: no such file"),
+    (["--batch-size", "0"], "hvdkit: error: --batch-size=0 must be > 0"),
+    (["--bogus"], "hvdkit: error: unrecognized arguments: --bogus"),
+])
+def test_bad_input_gives_one_clear_line(args, message):
+    r = train(2, *args, timeout=90)
+    assert r.returncode != 0
+    assert message in r.output, r.output
+    assert r.output.count("hvdkit: error:") == 1, "one message, from rank 0"
+    assert "Traceback" not in r.output
+
+
+def test_fewer_samples_than_ranks(tmp_path):
+    p = tmp_path / "tiny.npz"
+    np.savez(p, x=np.zeros((3, 4), np.float32), y=np.array([0, 1, 0]),
+             x_eval=np.zeros((2, 4), np.float32), y_eval=np.array([0, 1]))
+    r = train(4, "--dataset", f"npz:{p}", timeout=120)
+    assert r.returncode == 2
+    assert "3 training samples, fewer than the 4 ranks" in r.output
+    assert r.output.count("hvdkit: error:") == 1
+
+
+def test_resume_ends_like_an_uninterrupted_run(tmp_path):
+    common = ["--model", "linear", "--optimizer", "momentum"]
+    a = train(2, *common, "--epochs", "2", "--output-dir", str(tmp_path / "a"),
+              "--export-weights", str(tmp_path / "a.npz"))
+    assert a.returncode == 0, a.output
+    b1 = train(2, *common, "--epochs", "1", "--output-dir", str(tmp_path / "b"))
+    assert b1.returncode == 0, b1.output
+    b2 = train(2, *common, "--epochs", "2", "--output-dir", str(tmp_path / "b"), "--resume",
+               "--export-weights", str(tmp_path / "b.npz"))
+    assert b2.returncode == 0, b2.output
+    assert "resuming after epoch 1" in b2.stdout
+    wa, _ = load_npz(str(tmp_path / "a.npz"))
+    wb, _ = load_npz(str(tmp_path / "b.npz"))
+    for k in wa:
+        np.testing.assert_allclose(wa[k], wb[k], rtol=0, atol=1e-6)
+    ra, rb = load_results(tmp_path / "a"), load_results(tmp_path / "b")
+    assert [e["epoch"] for e in rb["epochs"]] == [1, 2]
+    assert rb["final"]["eval_accuracy"] == pytest.approx(ra["final"]["eval_accuracy"])
+
+
+def test_single_process_and_help():
+    r = train(0, "--help", timeout=60)
+    assert r.returncode == 0 and "--strategy" in r.stdout and "HVDKIT_" in r.stdout
+    r = train(2, "--help", timeout=90)
+    assert r.returncode == 0 and r.stdout.count("usage:") == 1
