@@ -70,7 +70,8 @@ def make_optimizer(cfg: Config, num_workers: int):
     return tf.keras.optimizers.SGD(lr, momentum=cfg.momentum if cfg.optimizer == "momentum" else 0.0)
 
 
-def _eval_fn(model):
+def eval_fn(model):
+    """Compiled ``fn(x, y) -> (loss_sum, correct)`` for evaluating ``model``."""
     import tensorflow as tf
 
     @tf.function(input_signature=[tf.TensorSpec((None, *model.input_shape[1:]), tf.float32),
@@ -142,8 +143,9 @@ def _setup(cfg: Config, w: World):
     if len(data.x_train) < n_data:
         raise UsageError(f"dataset {data.name} has {len(data.x_train)} training samples, fewer than the "
                          f"{n_data} ranks that share it; use fewer ranks or more data")
-    model = build_model(cfg.model, data.input_shape, data.num_classes, seed=cfg.seed)
-    optimizer = make_optimizer(cfg, strategy.num_workers)
+    with strategy.scope():
+        model = build_model(cfg.model, data.input_shape, data.num_classes, seed=cfg.seed)
+        optimizer = make_optimizer(cfg, strategy.num_workers)
     return data, strategy, model, optimizer, part
 
 
@@ -189,15 +191,15 @@ def run(cfg: Config, w: World | None = None) -> dict[str, Any] | None:
         strategy.load_state(arrays)
         start_epoch, history, global_step = meta["epoch"], meta["history"], meta["global_step"]
 
-    _log_header(cfg, w, data, model, optimizer, strategy, out_dir, start_epoch)
-    writer = _tensorboard(cfg, w, out_dir)
     if part is None:  # a rank without data (parameter server): serve until the workers finish
         strategy.serve()
         strategy.finish()
         return None
+    mc = strategy.metrics_comm
+    _log_header(cfg, w, mc, data, model, optimizer, strategy, out_dir, start_epoch)
+    writer = _tensorboard(cfg, w, out_dir)
 
     timer = StepTimer(warmup=1)
-    eval_fn = _eval_fn(model)
     fail = cfg.fail_rank_step
     x_all, y_all = data.x_train, data.y_train
     for epoch in range(start_epoch, cfg.epochs):
@@ -214,20 +216,20 @@ def run(cfg: Config, w: World | None = None) -> dict[str, Any] | None:
             timer.start_step()
             with timer.phase("data"):
                 x, y = x_all[b], y_all[b]                        # (batch, *input_shape), (batch,)
-            loss_sum, correct = strategy.train_step(x, y, timer)
-            timer.end_step(len(b))
-            sums += (loss_sum, correct, len(b), 1)
+            loss_sum, correct, counted = strategy.train_step(x, y, timer)
+            timer.end_step(counted)
+            sums += (loss_sum, correct, counted, 1)
             global_step += 1
             now = time.perf_counter()
             if w.is_rank0 and now - t_log >= cfg.progress_seconds and i + 1 < len(all_batches):
                 t_log = now
-                log0(f"  epoch {epoch + 1} step {i + 1}/{len(all_batches)}  loss {sums[0] / sums[2]:.4f}  "
+                log0(f"  epoch {epoch + 1} step {i + 1}/{len(all_batches)}  loss {sums[0] / max(sums[2], 1):.4f}  "
                      f"rank-0 samples/s {sums[2] / (now - t_epoch):.0f}  elapsed {now - t_start:.0f}s")
         train_s = time.perf_counter() - t_epoch
         strategy.end_epoch()
-        metrics = _reduce_epoch(w, sums, train_s)
+        metrics = _reduce_epoch(mc, sums, train_s)
         strategy.sync_for_eval()
-        eval_loss, eval_acc = evaluate(eval_fn, data.x_eval, data.y_eval, w.comm)
+        eval_loss, eval_acc = strategy.evaluate(data.x_eval, data.y_eval)
         row = {"epoch": epoch + 1, "step": global_step, **metrics, "eval_loss": eval_loss,
                "eval_accuracy": eval_acc, "elapsed_s": time.perf_counter() - t_start}
         history.append(row)
@@ -245,31 +247,35 @@ def run(cfg: Config, w: World | None = None) -> dict[str, Any] | None:
             break
 
     strategy.sync_for_eval()
-    result = _finish(cfg, w, data, model, strategy, timer, history, out_dir, t_start)
+    result = _finish(cfg, w, mc, data, model, strategy, timer, history, out_dir, t_start)
     strategy.finish()
     return result
 
 
-def _reduce_epoch(w: World, sums: np.ndarray, train_s: float) -> dict[str, float]:
+def _reduce_epoch(comm, sums: np.ndarray, train_s: float) -> dict[str, float]:
+    from mpi4py import MPI
+
     tot = np.empty_like(sums)
-    w.comm.Allreduce(sums, tot)
-    slowest = w.comm.allreduce(train_s, op=__import__("mpi4py").MPI.MAX)
+    comm.Allreduce(sums, tot)
+    slowest = np.empty(1)
+    comm.Allreduce(np.array([train_s]), slowest, op=MPI.MAX)
+    slowest = float(slowest[0])
     return {"loss": tot[0] / max(tot[2], 1), "train_accuracy": tot[1] / max(tot[2], 1),
             "samples": int(tot[2]), "samples_per_s": tot[2] / max(slowest, 1e-9), "train_s": slowest}
 
 
-def _finish(cfg, w, data, model, strategy, timer, history, out_dir, t_start):
-    """Gather every rank's outcome; rank 0 writes results.json, epochs.csv and the export."""
+def _finish(cfg, w, mc, data, model, strategy, timer, history, out_dir, t_start):
+    """Gather every loop rank's outcome; rank 0 writes results.json, epochs.csv and the export."""
     summary = timer.summary()
     mine = {"rank": w.rank, "host": w.host, "pid": os.getpid(), "weights_crc32": _weights_crc(model),
             "measured_steps": summary["measured_steps"], "samples": summary["samples"],
             "seconds": summary["seconds"], **{k: summary[k] for k in ("step_s", "compute_s", "comm_s",
                                                                        "wait_s", "data_s", "other_s")}}
-    ranks = w.comm.gather(mine, root=0)
+    ranks = mc.gather(mine, root=0)
     report = strategy.report()
     if not w.is_rank0:
         return None
-    identical = len({r["weights_crc32"] for r in ranks}) == 1
+    identical = len({r["weights_crc32"] for r in ranks}) == 1  # ranks whose models hold final weights
     trained = [r for r in ranks if r["measured_steps"] > 0]
     slowest = max((r["seconds"] for r in trained), default=0.0)
     samples = sum(r["samples"] for r in trained)
@@ -307,8 +313,8 @@ def _finish(cfg, w, data, model, strategy, timer, history, out_dir, t_start):
     return result
 
 
-def _log_header(cfg, w, data, model, optimizer, strategy, out_dir, start_epoch):
-    hosts = w.comm.gather((w.rank, w.host, os.getpid(), w.local_rank), root=0)
+def _log_header(cfg, w, mc, data, model, optimizer, strategy, out_dir, start_epoch):
+    hosts = mc.gather((w.rank, w.host, os.getpid(), w.local_rank), root=0)
     if not w.is_rank0:
         return
     lr = float(optimizer.learning_rate.numpy()) if hasattr(optimizer.learning_rate, "numpy") else cfg.lr

@@ -9,6 +9,11 @@ The training loop (:mod:`hvdkit.trainer`) is written once. A strategy only answe
 * ``sync_for_eval()``: bring this rank's model to the weights that should be evaluated;
 * ``report()``: strategy-specific results (a ``ps`` section, bytes moved, ...).
 
+Optional hooks with defaults that suit data-parallel replicas: ``scope()`` (a context the
+model and optimizer are built in, e.g. a tf.distribute strategy's scope),
+``metrics_comm`` (the communicator of the ranks that run the loop; per-epoch metrics and
+results are reduced over it, and it must contain world rank 0), ``evaluate(x, y)``.
+
 :class:`ReplicaStrategy` is the data-parallel synchronous pattern shared by every
 allreduce strategy: compute local gradients, average them across ranks (the one
 method a row overrides, ``allreduce``), apply the same update everywhere.
@@ -16,6 +21,7 @@ method a row overrides, ``allreduce``), apply the same update everywhere.
 from __future__ import annotations
 
 import abc
+import contextlib
 from typing import Any, ClassVar, Sequence
 
 import numpy as np
@@ -57,17 +63,28 @@ class Strategy(abc.ABC):
         """Number of ranks computing gradients (the learning rate is scaled by this)."""
         return self.world.size
 
+    @property
+    def metrics_comm(self):
+        """Communicator of the ranks that run the training loop (contains world rank 0)."""
+        return self.world.comm
+
+    def scope(self):
+        """Context manager the trainer builds the model and optimizer in."""
+        return contextlib.nullcontext()
+
     # -- lifecycle -----------------------------------------------------------------------
     @abc.abstractmethod
     def setup(self, model, optimizer) -> None:
         """Take ownership of a built Keras model and optimizer; make replicas start equal."""
 
     @abc.abstractmethod
-    def train_step(self, x: np.ndarray, y: np.ndarray, timer: StepTimer) -> tuple[float, int]:
+    def train_step(self, x: np.ndarray, y: np.ndarray, timer: StepTimer) -> tuple[float, int, int]:
         """One step on this rank's batch ``x`` (batch, *input_shape) float32, ``y`` (batch,) int64.
 
         Returns:
-            (loss summed over the batch, number of correct predictions), both local.
+            (loss summed over the batch, number of correct predictions, samples this rank
+            accounts for), all local; the trainer sums them over ``metrics_comm``. A rank
+            whose samples are counted elsewhere (a non-final pipeline stage) returns zeros.
         """
 
     def serve(self) -> None:
@@ -79,6 +96,19 @@ class Strategy(abc.ABC):
 
     def sync_for_eval(self) -> None:
         """Make ``self.model`` hold the weights to evaluate (every rank calls this)."""
+
+    def evaluate(self, x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+        """(mean loss, accuracy) of the current model on (x, y); collective over ``metrics_comm``.
+
+        The default shards (x, y) over ``metrics_comm``, whose ranks must hold equal weights.
+        """
+        from hvdkit.trainer import evaluate
+
+        if not hasattr(self, "_eval_fn"):
+            from hvdkit.trainer import eval_fn
+
+            self._eval_fn = eval_fn(self.model)
+        return evaluate(self._eval_fn, x, y, self.metrics_comm)
 
     def finish(self) -> None:
         """Called on every rank after training; release resources, tell peers we are done."""
@@ -162,4 +192,4 @@ class ReplicaStrategy(Strategy):
             grads = self.allreduce(grads)
         with timer.phase("compute"):
             self._apply_fn(grads)
-        return float(loss_sum), int(correct)
+        return float(loss_sum), int(correct), len(y)
