@@ -59,6 +59,8 @@ FIELDS: tuple[_Field, ...] = (
            "al. 2017, as Horovod's examples do)", "optimisation"),
     _Field("seed", int, 0, "seed for weights, data order and synthetic data (same on every rank)", "optimisation"),
     _Field("max_steps", int, 0, "stop after this many steps in total (0: no limit)", "optimisation"),
+    _Field("straggler", str, "", "make RANK compute FACTOR times slower (it sleeps (FACTOR-1) x its compute "
+           "time each step), for experiments", "optimisation", metavar="RANK:FACTOR"),
     # output
     _Field("output_dir", str, "", "results directory (default runs/<timestamp>-<strategy>)", "output", metavar="DIR"),
     _Field("export_weights", str, "", "write the final weights to this .npz file (rank 0; weights are "
@@ -70,8 +72,9 @@ FIELDS: tuple[_Field, ...] = (
     # system
     _Field("threads", int, 0, "TensorFlow intra-op threads per rank (0: cores / ranks on this host, "
            "at least 1; inter-op is 1 when ranks >= cores)", "system"),
-    _Field("fail_at", str, "", "testing: raise an error on RANK at STEP (RANK:STEP) to exercise "
-           "failure handling", "testing", metavar="RANK:STEP"),
+    _Field("fail_at", str, "", "testing: on RANK at STEP raise an error (RANK:STEP), exit at once as if "
+           "killed (RANK:STEP:exit) or hang (RANK:STEP:hang), to exercise failure handling", "testing",
+           metavar="RANK:STEP[:HOW]"),
 )
 
 _BY_NAME = {f.name: f for f in FIELDS}
@@ -96,6 +99,7 @@ class Config:
     lr_scaling: bool = True
     seed: int = 0
     max_steps: int = 0
+    straggler: str = ""
     output_dir: str = ""
     export_weights: str = ""
     resume: bool = False
@@ -120,12 +124,20 @@ class Config:
         return dataclasses.replace(self, **changes)
 
     @property
-    def fail_rank_step(self) -> tuple[int, int] | None:
-        """``--fail-at RANK:STEP`` as (rank, step), or None."""
+    def straggler_rank_factor(self) -> tuple[int, float] | None:
+        """``--straggler RANK:FACTOR`` as (rank, factor), or None."""
+        if not self.straggler:
+            return None
+        rank, factor = self.straggler.split(":")
+        return int(rank), float(factor)
+
+    @property
+    def fail_rank_step(self) -> tuple[int, int, str] | None:
+        """``--fail-at RANK:STEP[:HOW]`` as (rank, step, how), how in raise/exit/hang; or None."""
         if not self.fail_at:
             return None
-        rank, step = self.fail_at.split(":")
-        return int(rank), int(step)
+        parts = self.fail_at.split(":")
+        return int(parts[0]), int(parts[1]), parts[2] if len(parts) > 2 else "raise"
 
 
 def _check(c: Config) -> None:
@@ -144,8 +156,17 @@ def _check(c: Config) -> None:
         raise UsageError(f"--optimizer={c.optimizer!r}: choose sgd, momentum or adam")
     if c.fail_at:
         parts = c.fail_at.split(":")
-        if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
-            raise UsageError(f"--fail-at={c.fail_at!r} must be RANK:STEP, e.g. 1:2")
+        if not (len(parts) in (2, 3) and all(p.strip().isdigit() for p in parts[:2])
+                and (len(parts) == 2 or parts[2] in ("raise", "exit", "hang"))):
+            raise UsageError(f"--fail-at={c.fail_at!r} must be RANK:STEP or RANK:STEP:raise|exit|hang, e.g. 1:2")
+    if c.straggler:
+        parts = c.straggler.split(":")
+        try:
+            ok = len(parts) == 2 and int(parts[0]) >= 0 and float(parts[1]) >= 1.0
+        except ValueError:
+            ok = False
+        if not ok:
+            raise UsageError(f"--straggler={c.straggler!r} must be RANK:FACTOR with FACTOR >= 1, e.g. 1:3")
     if c.resume and not c.output_dir:
         raise UsageError("--resume needs --output-dir DIR (the directory holding checkpoint.npz)")
 

@@ -60,11 +60,11 @@ def configure_threads(cfg: Config, w: World) -> tuple[int, int]:
     return intra, inter
 
 
-def make_optimizer(cfg: Config, num_workers: int):
-    """The Keras optimizer of ``cfg``; lr x num_workers when ``cfg.lr_scaling``."""
+def make_optimizer(cfg: Config, lr_scale: int):
+    """The Keras optimizer of ``cfg`` with learning rate ``cfg.lr * lr_scale``."""
     import tensorflow as tf
 
-    lr = cfg.lr * (num_workers if cfg.lr_scaling else 1)
+    lr = cfg.lr * lr_scale
     if cfg.optimizer == "adam":
         return tf.keras.optimizers.Adam(lr)
     return tf.keras.optimizers.SGD(lr, momentum=cfg.momentum if cfg.optimizer == "momentum" else 0.0)
@@ -145,7 +145,7 @@ def _setup(cfg: Config, w: World):
                          f"{n_data} ranks that share it; use fewer ranks or more data")
     with strategy.scope():
         model = build_model(cfg.model, data.input_shape, data.num_classes, seed=cfg.seed)
-        optimizer = make_optimizer(cfg, strategy.num_workers)
+        optimizer = make_optimizer(cfg, strategy.lr_scale)
     return data, strategy, model, optimizer, part
 
 
@@ -211,8 +211,8 @@ def run(cfg: Config, w: World | None = None) -> dict[str, Any] | None:
         for i, b in enumerate(all_batches):
             if cfg.max_steps and global_step >= cfg.max_steps:
                 break
-            if fail and fail == (w.rank, global_step):
-                raise RuntimeError(f"injected failure at step {global_step} (--fail-at {cfg.fail_at})")
+            if fail and fail[:2] == (w.rank, global_step):
+                _inject_failure(fail[2], global_step, cfg.fail_at)
             timer.start_step()
             with timer.phase("data"):
                 x, y = x_all[b], y_all[b]                        # (batch, *input_shape), (batch,)
@@ -250,6 +250,16 @@ def run(cfg: Config, w: World | None = None) -> dict[str, Any] | None:
     result = _finish(cfg, w, mc, data, model, strategy, timer, history, out_dir, t_start)
     strategy.finish()
     return result
+
+
+def _inject_failure(how: str, step: int, spec: str) -> None:
+    """``--fail-at``: raise, die at once (as if killed), or hang, for the failure tests."""
+    if how == "exit":
+        os._exit(9)
+    if how == "hang":
+        while True:
+            time.sleep(3600)
+    raise RuntimeError(f"injected failure at step {step} (--fail-at {spec})")
 
 
 def _reduce_epoch(comm, sums: np.ndarray, train_s: float) -> dict[str, float]:
@@ -308,7 +318,7 @@ def _finish(cfg, w, mc, data, model, strategy, timer, history, out_dir, t_start)
         R.save_npz(cfg.export_weights, R.weights_to_arrays(model))
     log0(f"final eval_accuracy {result['final']['eval_accuracy']:.4f}  eval_loss {result['final']['eval_loss']:.4f}  "
          f"throughput {result['throughput']['samples_per_s'] or 0:.0f} samples/s  "
-         f"weights identical on {w.size} ranks: {'yes' if identical else 'NO'}")
+         f"weights identical on {len(ranks)} ranks: {'yes' if identical else 'NO'}")
     log0(f"results: {os.path.join(out_dir, 'results.json')}")
     return result
 
@@ -323,7 +333,7 @@ def _log_header(cfg, w, mc, data, model, optimizer, strategy, out_dir, start_epo
          f"({len(data.x_train)} train / {len(data.x_eval)} eval, {'x'.join(map(str, data.input_shape))}, "
          f"{data.num_classes} classes)")
     log0(f"# batch {cfg.batch_size}/rank ({cfg.batch_size * strategy.num_workers} global)  optimizer {cfg.optimizer}  "
-         f"lr {lr:g}{' (= %g x %d workers)' % (cfg.lr, strategy.num_workers) if cfg.lr_scaling else ''}  "
+         f"lr {lr:g}{' (= %g x %d workers)' % (cfg.lr, strategy.lr_scale) if strategy.lr_scale > 1 else ''}  "
          f"epochs {cfg.epochs}  seed {cfg.seed}")
     for r, host, pid, lr_ in hosts:
         log0(f"#  rank {r:>3}  host {host}  pid {pid}  local rank {lr_}")

@@ -14,6 +14,14 @@ __all__ = ["STRATEGIES", "get_strategy", "extra_fields"]
 #: name -> "module:Class"
 STRATEGIES: dict[str, str] = {
     "horovod": "hvdkit.strategies.horovod:HorovodStrategy",
+    "tf-mirrored": "hvdkit.strategies.tfdist:TFMirroredStrategy",
+    "tf-central-storage": "hvdkit.strategies.tfdist:TFCentralStorageStrategy",
+    "tf-multiworker": "hvdkit.strategies.tfdist:TFMultiWorkerStrategy",
+    "tf-ps": "hvdkit.strategies.tfdist:TFParameterServerStrategy",
+    "ps-sync": "hvdkit.strategies.ps.strategy:PSSync",
+    "ps-async": "hvdkit.strategies.ps.strategy:PSAsync",
+    "ps-ssp": "hvdkit.strategies.ps.strategy:PSSSP",
+    "ps-dcasgd": "hvdkit.strategies.ps.strategy:PSDCASGD",
 }
 
 

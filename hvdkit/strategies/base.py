@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
+import time
 from typing import Any, ClassVar, Sequence
 
 import numpy as np
@@ -30,7 +31,23 @@ from hvdkit.comm import World
 from hvdkit.config import Config
 from hvdkit.timing import StepTimer
 
-__all__ = ["Strategy", "ReplicaStrategy", "make_step_functions"]
+__all__ = ["Strategy", "ReplicaStrategy", "make_step_functions", "straggle"]
+
+
+def straggle(cfg: Config, rank: int, compute_s: float, timer: StepTimer | None = None) -> float:
+    """``--straggler RANK:FACTOR``: on RANK, sleep (FACTOR - 1) x this step's compute seconds.
+
+    Makes one rank FACTOR times slower at computing, for experiments and tests. The sleep
+    is timed as compute. Returns the seconds slept (0 on every other rank).
+    """
+    target = cfg.straggler_rank_factor
+    if target is None or target[0] != rank or target[1] <= 1.0:
+        return 0.0
+    extra = (target[1] - 1.0) * compute_s
+    time.sleep(extra)
+    if timer is not None:
+        timer.add("compute", extra)
+    return extra
 
 
 class Strategy(abc.ABC):
@@ -62,6 +79,11 @@ class Strategy(abc.ABC):
     def num_workers(self) -> int:
         """Number of ranks computing gradients (the learning rate is scaled by this)."""
         return self.world.size
+
+    @property
+    def lr_scale(self) -> int:
+        """Factor the learning rate is multiplied by: workers when ``--lr-scaling`` (sync modes)."""
+        return self.num_workers if self.cfg.lr_scaling else 1
 
     @property
     def metrics_comm(self):
@@ -186,8 +208,10 @@ class ReplicaStrategy(Strategy):
         """Assign rank 0's value of every variable on every rank."""
 
     def train_step(self, x, y, timer):
+        t0 = time.perf_counter()
         with timer.phase("compute"):
             loss_sum, correct, grads = self._grads_fn(x, y)
+        straggle(self.cfg, self.world.rank, time.perf_counter() - t0, timer)
         with timer.phase("comm"):
             grads = self.allreduce(grads)
         with timer.phase("compute"):

@@ -1,0 +1,198 @@
+"""The parameter-server wire format: a fixed 8 x int64 header, then a raw NumPy buffer.
+
+No pickle: every message is an mpi4py buffer call. A request is two messages from the
+same source on the PS communicator, a header (tag ``TAG_REQ``) then, if ``nelem > 0``, the
+payload (tag ``TAG_REQ_DATA``); a reply likewise with ``TAG_REP``/``TAG_REP_DATA``. MPI's
+non-overtaking rule (same source, same communicator) keeps each header before its payload.
+Requests and replies use different tags so a colocated server thread and its own
+worker, sharing one process, never take each other's messages.
+
+Header fields (int64 each, in order): ``kind, worker, shard, clock, version, nelem,
+dtype, extra``:
+
+=========  =============================================================================
+kind       one of :class:`Kind`
+worker     the worker id (0 .. W-1) sending the request, or receiving the reply
+shard      the shard id (0 .. K-1)
+clock      push: the worker's clock after this push (completed iterations)
+version    push: the server version the gradient was computed on; reply: the version sent
+nelem      payload elements (0: no payload)
+dtype      payload dtype code (:data:`DTYPES`)
+extra      push/pull: layout checksum (CRC-32 of the variable table); reply: microseconds
+           the request waited in the server's gate (SSP, sync barrier)
+=========  =============================================================================
+"""
+from __future__ import annotations
+
+import enum
+import json
+import zlib
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from hvdkit.errors import ProtocolError
+
+__all__ = ["Kind", "Header", "Layout", "DTYPES", "TAG_REQ", "TAG_REQ_DATA", "TAG_REP", "TAG_REP_DATA",
+           "HEADER_FIELDS"]
+
+TAG_REQ, TAG_REQ_DATA, TAG_REP, TAG_REP_DATA = 701, 702, 703, 704
+HEADER_FIELDS = ("kind", "worker", "shard", "clock", "version", "nelem", "dtype", "extra")
+DTYPES = {1: np.dtype(np.float32), 2: np.dtype(np.float64), 3: np.dtype(np.uint8), 4: np.dtype(np.int64)}
+DTYPE_CODES = {v: k for k, v in DTYPES.items()}
+
+
+class Kind(enum.IntEnum):
+    """Message kinds. Every request gets exactly one reply, except DONE."""
+
+    PUSH = 1    # gradient for a shard; reply: the shard's weights after the update (a pull)
+    PULL = 2    # no payload; reply: the shard's current weights
+    DONE = 3    # the worker has finished; no reply
+    STATS = 4   # no payload; reply: the server's statistics as JSON bytes (uint8)
+    STATE = 5   # no payload; reply: weights and optimizer slots, concatenated (float32)
+    ERROR = 6   # reply only: the request was refused; payload: the message (uint8 UTF-8)
+    HELLO = 7   # payload: the worker's variable table as JSON bytes; reply: empty (or ERROR)
+
+
+@dataclass
+class Header:
+    """One message header; :meth:`pack`/:meth:`unpack` convert to/from an int64[8] buffer."""
+
+    kind: int
+    worker: int = 0
+    shard: int = 0
+    clock: int = 0
+    version: int = 0
+    nelem: int = 0
+    dtype: int = 1
+    extra: int = 0
+
+    def pack(self) -> np.ndarray:
+        return np.array([self.kind, self.worker, self.shard, self.clock, self.version, self.nelem,
+                         self.dtype, self.extra], dtype=np.int64)
+
+    @classmethod
+    def unpack(cls, buf: np.ndarray) -> "Header":
+        if buf.dtype != np.int64 or buf.shape != (8,):
+            raise ProtocolError(f"header must be int64[8], got {buf.dtype}{list(buf.shape)}")
+        h = cls(*(int(v) for v in buf))
+        if h.kind not in Kind._value2member_map_:
+            raise ProtocolError(f"unknown message kind {h.kind} in header {buf.tolist()}")
+        return h
+
+
+def empty_header() -> np.ndarray:
+    """A receive buffer for one header."""
+    return np.zeros(8, np.int64)
+
+
+def json_bytes(obj) -> np.ndarray:
+    """``obj`` as UTF-8 JSON in a uint8 array (for HELLO, STATS, ERROR payloads)."""
+    return np.frombuffer(json.dumps(obj).encode(), dtype=np.uint8).copy()
+
+
+def from_json_bytes(buf: np.ndarray):
+    """Inverse of :func:`json_bytes`."""
+    return json.loads(buf.tobytes().decode())
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How a model's trainable variables map onto one flat float32 vector and its shards.
+
+    Variables are concatenated in order into a vector of ``size`` elements; shard k of K
+    covers ``[bounds[k], bounds[k+1])``, the bounds splitting the vector into K parts whose
+    sizes differ by at most one element (balanced by bytes; a variable may be split).
+
+    Attributes:
+        names: variable names, e.g. "dense/kernel:0".
+        shapes: their shapes.
+        dtypes: their dtype names ("float32").
+        num_shards: K.
+    """
+
+    names: tuple[str, ...]
+    shapes: tuple[tuple[int, ...], ...]
+    dtypes: tuple[str, ...]
+    num_shards: int
+
+    @classmethod
+    def of_variables(cls, variables: Sequence, num_shards: int) -> "Layout":
+        """Layout of Keras/TF variables (or NumPy arrays with a ``name`` attribute)."""
+        return cls(tuple(getattr(v, "name", f"var{i}") for i, v in enumerate(variables)),
+                   tuple(tuple(int(d) for d in v.shape) for v in variables),
+                   tuple(np.dtype(v.dtype.as_numpy_dtype if hasattr(v.dtype, "as_numpy_dtype") else v.dtype).name
+                         for v in variables), num_shards)
+
+    @property
+    def sizes(self) -> list[int]:
+        return [int(np.prod(s)) for s in self.shapes]
+
+    @property
+    def size(self) -> int:
+        """Total elements of the flat vector."""
+        return sum(self.sizes)
+
+    @property
+    def bounds(self) -> list[int]:
+        """K + 1 offsets: shard k is ``flat[bounds[k]:bounds[k+1]]``."""
+        n, k = self.size, self.num_shards
+        return [i * n // k for i in range(k + 1)]
+
+    def shard_slice(self, k: int) -> slice:
+        b = self.bounds
+        return slice(b[k], b[k + 1])
+
+    def tensors_in(self, k: int) -> list[str]:
+        """``name[a:b]`` of every variable (part) in shard k, to name tensors in errors."""
+        lo, hi = self.bounds[k], self.bounds[k + 1]
+        out, off = [], 0
+        for name, n in zip(self.names, self.sizes):
+            a, b = max(lo, off), min(hi, off + n)
+            if a < b:
+                out.append(name if (a, b) == (off, off + n) else f"{name}[{a - off}:{b - off}]")
+            off += n
+        return out
+
+    def table(self) -> list[list]:
+        """JSON-ready variable table: [[name, shape, dtype], ...]."""
+        return [[n, list(s), d] for n, s, d in zip(self.names, self.shapes, self.dtypes)]
+
+    @property
+    def crc(self) -> int:
+        """CRC-32 of the variable table and shard count (sent in every push and pull)."""
+        return zlib.crc32(json.dumps([self.table(), self.num_shards]).encode())
+
+    def check_same(self, table: list[list], who: str) -> None:
+        """Raise :class:`ProtocolError` naming the first variable where ``table`` differs."""
+        mine = self.table()
+        for i, (a, b) in enumerate(zip(mine, table)):
+            if [a[0], list(a[1]), a[2]] != [b[0], list(b[1]), b[2]]:
+                raise ProtocolError(f"{who}: variable {i} is {b[0]} {tuple(b[1])} {b[2]}, but the server "
+                                    f"holds {a[0]} {tuple(a[1])} {a[2]}; every worker must build the same model")
+        if len(mine) != len(table):
+            raise ProtocolError(f"{who}: has {len(table)} variables, the server holds {len(mine)}")
+
+    def flatten(self, arrays: Sequence[np.ndarray], out: np.ndarray | None = None) -> np.ndarray:
+        """Concatenate ``arrays`` (the variables' shapes) into one float32 vector.
+
+        Raises:
+            ProtocolError: an array's shape differs from its variable's (named).
+        """
+        out = np.empty(self.size, np.float32) if out is None else out
+        off = 0
+        for name, shape, n, a in zip(self.names, self.shapes, self.sizes, arrays):
+            if tuple(a.shape) != shape:
+                raise ProtocolError(f"tensor {name}: shape {tuple(a.shape)} does not match the parameter's {shape}")
+            out[off:off + n] = np.asarray(a, np.float32).reshape(-1)
+            off += n
+        return out
+
+    def unflatten(self, flat: np.ndarray) -> list[np.ndarray]:
+        """Views of ``flat`` shaped like the variables."""
+        out, off = [], 0
+        for shape, n in zip(self.shapes, self.sizes):
+            out.append(flat[off:off + n].reshape(shape))
+            off += n
+        return out

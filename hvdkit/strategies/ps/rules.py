@@ -1,0 +1,161 @@
+"""Parameter-server update rules: pure NumPy functions, no MPI, unit-tested alone.
+
+Everything here works on one shard: flat float32 arrays of the same length (``w`` the
+weights, ``g`` a gradient, slots like momentum). Functions update ``w`` and the slots in
+place and return nothing, so that a 100 MB shard is never copied per step.
+
+Optimizers follow Keras 2.15's formulas exactly, so a synchronous parameter server and
+``--strategy horovod`` produce the same weights (to float32 round-off):
+
+* SGD:          w -= lr * g
+* momentum:     m = momentum * m - lr * g;  w += m          (tf.keras.optimizers.SGD)
+* Adam:         m += (g - m)(1 - b1);  v += (g^2 - v)(1 - b2);
+                w -= lr * sqrt(1 - b2^t) / (1 - b1^t) * m / (sqrt(v) + eps)   (Kingma & Ba 2015,
+                as tf.keras.optimizers.Adam computes it, eps = 1e-7)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+__all__ = ["Optimizer", "dc_compensate", "DCState", "ssp_may_proceed", "ssp_staleness_bound"]
+
+
+@dataclass
+class Optimizer:
+    """A server-side optimizer for one flat shard.
+
+    Args:
+        kind: "sgd", "momentum" or "adam".
+        lr: learning rate (already scaled by the number of workers where that applies).
+        size: shard length (elements); slots are allocated float32 of this length.
+        momentum: for "momentum".
+        beta1, beta2, eps: for "adam" (Keras defaults).
+    """
+
+    kind: str
+    lr: float
+    size: int
+    momentum: float = 0.9
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-7
+    iterations: int = 0
+    slots: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def __post_init__(self):
+        if self.kind not in ("sgd", "momentum", "adam"):
+            raise ValueError(f"optimizer kind {self.kind!r}: choose sgd, momentum or adam")
+        names = {"sgd": (), "momentum": ("m",), "adam": ("m", "v")}[self.kind]
+        for n in names:
+            self.slots.setdefault(n, np.zeros(self.size, np.float32))
+
+    def apply(self, w: np.ndarray, g: np.ndarray) -> None:
+        """Apply gradient ``g`` (float32, shape of ``w``) to ``w`` in place."""
+        lr = np.float32(self.lr)
+        self.iterations += 1
+        if self.kind == "sgd":
+            w -= lr * g
+        elif self.kind == "momentum":
+            m = self.slots["m"]
+            # Keras: m = -g * lr + m * momentum; w += m  (same operation order, float32)
+            m *= np.float32(self.momentum)
+            m -= g * lr
+            w += m
+        else:
+            m, v = self.slots["m"], self.slots["v"]
+            t = self.iterations
+            b1, b2 = np.float32(self.beta1), np.float32(self.beta2)
+            alpha = lr * np.sqrt(np.float32(1) - b2 ** t) / (np.float32(1) - b1 ** t)
+            m += (g - m) * (np.float32(1) - b1)
+            v += (g * g - v) * (np.float32(1) - b2)
+            w -= (m * alpha) / (np.sqrt(v) + np.float32(self.eps))
+
+
+@dataclass
+class DCState:
+    """Delay-compensation state of one shard (Zheng et al., ICML 2017, "Asynchronous
+    Stochastic Gradient Descent with Delay Compensation", Algorithm 1 and DC-ASGD-a).
+
+    Attributes:
+        lam: lambda_0, the variance-control parameter (0 disables compensation).
+        adaptive: DC-ASGD-a: use lambda_t = lam / sqrt(meansquare + eps), where meansquare
+            is the running mean of g*g with decay ``ms_decay`` (the paper's m = 0.95).
+        backups: worker id -> copy of the weights that worker last pulled (float32, shard size).
+    """
+
+    lam: float
+    adaptive: bool = False
+    ms_decay: float = 0.95
+    eps: float = 1e-7
+    backups: dict[int, np.ndarray] = field(default_factory=dict)
+    meansquare: np.ndarray | None = None
+
+
+def dc_compensate(g: np.ndarray, w_now: np.ndarray, w_backup: np.ndarray, lam: float | np.ndarray) -> np.ndarray:
+    """Delay-compensated gradient g + lam * g * g * (w_now - w_backup), elementwise.
+
+    The first-order Taylor correction of a gradient computed at ``w_backup`` but applied
+    at ``w_now``, with the Hessian approximated by lam * g * g (Zheng et al. 2017, eq. 10).
+
+    Args:
+        g, w_now, w_backup: float32 arrays of one shape.
+        lam: a scalar, or an array of g's shape (the adaptive variant).
+
+    Returns:
+        A new float32 array; with lam == 0 it equals ``g``.
+
+    Raises:
+        ValueError: the shapes differ (no silent broadcasting).
+    """
+    if not (g.shape == w_now.shape == w_backup.shape):
+        raise ValueError(f"dc_compensate: shapes differ: g {g.shape}, w_now {w_now.shape}, w_backup {w_backup.shape}")
+    return g + np.float32(lam) * g * g * (w_now - w_backup) if np.isscalar(lam) else \
+        g + lam.astype(np.float32) * g * g * (w_now - w_backup)
+
+
+def dc_step(state: DCState, worker: int, g: np.ndarray, w_now: np.ndarray) -> np.ndarray:
+    """The gradient to apply for ``worker``'s push under DC-ASGD (plain ``g`` when lam == 0)."""
+    if state.lam == 0.0:
+        return g
+    backup = state.backups.get(worker)
+    if backup is None:       # never pulled (cannot happen after the initial broadcast): no correction
+        return g
+    lam: float | np.ndarray = state.lam
+    if state.adaptive:
+        if state.meansquare is None:
+            state.meansquare = np.zeros_like(g)
+        ms = state.meansquare
+        ms *= np.float32(state.ms_decay)
+        ms += np.float32(1 - state.ms_decay) * g * g
+        lam = np.float32(state.lam) / np.sqrt(ms + np.float32(state.eps))
+    return dc_compensate(g, w_now, backup, lam)
+
+
+def ssp_may_proceed(clock: int, active_clocks: list[int], staleness: int) -> bool:
+    """The SSP gate (Ho et al., NIPS 2013, "More Effective Distributed ML via a Stale
+    Synchronous Parallel Parameter Server"): a worker whose clock (completed iterations)
+    is ``clock`` may start its next iteration only when the slowest active worker has
+    clock >= clock - staleness. Workers that have finished are not in ``active_clocks``.
+    """
+    if staleness < 0:
+        raise ValueError(f"staleness={staleness} must be >= 0")
+    return not active_clocks or min(active_clocks) >= clock - staleness
+
+
+def ssp_staleness_bound(num_workers: int, staleness: int) -> int:
+    """Largest staleness (server versions) an SSP gradient can have with one shard server.
+
+    With W workers and bound s, when worker w pulls at clock c every other worker has clock
+    >= c - s (the gate) and none can pass its gate beyond clock c + s while w is at c, so
+    each of the other W - 1 workers pushes at most (c + s + 1) - (c - s) = 2s + 1 times
+    before w's next gradient is applied. Each push is one server version, so
+
+        staleness <= (W - 1) * (2 s + 1).
+
+    s = 0 gives W - 1 (one round of the others); ps-async has no bound.
+    """
+    if staleness < 0 or num_workers < 1:
+        raise ValueError(f"num_workers={num_workers} must be >= 1 and staleness={staleness} >= 0")
+    return (num_workers - 1) * (2 * staleness + 1)

@@ -1,0 +1,273 @@
+"""``--strategy ps-sync | ps-async | ps-ssp | ps-dcasgd``: hvdkit's parameter server on mpi4py.
+
+Roles come from MPI ranks:
+
+* dedicated servers (default): the last ``--num-servers K`` ranks are servers, the others
+  workers (so rank 0 is always worker 0, the rank that logs). Needs world size >= K + 1.
+* ``--ps-colocated``: every rank is a worker and also serves one shard (K = world size) in
+  a server thread, as BytePS colocates servers with workers. Each rank then sends
+  (N-1)/N x S gradient bytes and receives (N-1)/N x S weight bytes per step for S bytes of
+  parameters: 2 (N-1)/N x S in all, the same as a ring allreduce.
+
+The model's trainable variables are flattened into one float32 vector, split into K
+balanced shards (:class:`~hvdkit.strategies.ps.protocol.Layout`). A worker step computes
+its gradient, pushes each shard's slice to that shard's server, and receives the shard's
+weights after the update (push and pull in one round trip). The servers own the optimizer
+(:mod:`~hvdkit.strategies.ps.rules`); the workers' Keras optimizer is not used.
+
+Learning rate: ``ps-sync`` averages W gradients per update and, like ``horovod``, scales
+lr by W (unless ``--no-lr-scaling``). The asynchronous modes apply each worker's gradient
+as its own update, W times as many updates per round, so lr is not scaled.
+
+Batch-norm statistics and other non-trainable variables stay on the workers and are
+averaged over the workers at each epoch end, as ``horovod`` does.
+"""
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+
+from hvdkit.config import _Field
+from hvdkit.errors import UsageError
+from hvdkit.strategies.base import Strategy, make_step_functions, straggle
+from hvdkit.strategies.ps import rules
+from hvdkit.strategies.ps.protocol import Layout
+from hvdkit.strategies.ps.server import ShardServer, serve
+from hvdkit.strategies.ps.worker import PSClient
+
+__all__ = ["PSStrategy", "PSSync", "PSAsync", "PSSSP", "PSDCASGD", "PS_FIELDS"]
+
+_G = "parameter server (ps-*)"
+PS_FIELDS = (
+    _Field("num_servers", int, 1, "dedicated server ranks: the last K ranks serve, the others are workers", _G),
+    _Field("ps_colocated", bool, False, "every rank is a worker and serves one shard in a thread (BytePS-style)", _G),
+    _Field("staleness", int, 1, "ps-ssp: bound s; a worker at clock c waits until the slowest has clock >= c - s", _G),
+    _Field("dc_lambda", float, 0.04, "ps-dcasgd: lambda_0 of g + lambda * g * g * (w_now - w_backup)", _G),
+    _Field("dc_adaptive", bool, False, "ps-dcasgd: lambda_t = lambda_0 / sqrt(meansquare(g) + eps) (DC-ASGD-a)", _G),
+    _Field("ps_timeout", float, 120.0, "seconds a worker or server waits for a peer before declaring it dead", _G),
+)
+
+
+class PSStrategy(Strategy):
+    """A parameter-server strategy; subclasses fix ``mode`` (see :mod:`.server`)."""
+
+    mode = "sync"
+    extra_fields = PS_FIELDS
+
+    def __init__(self, cfg, world):
+        super().__init__(cfg, world)
+        ex = cfg.extra
+        n = world.size
+        self.colocated = bool(ex.get("ps_colocated", False))
+        self.timeout = float(ex.get("ps_timeout", 120.0))
+        self.staleness = int(ex.get("staleness", 1))
+        self.dc_lambda = float(ex.get("dc_lambda", 0.04))
+        self.dc_adaptive = bool(ex.get("dc_adaptive", False))
+        if self.staleness < 0:
+            raise UsageError(f"--staleness={self.staleness} must be >= 0")
+        if self.dc_lambda < 0:
+            raise UsageError(f"--dc-lambda={self.dc_lambda} must be >= 0")
+        if self.timeout <= 0:
+            raise UsageError(f"--ps-timeout={self.timeout} must be > 0")
+        if self.colocated:
+            from mpi4py import MPI
+
+            if MPI.Query_thread() < MPI.THREAD_MULTIPLE:
+                raise UsageError("--ps-colocated runs a server thread beside each worker and needs "
+                                 "MPI_THREAD_MULTIPLE, which this MPI library did not provide")
+            self.server_ranks = list(range(n))
+            self.worker_ranks = list(range(n))
+        else:
+            k = int(ex.get("num_servers", 1))
+            if k < 1:
+                raise UsageError(f"--num-servers={k} must be >= 1")
+            if n < k + 1:
+                raise UsageError(f"{self.name} with --num-servers {k} needs at least {k + 1} ranks ({k} server(s) "
+                                 f"and 1 or more workers), got {n}; launch more ranks or use --ps-colocated")
+            self.server_ranks = list(range(n - k, n))
+            self.worker_ranks = list(range(n - k))
+        self.is_worker = world.rank in self.worker_ranks
+        self.shard = self.server_ranks.index(world.rank) if world.rank in self.server_ranks else None
+        self.client: PSClient | None = None
+        self.server: ShardServer | None = None
+        self._thread: threading.Thread | None = None
+        self._workers_comm = None
+
+    # -- roles -----------------------------------------------------------------------------
+    def data_partition(self):
+        return (self.worker_ranks.index(self.world.rank), len(self.worker_ranks)) if self.is_worker else None
+
+    @property
+    def num_workers(self) -> int:
+        return len(self.worker_ranks)
+
+    @property
+    def lr_scale(self) -> int:
+        return self.num_workers if (self.mode == "sync" and self.cfg.lr_scaling) else 1
+
+    @property
+    def metrics_comm(self):
+        return self._workers_comm
+
+    # -- set-up ----------------------------------------------------------------------------
+    def setup(self, model, optimizer) -> None:
+        from mpi4py import MPI
+
+        cfg, w = self.cfg, self.world
+        self.model, self.optimizer = model, optimizer
+        self.layout = Layout.of_variables(model.trainable_variables, len(self.server_ranks))
+        flat = self.layout.flatten([v.numpy() for v in model.trainable_variables])
+        w.comm.Bcast(flat, root=0)                                    # every replica starts from rank 0's weights
+        self.flat_w, self.flat_g = flat, np.empty_like(flat)
+        self._assign()
+        self.ps_comm = w.comm.Dup()                                   # PS traffic never mixes with other messages
+        self._workers_comm = w.comm.Split(0 if self.is_worker else MPI.UNDEFINED, w.rank)
+        if self.shard is not None:
+            lr = cfg.lr * self.lr_scale
+            sl = self.layout.shard_slice(self.shard)
+            opt = rules.Optimizer(cfg.optimizer, lr, sl.stop - sl.start, momentum=cfg.momentum)
+            dc = rules.DCState(self.dc_lambda, self.dc_adaptive) if self.mode == "dcasgd" else None
+            self.server = ShardServer(self.shard, self.layout, flat[sl], self.mode, opt, self.num_workers,
+                                      staleness=self.staleness, dc=dc)
+            if self.colocated:
+                self._thread = threading.Thread(target=self._serve_or_abort, name=f"ps-shard-{self.shard}",
+                                                daemon=True)
+                self._thread.start()
+        if self.is_worker:
+            self._grads_fn = make_step_functions(model, optimizer)[0]
+            self.client = PSClient(self.ps_comm, self.layout, self.server_ranks,
+                                   self.worker_ranks.index(w.rank), self.timeout)
+            self.client.hello()
+
+    def _serve_or_abort(self) -> None:
+        from hvdkit.comm import run_guarded
+
+        run_guarded(serve, self.ps_comm, self.server, self.worker_ranks, self.timeout)
+
+    def _assign(self) -> None:
+        for v, a in zip(self.model.trainable_variables, self.layout.unflatten(self.flat_w)):
+            v.assign(a)
+
+    # -- the step --------------------------------------------------------------------------
+    def train_step(self, x, y, timer):
+        t0 = time.perf_counter()
+        with timer.phase("compute"):
+            loss_sum, correct, grads = self._grads_fn(x, y)
+            self.layout.flatten([g.numpy() for g in grads], out=self.flat_g)
+        straggle(self.cfg, self.world.rank, time.perf_counter() - t0, timer)
+        t1 = time.perf_counter()
+        waited = self.client.push_pull(self.flat_g, self.flat_w)     # push gradient, pull new weights
+        total = time.perf_counter() - t1
+        timer.add("wait", min(waited, total))
+        timer.add("comm", max(0.0, total - waited))
+        with timer.phase("compute"):
+            self._assign()
+        return float(loss_sum), int(correct), len(y)
+
+    def serve(self) -> None:
+        self.final_stats = serve(self.ps_comm, self.server, self.worker_ranks, self.timeout)
+
+    def end_epoch(self) -> None:
+        extra = [v for v in self.model.non_trainable_variables if v.dtype.is_floating]
+        if extra and self.num_workers > 1:
+            from mpi4py import MPI
+
+            for v in extra:
+                a = np.ascontiguousarray(v.numpy())
+                self._workers_comm.Allreduce(MPI.IN_PLACE, a)
+                v.assign(a / self.num_workers)
+
+    def sync_for_eval(self) -> None:
+        # Every worker is past its last push (the trainer reduced the epoch's metrics over the
+        # workers first), so every pull returns the same weights.
+        self.client.pull(self.flat_w)
+        self._assign()
+
+    def finish(self) -> None:
+        if self.client is not None:
+            self.client.done()
+        if self._thread is not None:
+            self._thread.join()
+
+    # -- results and checkpoints --------------------------------------------------------------
+    def report(self) -> dict:
+        if self.world.rank != 0:
+            return {}
+        shards = self.client.stats()
+        hist: dict[str, int] = {}
+        for s in shards:
+            for k, v in s["staleness_histogram"].items():
+                hist[k] = hist.get(k, 0) + v
+        hist = dict(sorted(hist.items(), key=lambda kv: int(kv[0])))
+        wait = [max(s["gate_wait_s"][i] for s in shards) for i in range(self.num_workers)]
+        ps = {"mode": self.mode, "num_servers": len(self.server_ranks), "colocated": self.colocated,
+              "server_ranks": self.server_ranks, "worker_ranks": self.worker_ranks,
+              "pushes": sum(s["pushes"] for s in shards), "updates_applied": sum(s["updates_applied"] for s in shards),
+              "staleness_histogram": hist, "max_staleness": max(int(k) for k in hist) if hist else 0,
+              "worker_clocks": shards[0]["clocks"], "worker_wait_s": wait,
+              "param_bytes": int(self.layout.size * 4),
+              "bytes_per_step_per_worker": (self.client.bytes_sent + self.client.bytes_received) / max(self.client.clock, 1),
+              "shards": shards}
+        if self.mode == "ssp":
+            ps["staleness"] = self.staleness
+            ps["staleness_bound"] = rules.ssp_staleness_bound(self.num_workers, self.staleness)
+        if self.mode == "dcasgd":
+            ps["dc_lambda"], ps["dc_adaptive"] = self.dc_lambda, self.dc_adaptive
+        return {"ps": ps}
+
+    def state(self) -> dict:
+        if self.world.rank != 0:
+            return {}
+        out = {}
+        for k, (vec, version, iters) in enumerate(self.client.state()):
+            out[f"ps/shard{k}"] = vec
+            out[f"ps/shard{k}/counters"] = np.array([version, iters], np.int64)
+        return out
+
+    def load_state(self, arrays) -> None:
+        n_shards = len(self.server_ranks)
+        for k in range(n_shards):
+            if f"ps/shard{k}" not in arrays:
+                raise UsageError(f"--resume: the checkpoint has no parameter-server shard {k}; it was written by "
+                                 f"another strategy or another --num-servers")
+        sizes = [self.layout.shard_slice(k).stop - self.layout.shard_slice(k).start for k in range(n_shards)]
+        for k in range(n_shards):
+            sl = self.layout.shard_slice(k)
+            self.flat_w[sl] = arrays[f"ps/shard{k}"][:sizes[k]]
+            version, iters = (int(v) for v in arrays[f"ps/shard{k}/counters"])
+            if self.client is not None:
+                self.client.versions[k] = version
+            if self.shard == k:
+                self.server.load_state_vector(arrays[f"ps/shard{k}"], version, iters)
+        self._assign()
+        self.world.comm.Barrier()  # no push may reach a colocated server before it has loaded
+
+
+class PSSync(PSStrategy):
+    """Synchronous PS: one averaged update per step; every worker pulls the same weights."""
+
+    name, mode = "ps-sync", "sync"
+    summary = "parameter server, synchronous: average one gradient per worker, one update, all pull"
+
+
+class PSAsync(PSStrategy):
+    """Asynchronous PS: each push is applied on arrival; no worker waits for another."""
+
+    name, mode = "ps-async", "async"
+    summary = "parameter server, asynchronous: each gradient applied on arrival (Hogwild-style staleness)"
+
+
+class PSSSP(PSStrategy):
+    """Stale synchronous parallel PS (Ho et al., NIPS 2013), bound ``--staleness``."""
+
+    name, mode = "ps-ssp", "ssp"
+    summary = "parameter server, stale synchronous parallel: workers at most --staleness clocks apart"
+
+
+class PSDCASGD(PSStrategy):
+    """Delay-compensated asynchronous SGD (Zheng et al., ICML 2017)."""
+
+    name, mode = "ps-dcasgd", "dcasgd"
+    summary = "parameter server, asynchronous with delay compensation g + lambda*g*g*(w_now - w_backup)"

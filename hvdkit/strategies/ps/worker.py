@@ -1,0 +1,168 @@
+"""The worker side of the parameter server: push gradients, pull weights, over mpi4py buffers.
+
+One :class:`PSClient` per worker. ``push_pull`` sends every shard its slice of the flat
+gradient with non-blocking sends (all shards at once, so K servers work in parallel) and
+receives each shard's new weights straight into the caller's flat weight vector.
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from hvdkit.errors import ProtocolError
+from hvdkit.strategies.ps.protocol import (DTYPE_CODES, DTYPES, TAG_REP, TAG_REP_DATA, TAG_REQ, TAG_REQ_DATA,
+                                           Header, Kind, Layout, empty_header, from_json_bytes, json_bytes)
+from hvdkit.strategies.ps.server import poll
+
+__all__ = ["PSClient"]
+
+
+class PSClient:
+    """A worker's connection to the K shard servers.
+
+    Args:
+        comm: the PS communicator (the same Dup of the world the servers use).
+        layout: the model layout; shard k lives on ``server_ranks[k]``.
+        server_ranks: rank in ``comm`` of shard k's server.
+        worker: this worker's id (0 .. W-1).
+        timeout: seconds to wait for any reply before raising TimeoutError.
+
+    Attributes:
+        versions: per shard, the server version of the weights this worker holds.
+        clock: completed pushes (iterations) of this worker.
+        bytes_sent, bytes_received: payload bytes moved by this worker.
+    """
+
+    def __init__(self, comm, layout: Layout, server_ranks: list[int], worker: int, timeout: float):
+        self.comm, self.layout, self.server_ranks = comm, layout, list(server_ranks)
+        self.worker, self.timeout = worker, timeout
+        self.versions = [0] * layout.num_shards
+        self.clock = 0
+        self.bytes_sent = 0
+        self.bytes_received = 0
+        self._slices = [layout.shard_slice(k) for k in range(layout.num_shards)]
+
+    # -- plumbing ------------------------------------------------------------------------------
+    def _send(self, k: int, kind: Kind, payload: np.ndarray | None = None, clock: int = 0, version: int = 0):
+        n = 0 if payload is None else payload.size
+        code = 1 if payload is None else DTYPE_CODES[payload.dtype]
+        h = Header(kind, self.worker, k, clock, version, n, code, self.layout.crc).pack()
+        reqs = [(self.comm.Isend(h, dest=self.server_ranks[k], tag=TAG_REQ), h)]
+        if n:
+            reqs.append((self.comm.Isend(payload, dest=self.server_ranks[k], tag=TAG_REQ_DATA), payload))
+            self.bytes_sent += payload.nbytes
+        return reqs
+
+    def _receive(self, expect: Kind, into: dict[int, np.ndarray | None], what: str) -> dict[int, Header]:
+        """Receive one reply from each shard in ``into``; payloads go into ``into[k]`` (or are allocated).
+
+        Returns the headers; ``into`` is updated with allocated payloads.
+
+        Raises:
+            ProtocolError: a server refused the request (its message) or replied out of protocol.
+            TimeoutError: no reply within the timeout.
+        """
+        from mpi4py import MPI
+
+        hdrs = {k: empty_header() for k in into}
+        reqs = {k: self.comm.Irecv(hdrs[k], source=self.server_ranks[k], tag=TAG_REP) for k in into}
+        out: dict[int, Header] = {}
+        deadline = time.monotonic() + self.timeout
+        st = MPI.Status()
+        while reqs:
+            def any_done():
+                return any(r.Test() for r in reqs.values())
+
+            poll(any_done, deadline, f"worker {self.worker}: no {what} reply from server rank(s) "
+                 f"{[self.server_ranks[k] for k in reqs]} within {self.timeout:.0f} s; a server may have died "
+                 "(raise --ps-timeout for very slow steps)")
+            for k in [k for k, r in reqs.items() if r.Test()]:
+                del reqs[k]
+                h = Header.unpack(hdrs[k])
+                src = self.server_ranks[k]
+                if h.kind == Kind.ERROR:
+                    self.comm.Probe(source=src, tag=TAG_REP_DATA, status=st)
+                    msg = np.empty(st.Get_count(MPI.BYTE), np.uint8)
+                    self.comm.Recv(msg, source=src, tag=TAG_REP_DATA)
+                    raise ProtocolError(f"server rank {src}: {from_json_bytes(msg)}")
+                if h.kind != expect:
+                    raise ProtocolError(f"server rank {src} replied {Kind(h.kind).name} to {what}")
+                if h.nelem:
+                    buf = into[k]
+                    dt = DTYPES[h.dtype]
+                    if buf is None or buf.size != h.nelem or buf.dtype != dt:
+                        if buf is not None:
+                            raise ProtocolError(f"server rank {src} sent {h.nelem} {dt} for shard {k}; "
+                                                f"expected {buf.size} {buf.dtype}")
+                        buf = into[k] = np.empty(h.nelem, dt)
+                    self.comm.Recv(buf, source=src, tag=TAG_REP_DATA)
+                    self.bytes_received += buf.nbytes
+                out[k] = h
+        return out
+
+    @staticmethod
+    def _complete(sends) -> None:
+        for r, _ in sends:
+            r.Wait()
+
+    # -- requests -------------------------------------------------------------------------------
+    def hello(self) -> None:
+        """Send this worker's variable table to every server; raise if any server's differs."""
+        table = json_bytes(self.layout.table())
+        sends = [s for k in range(self.layout.num_shards) for s in self._send(k, Kind.HELLO, table)]
+        self._receive(Kind.HELLO, {k: None for k in range(self.layout.num_shards)}, "HELLO")
+        self._complete(sends)
+
+    def push_pull(self, grad: np.ndarray, weights: np.ndarray) -> float:
+        """Push ``grad`` (float32, layout.size) to every shard; pull the new weights into ``weights``.
+
+        Increments :attr:`clock`; updates :attr:`versions`.
+
+        Returns:
+            Seconds this worker's requests waited inside the servers (sync barrier or SSP gate),
+            the largest over shards.
+        """
+        if grad.dtype != np.float32 or grad.shape != (self.layout.size,):
+            raise ProtocolError(f"push: gradient must be float32[{self.layout.size}], got {grad.dtype}{list(grad.shape)}")
+        self.clock += 1
+        sends = [s for k, sl in enumerate(self._slices)
+                 for s in self._send(k, Kind.PUSH, grad[sl], clock=self.clock, version=self.versions[k])]
+        hdrs = self._receive(Kind.PULL, {k: weights[sl] for k, sl in enumerate(self._slices)}, "push")
+        self._complete(sends)
+        for k, h in hdrs.items():
+            self.versions[k] = h.version
+        return max(h.extra for h in hdrs.values()) / 1e6
+
+    def push_raw(self, k: int, payload: np.ndarray) -> None:
+        """Push an arbitrary ``payload`` to shard k and wait for the reply (protocol tests only)."""
+        self._complete(self._send(k, Kind.PUSH, payload, clock=self.clock + 1, version=self.versions[k]))
+        self._receive(Kind.PULL, {k: np.empty(self._slices[k].stop - self._slices[k].start, np.float32)}, "push")
+
+    def pull(self, weights: np.ndarray) -> None:
+        """Pull every shard's current weights into ``weights`` (float32, layout.size)."""
+        sends = [s for k in range(self.layout.num_shards) for s in self._send(k, Kind.PULL)]
+        hdrs = self._receive(Kind.PULL, {k: weights[sl] for k, sl in enumerate(self._slices)}, "pull")
+        self._complete(sends)
+        for k, h in hdrs.items():
+            self.versions[k] = h.version
+
+    def stats(self) -> list[dict]:
+        """Every shard's statistics (JSON from the servers), in shard order."""
+        sends = [s for k in range(self.layout.num_shards) for s in self._send(k, Kind.STATS)]
+        into: dict[int, np.ndarray | None] = {k: None for k in range(self.layout.num_shards)}
+        self._receive(Kind.STATS, into, "STATS")
+        self._complete(sends)
+        return [from_json_bytes(into[k]) for k in range(self.layout.num_shards)]
+
+    def state(self) -> list[tuple[np.ndarray, int, int]]:
+        """Every shard's (state vector, version, optimizer iterations), for checkpoints."""
+        sends = [s for k in range(self.layout.num_shards) for s in self._send(k, Kind.STATE)]
+        into: dict[int, np.ndarray | None] = {k: None for k in range(self.layout.num_shards)}
+        hdrs = self._receive(Kind.STATE, into, "STATE")
+        self._complete(sends)
+        return [(into[k], hdrs[k].version, hdrs[k].clock) for k in range(self.layout.num_shards)]
+
+    def done(self) -> None:
+        """Tell every server this worker has finished (it leaves barriers and gates)."""
+        self._complete([s for k in range(self.layout.num_shards) for s in self._send(k, Kind.DONE)])

@@ -1,0 +1,133 @@
+"""The mpi4py parameter server under mpirun: equality with Horovod and plain SGD, staleness
+accounting, the SSP bound, the wire format at 100 MB, and failures that end the job."""
+import json
+import os
+import sys
+
+import numpy as np
+import pytest
+
+from hvdkit.results import load_npz
+from hvdkit.strategies.ps.rules import ssp_staleness_bound
+from tests.conftest import launch, load_results, mpirun_cmd, train
+
+pytestmark = pytest.mark.parallel
+
+STEPS = 20
+EXACT = ["--model", "mlp", "--optimizer", "sgd", "--lr", "0.1", "--no-lr-scaling", "--batch-size", "16",
+         "--max-steps", str(STEPS), "--epochs", "1", "--no-checkpoint", "--no-tensorboard"]
+
+
+def single_process_sgd_on_concatenated_batches(workers: int) -> list[np.ndarray]:
+    """The reference: one process, SGD on the concatenation of the workers' batches."""
+    import tensorflow as tf
+
+    from hvdkit.data import batches, epoch_shard, load_dataset
+    from hvdkit.models import build_model
+
+    data = load_dataset("digits")
+    model = build_model("mlp", data.input_shape, data.num_classes, seed=0)
+    opt = tf.keras.optimizers.SGD(0.1)
+    shards = [list(batches(epoch_shard(len(data.x_train), r, workers, 0, 0), 16)) for r in range(workers)]
+    for step in range(STEPS):
+        idx = np.concatenate([s[step] for s in shards])
+        with tf.GradientTape() as tape:
+            logits = model(data.x_train[idx], training=True)
+            loss = tf.reduce_mean(tf.keras.losses.sparse_categorical_crossentropy(
+                data.y_train[idx], logits, from_logits=True))
+        opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+    return [w.numpy() for w in model.weights]
+
+
+def ps_section(out):
+    return load_results(out)["ps"]
+
+
+def test_ps_sync_equals_horovod_and_single_process_sgd(tmp_path):
+    runs = {"ps-sync": (3, ["--strategy", "ps-sync"]),
+            "ps-sync-colocated": (2, ["--strategy", "ps-sync", "--ps-colocated"]),
+            "horovod": (2, ["--strategy", "horovod"])}
+    weights = {}
+    for name, (n, args) in runs.items():
+        out = tmp_path / name
+        r = train(n, *EXACT, *args, "--output-dir", str(out), "--export-weights", str(tmp_path / f"{name}.npz"))
+        assert r.returncode == 0, r.output
+        res = load_results(out)
+        assert res["final"]["steps"] == STEPS and res["num_workers"] == 2
+        assert res["final"]["weights_identical_across_ranks"], res["ranks"]
+        arrays, _ = load_npz(str(tmp_path / f"{name}.npz"))
+        weights[name] = [arrays[k] for k in sorted(arrays)]
+    weights["single"] = single_process_sgd_on_concatenated_batches(2)
+    for name in ("ps-sync", "ps-sync-colocated", "single"):
+        for a, b in zip(weights[name], weights["horovod"]):
+            np.testing.assert_allclose(a, b, rtol=0, atol=1e-5, err_msg=name)
+    assert ps_section(tmp_path / "ps-sync")["max_staleness"] == 0
+
+
+def test_ps_async_applies_every_push_and_learns(tmp_path):
+    out = tmp_path / "run"
+    r = train(3, "--strategy", "ps-async", "--epochs", "8", "--output-dir", str(out))
+    assert r.returncode == 0, r.output
+    res = load_results(out)
+    ps = res["ps"]
+    assert ps["updates_applied"] == ps["pushes"] > 0
+    assert all(int(k) >= 0 for k in ps["staleness_histogram"])
+    assert sum(ps["staleness_histogram"].values()) == ps["pushes"]
+    assert ps["worker_clocks"] == [r_["measured_steps"] + 1 for r_ in res["ranks"]]  # warm-up step + measured
+    assert res["final"]["eval_accuracy"] >= 0.9
+    assert res["final"]["weights_identical_across_ranks"]
+
+
+def test_ps_ssp_staleness_stays_within_the_bound_under_a_straggler(tmp_path):
+    out = tmp_path / "run"
+    r = train(3, "--strategy", "ps-ssp", "--staleness", "1", "--straggler", "1:3", "--epochs", "2",
+              "--output-dir", str(out))
+    assert r.returncode == 0, r.output
+    ps = ps_section(out)
+    bound = ssp_staleness_bound(2, 1)   # (W - 1)(2s + 1) = 3 for 2 workers, s = 1
+    assert ps["staleness_bound"] == bound
+    assert ps["max_staleness"] <= bound, ps["staleness_histogram"]
+    assert ps["max_staleness"] >= 1, "a 3x straggler under s=1 should produce stale gradients"
+    assert ps["worker_wait_s"][0] > 0, "the fast worker must have waited at the gate"
+    assert ps["updates_applied"] == ps["pushes"]
+
+
+def test_ps_dcasgd_trains_and_reports_lambda(tmp_path):
+    out = tmp_path / "run"
+    r = train(3, "--strategy", "ps-dcasgd", "--dc-lambda", "0.04", "--epochs", "4", "--output-dir", str(out))
+    assert r.returncode == 0, r.output
+    res = load_results(out)
+    assert res["ps"]["dc_lambda"] == 0.04 and res["ps"]["updates_applied"] == res["ps"]["pushes"]
+    assert res["final"]["eval_accuracy"] >= 0.8
+
+
+def test_100MB_parameter_roundtrips_bit_exact_and_mismatched_push_is_refused():
+    r = launch(mpirun_cmd(2, os.path.join(os.path.dirname(__file__), "ps_check.py")), timeout=180)
+    assert r.returncode == 0, r.output
+    assert "rank 0: OK" in r.stdout and "rank 1: OK" in r.stdout
+    assert r.stdout.count("\nrefused: ") + r.stdout.startswith("refused: ") == 2, r.stdout
+    assert "big/kernel:0" in r.stdout
+
+
+@pytest.mark.parametrize("how", ["raise", "exit"])
+def test_a_failing_worker_ends_the_job(tmp_path, how):
+    r = train(3, "--strategy", "ps-async", "--fail-at", f"1:2:{how}", "--output-dir", str(tmp_path / "r"),
+              timeout=120)
+    assert r.returncode != 0
+    if how == "raise":
+        assert "hvdkit: FAILED on rank 1/3" in r.output and r.output.count("Traceback") == 1
+    assert r.seconds < 60, f"took {r.seconds:.0f}s"
+
+
+def test_a_hung_worker_is_detected_by_the_server(tmp_path):
+    r = train(3, "--strategy", "ps-sync", "--fail-at", "1:2:hang", "--ps-timeout", "5",
+              "--output-dir", str(tmp_path / "r"), timeout=120)
+    assert r.returncode != 0
+    assert "no message from worker rank(s) [1]" in r.output, r.output
+    assert r.seconds < 60
+
+
+def test_ps_needs_a_worker():
+    r = train(0, "--strategy", "ps-sync", timeout=60)
+    assert r.returncode == 2
+    assert "needs at least 2 ranks" in r.output and "--ps-colocated" in r.output
