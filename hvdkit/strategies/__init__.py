@@ -22,6 +22,7 @@ STRATEGIES: dict[str, str] = {
     "ps-async": "hvdkit.strategies.ps.strategy:PSAsync",
     "ps-ssp": "hvdkit.strategies.ps.strategy:PSSSP",
     "ps-dcasgd": "hvdkit.strategies.ps.strategy:PSDCASGD",
+    "ring": "hvdkit.strategies.ring:RingStrategy",
 }
 
 

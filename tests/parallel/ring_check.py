@@ -1,0 +1,173 @@
+"""Check hvdkit.ring against mpi4py's ``Allreduce`` on every rank (run under mpirun).
+
+    mpirun -np 3 python tests/parallel/ring_check.py            # correctness, prints OK lines
+    mpirun -np 2 python tests/parallel/ring_check.py --bench    # ring vs Allreduce wall time
+
+Correctness: for float32, float64 and int64, lengths 0, 1, 3, N-1, N, N+1, 1001 and ~3 MiB,
+with and without fusion buckets, in place and out of place, sum and average, and
+a list of arrays of varied shapes: every rank compares its ring result with
+``comm.Allreduce`` (float tolerance; exact for integers) and with rank 0's result
+(bitwise: every chunk is summed on one rank and copied). Each rank prints
+``ring_check rank R/N OK (C cases)`` or its failures; the verdicts are gathered and
+rank 0 prints ``ring_check: ALL OK on N ranks`` or ``ring_check: FAILED``; the exit
+status is 0 only when every rank passed.
+
+Bench: median wall time over repeats of ring and ``Allreduce`` on float32 buffers of
+1 MiB and 16 MiB (synchronised with a barrier before each repeat, the slowest rank's
+time taken), printed as a table on rank 0. No assertion on speed.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+from hvdkit.ring import RingAllreduce
+
+
+def _cases(n: int):
+    lengths = sorted({0, 1, 3, max(n - 1, 0), n, n + 1, 1001, 3 * 2**20 // 4 + 7})
+    for dtype in (np.float32, np.float64, np.int64):
+        for length in lengths:
+            for fusion in (0, 1000, 2**20 + 4):  # none, tiny (many buckets), odd (not a multiple of 8)
+                if fusion == 1000 and length > 100_000:
+                    continue  # thousands of buckets: slow, nothing new
+                for average in ((False, True) if dtype != np.int64 else (False,)):
+                    for inplace in (True, False):
+                        yield dtype, length, fusion, average, inplace
+
+
+def _data(rank: int, length: int, dtype, seed: int) -> np.ndarray:
+    rng = np.random.default_rng([seed, rank, length])
+    if np.dtype(dtype).kind == "i":
+        return rng.integers(-1000, 1000, length).astype(dtype)
+    return rng.standard_normal(length).astype(dtype)
+
+
+def check(comm: MPI.Comm) -> list[str]:
+    """Run every case; return (this rank's failure messages, number of cases)."""
+    rank, n = comm.Get_rank(), comm.Get_size()
+    ring = RingAllreduce(comm)
+    failures, count = [], 0
+    for i, (dtype, length, fusion, average, inplace) in enumerate(_cases(n)):
+        count += 1
+        name = f"{np.dtype(dtype).name} len={length} fusion={fusion} average={average} inplace={inplace}"
+        x = _data(rank, length, dtype, i)
+        expect = np.empty_like(x)
+        comm.Allreduce(x, expect, op=MPI.SUM)
+        if average:
+            expect /= n
+        original = x.copy()
+        if inplace:
+            got = ring.allreduce(x, average=average, fusion_bytes=fusion)
+            if got is not x:
+                failures.append(f"{name}: in-place call returned another array")
+        else:
+            out = np.full_like(x, 7)
+            got = ring.allreduce(x, out, average=average, fusion_bytes=fusion)
+            if got is not out or not np.array_equal(x, original):
+                failures.append(f"{name}: out-of-place call changed sendbuf or returned another array")
+        if got.dtype != np.dtype(dtype) or got.shape != (length,):
+            failures.append(f"{name}: got {got.dtype} {got.shape}")
+            continue
+        tol = {np.float32: 1e-5, np.float64: 1e-12, np.int64: 0}[dtype]
+        if not np.allclose(got, expect, rtol=tol, atol=tol * max(1.0, np.sqrt(n))):
+            bad = np.flatnonzero(~np.isclose(got, expect, rtol=tol, atol=tol))
+            failures.append(f"{name}: {bad.size} elements differ from Allreduce, first at {bad[:3]}: "
+                            f"{got[bad[:3]]} vs {expect[bad[:3]]}")
+        root = got.copy()
+        comm.Bcast(root, root=0)
+        if not np.array_equal(root, got):
+            failures.append(f"{name}: result differs from rank 0's (must be bitwise identical)")
+    # a list of arrays of varied shapes and dtypes, through one flat float32 buffer, in buckets
+    shapes = [(3, 4), (5,), (), (2, 3, 7), (0, 2), (1001,)]
+    for fusion in (0, 64):
+        count += 1
+        rng = np.random.default_rng([99, rank])
+        arrays = [rng.standard_normal(s).astype(np.float32 if k % 2 else np.float64) for k, s in enumerate(shapes)]
+        got = ring.allreduce_arrays(arrays, average=True, dtype=np.float32, fusion_bytes=fusion, check=True)
+        for k, (a, g) in enumerate(zip(arrays, got)):
+            e = np.ascontiguousarray(a, np.float32).copy()
+            comm.Allreduce(MPI.IN_PLACE, e, op=MPI.SUM)
+            e /= n
+            if g.shape != a.shape or g.dtype != a.dtype or not np.allclose(g, e, rtol=1e-5, atol=1e-5):
+                failures.append(f"allreduce_arrays fusion={fusion}: array {k} {a.shape} {a.dtype} -> "
+                                f"{g.shape} {g.dtype} differs from Allreduce")
+    # a length mismatch across ranks raises ValueError on every rank with check=True (no hang)
+    if n > 1:
+        count += 1
+        try:
+            ring.allreduce(np.zeros(10 + rank, np.float32), check=True)
+            failures.append("mismatched lengths did not raise")
+        except ValueError as e:
+            if "every rank must pass the same length" not in str(e):
+                failures.append(f"mismatched lengths raised an unclear message: {e}")
+    # measured bytes agree with the cost model for an evenly divisible buffer
+    count += 1
+    before = ring.bytes_sent
+    ring.allreduce(np.ones(n * 1000, np.float64))
+    sent = ring.bytes_sent - before
+    model = 2 * (n - 1) / n * n * 1000 * 8
+    if sent != model:
+        failures.append(f"bytes sent {sent} != cost model {model}")
+    ring.free()
+    return failures, count
+
+
+def bench(comm: MPI.Comm, sizes_mib=(1, 16), repeats: int = 50) -> None:
+    """Print median seconds and algbw of ring vs ``Allreduce`` (float32 sum) on rank 0."""
+    ring = RingAllreduce(comm)
+    n = comm.Get_size()
+    if comm.Get_rank() == 0:
+        print(f"# ring vs MPI Allreduce, float32 sum, {n} ranks, median of {repeats} (after 3 warm-up), "
+              f"slowest rank; {MPI.Get_library_version().splitlines()[0]}")
+        print(f"{'MiB':>5} {'ring_s':>10} {'mpi_s':>10} {'ring_algbw_GB/s':>16} {'mpi_algbw_GB/s':>15}")
+    for mib in sizes_mib:
+        x = np.ones(mib * 2**20 // 4, np.float32)
+        out = np.empty_like(x)
+        res = {}
+        for label, fn in (("ring", lambda: ring.allreduce(x, out)), ("mpi", lambda: comm.Allreduce(x, out))):
+            times = []
+            for k in range(repeats + 3):
+                comm.Barrier()
+                t = time.perf_counter()
+                fn()
+                dt = np.array([time.perf_counter() - t])
+                comm.Allreduce(MPI.IN_PLACE, dt, op=MPI.MAX)
+                if k >= 3:
+                    times.append(dt[0])
+            res[label] = float(np.median(times))
+        if comm.Get_rank() == 0:
+            print(f"{mib:>5} {res['ring']:>10.5f} {res['mpi']:>10.5f} {x.nbytes / res['ring'] / 1e9:>16.2f} "
+                  f"{x.nbytes / res['mpi'] / 1e9:>15.2f}", flush=True)
+    ring.free()
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--bench", action="store_true", help="time ring vs Allreduce instead of checking")
+    args = p.parse_args()
+    comm = MPI.COMM_WORLD
+    rank, n = comm.Get_rank(), comm.Get_size()
+    if args.bench:
+        bench(comm)
+        return 0
+    failures, count = check(comm)
+    if failures:
+        for f in failures:
+            print(f"ring_check rank {rank}/{n} FAIL {f}", flush=True)
+    else:
+        print(f"ring_check rank {rank}/{n} OK ({count} cases)", flush=True)
+    verdicts = comm.allgather(len(failures))  # tiny metadata: every rank reaches the same verdict
+    ok = not any(verdicts)
+    if rank == 0:
+        print(f"ring_check: ALL OK on {n} ranks" if ok else f"ring_check: FAILED (failures per rank {verdicts})",
+              flush=True)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
