@@ -3,6 +3,8 @@
 #
 #   bash launch/install.sh            # OS packages, .venv, pinned packages, Horovod, hvdkit
 #   VENV=/opt/venv bash launch/install.sh
+#   TF_PACKAGE=tensorflow bash launch/install.sh   # GPU build: `tensorflow` at the version pinned
+#                                                  # for tensorflow-cpu (Dockerfile.gpu does this)
 #
 # Steps, each skipped when already done (a second run takes well under a minute):
 #   1. apt-get install the OS packages that are missing (Open MPI 4.1, compilers, CMake 3.25).
@@ -20,6 +22,7 @@ PYTHON="${PYTHON:-python3.11}"
 REQS="$ROOT/requirements.txt"
 HOROVOD_VERSION="$(sed -n 's/^# HOROVOD_VERSION=//p' "$REQS")"
 OS_PACKAGES=(openmpi-bin libopenmpi-dev g++ make cmake)
+TF_PACKAGE="${TF_PACKAGE:-tensorflow-cpu}"   # the TensorFlow distribution: tensorflow-cpu or tensorflow
 
 say() { echo "[install] $*"; }
 die() { echo "[install] ERROR: $*" >&2; exit 1; }
@@ -49,7 +52,13 @@ PY="$VENV/bin/python"
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 
 # 3. pinned packages --------------------------------------------------------------------
-if ! "$PY" - "$REQS" <<'PYEOF' 2>/dev/null
+PINS="$REQS"
+if [[ "$TF_PACKAGE" != tensorflow-cpu ]]; then   # same pins, the tensorflow-cpu line renamed
+    [[ "$TF_PACKAGE" =~ ^tensorflow(\[[a-z-]+\])?$ ]] || die "TF_PACKAGE=$TF_PACKAGE: use tensorflow-cpu (default) or tensorflow"
+    PINS="$(mktemp)"; trap 'rm -f "$PINS"' EXIT
+    sed "s/^tensorflow-cpu==/$TF_PACKAGE==/" "$REQS" >"$PINS"
+fi
+if ! "$PY" - "$PINS" <<'PYEOF' 2>/dev/null
 import sys
 from importlib.metadata import version
 from packaging.requirements import Requirement
@@ -60,8 +69,8 @@ for line in open(sys.argv[1]):
         assert r.specifier.contains(version(r.name)), r
 PYEOF
 then
-    say "pip install -r requirements.txt"
-    "$PY" -m pip install -q -r "$REQS"
+    say "pip install -r requirements.txt ($TF_PACKAGE)"
+    "$PY" -m pip install -q -r "$PINS"
 fi
 
 # 4. Horovod from source -----------------------------------------------------------------
@@ -76,7 +85,9 @@ if ! hvd_ok; then
 fi
 
 # 5. hvdkit itself -----------------------------------------------------------------------
-if ! "$PY" -c "import hvdkit, sys; sys.exit(0 if hvdkit.__file__.startswith('$ROOT') else 1)" 2>/dev/null; then
+# (checked from / so that the checkout in the current directory does not count as installed)
+if ! (cd / && "$PY" -c "import hvdkit, sys; sys.exit(0 if hvdkit.__file__.startswith('$ROOT') else 1)" 2>/dev/null) \
+        || [[ ! -x "$VENV/bin/hvdkit-train" || ! -x "$VENV/bin/hvdkit-launch" ]]; then
     say "pip install -e ."
     "$PY" -m pip install -q --no-build-isolation --no-deps -e "$ROOT"
 fi
