@@ -1,0 +1,127 @@
+"""tf.distribute rows (tf-mirrored, tf-central-storage, tf-multiworker, tf-ps) through hvdkit.train.
+
+Each case is the smallest run that shows the strategy trains (mlp on digits, a few epochs,
+eval accuracy well above the 0.1 of chance), launched with a hard timeout and checking
+every loop rank's outcome in results.json.
+"""
+import os
+
+import numpy as np
+import pytest
+
+from hvdkit.results import load_npz
+from tests.conftest import ROOT, load_results, train
+
+pytestmark = pytest.mark.parallel
+
+QUICK = ["--epochs", "3", "--no-tensorboard"]
+
+
+def _check_trained(res, strategy, world_size, loop_ranks):
+    assert res["strategy"] == strategy and res["world_size"] == world_size
+    assert res["final"]["eval_accuracy"] >= 0.8, res["epochs"]
+    ranks = res["ranks"]
+    assert [r["rank"] for r in ranks] == loop_ranks, "every loop rank must report"
+    assert all(r["measured_steps"] > 0 for r in ranks)
+    assert len({r["weights_crc32"] for r in ranks}) == 1, ranks
+    assert res["final"]["weights_identical_across_ranks"] is True
+    return res["tf_distribute"]
+
+
+@pytest.mark.parametrize("strategy,cls", [("tf-mirrored", "MirroredStrategy"),
+                                          ("tf-central-storage", "CentralStorageStrategy")])
+def test_single_process_strategies_train(tmp_path, strategy, cls):
+    r = train(0, "--strategy", strategy, *QUICK, "--output-dir", str(tmp_path / "run"), timeout=120)
+    assert r.returncode == 0, r.output
+    td = _check_trained(load_results(tmp_path / "run"), strategy, 1, [0])
+    assert td["class"].endswith(cls) and td["num_replicas_in_sync"] >= 1 and td["devices"]
+
+
+@pytest.mark.parametrize("strategy,np_,message", [
+    ("tf-mirrored", 2, "hvdkit: error: tf-mirrored runs in one process; launch without mpirun or with -np 1"),
+    ("tf-ps", 2, "hvdkit: error: tf-ps needs a chief, --num-servers=1 ps rank(s) and at least one worker: "
+                 "world size >= 3, got 2"),
+])
+def test_wrong_world_size_gives_one_clear_line(strategy, np_, message):
+    r = train(np_, "--strategy", strategy, timeout=120)
+    assert r.returncode == 2, r.output
+    assert message in r.output, r.output
+    assert r.output.count("hvdkit: error:") == 1, "one message, from rank 0"
+    assert "Traceback" not in r.output
+
+
+def test_tf_multiworker_2_ranks_trains(tmp_path):
+    r = train(2, "--strategy", "tf-multiworker", *QUICK, "--output-dir", str(tmp_path / "run"), timeout=180)
+    assert r.returncode == 0, r.output
+    res = load_results(tmp_path / "run")
+    td = _check_trained(res, "tf-multiworker", 2, [0, 1])
+    assert res["num_workers"] == 2 and td["num_replicas_in_sync"] == 2
+    assert len(td["cluster"]["worker"]) == 2 and td["communication"] == "RING"
+
+
+def test_tf_multiworker_equals_horovod_after_20_sgd_steps(tmp_path):
+    """Per-replica loss over the global batch + the all-reduce sum = Horovod's average of mean gradients."""
+    common = ["--optimizer", "sgd", "--max-steps", "20", "--no-tensorboard", "--no-checkpoint"]
+    for s in ("horovod", "tf-multiworker"):
+        r = train(2, "--strategy", s, *common, "--output-dir", str(tmp_path / s),
+                  "--export-weights", str(tmp_path / f"{s}.npz"), timeout=180)
+        assert r.returncode == 0, r.output
+        assert load_results(tmp_path / s)["final"]["steps"] == 20
+    a, _ = load_npz(str(tmp_path / "horovod.npz"))
+    b, _ = load_npz(str(tmp_path / "tf-multiworker.npz"))
+    assert list(a) == list(b)
+    for k in a:
+        np.testing.assert_allclose(b[k], a[k], rtol=0, atol=1e-5, err_msg=k)
+
+
+def test_tf_multiworker_batch_norm_model_exports_without_hanging(tmp_path):
+    """Batch-norm statistics are synced on write, so rank 0's export reads them locally."""
+    (tmp_path / "bn_model.py").write_text(
+        "import tensorflow as tf\n"
+        "def bn(input_shape, num_classes):\n"
+        "    L = tf.keras.layers\n"
+        "    return tf.keras.Sequential([tf.keras.Input(shape=input_shape), L.Flatten(), L.Dense(32),\n"
+        "                                L.BatchNormalization(), L.ReLU(), L.Dense(num_classes)])\n")
+    r = train(2, "--strategy", "tf-multiworker", "--model", "bn_model:bn", *QUICK, "--output-dir",
+              str(tmp_path / "run"), "--export-weights", str(tmp_path / "w.npz"), timeout=120,
+              env={"PYTHONPATH": ROOT + os.pathsep + str(tmp_path)})
+    assert r.returncode == 0, r.output
+    _check_trained(load_results(tmp_path / "run"), "tf-multiworker", 2, [0, 1])
+    arrays, _ = load_npz(str(tmp_path / "w.npz"))
+    assert any("moving_mean" in k for k in arrays)
+
+
+def test_tf_ps_3_ranks_trains(tmp_path):
+    r = train(3, "--strategy", "tf-ps", *QUICK, "--output-dir", str(tmp_path / "run"), timeout=180)
+    assert r.returncode == 0, r.output
+    res = load_results(tmp_path / "run")
+    td = _check_trained(res, "tf-ps", 3, [0])  # only the chief runs the loop
+    assert {k: len(v) for k, v in td["cluster"].items()} == {"chief": 1, "ps": 1, "worker": 1}
+    assert td["num_servers"] == 1 and res["num_workers"] == 1
+    assert res["timing"]["comm_s"] > 0
+    assert r.stdout.count("final eval_accuracy") == 1
+
+
+def test_tf_ps_chief_failure_ends_every_rank(tmp_path):
+    r = train(3, "--strategy", "tf-ps", "--fail-at", "0:3", "--output-dir", str(tmp_path / "run"), timeout=120)
+    assert r.returncode != 0
+    assert "hvdkit: FAILED on rank 0/3" in r.output and "injected failure at step 3" in r.output
+    assert r.seconds < 90, f"took {r.seconds:.0f}s (serving ranks must not outlive the chief)"
+
+
+@pytest.mark.slow
+def test_tf_ps_resume_ends_like_an_uninterrupted_run(tmp_path):
+    common = ["--strategy", "tf-ps", "--model", "linear", "--no-tensorboard"]
+    a = train(3, *common, "--epochs", "2", "--output-dir", str(tmp_path / "a"),
+              "--export-weights", str(tmp_path / "a.npz"), timeout=180)
+    assert a.returncode == 0, a.output
+    b1 = train(3, *common, "--epochs", "1", "--output-dir", str(tmp_path / "b"), timeout=180)
+    assert b1.returncode == 0, b1.output
+    b2 = train(3, *common, "--epochs", "2", "--output-dir", str(tmp_path / "b"), "--resume",
+               "--export-weights", str(tmp_path / "b.npz"), timeout=180)
+    assert b2.returncode == 0, b2.output
+    assert "resuming after epoch 1" in b2.stdout
+    wa, _ = load_npz(str(tmp_path / "a.npz"))
+    wb, _ = load_npz(str(tmp_path / "b.npz"))
+    for k in wa:
+        np.testing.assert_allclose(wb[k], wa[k], rtol=0, atol=1e-6, err_msg=k)

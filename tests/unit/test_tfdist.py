@@ -1,0 +1,52 @@
+"""tf.distribute rows without launching anything: registry, lazy imports, world-size checks."""
+import subprocess
+import sys
+
+import pytest
+from mpi4py import MPI
+
+from hvdkit.comm import World
+from hvdkit.config import Config
+from hvdkit.errors import UsageError
+from hvdkit.strategies import STRATEGIES, extra_fields, get_strategy
+from hvdkit.strategies import tfdist
+from tests.conftest import ROOT
+
+NAMES = ("tf-mirrored", "tf-central-storage", "tf-multiworker", "tf-ps")
+
+
+def _world(size, rank=0):
+    return World(MPI.COMM_SELF, rank, size, rank, size, "host")
+
+
+def test_registered_with_their_cli_names():
+    for name in NAMES:
+        assert name in STRATEGIES
+        cls = get_strategy(name)
+        assert cls.name == name and cls.summary and cls.__doc__
+    assert "num_servers" in {f.name for f in extra_fields()}
+
+
+def test_importing_the_module_does_not_import_tensorflow():
+    code = "import sys, hvdkit.strategies.tfdist; assert 'tensorflow' not in sys.modules, 'tensorflow imported'"
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+
+
+@pytest.mark.parametrize("name", ["tf-mirrored", "tf-central-storage"])
+def test_single_process_rows_refuse_a_bigger_world(name):
+    with pytest.raises(UsageError, match=f"{name} runs in one process; launch without mpirun or with -np 1"):
+        get_strategy(name)(Config(strategy=name), _world(2))
+
+
+@pytest.mark.parametrize("size,k", [(2, 1), (3, 2), (1, 1)])
+def test_tf_ps_refuses_a_world_without_room_for_a_worker(size, k):
+    with pytest.raises(UsageError, match=rf"world size >= {k + 2}, got {size}"):
+        tfdist.TFParameterServerStrategy(Config(strategy="tf-ps", extra={"num_servers": k}), _world(size))
+    with pytest.raises(UsageError, match="--num-servers=0 must be >= 1"):
+        tfdist.TFParameterServerStrategy(Config(strategy="tf-ps", extra={"num_servers": 0}), _world(4))
+
+
+def test_exchange_and_free_port_at_world_size_1():
+    assert tfdist.exchange(MPI.COMM_SELF, ("h", 1)) == [("h", 1)]
+    assert 0 < tfdist.free_port() < 65536
