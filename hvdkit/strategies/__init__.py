@@ -23,6 +23,7 @@ STRATEGIES: dict[str, str] = {
     "ps-ssp": "hvdkit.strategies.ps.strategy:PSSSP",
     "ps-dcasgd": "hvdkit.strategies.ps.strategy:PSDCASGD",
     "ring": "hvdkit.strategies.ring:RingStrategy",
+    "model-parallel": "hvdkit.strategies.model_parallel:ModelParallelStrategy",
 }
 
 

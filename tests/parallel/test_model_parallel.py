@@ -1,0 +1,78 @@
+"""--strategy model-parallel under mpirun: same weights as one process, every rank agrees, learns, refuses."""
+import numpy as np
+import pytest
+
+from hvdkit.results import load_npz
+from tests.conftest import load_results, train
+
+pytestmark = pytest.mark.parallel
+
+COMMON = ["--model", "mlp", "--optimizer", "sgd", "--no-lr-scaling", "--max-steps", "10", "--epochs", "1",
+          "--no-tensorboard", "--no-checkpoint"]
+
+
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory):
+    """Reference: --strategy horovod in one plain process (world size 1), the same flags."""
+    d = tmp_path_factory.mktemp("ref")
+    r = train(0, *COMMON, "--strategy", "horovod", "--output-dir", str(d / "run"),
+              "--export-weights", str(d / "w.npz"), timeout=120)
+    assert r.returncode == 0, r.output
+    return load_npz(str(d / "w.npz"))[0]
+
+
+def assert_ranks_agree(res, n):
+    ranks = res["ranks"]
+    assert [r["rank"] for r in ranks] == list(range(n)), "every rank must report"
+    assert all(r["measured_steps"] > 0 for r in ranks), ranks
+    assert len({r["weights_crc32"] for r in ranks}) == 1, f"weights differ across ranks: {ranks}"
+    assert res["final"]["weights_identical_across_ranks"] is True
+    # samples are counted once, by the last stage
+    assert [r["samples"] > 0 for r in ranks] == [False] * (n - 1) + [True]
+
+
+@pytest.mark.parametrize("micro_batches", [1, 4])
+def test_two_stages_train_to_the_weights_of_one_process(tmp_path, one_process, micro_batches):
+    out, w = tmp_path / "run", tmp_path / "w.npz"
+    r = train(2, *COMMON, "--strategy", "model-parallel", "--micro-batches", str(micro_batches),
+              "--output-dir", str(out), "--export-weights", str(w), timeout=150)
+    assert r.returncode == 0, r.output
+    res = load_results(out)
+    assert_ranks_agree(res, 2)
+    assert res["num_workers"] == 1 and res["epochs"][-1]["samples"] == 10 * 32
+    mine, _ = load_npz(str(w))
+    assert sorted(mine) == sorted(one_process)
+    for k in one_process:
+        np.testing.assert_allclose(mine[k], one_process[k], rtol=0, atol=1e-5, err_msg=k)
+    mp = res["model_parallel"]
+    assert mp["stages"] == [["flatten", "dense", 8320], ["dense_1", "dense_2", 8906]]
+    assert mp["micro_batches"] == micro_batches
+    # 128 floats per sample cross the one boundary, forward and back: 2 x 4 x 32 x 128 bytes per step
+    assert mp["bytes_per_step_per_rank"] == [32768.0, 32768.0] == mp["bytes_per_step_per_rank_formula"]
+    assert mp["messages_per_step_per_rank"] == [2.0 * micro_batches] * 2
+    assert res["timing"]["wait_s"] > 0 and res["timing"]["compute_s"] > 0
+
+
+def test_two_stages_learn_digits_and_resume(tmp_path):
+    """2 epochs (1, then --resume to 2): eval accuracy far above chance (0.1), checkpoint restores the pipeline."""
+    out = tmp_path / "run"
+    args = ["--strategy", "model-parallel", "--micro-batches", "2", "--optimizer", "adam", "--lr", "0.005",
+            "--no-tensorboard", "--output-dir", str(out)]
+    r1 = train(2, *args, "--epochs", "1", timeout=150)
+    assert r1.returncode == 0, r1.output
+    r2 = train(2, *args, "--epochs", "2", "--resume", timeout=150)
+    assert r2.returncode == 0, r2.output
+    assert "resuming after epoch 1" in r2.stdout
+    res = load_results(out)
+    assert_ranks_agree(res, 2)
+    assert [e["epoch"] for e in res["epochs"]] == [1, 2]
+    assert res["final"]["eval_accuracy"] >= 0.8, res["final"]
+
+
+@pytest.mark.slow
+def test_five_ranks_on_the_linear_model_is_refused():
+    r = train(5, "--strategy", "model-parallel", "--model", "linear", timeout=180)
+    assert r.returncode == 2, r.output
+    assert ("hvdkit: error: --strategy model-parallel puts one stage per rank and each stage needs a layer with "
+            "weights; model 'linear' has 1 (dense) but the world has 5 ranks") in r.output, r.output
+    assert r.output.count("hvdkit: error:") == 1 and "Traceback" not in r.output
