@@ -11,7 +11,7 @@ setup:
 	bash launch/install.sh
 
 train: setup
-	$(VENV)/bin/horovodrun -np $(NP) $(PY) -m hvdkit.train $(ARGS)
+	TF_CPP_MIN_LOG_LEVEL=2 $(VENV)/bin/horovodrun -np $(NP) $(PY) -m hvdkit.train $(ARGS)
 
 test: setup
 	$(PY) -m pytest -ra tests

@@ -131,3 +131,23 @@ def test_ps_needs_a_worker():
     r = train(0, "--strategy", "ps-sync", timeout=60)
     assert r.returncode == 2
     assert "needs at least 2 ranks" in r.output and "--ps-colocated" in r.output
+
+
+@pytest.mark.slow
+def test_ps_sync_resume_ends_like_an_uninterrupted_run(tmp_path):
+    common = ["--strategy", "ps-sync", "--model", "linear", "--num-servers", "1"]
+    a = train(3, *common, "--epochs", "2", "--output-dir", str(tmp_path / "a"),
+              "--export-weights", str(tmp_path / "a.npz"))
+    assert a.returncode == 0, a.output
+    b1 = train(3, *common, "--epochs", "1", "--output-dir", str(tmp_path / "b"))
+    assert b1.returncode == 0, b1.output
+    b2 = train(3, *common, "--epochs", "2", "--output-dir", str(tmp_path / "b"), "--resume",
+               "--export-weights", str(tmp_path / "b.npz"))
+    assert b2.returncode == 0, b2.output
+    wa, _ = load_npz(str(tmp_path / "a.npz"))
+    wb, _ = load_npz(str(tmp_path / "b.npz"))
+    for k in wa:
+        np.testing.assert_allclose(wa[k], wb[k], rtol=0, atol=1e-6)
+    # the server's momentum and version came back too: the next pushes saw version 1 epoch later
+    assert load_results(tmp_path / "b")["ps"]["shards"][0]["version"] == \
+        load_results(tmp_path / "a")["ps"]["shards"][0]["version"]

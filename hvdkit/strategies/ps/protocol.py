@@ -28,6 +28,7 @@ import enum
 import json
 import zlib
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Sequence
 
 import numpy as np
@@ -125,16 +126,16 @@ class Layout:
                    tuple(np.dtype(v.dtype.as_numpy_dtype if hasattr(v.dtype, "as_numpy_dtype") else v.dtype).name
                          for v in variables), num_shards)
 
-    @property
+    @cached_property
     def sizes(self) -> list[int]:
         return [int(np.prod(s)) for s in self.shapes]
 
-    @property
+    @cached_property
     def size(self) -> int:
         """Total elements of the flat vector."""
         return sum(self.sizes)
 
-    @property
+    @cached_property
     def bounds(self) -> list[int]:
         """K + 1 offsets: shard k is ``flat[bounds[k]:bounds[k+1]]``."""
         n, k = self.size, self.num_shards
@@ -159,7 +160,7 @@ class Layout:
         """JSON-ready variable table: [[name, shape, dtype], ...]."""
         return [[n, list(s), d] for n, s, d in zip(self.names, self.shapes, self.dtypes)]
 
-    @property
+    @cached_property
     def crc(self) -> int:
         """CRC-32 of the variable table and shard count (sent in every push and pull)."""
         return zlib.crc32(json.dumps([self.table(), self.num_shards]).encode())

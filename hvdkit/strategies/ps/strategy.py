@@ -137,9 +137,10 @@ class PSStrategy(Strategy):
                 self._thread.start()
         if self.is_worker:
             self._grads_fn = make_step_functions(model, optimizer)[0]
+            # The HELLO (variable-table check) goes out with the first request, not here: the
+            # trainer may still hold dedicated servers in a collective (a --resume broadcast).
             self.client = PSClient(self.ps_comm, self.layout, self.server_ranks,
                                    self.worker_ranks.index(w.rank), self.timeout)
-            self.client.hello()
 
     def _serve_or_abort(self) -> None:
         from hvdkit.comm import run_guarded

@@ -42,6 +42,7 @@ class PSClient:
         self.bytes_sent = 0
         self.bytes_received = 0
         self._slices = [layout.shard_slice(k) for k in range(layout.num_shards)]
+        self._greeted = False
 
     # -- plumbing ------------------------------------------------------------------------------
     def _send(self, k: int, kind: Kind, payload: np.ndarray | None = None, clock: int = 0, version: int = 0):
@@ -108,7 +109,13 @@ class PSClient:
 
     # -- requests -------------------------------------------------------------------------------
     def hello(self) -> None:
-        """Send this worker's variable table to every server; raise if any server's differs."""
+        """Send this worker's variable table to every server; raise if any server's differs.
+
+        Called once, before this worker's first push or pull (every request calls it).
+        """
+        if self._greeted:
+            return
+        self._greeted = True
         table = json_bytes(self.layout.table())
         sends = [s for k in range(self.layout.num_shards) for s in self._send(k, Kind.HELLO, table)]
         self._receive(Kind.HELLO, {k: None for k in range(self.layout.num_shards)}, "HELLO")
@@ -123,6 +130,7 @@ class PSClient:
             Seconds this worker's requests waited inside the servers (sync barrier or SSP gate),
             the largest over shards.
         """
+        self.hello()
         if grad.dtype != np.float32 or grad.shape != (self.layout.size,):
             raise ProtocolError(f"push: gradient must be float32[{self.layout.size}], got {grad.dtype}{list(grad.shape)}")
         self.clock += 1
@@ -141,6 +149,7 @@ class PSClient:
 
     def pull(self, weights: np.ndarray) -> None:
         """Pull every shard's current weights into ``weights`` (float32, layout.size)."""
+        self.hello()
         sends = [s for k in range(self.layout.num_shards) for s in self._send(k, Kind.PULL)]
         hdrs = self._receive(Kind.PULL, {k: weights[sl] for k, sl in enumerate(self._slices)}, "pull")
         self._complete(sends)
@@ -149,6 +158,7 @@ class PSClient:
 
     def stats(self) -> list[dict]:
         """Every shard's statistics (JSON from the servers), in shard order."""
+        self.hello()
         sends = [s for k in range(self.layout.num_shards) for s in self._send(k, Kind.STATS)]
         into: dict[int, np.ndarray | None] = {k: None for k in range(self.layout.num_shards)}
         self._receive(Kind.STATS, into, "STATS")
@@ -157,6 +167,7 @@ class PSClient:
 
     def state(self) -> list[tuple[np.ndarray, int, int]]:
         """Every shard's (state vector, version, optimizer iterations), for checkpoints."""
+        self.hello()
         sends = [s for k in range(self.layout.num_shards) for s in self._send(k, Kind.STATE)]
         into: dict[int, np.ndarray | None] = {k: None for k in range(self.layout.num_shards)}
         hdrs = self._receive(Kind.STATE, into, "STATE")
