@@ -52,25 +52,42 @@ class Optimizer:
             self.slots.setdefault(n, np.zeros(self.size, np.float32))
 
     def apply(self, w: np.ndarray, g: np.ndarray) -> None:
-        """Apply gradient ``g`` (float32, shape of ``w``) to ``w`` in place."""
+        """Apply gradient ``g`` (float32, shape of ``w``) to ``w`` in place (no allocation per step)."""
         lr = np.float32(self.lr)
         self.iterations += 1
+        tmp = self._scratch(g)
         if self.kind == "sgd":
-            w -= lr * g
+            np.multiply(g, lr, out=tmp)
+            w -= tmp
         elif self.kind == "momentum":
             m = self.slots["m"]
-            # Keras: m = -g * lr + m * momentum; w += m  (same operation order, float32)
+            # Keras: m = -g * lr + m * momentum; w += m  (same float32 operations)
             m *= np.float32(self.momentum)
-            m -= g * lr
+            np.multiply(g, lr, out=tmp)
+            m -= tmp
             w += m
         else:
             m, v = self.slots["m"], self.slots["v"]
             t = self.iterations
             b1, b2 = np.float32(self.beta1), np.float32(self.beta2)
             alpha = lr * np.sqrt(np.float32(1) - b2 ** t) / (np.float32(1) - b1 ** t)
-            m += (g - m) * (np.float32(1) - b1)
-            v += (g * g - v) * (np.float32(1) - b2)
-            w -= (m * alpha) / (np.sqrt(v) + np.float32(self.eps))
+            np.subtract(g, m, out=tmp)
+            tmp *= np.float32(1) - b1
+            m += tmp                                        # m += (g - m)(1 - b1)
+            np.multiply(g, g, out=tmp)
+            tmp -= v
+            tmp *= np.float32(1) - b2
+            v += tmp                                        # v += (g^2 - v)(1 - b2)
+            np.sqrt(v, out=tmp)
+            tmp += np.float32(self.eps)
+            np.divide(m * alpha, tmp, out=tmp)
+            w -= tmp                                        # w -= m alpha / (sqrt(v) + eps)
+
+    def _scratch(self, g: np.ndarray) -> np.ndarray:
+        buf = getattr(self, "_tmp", None)
+        if buf is None or buf.shape != g.shape:
+            buf = self._tmp = np.empty_like(g, dtype=np.float32)
+        return buf
 
 
 @dataclass

@@ -180,10 +180,15 @@ class ShardServer:
         if not self.pending or not self.active <= set(self.pending):
             return []
         workers = sorted(self.pending)
-        total = np.zeros_like(self.weights)
-        for w in workers:                       # fixed order: the same sum on every run
+        total = getattr(self, "_total", None)
+        if total is None or total.shape != self.weights.shape:
+            total = self._total = np.empty_like(self.weights)
+        for i, w in enumerate(workers):         # fixed order: the same sum on every run
             g, v, _ = self.pending[w]
-            total += g
+            if i == 0:
+                np.copyto(total, g)
+            else:
+                total += g
             self._record(self.version - v)
         total /= np.float32(len(workers))
         self.optimizer.apply(self.weights, total)
@@ -278,14 +283,30 @@ def serve(comm, server: ShardServer, worker_ranks: list[int], timeout: float) ->
         if n:
             sends.append((comm.Isend(payload, dest=dest, tag=TAG_REP_DATA), payload))
 
-    snapshot: list = [None, -1]  # (copy of the weights, version): one copy per version, shared by replies
+    recv_bufs: dict[int, np.ndarray] = {}
+    # Replies send a snapshot of the weights (the live ones change under a pending Isend): one
+    # copy per version, shared by that version's replies; a snapshot whose sends have all
+    # completed goes back to the pool, so steady state allocates nothing.
+    pool: list[np.ndarray] = []
+    snapshot: list = [None, -1]  # [buffer, version]
 
     def send_weights(replies: list[Reply]) -> None:
         for r in replies:
             live = server.sent(r.worker)
-            if snapshot[1] != server.version:  # the live weights change under a pending Isend: send a copy
-                snapshot[:] = [live.copy(), server.version]
+            if snapshot[1] != server.version:
+                buf = pool.pop() if pool else np.empty_like(live)
+                np.copyto(buf, live)
+                snapshot[:] = [buf, server.version]
             reply(r.worker, Kind.PULL, snapshot[0], version=server.version, extra=int(r.waited_s * 1e6))
+
+    def reap() -> None:
+        still = [(r, b) for r, b in sends if not r.Test()]
+        live_ids = {id(b) for _, b in still}
+        for _, b in sends:
+            if b is not snapshot[0] and id(b) not in live_ids and b.dtype == np.float32 \
+                    and b.shape == server.weights.shape and all(p is not b for p in pool):
+                pool.append(b)
+        sends[:] = still
 
     def arrived():
         return comm.Iprobe(source=MPI.ANY_SOURCE, tag=TAG_REQ, status=st)
@@ -303,7 +324,11 @@ def serve(comm, server: ShardServer, worker_ranks: list[int], timeout: float) ->
         if h.nelem:
             comm.Probe(source=src, tag=TAG_REQ_DATA, status=st)
             nbytes = st.Get_count(MPI.BYTE)
-            raw = np.empty(nbytes, np.uint8)
+            # One receive buffer per worker, reused: a worker's next request comes only after
+            # the reply to this one, by which time the server is done with the payload.
+            raw = recv_bufs.get(src)
+            if raw is None or raw.size != nbytes:
+                raw = recv_bufs[src] = np.empty(nbytes, np.uint8)
             comm.Recv(raw, source=src, tag=TAG_REQ_DATA)
             dt = DTYPES.get(h.dtype, np.dtype(np.uint8))
             payload = raw.view(dt) if nbytes % dt.itemsize == 0 else raw
@@ -342,7 +367,7 @@ def serve(comm, server: ShardServer, worker_ranks: list[int], timeout: float) ->
                   clock=server.optimizer.iterations)
         else:
             raise ProtocolError(f"shard {server.shard}: unexpected request kind {Kind(h.kind).name} from worker {worker}")
-        sends[:] = [(r, b) for r, b in sends if not r.Test()]
+        reap()
     for r, _ in sends:
         r.Wait()
     return server.stats()
