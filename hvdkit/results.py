@@ -91,7 +91,7 @@ def versions() -> dict[str, str]:
     import mpi4py
 
     out = {"python": platform.python_version(), "numpy": np.__version__, "mpi4py": mpi4py.__version__,
-           "mpi": MPI.Get_library_version().strip().splitlines()[0],
+           "mpi": MPI.Get_library_version().replace("\x00", "").strip().splitlines()[0],
            "platform": platform.platform()}
     try:
         import tensorflow as tf

@@ -229,24 +229,39 @@ class ShardServer:
         self.version, self.optimizer.iterations = version, iterations
 
 
-def poll(test, deadline: float | None, what: str) -> None:
-    """Call ``test()`` until it returns True: spin briefly, then yield, then sleep (<= 200 us).
+#: seconds :func:`poll` spins before it starts yielding the core (a round trip on one host
+#: takes tens of microseconds; MPI's own blocking calls spin the same way)
+SPIN_S = 2e-4
+#: seconds :func:`poll` yields (``sleep(0)``) before it starts sleeping
+YIELD_S = 2e-3
 
-    The first 50 tries spin (a reply already on its way costs no system call); the next
-    2,000 call ``sleep(0)`` between tries, which hands the GIL and the core to the other
-    thread of a colocated worker/server pair; after that the sleeps grow from 20 us to
-    200 us, so an idle server thread costs almost no CPU next to the training thread.
+
+def poll(test, deadline: float | None, what: str) -> None:
+    """Call ``test()`` until it returns True: spin, then yield, then sleep (<= 200 us).
+
+    For :data:`SPIN_S` it spins (a reply already on its way costs no system call); until
+    :data:`YIELD_S` it calls ``sleep(0)`` between tries, which hands the GIL and the core to
+    the other thread of a colocated worker/server pair; after that the sleeps grow from
+    20 us to 200 us, so an idle server thread costs almost no CPU next to training.
 
     Raises:
         TimeoutError: ``deadline`` (a ``time.monotonic()`` value) passed; the message is ``what``.
     """
-    spins = 0
+    if test():
+        return
+    t0 = time.perf_counter()
+    tries = 0
     while not test():
-        spins += 1
-        if spins > 50:
-            time.sleep(0 if spins < 2050 else min(2e-4, 2e-5 * ((spins - 2050) // 50 + 1)))
-            if deadline is not None and spins % 64 == 0 and time.monotonic() > deadline:
-                raise TimeoutError(what)
+        tries += 1
+        waited = time.perf_counter() - t0
+        if waited < SPIN_S:
+            continue
+        if waited < YIELD_S:
+            time.sleep(0)
+            continue
+        time.sleep(min(2e-4, 2e-5 * (1 + tries // 100)))
+        if deadline is not None and time.monotonic() > deadline:
+            raise TimeoutError(what)
 
 
 def serve(comm, server: ShardServer, worker_ranks: list[int], timeout: float) -> dict:

@@ -1,0 +1,286 @@
+"""Helpers shared by the benchmark drivers: launching MPI jobs, statistics, tables, files.
+
+The drivers (:mod:`benchmarks.throughput`, :mod:`benchmarks.convergence`) run WITHOUT
+``mpirun``; they start one ``mpirun -np N`` job per measurement through :func:`launch`,
+which puts the job in its own process group and kills the whole group (mpirun and every
+rank) when the hard timeout expires, so a hang costs one row, never the run.
+
+Tables follow nccl-tests: ``#`` metadata lines, then a ``#`` header row and a ``#`` units
+row, then one whitespace-separated data row per measurement (no value contains a space;
+a missing value is ``-``), ``#`` summary lines, and a last line ``OK`` or ``FAILED``
+matching the exit status. :func:`parse_table` reads one back.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Iterable, Mapping, Sequence
+
+import numpy as np
+
+__all__ = ["ROOT", "Job", "mpirun_cmd", "launch", "load_results", "mean_conf", "format_table", "parse_table",
+           "host_meta", "write_json", "write_csv", "fmt", "log"]
+
+#: the repository root (parent of ``benchmarks/``); put on every rank's PYTHONPATH.
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def log(*parts: object) -> None:
+    """Progress line on stderr (stdout holds only the table)."""
+    print(*parts, file=sys.stderr, flush=True)
+
+
+@dataclass
+class Job:
+    """Outcome of one launched job.
+
+    Attributes:
+        cmd: the command line that was run.
+        returncode: its exit status; None when the hard timeout killed it.
+        seconds: wall seconds from start to exit (or kill).
+        output: stdout and stderr, interleaved as the job wrote them.
+    """
+
+    cmd: list[str]
+    returncode: int | None
+    seconds: float
+    output: str
+
+    @property
+    def ok(self) -> bool:
+        """True when the job exited with status 0 before its timeout."""
+        return self.returncode == 0
+
+    def why(self) -> str:
+        """One line saying how the job ended, for a FAILED row."""
+        if self.returncode is None:
+            return f"timed out after {self.seconds:.0f}s"
+        tail = [ln for ln in self.output.strip().splitlines() if ln.strip()][-3:]
+        return f"exit {self.returncode}: " + " | ".join(t.strip()[:160] for t in tail)
+
+
+def mpirun_cmd(np_: int, module: str, args: Sequence[str] = (), mpirun_args: Sequence[str] = ()) -> list[str]:
+    """``mpirun -np N --oversubscribe --bind-to none [--allow-run-as-root] python -m MODULE ARGS``.
+
+    Ranks may outnumber cores (``--oversubscribe``) and are not pinned to a core
+    (``--bind-to none``: hvdkit sizes TensorFlow's thread pools itself). ``PATH``,
+    ``PYTHONPATH`` and ``TF_CPP_MIN_LOG_LEVEL`` are forwarded to every rank.
+
+    Raises:
+        FileNotFoundError: no ``mpirun`` on PATH (install Open MPI, or activate the venv).
+    """
+    mpirun = shutil.which("mpirun")
+    if mpirun is None:
+        raise FileNotFoundError("mpirun not found on PATH; install Open MPI (launch/install.sh) and retry")
+    cmd = [mpirun, "-np", str(np_), "--oversubscribe", "--bind-to", "none"]
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        cmd.append("--allow-run-as-root")
+    for var in ("PATH", "PYTHONPATH", "TF_CPP_MIN_LOG_LEVEL"):
+        cmd += ["-x", var]
+    return cmd + list(mpirun_args) + [sys.executable, "-m", module, *args]
+
+
+def _env() -> dict[str, str]:
+    e = dict(os.environ)
+    e.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    e["PYTHONPATH"] = ROOT + (os.pathsep + e["PYTHONPATH"] if e.get("PYTHONPATH") else "")
+    e["PATH"] = os.path.dirname(sys.executable) + os.pathsep + e.get("PATH", "")
+    return e
+
+
+def launch(cmd: Sequence[str], timeout: float, log_path: str | None = None) -> Job:
+    """Run ``cmd`` in its own process group with a hard ``timeout`` (seconds).
+
+    On timeout the whole group (mpirun and every rank) gets SIGTERM, then SIGKILL 5 s
+    later. The combined output is also written to ``log_path`` when given.
+
+    Returns:
+        A :class:`Job`; ``returncode`` is None when the timeout killed it.
+    """
+    t0 = time.monotonic()
+    p = subprocess.Popen(list(cmd), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
+                         env=_env(), start_new_session=True)
+    try:
+        out, _ = p.communicate(timeout=timeout)
+        rc = p.returncode
+    except subprocess.TimeoutExpired:
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(p.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                p.wait(timeout=5)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        out, _ = p.communicate()
+        rc = None
+    job = Job(list(cmd), rc, time.monotonic() - t0, out or "")
+    if log_path:
+        os.makedirs(os.path.dirname(os.path.abspath(log_path)), exist_ok=True)
+        with open(log_path, "w") as fh:
+            fh.write("$ " + " ".join(job.cmd) + "\n" + job.output
+                     + f"\n# exit {job.returncode}  {job.seconds:.1f}s\n")
+    return job
+
+
+def load_results(out_dir: str) -> dict[str, Any]:
+    """The ``results.json`` an ``hvdkit.train`` job wrote to ``out_dir``.
+
+    Raises:
+        FileNotFoundError: the job wrote none (it failed before finishing).
+    """
+    with open(os.path.join(out_dir, "results.json")) as fh:
+        return json.load(fh)
+
+
+def mean_conf(values: Iterable[float]) -> tuple[float, float]:
+    """(mean, 1.96 x standard deviation) of ``values``, as Horovod's synthetic benchmark reports.
+
+    The standard deviation is the population one (``np.std``, ddof 0), as there. An empty
+    input gives (nan, nan); one value gives (value, 0).
+    """
+    v = np.asarray([x for x in values if x is not None], np.float64)
+    if v.size == 0:
+        return math.nan, math.nan
+    return float(v.mean()), float(1.96 * v.std())
+
+
+def fmt(value: Any, digits: int = 1) -> str:
+    """A table cell: numbers with ``digits`` decimals, None/nan as ``-``, no spaces."""
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value).replace(" ", "_") or "-"
+
+
+def host_meta() -> dict[str, Any]:
+    """Where and when: host, cores, load averages (1, 5, 15 min), date, Python."""
+    try:
+        load = [round(x, 2) for x in os.getloadavg()]
+    except OSError:  # pragma: no cover - not on Linux
+        load = None
+    return {"host": socket.gethostname(), "cores": os.cpu_count(), "loadavg": load,
+            "date": datetime.now().isoformat(timespec="seconds"), "python": sys.version.split()[0]}
+
+
+def format_table(title: str, meta_lines: Sequence[str], columns: Sequence[tuple[str, str, str]],
+                 rows: Sequence[Mapping[str, str]], footer: Sequence[str], ok: bool) -> str:
+    """Render an nccl-tests-style table.
+
+    Args:
+        title: first line, e.g. ``"hvdkit benchmarks.throughput"``.
+        meta_lines: ``key: value`` lines (printed after ``# ``).
+        columns: (key, header, unit) per column; a unit of ``""`` prints as nothing.
+        rows: already formatted cells (:func:`fmt`), keyed by column key.
+        footer: summary lines (printed after ``# ``).
+        ok: whether every measurement succeeded; the last line is ``OK`` or ``FAILED``.
+
+    Returns:
+        The table text, ending in a newline.
+    """
+    widths = [max(len(h), len(u), *(len(r.get(k, "-")) for r in rows)) for k, h, u in columns]
+    out = [f"# {title}", *(f"# {m}" for m in meta_lines), "#"]
+    out.append("# " + " ".join(h.rjust(w) for (_, h, _), w in zip(columns, widths)))
+    out.append("# " + " ".join((u or "").rjust(w) for (_, _, u), w in zip(columns, widths)))
+    for r in rows:
+        out.append("  " + " ".join(r.get(k, "-").rjust(w) for (k, _, _), w in zip(columns, widths)))
+    out.append("#")
+    out += [f"# {f}" for f in footer]
+    out.append("OK" if ok else "FAILED")
+    return "\n".join(out) + "\n"
+
+
+def parse_table(text: str) -> dict[str, Any]:
+    """Read back a table written by :func:`format_table` (or benchmarks.collectives).
+
+    Returns:
+        ``{"meta": {key: value}, "columns": [...], "units": [...], "rows": [{col: str}],
+        "footer": [...], "status": "OK" | "FAILED" | None}``. The header and units rows are
+        the two ``#`` lines just before the first data row.
+
+    Raises:
+        ValueError: no data rows, or a row whose cell count differs from the header's.
+    """
+    lines = [ln.rstrip("\n") for ln in text.splitlines()]
+    first = next((i for i, ln in enumerate(lines) if ln.strip() and not ln.startswith("#")
+                  and ln.strip() not in ("OK", "FAILED")), None)
+    if first is None or first < 2:
+        raise ValueError("no table found: expected '#' header and units rows followed by data rows")
+    columns = lines[first - 2].lstrip("#").split()
+    units_line = lines[first - 1].lstrip("#")
+    meta = {}
+    for ln in lines[:first - 2]:
+        key, sep, val = ln.lstrip("# ").partition(":")
+        if sep and key and " " not in key.strip():
+            meta[key.strip()] = val.strip()
+    rows, footer, status = [], [], None
+    for ln in lines[first:]:
+        s = ln.strip()
+        if not s:
+            continue
+        if s in ("OK", "FAILED"):
+            status = s
+        elif ln.startswith("#"):
+            if ln.strip("# "):
+                footer.append(ln.lstrip("# "))
+        else:
+            cells = s.split()
+            if len(cells) != len(columns):
+                raise ValueError(f"row {s!r} has {len(cells)} cells; the header has {len(columns)}: {columns}")
+            rows.append(dict(zip(columns, cells)))
+    if not rows:
+        raise ValueError("the table has a header but no data rows")
+    return {"meta": meta, "columns": columns, "units": units_line.split(), "rows": rows, "footer": footer,
+            "status": status}
+
+
+def write_json(path: str, obj: Any) -> None:
+    """Write ``obj`` as indented JSON (numpy scalars and nan become plain JSON)."""
+    def default(o):
+        if isinstance(o, np.generic):
+            return o.item()
+        raise TypeError(f"{type(o).__name__} is not JSON serialisable")
+
+    def clean(o):
+        if isinstance(o, float) and not math.isfinite(o):
+            return None
+        if isinstance(o, dict):
+            return {k: clean(v) for k, v in o.items()}
+        if isinstance(o, (list, tuple)):
+            return [clean(v) for v in o]
+        return o
+
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = path + ".tmp"
+    with open(tmp, "w") as fh:
+        json.dump(clean(obj), fh, indent=1, default=default)
+    os.replace(tmp, path)
+
+
+def write_csv(path: str, rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | None = None) -> None:
+    """Write ``rows`` as CSV with a header (columns: ``columns`` or the union of keys in order)."""
+    if columns is None:
+        columns = []
+        for r in rows:
+            columns += [k for k in r if k not in columns]
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(columns), extrasaction="ignore")
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: ("" if v is None else v) for k, v in r.items()})

@@ -1,0 +1,146 @@
+"""A bare Horovod TF2 training loop: the yardstick for hvdkit.train's harness overhead.
+
+    mpirun -np 2 python -m benchmarks.bare_horovod --model cnn --image-size 32 --batch-size 32
+    mpirun -np 2 python -m benchmarks.bare_horovod --json bare.json
+
+The pattern of Horovod's own ``examples/tensorflow2/tensorflow2_synthetic_benchmark.py``:
+one ``tf.function`` step with ``hvd.DistributedGradientTape`` (allreduce-average of the
+gradients inside the graph) and the optimizer update, variables broadcast from rank 0
+after the first step, a fixed random batch, ``--warmup-iters`` untimed iterations, then
+``--iters`` timed iterations of ``--steps-per-iter`` steps each.
+
+What is kept equal to ``hvdkit.train --strategy horovod`` (so the step-time ratio measures
+only the harness): the model (built by :func:`hvdkit.models.build_model` with the same
+seed), the per-rank batch shape, the loss (mean sparse softmax cross-entropy on logits),
+the optimizer (SGD with momentum 0.9, lr x workers) and TensorFlow's thread pools
+(intra-op = cores / ranks on the host, inter-op = 1 when ranks >= cores, else 2, as
+:func:`hvdkit.trainer.configure_threads`).
+
+What the bare loop does not do (and the harness does, which is the overhead measured):
+per-step batch slicing from the dataset, separate gradient / allreduce / apply calls with
+phase timers, loss and accuracy read back to the host every step, per-epoch metric
+reductions.
+
+An iteration's time is the slowest rank's (MPI ``Allreduce(MAX)`` after the loop, so no
+extra synchronisation is timed); samples/s of an iteration = steps x batch x ranks / that
+time. ``--json FILE`` (rank 0) holds every iteration's seconds.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+__all__ = ["main", "build_parser"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command-line flags (see the module docstring)."""
+    p = argparse.ArgumentParser(prog="mpirun -np N python -m benchmarks.bare_horovod",
+                                description="Bare Horovod TF2 synthetic-data loop (Horovod's benchmark pattern).")
+    p.add_argument("--model", default="cnn", help="a model of hvdkit.models (default cnn)")
+    p.add_argument("--image-size", type=int, default=32, help="images are SIZE x SIZE x 3 (default 32)")
+    p.add_argument("--num-classes", type=int, default=10, help="logits per sample (default 10)")
+    p.add_argument("--batch-size", type=int, default=32, help="samples per rank per step (default 32)")
+    p.add_argument("--steps-per-iter", type=int, default=10, help="steps per timed iteration (default 10)")
+    p.add_argument("--iters", type=int, default=5, help="timed iterations (default 5)")
+    p.add_argument("--warmup-iters", type=int, default=1, help="untimed iterations first (default 1)")
+    p.add_argument("--lr", type=float, default=0.02, help="learning rate at one rank, x ranks (default 0.02)")
+    p.add_argument("--seed", type=int, default=0, help="weights seed (default 0)")
+    p.add_argument("--threads", type=int, default=0, help="intra-op threads (0: cores / ranks on the host)")
+    p.add_argument("--num-groups", type=int, default=0,
+                   help="DistributedGradientTape(num_groups=...): 0 = one allreduce per gradient tensor, "
+                        "Horovod's default and its benchmark's; 1 = one grouped allreduce of all (as hvdkit's "
+                        "horovod strategy does)")
+    p.add_argument("--inter-threads", type=int, default=0, help="inter-op threads (0: the hvdkit rule)")
+    p.add_argument("--json", metavar="FILE", help="write every iteration's seconds as JSON (rank 0)")
+    return p
+
+
+def _threads(local_size: int, requested: int) -> tuple[int, int]:
+    """(intra, inter) op threads, the rule of hvdkit.trainer.configure_threads."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cores = max(cores, os.cpu_count() or 1)
+    return requested or max(1, cores // local_size), 1 if local_size >= cores else 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the loop on every rank of ``MPI.COMM_WORLD``; returns the exit status (0)."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    a = build_parser().parse_args(argv)
+    for name in ("image_size", "num_classes", "batch_size", "steps_per_iter", "iters"):
+        if getattr(a, name) < 1:
+            build_parser().error(f"--{name.replace('_', '-')}={getattr(a, name)} must be >= 1")
+    from mpi4py import MPI
+    import numpy as np
+    import tensorflow as tf
+    import horovod.tensorflow as hvd
+
+    from hvdkit.models import build_model
+
+    comm = MPI.COMM_WORLD
+    hvd.init(comm=comm)                                            # distributed: Horovod on MPI's world
+    local_size = comm.Split_type(MPI.COMM_TYPE_SHARED).Get_size()
+    intra, inter = _threads(local_size, a.threads)
+    inter = a.inter_threads or inter
+    tf.config.threading.set_intra_op_parallelism_threads(intra)
+    tf.config.threading.set_inter_op_parallelism_threads(inter)
+
+    shape = (a.image_size, a.image_size, 3)
+    model = build_model(a.model, shape, a.num_classes, seed=a.seed)
+    opt = tf.keras.optimizers.SGD(a.lr * hvd.size(), momentum=0.9)  # distributed: lr x workers
+    rng = np.random.default_rng(a.seed + hvd.rank())
+    data = tf.constant(rng.random((a.batch_size, *shape), dtype=np.float32))      # (batch, S, S, 3)
+    target = tf.constant(rng.integers(0, a.num_classes, a.batch_size, dtype=np.int64))  # (batch,)
+
+    @tf.function
+    def step(first_batch):
+        with tf.GradientTape() as tape:
+            logits = model(data, training=True)                    # (batch, classes)
+            loss = tf.reduce_mean(tf.keras.losses.sparse_categorical_crossentropy(target, logits, from_logits=True))
+        tape = hvd.DistributedGradientTape(tape, num_groups=a.num_groups)  # distributed: allreduce the gradients
+        grads = tape.gradient(loss, model.trainable_variables)
+        opt.apply_gradients(zip(grads, model.trainable_variables))
+        if first_batch:                                            # distributed: start from rank 0's state
+            hvd.broadcast_variables(model.variables, root_rank=0)
+            hvd.broadcast_variables(opt.variables, root_rank=0)
+        return loss
+
+    step(tf.constant(True)).numpy()
+
+    def iteration() -> float:
+        t0 = time.perf_counter()
+        loss = None
+        for _ in range(a.steps_per_iter):
+            loss = step(tf.constant(False))
+        loss.numpy()                                               # the last step has finished
+        return time.perf_counter() - t0
+
+    for _ in range(a.warmup_iters):
+        iteration()
+    mine = np.array([iteration() for _ in range(a.iters)], np.float64)
+    slowest = np.empty_like(mine)
+    comm.Allreduce(mine, slowest, op=MPI.MAX)
+    samples = a.steps_per_iter * a.batch_size * hvd.size()
+    if hvd.rank() == 0:
+        rates = samples / slowest
+        print(f"# bare Horovod loop: model {a.model}  {hvd.size()} ranks  batch {a.batch_size}/rank  "
+              f"threads {intra}/{inter}  num_groups {a.num_groups}  {a.iters} x {a.steps_per_iter} steps")
+        for i, (s, r) in enumerate(zip(slowest, rates)):
+            print(f"iter {i}  {s:.4f} s  {s / a.steps_per_iter * 1e3:.2f} ms/step  {r:.1f} samples/s")
+        step_ms = np.median(slowest) / a.steps_per_iter * 1e3
+        print(f"samples/s {rates.mean():.1f} +- {1.96 * rates.std():.1f}  step {step_ms:.2f} ms (median)")
+        if a.json:
+            sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+            from benchmarks._common import write_json
+
+            write_json(a.json, {"model": a.model, "image_size": a.image_size, "num_classes": a.num_classes,
+                                "batch_size": a.batch_size, "ranks": hvd.size(), "steps_per_iter": a.steps_per_iter,
+                                "threads": [intra, inter], "num_groups": a.num_groups, "iter_seconds": slowest.tolist(),
+                                "step_s": (slowest / a.steps_per_iter).tolist(), "samples_per_s": rates.tolist()})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

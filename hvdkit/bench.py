@@ -1,0 +1,91 @@
+"""``hvdkit-bench``: one command for the benchmarks in ``benchmarks/``.
+
+    hvdkit-bench collectives [-np N] [--] [ARGS]   # mpirun -np N (default 2) python -m benchmarks.collectives ARGS
+    hvdkit-bench throughput [ARGS]                 # python -m benchmarks.throughput ARGS (launches mpirun itself)
+    hvdkit-bench convergence [ARGS]                # python -m benchmarks.convergence ARGS
+    hvdkit-bench plots [ARGS]                      # python -m benchmarks.plots ARGS
+    hvdkit-bench suite [ARGS]                      # python -m benchmarks.suite ARGS (= benchmarks/run_suite.sh)
+
+``hvdkit-bench <name> --help`` shows that benchmark's flags. ``collectives`` run inside an
+MPI job (``mpirun -np 4 hvdkit-bench collectives ...``) benchmarks in place instead of
+launching mpirun. The exit status is the benchmark's (0 OK, 1 FAILED, 2 bad usage).
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+__all__ = ["main", "COMMANDS"]
+
+#: name -> module run in this process
+COMMANDS = {"throughput": "benchmarks.throughput", "convergence": "benchmarks.convergence",
+            "plots": "benchmarks.plots", "suite": "benchmarks.suite", "collectives": "benchmarks.collectives"}
+
+_USAGE = ("usage: hvdkit-bench {collectives,throughput,convergence,plots,suite} [args]\n"
+          "  collectives [-np N] [--] [ARGS]  bandwidth of every allreduce method under mpirun -np N (default 2)\n"
+          "  throughput [ARGS]                samples/s and scaling per strategy; harness overhead\n"
+          "  convergence [ARGS]               accuracy vs time per strategy, with and without a straggler\n"
+          "  plots [ARGS]                     PNGs from the JSON files\n"
+          "  suite [ARGS]                     all of them at small sizes into results/<date>/\n"
+          "hvdkit-bench NAME --help lists NAME's flags.")
+
+
+def _repo_on_path() -> None:
+    """Make ``benchmarks`` importable from a source checkout (it sits beside ``hvdkit/``)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    if os.path.isdir(os.path.join(root, "benchmarks")) and root not in sys.path:
+        sys.path.insert(0, root)
+    os.environ["PYTHONPATH"] = root + (os.pathsep + os.environ["PYTHONPATH"] if os.environ.get("PYTHONPATH") else "")
+
+
+def _in_mpi_job() -> bool:
+    return any(v in os.environ for v in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "HOROVOD_RANK"))
+
+
+def _collectives(args: list[str]) -> int:
+    np_ = 2
+    if len(args) >= 2 and args[0] in ("-np", "-n", "--np"):
+        try:
+            np_ = int(args[1])
+        except ValueError:
+            print(f"hvdkit-bench collectives: error: {args[0]} {args[1]!r} must be an integer rank count",
+                  file=sys.stderr)
+            return 2
+        args = args[2:]
+    if args[:1] == ["--"]:
+        args = args[1:]
+    if _in_mpi_job():
+        from benchmarks.collectives import main as coll_main
+
+        return coll_main(args)
+    from benchmarks._common import mpirun_cmd
+
+    return subprocess.call(mpirun_cmd(np_, "benchmarks.collectives", args))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Dispatch ``hvdkit-bench NAME ARGS``; returns the benchmark's exit status."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(_USAGE)
+        return 0 if argv else 2
+    name, args = argv[0], argv[1:]
+    if name not in COMMANDS:
+        print(f"hvdkit-bench: error: unknown benchmark {name!r}; choose {', '.join(COMMANDS)}\n{_USAGE}",
+              file=sys.stderr)
+        return 2
+    _repo_on_path()
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # forwarded to every rank by mpirun -x
+    if name == "collectives":
+        return _collectives(args)
+    import importlib
+
+    try:
+        return int(importlib.import_module(COMMANDS[name]).main(args) or 0)
+    except SystemExit as e:  # argparse --help / usage errors
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
