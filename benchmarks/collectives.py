@@ -151,7 +151,7 @@ class _PS(_Method):
     def prepare(self, n):
         from hvdkit.strategies.ps import rules
         from hvdkit.strategies.ps.protocol import Layout
-        from hvdkit.strategies.ps.server import ShardServer, serve
+        from hvdkit.strategies.ps.server import ServerLoop, ShardServer
         from hvdkit.strategies.ps.worker import PSClient
 
         class Var:
@@ -162,17 +162,20 @@ class _PS(_Method):
         self.workers = list(range(N)) if self.colocated else list(range(N - 1))
         self.ps_comm = self.comm.Dup()
         layout = Layout.of_variables([Var()], len(servers))
-        self.thread = None
+        self.thread, loop = None, None
         if self.rank in servers:
             k = servers.index(self.rank)
             sl = layout.shard_slice(k)
             m = sl.stop - sl.start
             server = ShardServer(k, layout, np.zeros(m, np.float32), "sync", rules.Optimizer("sgd", 1.0, m),
                                  len(self.workers))
-            self.thread = threading.Thread(target=serve, args=(self.ps_comm, server, self.workers, 60.0), daemon=True)
+            loop = ServerLoop(self.ps_comm, server, self.workers, 60.0)
+            # as hvdkit.train runs it: a colocated worker serves its shard while it waits, a
+            # thread covers the rest; a dedicated server rank polls (spin, yield, sleep)
+            self.thread = threading.Thread(target=loop.run, args=(5e-5 if self.colocated else None,), daemon=True)
             self.thread.start()
-        self.client = PSClient(self.ps_comm, layout, servers, self.workers.index(self.rank), 60.0) \
-            if self.rank in self.workers else None
+        self.client = PSClient(self.ps_comm, layout, servers, self.workers.index(self.rank), 60.0,
+                               local_server=loop if self.colocated else None) if self.rank in self.workers else None
         self.send = _data(self.rank, n)
         self.recv = np.zeros(n, np.float32)
         self.first = None

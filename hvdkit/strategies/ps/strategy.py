@@ -34,7 +34,7 @@ from hvdkit.errors import UsageError
 from hvdkit.strategies.base import Strategy, make_step_functions, straggle
 from hvdkit.strategies.ps import rules
 from hvdkit.strategies.ps.protocol import Layout
-from hvdkit.strategies.ps.server import ShardServer, serve
+from hvdkit.strategies.ps.server import ServerLoop, ShardServer
 from hvdkit.strategies.ps.worker import PSClient
 
 __all__ = ["PSStrategy", "PSSync", "PSAsync", "PSSSP", "PSDCASGD", "PS_FIELDS"]
@@ -46,7 +46,8 @@ PS_FIELDS = (
     _Field("staleness", int, 1, "ps-ssp: bound s; a worker at clock c waits until the slowest has clock >= c - s", _G),
     _Field("dc_lambda", float, 0.04, "ps-dcasgd: lambda_0 of g + lambda * g * g * (w_now - w_backup)", _G),
     _Field("dc_adaptive", bool, False, "ps-dcasgd: lambda_t = lambda_0 / sqrt(meansquare(g) + eps) (DC-ASGD-a)", _G),
-    _Field("ps_timeout", float, 120.0, "seconds a worker or server waits for a peer before declaring it dead", _G),
+    _Field("ps_timeout", float, 120.0, "seconds a server waits for a missing worker (a worker waits twice as "
+           "long for a server) before declaring it dead or hung", _G),
 )
 
 
@@ -131,6 +132,7 @@ class PSStrategy(Strategy):
             dc = rules.DCState(self.dc_lambda, self.dc_adaptive) if self.mode == "dcasgd" else None
             self.server = ShardServer(self.shard, self.layout, flat[sl], self.mode, opt, self.num_workers,
                                       staleness=self.staleness, dc=dc)
+            self.loop = ServerLoop(self.ps_comm, self.server, self.worker_ranks, self.timeout)
             if self.colocated:
                 self._thread = threading.Thread(target=self._serve_or_abort, name=f"ps-shard-{self.shard}",
                                                 daemon=True)
@@ -139,13 +141,18 @@ class PSStrategy(Strategy):
             self._grads_fn = make_step_functions(model, optimizer)[0]
             # The HELLO (variable-table check) goes out with the first request, not here: the
             # trainer may still hold dedicated servers in a collective (a --resume broadcast).
+            # Workers wait twice as long as servers, so that a server, which knows which
+            # worker is missing, reports a hung worker before its peers report the server.
             self.client = PSClient(self.ps_comm, self.layout, self.server_ranks,
-                                   self.worker_ranks.index(w.rank), self.timeout)
+                                   self.worker_ranks.index(w.rank), 2 * self.timeout,
+                                   local_server=self.loop if self.colocated else None)
 
     def _serve_or_abort(self) -> None:
         from hvdkit.comm import run_guarded
 
-        run_guarded(serve, self.ps_comm, self.server, self.worker_ranks, self.timeout)
+        # The worker thread serves while it waits for replies; this thread covers the time
+        # it computes, checking every 50 us.
+        run_guarded(self.loop.run, 5e-5)
 
     def _assign(self) -> None:
         for v, a in zip(self.model.trainable_variables, self.layout.unflatten(self.flat_w)):
@@ -168,7 +175,7 @@ class PSStrategy(Strategy):
         return float(loss_sum), int(correct), len(y)
 
     def serve(self) -> None:
-        self.final_stats = serve(self.ps_comm, self.server, self.worker_ranks, self.timeout)
+        self.final_stats = self.loop.run()
 
     def end_epoch(self) -> None:
         extra = [v for v in self.model.non_trainable_variables if v.dtype.is_floating]

@@ -27,6 +27,9 @@ class PSClient:
         server_ranks: rank in ``comm`` of shard k's server.
         worker: this worker's id (0 .. W-1).
         timeout: seconds to wait for any reply before raising TimeoutError.
+        local_server: in colocated mode, this process's :class:`~.server.ServerLoop`; while the
+            worker waits for replies it serves that shard itself (no thread switch on the
+            critical path).
 
     Attributes:
         versions: per shard, the server version of the weights this worker holds.
@@ -34,8 +37,10 @@ class PSClient:
         bytes_sent, bytes_received: payload bytes moved by this worker.
     """
 
-    def __init__(self, comm, layout: Layout, server_ranks: list[int], worker: int, timeout: float):
+    def __init__(self, comm, layout: Layout, server_ranks: list[int], worker: int, timeout: float,
+                 local_server=None):
         self.comm, self.layout, self.server_ranks = comm, layout, list(server_ranks)
+        self.local_server = local_server  # a colocated ServerLoop this thread serves while it waits
         self.worker, self.timeout = worker, timeout
         self.versions = [0] * layout.num_shards
         self.clock = 0
@@ -71,8 +76,23 @@ class PSClient:
         out: dict[int, Header] = {}
         deadline = time.monotonic() + self.timeout
         st = MPI.Status()
+        if self.local_server is not None:
+            self.local_server.helped = True
+        try:
+            return self._receive_loop(expect, reqs, hdrs, into, out, deadline, st, what)
+        finally:
+            if self.local_server is not None:
+                self.local_server.helped = False
+
+    def _receive_loop(self, expect, reqs, hdrs, into, out, deadline, st, what) -> dict[int, Header]:
+        from mpi4py import MPI
+
         while reqs:
+            local = self.local_server
+
             def any_done():
+                if local is not None:
+                    local.progress()  # serve our own shard's requests instead of waiting for a thread switch
                 return any(r.Test() for r in reqs.values())
 
             poll(any_done, deadline, f"worker {self.worker}: no {what} reply from server rank(s) "
