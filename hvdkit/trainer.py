@@ -20,6 +20,7 @@ from datetime import datetime
 from typing import Any
 
 import numpy as np
+from mpi4py import MPI
 
 from hvdkit import results as R
 from hvdkit.comm import World, agree, log0, world as get_world
@@ -226,14 +227,23 @@ def run(cfg: Config, w: World | None = None) -> dict[str, Any] | None:
                 log0(f"  epoch {epoch + 1} step {i + 1}/{len(all_batches)}  loss {sums[0] / max(sums[2], 1):.4f}  "
                      f"rank-0 samples/s {sums[2] / (now - t_epoch):.0f}  elapsed {now - t_start:.0f}s")
         train_s = time.perf_counter() - t_epoch
-        strategy.end_epoch()
-        metrics = _reduce_epoch(mc, sums, train_s)
-        strategy.sync_for_eval()
-        eval_loss, eval_acc = strategy.evaluate(data.x_eval, data.y_eval)
+        if strategy.epoch_barrier:
+            strategy.end_epoch()
+            metrics = _reduce_epoch(mc, sums, train_s)
+            strategy.sync_for_eval()
+            eval_loss, eval_acc = strategy.evaluate(data.x_eval, data.y_eval)
+        else:  # asynchronous: no collective; rank 0 reports its own figures, evaluates the current weights
+            metrics = _reduce_epoch(MPI.COMM_SELF, sums, train_s)
+            eval_loss, eval_acc = float("nan"), float("nan")
+            if w.is_rank0:
+                strategy.sync_for_eval()
+                eval_loss, eval_acc = strategy.evaluate(data.x_eval, data.y_eval, comm=MPI.COMM_SELF)
+        metrics["metrics_from"] = "all workers" if strategy.epoch_barrier else "rank 0"
         row = {"epoch": epoch + 1, "step": global_step, **metrics, "eval_loss": eval_loss,
                "eval_accuracy": eval_acc, "elapsed_s": time.perf_counter() - t_start}
         history.append(row)
-        log0(f"epoch {epoch + 1:>{len(str(cfg.epochs))}}/{cfg.epochs}  loss {row['loss']:.4f}  "
+        log0(f"epoch {epoch + 1:>{len(str(cfg.epochs))}}/{cfg.epochs}  "
+             f"{'' if strategy.epoch_barrier else '(rank 0) '}loss {row['loss']:.4f}  "
              f"train_acc {row['train_accuracy']:.3f}  eval_loss {eval_loss:.4f}  eval_acc {eval_acc:.3f}  "
              f"samples/s {row['samples_per_s']:.0f}  time {train_s:.1f}s  elapsed {row['elapsed_s']:.1f}s")
         if writer is not None:
@@ -246,8 +256,14 @@ def run(cfg: Config, w: World | None = None) -> dict[str, Any] | None:
         if cfg.max_steps and global_step >= cfg.max_steps:
             break
 
+    final_eval = None
+    if not strategy.epoch_barrier:  # every worker is done pushing before the final weights are read
+        mc.Barrier()
+        strategy.end_epoch()
+        strategy.sync_for_eval()
+        final_eval = strategy.evaluate(data.x_eval, data.y_eval)
     strategy.sync_for_eval()
-    result = _finish(cfg, w, mc, data, model, strategy, timer, history, out_dir, t_start)
+    result = _finish(cfg, w, mc, data, model, strategy, timer, history, out_dir, t_start, final_eval)
     strategy.finish()
     return result
 
@@ -263,8 +279,6 @@ def _inject_failure(how: str, step: int, spec: str) -> None:
 
 
 def _reduce_epoch(comm, sums: np.ndarray, train_s: float) -> dict[str, float]:
-    from mpi4py import MPI
-
     tot = np.empty_like(sums)
     comm.Allreduce(sums, tot)
     slowest = np.empty(1)
@@ -274,7 +288,7 @@ def _reduce_epoch(comm, sums: np.ndarray, train_s: float) -> dict[str, float]:
             "samples": int(tot[2]), "samples_per_s": tot[2] / max(slowest, 1e-9), "train_s": slowest}
 
 
-def _finish(cfg, w, mc, data, model, strategy, timer, history, out_dir, t_start):
+def _finish(cfg, w, mc, data, model, strategy, timer, history, out_dir, t_start, final_eval=None):
     """Gather every loop rank's outcome; rank 0 writes results.json, epochs.csv and the export."""
     summary = timer.summary()
     mine = {"rank": w.rank, "host": w.host, "pid": os.getpid(), "weights_crc32": _weights_crc(model),
@@ -300,7 +314,8 @@ def _finish(cfg, w, mc, data, model, strategy, timer, history, out_dir, t_start)
         "model": {"name": cfg.model, "params": int(model.count_params()),
                   "trainable_bytes": int(sum(np.prod(v.shape) * v.dtype.size for v in model.trainable_variables))},
         "epochs": history,
-        "final": {"eval_accuracy": last.get("eval_accuracy"), "eval_loss": last.get("eval_loss"),
+        "final": {"eval_accuracy": final_eval[1] if final_eval else last.get("eval_accuracy"),
+                  "eval_loss": final_eval[0] if final_eval else last.get("eval_loss"),
                   "train_accuracy": last.get("train_accuracy"), "steps": last.get("step", 0),
                   "weights_identical_across_ranks": identical},
         "throughput": {"samples_per_s": samples / slowest if slowest else None, "measured_samples": samples,

@@ -56,6 +56,7 @@ class Strategy(abc.ABC):
     Class attributes:
         name: the CLI name.
         summary: one line for ``--help`` and the README table.
+        epoch_barrier: see below.
         extra_fields: strategy-specific flags (:class:`hvdkit.config._Field`), stored in
             ``Config.extra``.
     """
@@ -63,6 +64,9 @@ class Strategy(abc.ABC):
     name: ClassVar[str]
     summary: ClassVar[str] = ""
     extra_fields: ClassVar[tuple] = ()
+    #: False for asynchronous strategies: epochs end without a collective, so a fast worker
+    #: never waits for a straggler; rank 0 logs its own figures and evaluates alone.
+    epoch_barrier: ClassVar[bool] = True
 
     def __init__(self, cfg: Config, world: World):
         self.cfg = cfg
@@ -119,10 +123,11 @@ class Strategy(abc.ABC):
     def sync_for_eval(self) -> None:
         """Make ``self.model`` hold the weights to evaluate (every rank calls this)."""
 
-    def evaluate(self, x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
-        """(mean loss, accuracy) of the current model on (x, y); collective over ``metrics_comm``.
+    def evaluate(self, x: np.ndarray, y: np.ndarray, comm=None) -> tuple[float, float]:
+        """(mean loss, accuracy) of the current model on (x, y); collective over ``comm``.
 
-        The default shards (x, y) over ``metrics_comm``, whose ranks must hold equal weights.
+        The default shards (x, y) over ``comm`` (default ``metrics_comm``), whose ranks must
+        hold equal weights.
         """
         from hvdkit.trainer import evaluate
 
@@ -130,7 +135,7 @@ class Strategy(abc.ABC):
             from hvdkit.trainer import eval_fn
 
             self._eval_fn = eval_fn(self.model)
-        return evaluate(self._eval_fn, x, y, self.metrics_comm)
+        return evaluate(self._eval_fn, x, y, comm or self.metrics_comm)
 
     def finish(self) -> None:
         """Called on every rank after training; release resources, tell peers we are done."""

@@ -20,7 +20,14 @@ lr by W (unless ``--no-lr-scaling``). The asynchronous modes apply each worker's
 as its own update, W times as many updates per round, so lr is not scaled.
 
 Batch-norm statistics and other non-trainable variables stay on the workers and are
-averaged over the workers at each epoch end, as ``horovod`` does.
+averaged over the workers at each epoch end (``ps-sync``, as ``horovod`` does) or at the
+end of training (the asynchronous modes).
+
+Epochs: ``ps-sync`` ends every epoch with the harness's collective (metrics of all workers,
+evaluation sharded over them). The asynchronous modes do not (``epoch_barrier = False``):
+a fast worker goes on to its next epoch without waiting for a straggler; rank 0 logs its
+own loss and samples/s and evaluates the servers' current weights alone, so an epoch
+line is a snapshot in time. Final results gather every worker, after all have finished.
 """
 from __future__ import annotations
 
@@ -264,6 +271,7 @@ class PSAsync(PSStrategy):
     """Asynchronous PS: each push is applied on arrival; no worker waits for another."""
 
     name, mode = "ps-async", "async"
+    epoch_barrier = False
     summary = "parameter server, asynchronous: each gradient applied on arrival (Hogwild-style staleness)"
 
 
@@ -271,6 +279,7 @@ class PSSSP(PSStrategy):
     """Stale synchronous parallel PS (Ho et al., NIPS 2013), bound ``--staleness``."""
 
     name, mode = "ps-ssp", "ssp"
+    epoch_barrier = False
     summary = "parameter server, stale synchronous parallel: workers at most --staleness clocks apart"
 
 
@@ -278,4 +287,5 @@ class PSDCASGD(PSStrategy):
     """Delay-compensated asynchronous SGD (Zheng et al., ICML 2017)."""
 
     name, mode = "ps-dcasgd", "dcasgd"
+    epoch_barrier = False
     summary = "parameter server, asynchronous with delay compensation g + lambda*g*g*(w_now - w_backup)"
