@@ -1,10 +1,12 @@
 """``--strategy horovod``: Horovod ring allreduce (NCCL on GPU, MPI or Gloo on CPU).
 
 Horovod is initialised on mpi4py's ``COMM_WORLD`` so both agree on ranks
-(``hvd.init(comm=MPI.COMM_WORLD)``). Each step: local gradients (compute), one
-``hvd.grouped_allreduce(op=Average)`` over all gradient tensors, which Horovod fuses into
-buffers of ``HOROVOD_FUSION_THRESHOLD`` bytes (comm), then the same optimizer update on
-every rank (compute). Rank 0's model and optimizer state are broadcast at start.
+(``hvd.init(comm=MPI.COMM_WORLD)``). Each step is one compiled function, as in Horovod's
+own TF2 examples: local gradients (compute), one ``hvd.grouped_allreduce(op=Average)``
+over all gradient tensors, which Horovod fuses into buffers of
+``HOROVOD_FUSION_THRESHOLD`` bytes (comm, timed by ``tf.timestamp`` ops inside the graph),
+then the same optimizer update on every rank (compute). Rank 0's model and optimizer
+state are broadcast at start.
 
 Bytes per step per rank: 2 (N-1)/N x S for S bytes of gradients (ring allreduce).
 Reference: Sergeev & Del Balso, "Horovod: fast and easy distributed deep learning in
@@ -39,6 +41,7 @@ class HorovodStrategy(ReplicaStrategy):
 
     name = "horovod"
     summary = "Horovod ring allreduce of gradients (NCCL on GPU, MPI/Gloo on CPU), synchronous"
+    graph_allreduce = True  # one compiled step: gradients, grouped allreduce, update
 
     def __init__(self, cfg, world):
         super().__init__(cfg, world)
