@@ -17,8 +17,8 @@ the optimizer (SGD with momentum 0.9, lr x workers) and TensorFlow's thread pool
 :func:`hvdkit.trainer.configure_threads`).
 
 What the bare loop does not do (and the harness does, which is the overhead measured):
-per-step batch slicing from the dataset, separate gradient / allreduce / apply calls with
-phase timers, loss and accuracy read back to the host every step, per-epoch metric
+per-step batch slicing from the dataset, timestamps around the allreduce inside its one
+compiled step, loss and accuracy read back to the host every step, per-epoch metric
 reductions.
 
 An iteration's time is the slowest rank's (MPI ``Allreduce(MAX)`` after the loop, so no

@@ -32,8 +32,9 @@ footer divide mean times to target of two strategies under the same condition.
 
 Parameter servers: ``--ps-layout colocated`` (default) runs N ranks that are all workers
 and each serve a shard, so every strategy uses N processes; ``dedicated`` adds one server
-rank (N + 1 processes). Note that hvdkit.train ends every epoch with a reduction over the
-workers (metrics), so fast asynchronous workers wait for a straggler at each epoch end.
+rank (N + 1 processes). The asynchronous PS modes end epochs without a collective, so fast
+workers never wait for a straggler there; their epoch rows are rank 0's (samples seen are
+rank 0's own, so samples-to-target compares only among synchronous rows).
 
 Exit status 0 when every job succeeded, 1 when any failed.
 """

@@ -154,7 +154,12 @@ def run_train(strategy: str, workers: int, a, model: str, out_dir: str, ps_layou
     if res is None:
         row.update(status="FAILED", error=job.why())
         return row, None
-    rates = [e["samples_per_s"] for e in res["epochs"][1:]]
+    # Asynchronous PS rows log rank 0's own rate per epoch (metrics_from "rank 0"): use the
+    # all-ranks figure (sum of samples / slowest rank's seconds) and report no spread.
+    if any(e.get("metrics_from") == "rank 0" for e in res["epochs"]):
+        rates = [res["throughput"]["samples_per_s"]] * max(len(res["epochs"]) - 1, 1)
+    else:
+        rates = [e["samples_per_s"] for e in res["epochs"][1:]]
     iter_s = [e["train_s"] for e in res["epochs"][1:]]
     mean, conf = mean_conf(rates)
     t = res["timing"]

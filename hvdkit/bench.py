@@ -83,8 +83,11 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         return int(importlib.import_module(COMMANDS[name]).main(args) or 0)
-    except SystemExit as e:  # argparse --help / usage errors
-        return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
+    except SystemExit as e:  # argparse --help / usage errors; a string is a message to show
+        if isinstance(e.code, str):
+            print(e.code, file=sys.stderr)
+            return 2
+        return e.code if isinstance(e.code, int) else 0
 
 
 if __name__ == "__main__":

@@ -39,7 +39,9 @@ class _Field:
 
 FIELDS: tuple[_Field, ...] = (
     # what to train
-    _Field("strategy", str, "horovod", "how replicas agree (see README's strategy table)", "what to train"),
+    _Field("strategy", str, "horovod", "how replicas agree: horovod, ring, ps-sync, ps-async, ps-ssp, ps-dcasgd, "
+           "model-parallel, tf-mirrored, tf-central-storage, tf-multiworker, tf-ps (README: the strategy table)",
+           "what to train"),
     _Field("model", str, "mlp", "linear | mlp | cnn | resnet50 | MODULE:FUNCTION (a function "
            "(input_shape, num_classes) -> tf.keras.Model returning logits)", "what to train", metavar="NAME"),
     _Field("dataset", str, "digits", "digits (scikit-learn's 1,797 bundled 8x8 images) | synthetic | "
@@ -52,15 +54,17 @@ FIELDS: tuple[_Field, ...] = (
     _Field("epochs", int, 10, "passes over the training set", "optimisation"),
     _Field("batch_size", int, 32, "samples per rank per step (the global batch is BATCH_SIZE x workers)", "optimisation"),
     _Field("optimizer", str, "momentum", "sgd | momentum | adam", "optimisation", choices=("sgd", "momentum", "adam")),
-    _Field("lr", float, 0.02, "learning rate at one rank (scaled by the number of workers unless "
-           "--no-lr-scaling)", "optimisation"),
+    _Field("lr", float, 0.02, "learning rate of one worker; synchronous data-parallel strategies multiply "
+           "it by the number of workers unless --no-lr-scaling (asynchronous PS modes never do)", "optimisation"),
     _Field("momentum", float, 0.9, "momentum for --optimizer momentum", "optimisation"),
     _Field("lr_scaling", bool, True, "multiply the learning rate by the number of workers (Goyal et "
            "al. 2017, as Horovod's examples do)", "optimisation"),
     _Field("seed", int, 0, "seed for weights, data order and synthetic data (same on every rank)", "optimisation"),
-    _Field("max_steps", int, 0, "stop after this many steps in total (0: no limit)", "optimisation"),
+    _Field("max_steps", int, 0, "stop after this many steps of each rank, over all epochs (0: no limit)",
+           "optimisation"),
     _Field("straggler", str, "", "make RANK compute FACTOR times slower (it sleeps (FACTOR-1) x its compute "
-           "time each step), for experiments", "optimisation", metavar="RANK:FACTOR"),
+           "time each step), for experiments; hvdkit's own strategies, not tf-*", "optimisation",
+           metavar="RANK:FACTOR"),
     # output
     _Field("output_dir", str, "", "results directory (default runs/<timestamp>-<strategy>)", "output", metavar="DIR"),
     _Field("export_weights", str, "", "write the final weights to this .npz file (rank 0; weights are "
@@ -72,7 +76,7 @@ FIELDS: tuple[_Field, ...] = (
     # system
     _Field("threads", int, 0, "TensorFlow intra-op threads per rank (0: cores / ranks on this host, "
            "at least 1; inter-op is 1 when ranks >= cores)", "system"),
-    _Field("fail_at", str, "", "testing: on RANK at STEP raise an error (RANK:STEP), exit at once as if "
+    _Field("fail_at", str, "", "on RANK at STEP raise an error (RANK:STEP), exit at once as if "
            "killed (RANK:STEP:exit) or hang (RANK:STEP:hang), to exercise failure handling", "testing",
            metavar="RANK:STEP[:HOW]"),
 )
@@ -145,7 +149,7 @@ def _check(c: Config) -> None:
         if getattr(c, name) <= 0:
             raise UsageError(f"--{name.replace('_', '-')}={getattr(c, name)} must be > 0")
 
-    for name in ("batch_size", "epochs", "image_size", "synthetic_samples", "lr"):
+    for name in ("batch_size", "epochs", "image_size", "synthetic_samples", "lr", "progress_seconds"):
         positive(name)
     for name in ("max_steps", "num_classes", "threads", "momentum"):
         if getattr(c, name) < 0:
@@ -198,10 +202,13 @@ def build_parser(prog: str = "python -m hvdkit.train", extra_fields: Sequence[_F
     """The argparse parser for :data:`FIELDS` (every default is None: precedence is applied later)."""
     p = _Parser(
         prog=prog,
-        description="Train a shared model on a shared dataset under one distributed strategy, "
+        description="Train a shared model on a shared dataset under one distributed strategy,\n"
                     "with the same timing, logging and results.json for every strategy.",
-        epilog="Settings come from (highest first): flags > --config FILE (JSON) > HVDKIT_<NAME> "
-               "environment variables (e.g. HVDKIT_BATCH_SIZE=64) > defaults. Examples:\n"
+        epilog="Settings come from (highest first): flags > --config FILE (JSON) > HVDKIT_<NAME>\n"
+               "environment variables (e.g. HVDKIT_BATCH_SIZE=64) > defaults. Flags of one strategy\n"
+               "(e.g. --micro-batches) are ignored by the others.\n"
+               "Exit status: 0 done, 2 bad input (one line from rank 0), 1 a rank failed (MPI_Abort).\n"
+               "Examples:\n"
                "  horovodrun -np 4 python -m hvdkit.train\n"
                "  mpirun -np 2 python -m hvdkit.train --model cnn --epochs 3 --export-weights w.npz\n"
                "  horovodrun -np 8 -H a:4,b:4 python -m hvdkit.train --model resnet50 --dataset synthetic",

@@ -11,14 +11,14 @@ name       what                                                                 
 linear     y = W.x + b on the flattened input (the notes' LinearRegressor,      650
            one output per class)
 mlp        flatten, Dense 128 ReLU, Dense 64 ReLU, Dense classes                 17,226
-cnn        LeNet-style: 2x (3x3 conv 'same' + ReLU + 2x2 max-pool), Dense 128    ~40 k
+cnn        LeNet-style: 2x (3x3 conv 'same' + ReLU + 2x2 max-pool), Dense 128    22,602
            (works on 8x8 and 28x28 and larger images)
-resnet50   ``tf.keras.applications.ResNet50(weights=None)`` for throughput;      ~23.6 M
+resnet50   ``tf.keras.applications.ResNet50(weights=None)`` for throughput;      25.6 M*
            needs images >= 32x32
 MOD:FUNC   a user's function ``FUNC(input_shape, num_classes) -> tf.keras.Model``
 =========  ==================================================================  =========
 
-\\* on digits (8x8x1, 10 classes), except resnet50 (224x224x3, 1000 classes: 25.6 M).
+\\* on digits (8x8x1, 10 classes), except resnet50 (224x224x3, 1000 classes).
 """
 from __future__ import annotations
 

@@ -39,16 +39,18 @@ CHECKPOINT = "checkpoint.npz"
 def configure_threads(cfg: Config, w: World) -> tuple[int, int]:
     """Set TensorFlow's thread pools for this rank (before any TF op runs).
 
-    ``--threads 0`` (default): intra-op = max(1, cores // ranks on this host); inter-op =
-    1 when ranks on this host >= cores, else 2. Returns (intra, inter).
+    ``--threads 0`` (default): intra-op = the cores this process may run on when it is bound
+    to fewer than the host has, else max(1, host cores // ranks on this host); inter-op = 1
+    when ranks on this host >= cores, else 2. Returns (intra, inter).
     """
     import tensorflow as tf
 
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    # mpirun binds each rank to one core by default; what matters is cores on the host.
-    cores = max(cores, os.cpu_count() or 1)
-    intra = cfg.threads or max(1, cores // w.local_size)
-    inter = 1 if w.local_size >= cores else 2
+    host = os.cpu_count() or 1
+    mine = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else host
+    # A rank confined to fewer cores than the host has (mpirun --bind-to, Slurm
+    # --cpus-per-task, a container cpuset) uses those; otherwise it takes its share of the host.
+    intra = cfg.threads or (mine if mine < host else max(1, host // w.local_size))
+    inter = 1 if w.local_size >= host else 2
     try:
         tf.config.threading.set_intra_op_parallelism_threads(intra)
         tf.config.threading.set_inter_op_parallelism_threads(inter)
@@ -179,9 +181,11 @@ def run(cfg: Config, w: World | None = None) -> dict[str, Any] | None:
             if not os.path.isfile(ckpt_path):
                 raise UsageError(f"--resume: no checkpoint at {ckpt_path}")
             loaded = R.load_npz(ckpt_path)
-            if loaded[1].get("model") != cfg.model or loaded[1].get("dataset") != cfg.dataset:
-                raise UsageError(f"--resume: {ckpt_path} is a checkpoint of model {loaded[1].get('model')!r} on "
-                                 f"{loaded[1].get('dataset')!r}, not {cfg.model!r} on {cfg.dataset!r}")
+            got = tuple(loaded[1].get(k) for k in ("strategy", "model", "dataset"))
+            if got != (cfg.strategy, cfg.model, cfg.dataset):
+                raise UsageError(f"--resume: {ckpt_path} is a checkpoint of --strategy {got[0]} --model {got[1]} "
+                                 f"--dataset {got[2]}, not --strategy {cfg.strategy} --model {cfg.model} "
+                                 f"--dataset {cfg.dataset}; resume with the same settings")
         except Exception as e:  # noqa: BLE001
             err = e
     agree(err, w)
@@ -256,6 +260,7 @@ def run(cfg: Config, w: World | None = None) -> dict[str, Any] | None:
         if cfg.max_steps and global_step >= cfg.max_steps:
             break
 
+    strategy.finish_pushing()
     final_eval = None
     if not strategy.epoch_barrier:  # every worker is done pushing before the final weights are read
         mc.Barrier()

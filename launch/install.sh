@@ -74,13 +74,18 @@ then
 fi
 
 # 4. Horovod from source -----------------------------------------------------------------
-hvd_ok() { "$PY" -c "import horovod, horovod.tensorflow; assert horovod.__version__ == '$HOROVOD_VERSION'" 2>/dev/null; }
+hvd_ok() {
+    "$PY" -c "import horovod, horovod.tensorflow; assert horovod.__version__ == '$HOROVOD_VERSION'" 2>/dev/null || return 1
+    # a GPU build was asked for: an existing CPU-only Horovod does not count
+    [[ "${HOROVOD_GPU_OPERATIONS:-}" != NCCL ]] || "$PY" -c "import horovod.tensorflow as h; assert h.nccl_built()" 2>/dev/null
+}
 if ! hvd_ok; then
     say "building horovod==$HOROVOD_VERSION with TensorFlow, MPI and Gloo (about 3-5 minutes on 2 cores; cached afterwards)"
     HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_MPI=1 HOROVOD_WITH_GLOO=1 \
     HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 \
     HOROVOD_GPU_OPERATIONS="${HOROVOD_GPU_OPERATIONS:-}" \
-        "$PY" -m pip install -q --no-build-isolation "horovod==$HOROVOD_VERSION"
+        "$PY" -m pip install -q --no-build-isolation ${HOROVOD_GPU_OPERATIONS:+--no-cache-dir --force-reinstall --no-deps} \
+        "horovod==$HOROVOD_VERSION"
     hvd_ok || die "horovod $HOROVOD_VERSION did not import after the build (see pip output above)"
 fi
 

@@ -137,6 +137,9 @@ class Strategy(abc.ABC):
             self._eval_fn = eval_fn(self.model)
         return evaluate(self._eval_fn, x, y, comm or self.metrics_comm)
 
+    def finish_pushing(self) -> None:
+        """Called on every loop rank right after its last step, before any final collective."""
+
     def finish(self) -> None:
         """Called on every rank after training; release resources, tell peers we are done."""
 
@@ -213,7 +216,8 @@ def make_fused_step(model, optimizer, allreduce):
             logits = model(x, training=True)                                # (batch, classes)
             losses = tf.keras.losses.sparse_categorical_crossentropy(y, logits, from_logits=True)
             loss = tf.reduce_mean(losses)
-        grads = tape.gradient(loss, variables)
+        grads = [tf.zeros_like(v) if g is None else tf.convert_to_tensor(g)   # unused variables: zeros
+                 for g, v in zip(tape.gradient(loss, variables), variables)]
         with tf.control_dependencies(grads):
             t0 = tf.timestamp()
         with tf.control_dependencies([t0]):

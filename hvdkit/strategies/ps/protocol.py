@@ -54,6 +54,7 @@ class Kind(enum.IntEnum):
     STATE = 5   # no payload; reply: weights and optimizer slots, concatenated (float32)
     ERROR = 6   # reply only: the request was refused; payload: the message (uint8 UTF-8)
     HELLO = 7   # payload: the worker's variable table as JSON bytes; reply: empty (or ERROR)
+    IDLE = 8    # the worker will push no more (it may still pull); no reply
 
 
 @dataclass

@@ -68,7 +68,8 @@ class ShardServer:
     dc: rules.DCState | None = None
     version: int = 0
     clocks: list[int] = field(default_factory=list)
-    active: set[int] = field(default_factory=set)
+    active: set[int] = field(default_factory=set)       # workers that may still push
+    done: set[int] = field(default_factory=set)         # workers that sent DONE (no more requests)
     pending: dict[int, tuple[np.ndarray, int, float]] = field(default_factory=dict)  # sync: worker -> (g, v, t)
     gated: dict[int, float] = field(default_factory=dict)                              # ssp: worker -> arrival
     staleness_hist: Counter = field(default_factory=Counter)
@@ -133,6 +134,11 @@ class ShardServer:
 
     def on_done(self, worker: int, now: float) -> list[Reply]:
         """``worker`` finished: it leaves the barrier and the gate; return replies released."""
+        self.done.add(worker)
+        return self.on_idle(worker, now)
+
+    def on_idle(self, worker: int, now: float) -> list[Reply]:
+        """``worker`` will push no more (it may still pull): it leaves the barrier and the gate."""
         self.active.discard(worker)
         if self.mode == "sync":
             return self._maybe_apply_sync(now)
@@ -156,6 +162,16 @@ class ShardServer:
     def waiting(self) -> bool:
         """True while some worker waits on this shard (a partial sync step or a closed gate)."""
         return bool(self.pending) or bool(self.gated)
+
+    def stalled_by(self) -> list[int]:
+        """Workers that others are waiting on: those holding up a sync step or an SSP gate,
+        or, once some worker has stopped pushing (IDLE or DONE) and waits for the rest to
+        finish, every worker still pushing."""
+        if self.waiting:
+            return self.waiting_for()
+        if self.active and len(self.active) < self.num_workers:
+            return sorted(self.active)
+        return []
 
     def waiting_for(self) -> list[int]:
         """Active workers whose messages would release a waiting worker."""
@@ -300,12 +316,13 @@ class ServerLoop:
         self.pool: list[np.ndarray] = []
         self.snapshot: list = [None, -1]  # [buffer, version]
         self.last_msg = time.monotonic()
+        self.last_from = [self.last_msg] * len(self.worker_ranks)  # per worker: its latest message
         self.helped = False  # True while the colocated worker thread serves (see run)
 
     @property
     def finished(self) -> bool:
         """True once every worker has sent DONE and nobody waits."""
-        return not (self.server.active or self.server.waiting)
+        return len(self.server.done) == self.server.num_workers and not self.server.waiting
 
     def arrived(self) -> bool:
         """A request is waiting to be received (does not take it)."""
@@ -344,11 +361,14 @@ class ServerLoop:
         while not self.finished:
             if self.progress():
                 continue
-            waiting = self.server.waiting
-            if waiting and time.monotonic() - self.last_msg > self.timeout:
+            deadline = self._deadline()
+            if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError(self._timeout_message())
             if idle_sleep is None:
-                poll(self.arrived, self.last_msg + self.timeout if waiting else None, self._timeout_message())
+                try:
+                    poll(self.arrived, deadline, "")
+                except TimeoutError:
+                    raise TimeoutError(self._timeout_message()) from None
             else:
                 time.sleep(idle_sleep * (20 if self.helped else 1))
         with self.lock:
@@ -357,8 +377,15 @@ class ServerLoop:
             self.sends.clear()
         return self.server.stats()
 
+    def _deadline(self) -> float | None:
+        """When the first worker that others wait on will have been silent for ``timeout``."""
+        stalled = self.server.stalled_by()
+        return min(self.last_from[w] for w in stalled) + self.timeout if stalled else None
+
     def _timeout_message(self) -> str:
-        ranks = [self.worker_ranks[w] for w in self.server.waiting_for()]
+        now = time.monotonic()
+        ranks = [self.worker_ranks[w] for w in self.server.stalled_by() if now - self.last_from[w] > self.timeout] \
+            or [self.worker_ranks[w] for w in self.server.stalled_by()]
         return (f"shard {self.server.shard}: no message from worker rank(s) {ranks} for {self.timeout:.0f} s while "
                 "other workers wait for them; a worker may have died or hung (raise --ps-timeout for very slow steps)")
 
@@ -414,7 +441,7 @@ class ServerLoop:
             raise ProtocolError(f"shard {server.shard}: message kind {h.kind} from rank {src}, which is not a worker")
         worker = self.worker_of[src]
         now = time.monotonic()
-        self.last_msg = now
+        self.last_msg = self.last_from[worker] = now
         if h.kind == Kind.PUSH:
             grad = payload if payload is not None else np.empty(0, np.float32)  # an empty shard pushes nothing
             try:
@@ -439,6 +466,8 @@ class ServerLoop:
                 self._reply(worker, Kind.HELLO, None)
         elif h.kind == Kind.DONE:
             self._send_weights(server.on_done(worker, now))
+        elif h.kind == Kind.IDLE:
+            self._send_weights(server.on_idle(worker, now))
         elif h.kind == Kind.STATS:
             self._reply(worker, Kind.STATS, json_bytes(server.stats()))
         elif h.kind == Kind.STATE:

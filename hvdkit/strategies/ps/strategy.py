@@ -200,6 +200,10 @@ class PSStrategy(Strategy):
         self.client.pull(self.flat_w)
         self._assign()
 
+    def finish_pushing(self) -> None:
+        if self.client is not None:
+            self.client.idle()
+
     def finish(self) -> None:
         if self.client is not None:
             self.client.done()

@@ -194,6 +194,11 @@ class PSClient:
         self._complete(sends)
         return [(into[k], hdrs[k].version, hdrs[k].clock) for k in range(self.layout.num_shards)]
 
+    def idle(self) -> None:
+        """Tell every server this worker will push no more (it may still pull): it leaves
+        barriers and gates, and the servers start timing the workers still pushing."""
+        self._complete([s for k in range(self.layout.num_shards) for s in self._send(k, Kind.IDLE)])
+
     def done(self) -> None:
         """Tell every server this worker has finished (it leaves barriers and gates)."""
         self._complete([s for k in range(self.layout.num_shards) for s in self._send(k, Kind.DONE)])
