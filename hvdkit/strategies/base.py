@@ -163,6 +163,26 @@ class Strategy(abc.ABC):
             v.assign(arrays[f"optimizer/{i}"])
 
 
+def _signature(model):
+    """Input signature (x: (batch, *input_shape) float32, y: (batch,) int64), any batch size."""
+    import tensorflow as tf
+
+    return [tf.TensorSpec((None, *model.input_shape[1:]), tf.float32), tf.TensorSpec((None,), tf.int64)]
+
+
+def _loss_correct_grads(model, x, y):
+    """(summed cross-entropy, correct predictions, gradients of the MEAN loss) of one batch."""
+    import tensorflow as tf
+
+    with tf.GradientTape() as tape:
+        logits = model(x, training=True)                                    # (batch, classes)
+        losses = tf.keras.losses.sparse_categorical_crossentropy(y, logits, from_logits=True)
+        loss = tf.reduce_mean(losses)
+    grads = tape.gradient(loss, model.trainable_variables)
+    correct = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, 1), y), tf.int32))
+    return tf.reduce_sum(losses), correct, grads
+
+
 def make_step_functions(model, optimizer):
     """Compiled gradient and update functions shared by the replica strategies.
 
@@ -175,18 +195,10 @@ def make_step_functions(model, optimizer):
     import tensorflow as tf
 
     variables = model.trainable_variables
-    xspec = tf.TensorSpec((None, *model.input_shape[1:]), tf.float32)
-    yspec = tf.TensorSpec((None,), tf.int64)
 
-    @tf.function(input_signature=[xspec, yspec])
+    @tf.function(input_signature=_signature(model))
     def grads_fn(x, y):
-        with tf.GradientTape() as tape:
-            logits = model(x, training=True)                                # (batch, classes)
-            losses = tf.keras.losses.sparse_categorical_crossentropy(y, logits, from_logits=True)
-            loss = tf.reduce_mean(losses)
-        grads = tape.gradient(loss, variables)
-        correct = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, 1), y), tf.int32))
-        return tf.reduce_sum(losses), correct, grads
+        return _loss_correct_grads(model, x, y)
 
     @tf.function
     def apply_fn(grads):
@@ -207,17 +219,12 @@ def make_fused_step(model, optimizer, allreduce):
     import tensorflow as tf
 
     variables = model.trainable_variables
-    xspec = tf.TensorSpec((None, *model.input_shape[1:]), tf.float32)
-    yspec = tf.TensorSpec((None,), tf.int64)
 
-    @tf.function(input_signature=[xspec, yspec])
+    @tf.function(input_signature=_signature(model))
     def step(x, y):
-        with tf.GradientTape() as tape:
-            logits = model(x, training=True)                                # (batch, classes)
-            losses = tf.keras.losses.sparse_categorical_crossentropy(y, logits, from_logits=True)
-            loss = tf.reduce_mean(losses)
+        loss_sum, correct, grads = _loss_correct_grads(model, x, y)
         grads = [tf.zeros_like(v) if g is None else tf.convert_to_tensor(g)   # unused variables: zeros
-                 for g, v in zip(tape.gradient(loss, variables), variables)]
+                 for g, v in zip(grads, variables)]
         with tf.control_dependencies(grads):
             t0 = tf.timestamp()
         with tf.control_dependencies([t0]):
@@ -225,8 +232,7 @@ def make_fused_step(model, optimizer, allreduce):
         with tf.control_dependencies(reduced):
             t1 = tf.timestamp()
         optimizer.apply_gradients(zip(reduced, variables))
-        correct = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, 1), y), tf.int32))
-        return tf.reduce_sum(losses), correct, t1 - t0
+        return loss_sum, correct, t1 - t0
 
     return step
 
