@@ -205,6 +205,26 @@ def format_table(title: str, meta_lines: Sequence[str], columns: Sequence[tuple[
     return "\n".join(out) + "\n"
 
 
+def meta_lines(meta: Mapping[str, Any], versions: Mapping[str, Any], out_root: str, extra: Sequence[str] = ()) -> list[str]:
+    """The ``#`` metadata lines every driver prints: date, host, load, versions, parameters, out_dir."""
+    return [f"date: {meta['date']}  host: {meta['host']}  cores: {meta['cores']}  load: {meta['loadavg']}",
+            "versions: " + "  ".join(f"{k} {versions.get(k)}" for k in ("python", "tensorflow", "horovod", "mpi4py",
+                                                                          "numpy", "hvdkit")),
+            *extra,
+            "parameters: " + "  ".join(f"{k}={','.join(map(str, x)) if isinstance(x, list) else x}"
+                                       for k, x in meta["parameters"].items()),
+            f"out_dir: {out_root}"]
+
+
+def emit(text: str, table_path: str | None) -> None:
+    """Print a finished table to stdout and, with ``--table FILE``, write it there too."""
+    sys.stdout.write(text)
+    sys.stdout.flush()
+    if table_path:
+        with open(table_path, "w") as fh:
+            fh.write(text)
+
+
 def parse_table(text: str) -> dict[str, Any]:
     """Read back a table written by :func:`format_table` (or benchmarks.collectives).
 

@@ -49,8 +49,8 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks._common import (fmt, format_table, host_meta, launch, load_results, log, mpirun_cmd, write_csv,
-                                write_json)
+from benchmarks._common import (emit, fmt, format_table, host_meta, launch, load_results, log, meta_lines, mpirun_cmd,
+                               write_csv, write_json)
 
 __all__ = ["main", "build_parser", "COLUMNS", "train_clock", "curve", "aggregate", "parse_strategy"]
 
@@ -325,18 +325,9 @@ def main(argv: list[str] | None = None) -> int:
     for r in runs:
         if r["status"] != "OK":
             footer.append(f"FAILED {r['label']} straggler {r['straggler']} seed {r['seed']}: {r.get('error')}")
-    meta_lines = [f"date: {meta['date']}  host: {meta['host']}  cores: {meta['cores']}  load: {meta['loadavg']}",
-                  "versions: " + "  ".join(f"{k} {versions.get(k)}" for k in ("python", "tensorflow", "horovod",
-                                                                               "mpi4py", "numpy", "hvdkit")),
-                  "parameters: " + "  ".join(f"{k}={','.join(map(str, x)) if isinstance(x, list) else x}"
-                                             for k, x in meta["parameters"].items()),
-                  f"out_dir: {out_root}"]
-    text = format_table("hvdkit benchmarks.convergence", meta_lines, COLUMNS, [_cells(r) for r in rows], footer, ok)
-    sys.stdout.write(text)
-    sys.stdout.flush()
-    if a.table:
-        with open(a.table, "w") as fh:
-            fh.write(text)
+    text = format_table("hvdkit benchmarks.convergence", meta_lines(meta, versions, out_root), COLUMNS,
+                        [_cells(r) for r in rows], footer, ok)
+    emit(text, a.table)
     if a.json:
         write_json(a.json, {"meta": meta, "rows": rows, "runs": runs, "ratios": rat, "ok": ok})
     if a.csv:

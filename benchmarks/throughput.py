@@ -49,8 +49,8 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks._common import (fmt, format_table, host_meta, launch, load_results, log, mean_conf, mpirun_cmd,
-                                write_csv, write_json)
+from benchmarks._common import (emit, fmt, format_table, host_meta, launch, load_results, log, mean_conf, meta_lines,
+                               mpirun_cmd, write_csv, write_json)
 
 __all__ = ["main", "build_parser", "COLUMNS", "run_train", "efficiency"]
 
@@ -325,19 +325,10 @@ def main(argv: list[str] | None = None) -> int:
         if r["status"] != "OK":
             footer.append(f"FAILED {r.get('set')} {r['model']} {r['strategy']} {r['workers']} workers: {r.get('error')}")
     v = versions or {}
-    meta_lines = [f"date: {meta['date']}  host: {meta['host']}  cores: {meta['cores']}  load: {meta['loadavg']}",
-                  "versions: " + "  ".join(f"{k} {v.get(k)}" for k in ("python", "tensorflow", "horovod", "mpi4py",
-                                                                        "numpy", "hvdkit")),
-                  f"mpi: {str(v.get('mpi', '-')).strip(chr(0)).strip()}",
-                  "parameters: " + "  ".join(f"{k}={','.join(map(str, x)) if isinstance(x, list) else x}"
-                                             for k, x in meta["parameters"].items()),
-                  f"out_dir: {out_root}"]
-    text = format_table("hvdkit benchmarks.throughput", meta_lines, COLUMNS, [_cells(r) for r in rows], footer, ok)
-    sys.stdout.write(text)
-    sys.stdout.flush()
-    if a.table:
-        with open(a.table, "w") as fh:
-            fh.write(text)
+    text = format_table("hvdkit benchmarks.throughput",
+                        meta_lines(meta, v, out_root, [f"mpi: {str(v.get('mpi', '-')).strip(chr(0)).strip()}"]),
+                        COLUMNS, [_cells(r) for r in rows], footer, ok)
+    emit(text, a.table)
     result = {"meta": meta, "rows": rows, "efficiency": eff_at, "overhead": overhead, "ok": ok}
     if a.json:
         write_json(a.json, result)
