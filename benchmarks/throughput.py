@@ -326,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
             footer.append(f"FAILED {r.get('set')} {r['model']} {r['strategy']} {r['workers']} workers: {r.get('error')}")
     v = versions or {}
     text = format_table("hvdkit benchmarks.throughput",
-                        meta_lines(meta, v, out_root, [f"mpi: {str(v.get('mpi', '-')).strip(chr(0)).strip()}"]),
+                        meta_lines(meta, v, out_root, [f"mpi: {v.get('mpi', '-')}"]),
                         COLUMNS, [_cells(r) for r in rows], footer, ok)
     emit(text, a.table)
     result = {"meta": meta, "rows": rows, "efficiency": eff_at, "overhead": overhead, "ok": ok}

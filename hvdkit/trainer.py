@@ -267,7 +267,8 @@ def run(cfg: Config, w: World | None = None) -> dict[str, Any] | None:
         strategy.end_epoch()
         strategy.sync_for_eval()
         final_eval = strategy.evaluate(data.x_eval, data.y_eval)
-    strategy.sync_for_eval()
+    else:
+        strategy.sync_for_eval()
     result = _finish(cfg, w, mc, data, model, strategy, timer, history, out_dir, t_start, final_eval)
     strategy.finish()
     return result

@@ -62,6 +62,11 @@ def test_ps_sync_equals_horovod_and_single_process_sgd(tmp_path):
         for a, b in zip(weights[name], weights["horovod"]):
             np.testing.assert_allclose(a, b, rtol=0, atol=1e-5, err_msg=name)
     assert ps_section(tmp_path / "ps-sync")["max_staleness"] == 0
+    # bytes a worker moves per step: dedicated, all S each way; colocated (N = 2), the other
+    # rank's half each way, 2 (N-1)/N x S as a ring
+    for name, expected in (("ps-sync", 2.0), ("ps-sync-colocated", 1.0)):
+        ps = ps_section(tmp_path / name)
+        assert ps["bytes_per_step_per_worker"] == expected * ps["param_bytes"], (name, ps)
 
 
 def test_ps_async_applies_every_push_and_learns(tmp_path):

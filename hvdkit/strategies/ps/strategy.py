@@ -227,7 +227,7 @@ class PSStrategy(Strategy):
               "staleness_histogram": hist, "max_staleness": max(int(k) for k in hist) if hist else 0,
               "worker_clocks": shards[0]["clocks"], "worker_wait_s": wait,
               "param_bytes": int(self.layout.size * 4),
-              "bytes_per_step_per_worker": (self.client.bytes_sent + self.client.bytes_received) / max(self.client.clock, 1),
+              "bytes_per_step_per_worker": self.client.step_bytes,
               "shards": shards}
         if self.mode == "ssp":
             ps["staleness"] = self.staleness

@@ -34,7 +34,8 @@ class PSClient:
     Attributes:
         versions: per shard, the server version of the weights this worker holds.
         clock: completed pushes (iterations) of this worker.
-        bytes_sent, bytes_received: payload bytes moved by this worker.
+        bytes_sent, bytes_received: payload bytes moved by this worker (all requests).
+        step_bytes: bytes one push_pull moves over the network, sent + received.
     """
 
     def __init__(self, comm, layout: Layout, server_ranks: list[int], worker: int, timeout: float,
@@ -48,6 +49,11 @@ class PSClient:
         self.bytes_received = 0
         self._slices = [layout.shard_slice(k) for k in range(layout.num_shards)]
         self._greeted = False
+        me = comm.Get_rank()
+        # bytes one push_pull moves over the network: its slices for the other ranks' shards,
+        # each way (a colocated worker's own shard stays in the process)
+        self.step_bytes = 2 * 4 * sum(sl.stop - sl.start for k, sl in enumerate(self._slices)
+                                      if self.server_ranks[k] != me)
 
     # -- plumbing ------------------------------------------------------------------------------
     def _send(self, k: int, kind: Kind, payload: np.ndarray | None = None, clock: int = 0, version: int = 0):
@@ -87,14 +93,14 @@ class PSClient:
     def _receive_loop(self, expect, reqs, hdrs, into, out, deadline, st, what) -> dict[int, Header]:
         from mpi4py import MPI
 
+        local = self.local_server
+
+        def any_done():
+            if local is not None:
+                local.progress()  # serve our own shard's requests instead of waiting for a thread switch
+            return any(r.Test() for r in reqs.values())
+
         while reqs:
-            local = self.local_server
-
-            def any_done():
-                if local is not None:
-                    local.progress()  # serve our own shard's requests instead of waiting for a thread switch
-                return any(r.Test() for r in reqs.values())
-
             poll(any_done, deadline, f"worker {self.worker}: no {what} reply from server rank(s) "
                  f"{[self.server_ranks[k] for k in reqs]} within {self.timeout:.0f} s; a server may have died "
                  "(raise --ps-timeout for very slow steps)")
