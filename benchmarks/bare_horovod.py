@@ -13,8 +13,7 @@ What is kept equal to ``hvdkit.train --strategy horovod`` (so the step-time rati
 only the harness): the model (built by :func:`hvdkit.models.build_model` with the same
 seed), the per-rank batch shape, the loss (mean sparse softmax cross-entropy on logits),
 the optimizer (SGD with momentum 0.9, lr x workers) and TensorFlow's thread pools
-(intra-op = cores / ranks on the host, inter-op = 1 when ranks >= cores, else 2, as
-:func:`hvdkit.trainer.configure_threads`).
+(:func:`hvdkit.steps.configure_threads`, the function the trainer calls).
 
 What the bare loop does not do (and the harness does, which is the overhead measured):
 per-step batch slicing from the dataset, timestamps around the allreduce inside its one
@@ -58,13 +57,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _threads(local_size: int, requested: int) -> tuple[int, int]:
-    """(intra, inter) op threads, the rule of hvdkit.trainer.configure_threads."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    cores = max(cores, os.cpu_count() or 1)
-    return requested or max(1, cores // local_size), 1 if local_size >= cores else 2
-
-
 def main(argv: list[str] | None = None) -> int:
     """Run the loop on every rank of ``MPI.COMM_WORLD``; returns the exit status (0)."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -78,14 +70,15 @@ def main(argv: list[str] | None = None) -> int:
     import horovod.tensorflow as hvd
 
     from hvdkit.models import build_model
+    from hvdkit.steps import configure_threads  # the trainer's thread rule, the same function
 
     comm = MPI.COMM_WORLD
     hvd.init(comm=comm)                                            # distributed: Horovod on MPI's world
-    local_size = comm.Split_type(MPI.COMM_TYPE_SHARED).Get_size()
-    intra, inter = _threads(local_size, a.threads)
-    inter = a.inter_threads or inter
-    tf.config.threading.set_intra_op_parallelism_threads(intra)
-    tf.config.threading.set_inter_op_parallelism_threads(inter)
+    local = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    intra, inter = configure_threads(a.threads, local.Get_rank(), local.Get_size())
+    if a.inter_threads:
+        tf.config.threading.set_inter_op_parallelism_threads(a.inter_threads)
+        inter = a.inter_threads
 
     shape = (a.image_size, a.image_size, 3)
     model = build_model(a.model, shape, a.num_classes, seed=a.seed)

@@ -10,7 +10,7 @@ Methods (rows of :data:`METHODS`), each reducing the same float32 buffer of S by
 mpi             ``comm.Allreduce`` on NumPy buffers: the raw MPI reference
 mpi-pickle      ``comm.allreduce`` on the array object (pickled, the convenient slow path)
 horovod         ``hvd.allreduce(op=Sum)`` on an eager tensor (Horovod's background cycle)
-ring            :class:`hvdkit.ring.RingAllreduce` (scatter-reduce + allgather, N-1 steps each)
+ring            :class:`hvdkit.collectives.ring.RingAllreduce` (reduce-scatter + allgather, N-1 steps each)
 ps              push + pull through ONE dedicated server rank (the last rank; the others are
                 workers), synchronous, the SGD update (lr = 1) applied on the server
 ps-colocated    push + pull through N shard servers, one thread per rank (BytePS-style),
@@ -127,7 +127,7 @@ class Horovod(_Method):
 class Ring(_Method):
     def __init__(self, comm):
         super().__init__(comm)
-        from hvdkit.ring import RingAllreduce
+        from hvdkit.collectives.ring import RingAllreduce
 
         self.ring = RingAllreduce(comm)
 

@@ -16,18 +16,23 @@ Two kinds of failure, two paths (the mpi4py ``-m mpi4py`` idea, plus one collect
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import sys
 import time
 import traceback
 from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
 
 from mpi4py import MPI
 
 from hvdkit.errors import UsageError
 
-__all__ = ["World", "world", "log0", "agree", "run_guarded", "EXIT_USAGE", "EXIT_FAILURE"]
+__all__ = ["World", "world", "log0", "agree", "run_guarded", "poll", "exchange", "free_port", "bcast_arrays",
+           "EXIT_USAGE", "EXIT_FAILURE"]
 
 EXIT_USAGE = 2  # bad input: flags, model, data
 EXIT_FAILURE = 1  # a rank failed during the run (MPI_Abort errorcode)
@@ -143,3 +148,117 @@ def run_guarded(fn, *args, **kwargs):
         if w.size > 1:
             w.comm.Abort(EXIT_FAILURE)
         raise SystemExit(EXIT_FAILURE)
+
+
+# -- waiting and set-up exchanges -------------------------------------------------------
+
+#: seconds :func:`poll` spins before it starts yielding the core (a round trip on one host
+#: takes tens of microseconds; MPI's own blocking calls spin the same way)
+SPIN_S = 2e-4
+#: seconds :func:`poll` yields (``sleep(0)``) before it starts sleeping
+YIELD_S = 2e-3
+
+
+def poll(test, deadline: float | None, what: str) -> None:
+    """Call ``test()`` until it returns True: spin, then yield, then sleep (<= 200 us).
+
+    For :data:`SPIN_S` it spins (a reply already on its way costs no system call); until
+    :data:`YIELD_S` it calls ``sleep(0)`` between tries, which hands the GIL and the core to
+    the other thread of a colocated worker/server pair; after that the sleeps grow from
+    20 us to 200 us, so an idle server thread costs almost no CPU next to training.
+
+    Raises:
+        TimeoutError: ``deadline`` (a ``time.monotonic()`` value) passed; the message is ``what``.
+    """
+    if test():
+        return
+    t0 = time.perf_counter()
+    tries = 0
+    while not test():
+        tries += 1
+        waited = time.perf_counter() - t0
+        if waited < SPIN_S:
+            continue
+        if waited < YIELD_S:
+            time.sleep(0)
+            continue
+        time.sleep(min(2e-4, 2e-5 * (1 + tries // 100)))
+        if deadline is not None and time.monotonic() > deadline:
+            raise TimeoutError(what)
+
+
+_TAG = 0x7FD1  # MPI tag of the set-up exchange (never used on a training path)
+
+
+def free_port() -> int:
+    """A TCP port that was free on this host a moment ago (bind to port 0, read it, close).
+
+    Another process may take it before TensorFlow binds it; the window is milliseconds.
+    """
+    with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def exchange(comm, item: Any, timeout: float = 120.0) -> list:
+    """Set-up allgather of a tiny picklable ``item`` that cannot hang: every rank's items, by rank.
+
+    Point-to-point through rank 0 (tag ``0x7FD1``) with a deadline instead of a collective,
+    because it runs during set-up, before :func:`hvdkit.comm.agree`: a rank that failed
+    earlier is already waiting in ``agree``'s collective, and a collective here would be
+    matched with that one. Used for host:port strings and start-up outcomes only.
+
+    Raises:
+        TimeoutError: some rank did not arrive within ``timeout`` seconds (it failed
+            earlier in set-up, or start-up is slower than ``timeout``).
+    """
+    size, rank = comm.Get_size(), comm.Get_rank()
+    if size == 1:
+        return [item]
+    from mpi4py import MPI
+
+    deadline = time.monotonic() + timeout
+
+    def wait_for(source: int) -> int:
+        st = MPI.Status()
+        while not comm.Iprobe(source=source, tag=_TAG, status=st):
+            if time.monotonic() > deadline:
+                who = "every rank" if source == MPI.ANY_SOURCE else f"rank {source}"
+                raise TimeoutError(f"set-up exchange: no message from {who} within {timeout:.0f} s "
+                                   "(a rank failed earlier in set-up?)")
+            time.sleep(0.005)
+        return st.Get_source()
+
+    if rank == 0:
+        items = {0: item}
+        while len(items) < size:
+            src = wait_for(MPI.ANY_SOURCE)
+            items[src] = comm.recv(source=src, tag=_TAG)
+        out = [items[r] for r in range(size)]
+        for r in range(1, size):
+            comm.send(out, dest=r, tag=_TAG)
+        return out
+    comm.send(item, dest=0, tag=_TAG)
+    wait_for(0)
+    return comm.recv(source=0, tag=_TAG)
+
+
+def bcast_arrays(arrays: dict[str, np.ndarray] | None, meta: dict | None, comm) -> tuple[dict, dict]:
+    """Collective over ``comm``: rank 0's named arrays (and a small JSON-able ``meta``) on every rank.
+
+    One pickled header (names, shapes, dtype strings, ``meta``), then one ``Bcast`` of each
+    raw buffer. Only rank 0's arguments are read; ``arrays=None`` on rank 0 means "nothing",
+    and every rank then gets ``({}, {})``. Returns (arrays, meta).
+    """
+    header = comm.bcast(None if arrays is None else
+                        (meta, [(k, a.shape, a.dtype.str) for k, a in arrays.items()]), root=0)
+    if header is None:
+        return {}, {}
+    meta, specs = header
+    out = {}
+    for k, shape, dt in specs:
+        a = np.ascontiguousarray(arrays[k]).reshape(shape) if comm.Get_rank() == 0 else np.empty(shape, np.dtype(dt))
+        comm.Bcast(a, root=0)
+        out[k] = a
+    return out, meta

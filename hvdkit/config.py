@@ -15,19 +15,49 @@ import dataclasses
 import json
 import os
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from types import SimpleNamespace
+from typing import Any, Callable, Mapping, Sequence
 
 from hvdkit.errors import UsageError
 
-__all__ = ["Config", "FIELDS", "build_parser", "parse_config", "ENV_PREFIX"]
+__all__ = ["Config", "Option", "FIELDS", "at_least", "above", "option_values", "build_parser", "parse_config",
+           "ENV_PREFIX"]
 
 ENV_PREFIX = "HVDKIT_"
 # Environment variables with this prefix that are not Config fields but are known.
 _ENV_RESERVED = {"HVDKIT_PYTHON", "HVDKIT_VENV"}
 
 
+def at_least(low: float) -> Callable[[Any], str | None]:
+    """A check for :class:`Option`: the value must be >= ``low``."""
+    return lambda v: None if v >= low else f"must be >= {low:g}"
+
+
+def above(low: float) -> Callable[[Any], str | None]:
+    """A check for :class:`Option`: the value must be > ``low``."""
+    return lambda v: None if v > low else f"must be > {low:g}"
+
+
 @dataclass(frozen=True)
-class _Field:
+class Option:
+    """One setting, declared once: its flag, type, default, validation, help and ``--help`` group.
+
+    Attributes:
+        name: the key (``batch_size``); the flag is ``--batch-size``, the environment
+            variable ``HVDKIT_BATCH_SIZE``, the config-file key ``batch_size``.
+        type: ``int``, ``float``, ``str`` or ``bool`` (a bool gets ``--x/--no-x``).
+        default: the value when no source gives one (the only place it is written).
+        help: one line for ``--help``.
+        group: the ``--help`` section.
+        choices: allowed values, or None.
+        metavar: the placeholder in ``--help``.
+        check: ``check(value) -> None | reason``, e.g. :func:`at_least` (0): a value with a
+            reason is refused when the flags are parsed, as ``--NAME=VALUE REASON``.
+
+    The top-level settings are :data:`FIELDS`; a strategy declares its own in its class's
+    ``options`` (see :mod:`hvdkit.strategies.base`); both go through :func:`parse_config`.
+    """
+
     name: str
     type: type
     default: Any
@@ -35,48 +65,78 @@ class _Field:
     group: str
     choices: tuple | None = None
     metavar: str | None = None
+    check: Callable[[Any], str | None] | None = None
+
+    @property
+    def flag(self) -> str:
+        """``--batch-size`` for ``batch_size``."""
+        return "--" + self.name.replace("_", "-")
+
+    def validate(self, value: Any) -> Any:
+        """``value`` if it passes ``choices`` and ``check``.
+
+        Raises:
+            UsageError: ``--NAME=VALUE must be ...`` (the value and the rule named).
+        """
+        if self.choices is not None and value not in self.choices:
+            raise UsageError(f"{self.flag}={value!r}: choose {', '.join(map(str, self.choices))}")
+        reason = self.check(value) if self.check is not None else None
+        if reason:
+            raise UsageError(f"{self.flag}={value} {reason}")
+        return value
 
 
-FIELDS: tuple[_Field, ...] = (
+def option_values(options: Sequence[Option], extra: Mapping[str, Any]) -> SimpleNamespace:
+    """The values of ``options`` from ``extra`` (``Config.extra``), each default from its declaration.
+
+    Returns a namespace with one attribute per option, validated.
+
+    Raises:
+        UsageError: a value fails its option's check.
+    """
+    return SimpleNamespace(**{o.name: o.validate(extra.get(o.name, o.default)) for o in options})
+
+
+FIELDS: tuple[Option, ...] = (
     # what to train
-    _Field("strategy", str, "horovod", "how replicas agree: horovod, ring, ps-sync, ps-async, ps-ssp, ps-dcasgd, "
-           "model-parallel, tf-mirrored, tf-central-storage, tf-multiworker, tf-ps (README: the strategy table)",
-           "what to train"),
-    _Field("model", str, "mlp", "linear | mlp | cnn | resnet50 | MODULE:FUNCTION (a function "
+    Option("strategy", str, "horovod", "how replicas agree (the list below; README: the strategy table)",
+           "what to train", metavar="NAME"),
+    Option("model", str, "mlp", "linear | mlp | cnn | resnet50 | MODULE:FUNCTION (a function "
            "(input_shape, num_classes) -> tf.keras.Model returning logits)", "what to train", metavar="NAME"),
-    _Field("dataset", str, "digits", "digits (scikit-learn's 1,797 bundled 8x8 images) | synthetic | "
+    Option("dataset", str, "digits", "digits (scikit-learn's 1,797 bundled 8x8 images) | synthetic | "
            "npz:PATH (arrays x, y) | idx:DIR (MNIST IDX files)", "what to train", metavar="SPEC"),
-    _Field("image_size", int, 224, "synthetic images are IMAGE_SIZE x IMAGE_SIZE x 3", "what to train"),
-    _Field("synthetic_samples", int, 1024, "number of synthetic training samples", "what to train"),
-    _Field("num_classes", int, 0, "classes for synthetic data (0: 1000, as ImageNet)", "what to train"),
-    _Field("eval_fraction", float, 0.2, "held-out fraction for datasets without a test split", "what to train"),
+    Option("image_size", int, 224, "synthetic images are IMAGE_SIZE x IMAGE_SIZE x 3", "what to train", check=above(0)),
+    Option("synthetic_samples", int, 1024, "number of synthetic training samples", "what to train", check=above(0)),
+    Option("num_classes", int, 0, "classes for synthetic data (0: 1000, as ImageNet)", "what to train", check=at_least(0)),
+    Option("eval_fraction", float, 0.2, "held-out fraction for datasets without a test split", "what to train",
+           check=lambda v: None if 0.0 < v < 1.0 else "must be between 0 and 1"),
     # optimisation
-    _Field("epochs", int, 10, "passes over the training set", "optimisation"),
-    _Field("batch_size", int, 32, "samples per rank per step (the global batch is BATCH_SIZE x workers)", "optimisation"),
-    _Field("optimizer", str, "momentum", "sgd | momentum | adam", "optimisation", choices=("sgd", "momentum", "adam")),
-    _Field("lr", float, 0.02, "learning rate of one worker; synchronous data-parallel strategies multiply "
-           "it by the number of workers unless --no-lr-scaling (asynchronous PS modes never do)", "optimisation"),
-    _Field("momentum", float, 0.9, "momentum for --optimizer momentum", "optimisation"),
-    _Field("lr_scaling", bool, True, "multiply the learning rate by the number of workers (Goyal et "
+    Option("epochs", int, 10, "passes over the training set", "optimisation", check=above(0)),
+    Option("batch_size", int, 32, "samples per rank per step (the global batch is BATCH_SIZE x workers)", "optimisation", check=above(0)),
+    Option("optimizer", str, "momentum", "sgd | momentum | adam", "optimisation", choices=("sgd", "momentum", "adam")),
+    Option("lr", float, 0.02, "learning rate of one worker; synchronous data-parallel strategies multiply "
+           "it by the number of workers unless --no-lr-scaling (asynchronous PS modes never do)", "optimisation", check=above(0)),
+    Option("momentum", float, 0.9, "momentum for --optimizer momentum", "optimisation", check=at_least(0)),
+    Option("lr_scaling", bool, True, "multiply the learning rate by the number of workers (Goyal et "
            "al. 2017, as Horovod's examples do)", "optimisation"),
-    _Field("seed", int, 0, "seed for weights, data order and synthetic data (same on every rank)", "optimisation"),
-    _Field("max_steps", int, 0, "stop after this many steps of each rank, over all epochs (0: no limit)",
-           "optimisation"),
-    _Field("straggler", str, "", "make RANK compute FACTOR times slower (it sleeps (FACTOR-1) x its compute "
+    Option("seed", int, 0, "seed for weights, data order and synthetic data (same on every rank)", "optimisation"),
+    Option("max_steps", int, 0, "stop after this many steps of each rank, over all epochs (0: no limit)",
+           "optimisation", check=at_least(0)),
+    Option("straggler", str, "", "make RANK compute FACTOR times slower (it sleeps (FACTOR-1) x its compute "
            "time each step), for experiments; hvdkit's own strategies, not tf-*", "optimisation",
            metavar="RANK:FACTOR"),
     # output
-    _Field("output_dir", str, "", "results directory (default runs/<timestamp>-<strategy>)", "output", metavar="DIR"),
-    _Field("export_weights", str, "", "write the final weights to this .npz file (rank 0; weights are "
+    Option("output_dir", str, "", "results directory (default runs/<timestamp>-<strategy>)", "output", metavar="DIR"),
+    Option("export_weights", str, "", "write the final weights to this .npz file (rank 0; weights are "
            "identical on every rank)", "output", metavar="PATH"),
-    _Field("resume", bool, False, "continue from the checkpoint in --output-dir", "output"),
-    _Field("checkpoint", bool, True, "write OUTPUT_DIR/checkpoint.npz after every epoch (rank 0, atomic)", "output"),
-    _Field("tensorboard", bool, True, "write TensorBoard scalars to OUTPUT_DIR/tensorboard", "output"),
-    _Field("progress_seconds", float, 10.0, "print a progress line inside an epoch at most this often", "output"),
+    Option("resume", bool, False, "continue from the checkpoint in --output-dir", "output"),
+    Option("checkpoint", bool, True, "write OUTPUT_DIR/checkpoint.npz after every epoch (rank 0, atomic)", "output"),
+    Option("tensorboard", bool, True, "write TensorBoard scalars to OUTPUT_DIR/tensorboard", "output"),
+    Option("progress_seconds", float, 10.0, "print a progress line inside an epoch at most this often", "output", check=above(0)),
     # system
-    _Field("threads", int, 0, "TensorFlow intra-op threads per rank (0: cores / ranks on this host, "
-           "at least 1; inter-op is 1 when ranks >= cores)", "system"),
-    _Field("fail_at", str, "", "on RANK at STEP raise an error (RANK:STEP), exit at once as if "
+    Option("threads", int, 0, "TensorFlow intra-op threads per rank (0: cores / ranks on this host, "
+           "at least 1; inter-op is 1 when ranks >= cores)", "system", check=at_least(0)),
+    Option("fail_at", str, "", "on RANK at STEP raise an error (RANK:STEP), exit at once as if "
            "killed (RANK:STEP:exit) or hang (RANK:STEP:hang), to exercise failure handling", "testing",
            metavar="RANK:STEP[:HOW]"),
 )
@@ -84,37 +144,10 @@ FIELDS: tuple[_Field, ...] = (
 _BY_NAME = {f.name: f for f in FIELDS}
 
 
-@dataclass(frozen=True)
-class Config:
-    """The resolved settings of one run; see :data:`FIELDS` for meaning and units."""
-
-    strategy: str = "horovod"
-    model: str = "mlp"
-    dataset: str = "digits"
-    image_size: int = 224
-    synthetic_samples: int = 1024
-    num_classes: int = 0
-    eval_fraction: float = 0.2
-    epochs: int = 10
-    batch_size: int = 32
-    optimizer: str = "momentum"
-    lr: float = 0.02
-    momentum: float = 0.9
-    lr_scaling: bool = True
-    seed: int = 0
-    max_steps: int = 0
-    straggler: str = ""
-    output_dir: str = ""
-    export_weights: str = ""
-    resume: bool = False
-    checkpoint: bool = True
-    tensorboard: bool = True
-    progress_seconds: float = 10.0
-    threads: int = 0
-    fail_at: str = ""
-    extra: Mapping[str, Any] = field(default_factory=dict)  # strategy-specific settings
-
+class _ConfigMethods:
     def __post_init__(self) -> None:
+        for f in FIELDS:
+            f.validate(getattr(self, f.name))
         _check(self)
 
     def to_dict(self) -> dict[str, Any]:
@@ -144,20 +177,20 @@ class Config:
         return int(parts[0]), int(parts[1]), parts[2] if len(parts) > 2 else "raise"
 
 
-def _check(c: Config) -> None:
-    def positive(name: str) -> None:
-        if getattr(c, name) <= 0:
-            raise UsageError(f"--{name.replace('_', '-')}={getattr(c, name)} must be > 0")
+#: The resolved settings of one run: one attribute per :data:`FIELDS` entry (same name, type
+#: and default; see there for meaning and units), plus ``extra``, the options that strategies
+#: declare (name -> value). Frozen; every value is validated on construction.
+Config = dataclasses.make_dataclass(
+    "Config",
+    [(f.name, f.type, field(default=f.default)) for f in FIELDS]
+    + [("extra", Mapping[str, Any], field(default_factory=dict))],
+    bases=(_ConfigMethods,), frozen=True)
+Config.__module__ = __name__
+Config.__doc__ = "The resolved settings of one run; see :data:`FIELDS` for meaning, units and defaults."
 
-    for name in ("batch_size", "epochs", "image_size", "synthetic_samples", "lr", "progress_seconds"):
-        positive(name)
-    for name in ("max_steps", "num_classes", "threads", "momentum"):
-        if getattr(c, name) < 0:
-            raise UsageError(f"--{name.replace('_', '-')}={getattr(c, name)} must be >= 0")
-    if not 0.0 < c.eval_fraction < 1.0:
-        raise UsageError(f"--eval-fraction={c.eval_fraction} must be between 0 and 1")
-    if c.optimizer not in ("sgd", "momentum", "adam"):
-        raise UsageError(f"--optimizer={c.optimizer!r}: choose sgd, momentum or adam")
+
+def _check(c) -> None:
+    """The checks that involve a pattern or more than one field."""
     if c.fail_at:
         parts = c.fail_at.split(":")
         if not (len(parts) in (2, 3) and all(p.strip().isdigit() for p in parts[:2])
@@ -175,7 +208,7 @@ def _check(c: Config) -> None:
         raise UsageError("--resume needs --output-dir DIR (the directory holding checkpoint.npz)")
 
 
-def _convert(f: _Field, raw: Any, source: str) -> Any:
+def _convert(f: Option, raw: Any, source: str) -> Any:
     if f.type is bool:
         if isinstance(raw, bool):
             return raw
@@ -198,8 +231,12 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(f"{message} (see {self.prog} --help)")
 
 
-def build_parser(prog: str = "python -m hvdkit.train", extra_fields: Sequence[_Field] = ()) -> argparse.ArgumentParser:
-    """The argparse parser for :data:`FIELDS` (every default is None: precedence is applied later)."""
+def build_parser(prog: str = "python -m hvdkit.train", extra_fields: Sequence[Option] = (),
+                 strategies: Mapping[str, str] | None = None) -> argparse.ArgumentParser:
+    """The argparse parser for :data:`FIELDS` and ``extra_fields`` (every default is None:
+    precedence is applied later). ``strategies`` (name -> one-line summary) become the
+    list of ``--strategy`` names in the epilog (an unknown name is refused by
+    :func:`hvdkit.strategies.get_strategy`, with that list)."""
     p = _Parser(
         prog=prog,
         description="Train a shared model on a shared dataset under one distributed strategy,\n"
@@ -211,12 +248,14 @@ def build_parser(prog: str = "python -m hvdkit.train", extra_fields: Sequence[_F
                "Examples:\n"
                "  horovodrun -np 4 python -m hvdkit.train\n"
                "  mpirun -np 2 python -m hvdkit.train --model cnn --epochs 3 --export-weights w.npz\n"
-               "  horovodrun -np 8 -H a:4,b:4 python -m hvdkit.train --model resnet50 --dataset synthetic",
+               "  horovodrun -np 8 -H a:4,b:4 python -m hvdkit.train --model resnet50 --dataset synthetic"
+               + ("\nStrategies (--strategy NAME):\n" + "\n".join(f"  {n:<19} {d}" for n, d in strategies.items())
+                  if strategies else ""),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--config", metavar="FILE", help="JSON object of settings (keys as below, with underscores)")
     groups: dict[str, argparse._ArgumentGroup] = {}
-    for f in (*FIELDS, *extra_fields):
+    for f in _fields(extra_fields).values():
         g = groups.get(f.group) or groups.setdefault(f.group, p.add_argument_group(f.group))
         flag = "--" + f.name.replace("_", "-")
         default_txt = f" (default: {f.default})" if f.default not in ("", 0, None) or f.type is int else ""
@@ -229,14 +268,29 @@ def build_parser(prog: str = "python -m hvdkit.train", extra_fields: Sequence[_F
     return p
 
 
+def _fields(extra_fields: Sequence[Option]) -> dict[str, Option]:
+    """Every option by name: :data:`FIELDS`, then ``extra_fields``.
+
+    Raises:
+        ValueError: two different declarations of one name (a programming error).
+    """
+    out = {f.name: f for f in FIELDS}
+    for f in extra_fields:
+        if out.setdefault(f.name, f) is not f:
+            raise ValueError(f"option {f.name!r} is declared twice, differently; declare it once and share it")
+    return out
+
+
 def parse_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None,
-                 extra_fields: Sequence[_Field] = ()) -> Config:
+                 extra_fields: Sequence[Option] = (), strategies: Mapping[str, str] | None = None) -> Config:
     """Resolve a :class:`Config` from flags, an optional JSON file, the environment and defaults.
 
     Args:
         argv: command-line arguments (without the program name); None means ``sys.argv[1:]``.
         env: environment mapping; None means ``os.environ``.
-        extra_fields: strategy-specific fields, stored in ``Config.extra``.
+        extra_fields: strategy-specific options, stored in ``Config.extra`` (every one,
+            with its default when no source sets it); validated here, like :data:`FIELDS`.
+        strategies: the registered strategies (name -> summary), see :func:`build_parser`.
 
     Raises:
         UsageError: an unknown key in the file or environment, a value of the wrong type,
@@ -244,8 +298,8 @@ def parse_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | Non
         SystemExit: from argparse, for ``--help`` or an unknown flag.
     """
     env = os.environ if env is None else env
-    fields = {f.name: f for f in (*FIELDS, *extra_fields)}
-    args = vars(build_parser(extra_fields=extra_fields).parse_args(argv))
+    fields = _fields(extra_fields)
+    args = vars(build_parser(extra_fields=extra_fields, strategies=strategies).parse_args(argv))
     values: dict[str, Any] = {}
     # lowest precedence first: defaults < env < file < flags
     for f in fields.values():
@@ -276,6 +330,8 @@ def parse_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | Non
     for name, raw in args.items():
         if name != "config" and raw is not None:
             values[name] = _convert(fields[name], raw, "--" + name.replace("_", "-"))
+    for name, value in values.items():
+        fields[name].validate(value)
     base = {k: v for k, v in values.items() if k in _BY_NAME}
     extra = {k: v for k, v in values.items() if k not in _BY_NAME}
     return Config(**base, extra=extra)

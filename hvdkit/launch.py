@@ -28,7 +28,7 @@ Forwarded environment (``-x`` / ``-genvlist``): PATH, LD_LIBRARY_PATH, PYTHONPAT
 ``NCCL_*``, ``HOROVOD_*`` and ``HVDKIT_*`` variable set here, plus ``--env NAME[=VALUE]``.
 
 GPU placement: every rank of ``hvdkit.train`` uses the GPU of its local rank
-(:func:`hvdkit.trainer.configure_threads`). ``--cpu-ranks LIST`` runs the listed ranks (for
+(:func:`hvdkit.steps.configure_threads`). ``--cpu-ranks LIST`` runs the listed ranks (for
 example parameter-server ranks) with ``CUDA_VISIBLE_DEVICES=""``: the program is wrapped in
 ``python -m hvdkit.launch --rank-exec --cpu-ranks LIST -- PROGRAM``, which reads its rank from
 the launcher's environment (OMPI_COMM_WORLD_RANK, PMIX_RANK, PMI_RANK, HOROVOD_RANK,

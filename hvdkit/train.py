@@ -24,7 +24,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TF's C++ start-up chatter, on every rank
     from hvdkit.comm import agree, run_guarded, world
     from hvdkit.config import parse_config
-    from hvdkit.strategies import extra_fields
+    from hvdkit.strategies import extra_fields, summaries
 
     w = world()
     cfg, err = None, None
@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     if not w.is_rank0 and ("-h" in args or "--help" in args):
         sys.stdout = open(os.devnull, "w")  # --help is printed once, by rank 0
     try:
-        cfg = parse_config(args, extra_fields=extra_fields())
+        cfg = parse_config(args, extra_fields=extra_fields(), strategies=summaries())
     except Exception as e:  # noqa: BLE001 - bad flags too: agreed on, printed once by rank 0
         err = e
     agree(err, w)

@@ -23,84 +23,18 @@ import numpy as np
 from mpi4py import MPI
 
 from hvdkit import results as R
-from hvdkit.comm import World, agree, log0, world as get_world
+from hvdkit.comm import World, agree, bcast_arrays, log0, world as get_world
 from hvdkit.config import Config
 from hvdkit.data import Dataset, batches, epoch_shard, load_dataset
 from hvdkit.errors import UsageError
 from hvdkit.models import build_model, check_model_name
+from hvdkit.steps import configure_threads, make_optimizer
 from hvdkit.strategies import get_strategy
 from hvdkit.timing import StepTimer
 
-__all__ = ["run", "configure_threads", "make_optimizer", "evaluate"]
+__all__ = ["run", "CHECKPOINT"]
 
 CHECKPOINT = "checkpoint.npz"
-
-
-def configure_threads(cfg: Config, w: World) -> tuple[int, int]:
-    """Set TensorFlow's thread pools for this rank (before any TF op runs).
-
-    ``--threads 0`` (default): intra-op = the cores this process may run on when it is bound
-    to fewer than the host has, else max(1, host cores // ranks on this host); inter-op = 1
-    when ranks on this host >= cores, else 2. Returns (intra, inter).
-    """
-    import tensorflow as tf
-
-    host = os.cpu_count() or 1
-    mine = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else host
-    # A rank confined to fewer cores than the host has (mpirun --bind-to, Slurm
-    # --cpus-per-task, a container cpuset) uses those; otherwise it takes its share of the host.
-    intra = cfg.threads or (mine if mine < host else max(1, host // w.local_size))
-    inter = 1 if w.local_size >= host else 2
-    try:
-        tf.config.threading.set_intra_op_parallelism_threads(intra)
-        tf.config.threading.set_inter_op_parallelism_threads(inter)
-    except RuntimeError:  # already initialised (a second run in one process, tests)
-        pass
-    gpus = tf.config.list_physical_devices("GPU")
-    if gpus:  # one GPU per rank: the one matching the local rank (Horovod's convention)
-        tf.config.set_visible_devices(gpus[w.local_rank % len(gpus)], "GPU")
-        tf.config.experimental.set_memory_growth(gpus[w.local_rank % len(gpus)], True)
-    return intra, inter
-
-
-def make_optimizer(cfg: Config, lr_scale: int):
-    """The Keras optimizer of ``cfg`` with learning rate ``cfg.lr * lr_scale``."""
-    import tensorflow as tf
-
-    lr = cfg.lr * lr_scale
-    if cfg.optimizer == "adam":
-        return tf.keras.optimizers.Adam(lr)
-    return tf.keras.optimizers.SGD(lr, momentum=cfg.momentum if cfg.optimizer == "momentum" else 0.0)
-
-
-def eval_fn(model):
-    """Compiled ``fn(x, y) -> (loss_sum, correct)`` for evaluating ``model``."""
-    import tensorflow as tf
-
-    @tf.function(input_signature=[tf.TensorSpec((None, *model.input_shape[1:]), tf.float32),
-                                  tf.TensorSpec((None,), tf.int64)])
-    def fn(x, y):
-        logits = model(x, training=False)
-        loss = tf.reduce_sum(tf.keras.losses.sparse_categorical_crossentropy(y, logits, from_logits=True))
-        return loss, tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, 1), y), tf.int32))
-
-    return fn
-
-
-def evaluate(fn, x: np.ndarray, y: np.ndarray, comm, batch: int = 512) -> tuple[float, float]:
-    """Mean loss and accuracy on (x, y), sharded over the ranks of ``comm`` (collective).
-
-    Every rank of ``comm`` must hold the same weights; rank r evaluates ``x[r::size]`` and
-    the sums are combined with one ``Allreduce``. Returns (eval_loss, eval_accuracy).
-    """
-    r, n = comm.Get_rank(), comm.Get_size()
-    xs, ys = x[r::n], y[r::n]
-    sums = np.zeros(3, np.float64)  # loss_sum, correct, count
-    for s in range(0, len(xs), batch):
-        loss, correct = fn(xs[s:s + batch], ys[s:s + batch])
-        sums += (float(loss), int(correct), len(ys[s:s + batch]))
-    comm.Allreduce(sums.copy(), sums)
-    return sums[0] / max(sums[2], 1), sums[1] / max(sums[2], 1)
 
 
 def _output_dir(cfg: Config, w: World) -> str:
@@ -108,21 +42,6 @@ def _output_dir(cfg: Config, w: World) -> str:
     if not name and w.is_rank0:
         name = os.path.join("runs", f"{datetime.now():%Y%m%d-%H%M%S}-{cfg.strategy}")
     return w.comm.bcast(name, root=0)
-
-
-def _bcast_arrays(arrays: dict[str, np.ndarray] | None, meta: dict | None, comm) -> tuple[dict, dict]:
-    """Rank 0's arrays to every rank: a small header (names, shapes, dtypes), then raw buffers."""
-    header = comm.bcast(None if arrays is None else
-                        (meta, [(k, a.shape, a.dtype.str) for k, a in arrays.items()]), root=0)
-    if header is None:
-        return {}, {}
-    meta, specs = header
-    out = {}
-    for k, shape, dt in specs:
-        a = np.ascontiguousarray(arrays[k]).reshape(shape) if comm.Get_rank() == 0 else np.empty(shape, np.dtype(dt))
-        comm.Bcast(a, root=0)
-        out[k] = a
-    return out, meta
 
 
 def _weights_crc(model) -> str:
@@ -136,7 +55,7 @@ def _setup(cfg: Config, w: World):
     """Everything that can fail because of the user's input; runs before any collective."""
     cls = get_strategy(cfg.strategy)
     check_model_name(cfg.model)
-    configure_threads(cfg, w)
+    configure_threads(cfg.threads, w.local_rank, w.local_size)
     data = load_dataset(cfg.dataset, seed=cfg.seed, eval_fraction=cfg.eval_fraction,
                         image_size=cfg.image_size, synthetic_samples=cfg.synthetic_samples,
                         num_classes=cfg.num_classes)
@@ -192,7 +111,7 @@ def run(cfg: Config, w: World | None = None) -> dict[str, Any] | None:
 
     strategy.setup(model, optimizer)
     if cfg.resume:
-        arrays, meta = _bcast_arrays(*loaded, w.comm)
+        arrays, meta = bcast_arrays(*loaded, w.comm)
         strategy.load_state(arrays)
         start_epoch, history, global_step = meta["epoch"], meta["history"], meta["global_step"]
 
@@ -231,47 +150,42 @@ def run(cfg: Config, w: World | None = None) -> dict[str, Any] | None:
                 log0(f"  epoch {epoch + 1} step {i + 1}/{len(all_batches)}  loss {sums[0] / max(sums[2], 1):.4f}  "
                      f"rank-0 samples/s {sums[2] / (now - t_epoch):.0f}  elapsed {now - t_start:.0f}s")
         train_s = time.perf_counter() - t_epoch
-        if strategy.epoch_barrier:
-            strategy.end_epoch()
-            metrics = _reduce_epoch(mc, sums, train_s)
-            strategy.sync_for_eval()
-            eval_loss, eval_acc = strategy.evaluate(data.x_eval, data.y_eval)
-        else:  # asynchronous: no collective; rank 0 reports its own figures, evaluates the current weights
-            metrics = _reduce_epoch(MPI.COMM_SELF, sums, train_s)
-            eval_loss, eval_acc = float("nan"), float("nan")
-            if w.is_rank0:
-                strategy.sync_for_eval()
-                eval_loss, eval_acc = strategy.evaluate(data.x_eval, data.y_eval, comm=MPI.COMM_SELF)
-        metrics["metrics_from"] = "all workers" if strategy.epoch_barrier else "rank 0"
-        row = {"epoch": epoch + 1, "step": global_step, **metrics, "eval_loss": eval_loss,
-               "eval_accuracy": eval_acc, "elapsed_s": time.perf_counter() - t_start}
-        history.append(row)
-        log0(f"epoch {epoch + 1:>{len(str(cfg.epochs))}}/{cfg.epochs}  "
-             f"{'' if strategy.epoch_barrier else '(rank 0) '}loss {row['loss']:.4f}  "
-             f"train_acc {row['train_accuracy']:.3f}  eval_loss {eval_loss:.4f}  eval_acc {eval_acc:.3f}  "
-             f"samples/s {row['samples_per_s']:.0f}  time {train_s:.1f}s  elapsed {row['elapsed_s']:.1f}s")
-        if writer is not None:
-            _write_scalars(writer, row)
+        final = epoch + 1 == cfg.epochs or bool(cfg.max_steps and global_step >= cfg.max_steps)
+        row = _end_epoch(strategy, data, mc, sums, train_s, final)
+        if row is not None:  # this rank took part in the epoch's metrics (rank 0 always does)
+            row = {"epoch": epoch + 1, "step": global_step, **row, "elapsed_s": time.perf_counter() - t_start}
+            history.append(row)
+            log0(f"epoch {epoch + 1:>{len(str(cfg.epochs))}}/{cfg.epochs}  "
+                 f"{'(rank 0) ' if row['metrics_from'] == 'rank 0' else ''}loss {row['loss']:.4f}  "
+                 f"train_acc {row['train_accuracy']:.3f}  eval_loss {row['eval_loss']:.4f}  "
+                 f"eval_acc {row['eval_accuracy']:.3f}  samples/s {row['samples_per_s']:.0f}  "
+                 f"time {train_s:.1f}s  elapsed {row['elapsed_s']:.1f}s")
+            if writer is not None:
+                _write_scalars(writer, row)
         if cfg.checkpoint:
             state = strategy.state()
             if w.is_rank0:
                 R.save_npz(ckpt_path, state, {"epoch": epoch + 1, "global_step": global_step, "history": history,
                                               "model": cfg.model, "dataset": cfg.dataset, "strategy": cfg.strategy})
-        if cfg.max_steps and global_step >= cfg.max_steps:
+        if final:
             break
-
-    strategy.finish_pushing()
-    final_eval = None
-    if not strategy.epoch_barrier:  # every worker is done pushing before the final weights are read
-        mc.Barrier()
-        strategy.end_epoch()
-        strategy.sync_for_eval()
-        final_eval = strategy.evaluate(data.x_eval, data.y_eval)
-    else:
-        strategy.sync_for_eval()
-    result = _finish(cfg, w, mc, data, model, strategy, timer, history, out_dir, t_start, final_eval)
+    else:  # no epoch left to run (a resumed, finished run): the end of training all the same
+        strategy.epoch_end(final=True)
+    result = _finish(cfg, w, mc, data, model, strategy, timer, history, out_dir, t_start)
     strategy.finish()
     return result
+
+
+def _end_epoch(strategy, data: Dataset, mc, sums: np.ndarray, train_s: float, final: bool) -> dict | None:
+    """The one end-of-epoch path: the strategy's ``epoch_end``, then metrics and evaluation
+    over the communicator it returns (None: this rank takes no part; returns None)."""
+    comm = strategy.epoch_end(final)
+    if comm is None:
+        return None
+    metrics = _reduce_epoch(comm, sums, train_s)
+    eval_loss, eval_acc = strategy.evaluate(data.x_eval, data.y_eval, comm)
+    metrics["metrics_from"] = "all workers" if comm.Get_size() == mc.Get_size() else "rank 0"
+    return {**metrics, "eval_loss": eval_loss, "eval_accuracy": eval_acc}
 
 
 def _inject_failure(how: str, step: int, spec: str) -> None:
@@ -294,7 +208,7 @@ def _reduce_epoch(comm, sums: np.ndarray, train_s: float) -> dict[str, float]:
             "samples": int(tot[2]), "samples_per_s": tot[2] / max(slowest, 1e-9), "train_s": slowest}
 
 
-def _finish(cfg, w, mc, data, model, strategy, timer, history, out_dir, t_start, final_eval=None):
+def _finish(cfg, w, mc, data, model, strategy, timer, history, out_dir, t_start):
     """Gather every loop rank's outcome; rank 0 writes results.json, epochs.csv and the export."""
     summary = timer.summary()
     mine = {"rank": w.rank, "host": w.host, "pid": os.getpid(), "weights_crc32": _weights_crc(model),
@@ -320,8 +234,7 @@ def _finish(cfg, w, mc, data, model, strategy, timer, history, out_dir, t_start,
         "model": {"name": cfg.model, "params": int(model.count_params()),
                   "trainable_bytes": int(sum(np.prod(v.shape) * v.dtype.size for v in model.trainable_variables))},
         "epochs": history,
-        "final": {"eval_accuracy": final_eval[1] if final_eval else last.get("eval_accuracy"),
-                  "eval_loss": final_eval[0] if final_eval else last.get("eval_loss"),
+        "final": {"eval_accuracy": last.get("eval_accuracy"), "eval_loss": last.get("eval_loss"),
                   "train_accuracy": last.get("train_accuracy"), "steps": last.get("step", 0),
                   "weights_identical_across_ranks": identical},
         "throughput": {"samples_per_s": samples / slowest if slowest else None, "measured_samples": samples,

@@ -1,7 +1,11 @@
 """The strategy table: ``--strategy NAME`` -> the class that implements it.
 
-Classes are imported on first use, so that a run of one strategy never imports another's
-framework (Horovod, tf.distribute).
+Each row is a class whose own ``name`` is its key here, whose ``summary`` is its line in
+``--help``, and whose ``options`` declare its flags once (see :mod:`hvdkit.strategies.base`).
+Importing a strategy module is cheap: each imports its framework (Horovod, tf.distribute)
+only when a strategy object is created, so a run of one strategy never loads another's.
+
+A new strategy is one module with one class, plus one line in :data:`_ROWS`.
 """
 from __future__ import annotations
 
@@ -9,25 +13,40 @@ import importlib
 
 from hvdkit.errors import UsageError
 
-__all__ = ["STRATEGIES", "get_strategy", "extra_fields"]
+__all__ = ["STRATEGIES", "get_strategy", "extra_fields", "summaries"]
 
-#: name -> "module:Class"
-STRATEGIES: dict[str, str] = {
-    "horovod": "hvdkit.strategies.horovod:HorovodStrategy",
-    "tf-mirrored": "hvdkit.strategies.tfdist:TFMirroredStrategy",
-    "tf-central-storage": "hvdkit.strategies.tfdist:TFCentralStorageStrategy",
-    "tf-multiworker": "hvdkit.strategies.tfdist:TFMultiWorkerStrategy",
-    "tf-ps": "hvdkit.strategies.tfdist:TFParameterServerStrategy",
-    "ps-sync": "hvdkit.strategies.ps.strategy:PSSync",
-    "ps-async": "hvdkit.strategies.ps.strategy:PSAsync",
-    "ps-ssp": "hvdkit.strategies.ps.strategy:PSSSP",
-    "ps-dcasgd": "hvdkit.strategies.ps.strategy:PSDCASGD",
-    "ring": "hvdkit.strategies.ring:RingStrategy",
-    "model-parallel": "hvdkit.strategies.model_parallel:ModelParallelStrategy",
-}
+#: "module:Class" of every row, in the order ``--help`` lists them.
+_ROWS = (
+    "hvdkit.strategies.horovod:HorovodStrategy",
+    "hvdkit.strategies.ring:RingStrategy",
+    "hvdkit.strategies.ps.strategy:PSSync",
+    "hvdkit.strategies.ps.strategy:PSAsync",
+    "hvdkit.strategies.ps.strategy:PSSSP",
+    "hvdkit.strategies.ps.strategy:PSDCASGD",
+    "hvdkit.strategies.model_parallel:ModelParallelStrategy",
+    "hvdkit.strategies.tfdist:TFMirroredStrategy",
+    "hvdkit.strategies.tfdist:TFCentralStorageStrategy",
+    "hvdkit.strategies.tfdist:TFMultiWorkerStrategy",
+    "hvdkit.strategies.tf_ps:TFParameterServerStrategy",
+)
 
 
-def get_strategy(name: str):
+def _load() -> dict[str, type]:
+    table: dict[str, type] = {}
+    for row in _ROWS:
+        module, _, cls_name = row.partition(":")
+        cls = getattr(importlib.import_module(module), cls_name)
+        if cls.name in table:
+            raise ValueError(f"two strategies are named {cls.name!r}: {table[cls.name].__qualname__} and {row}")
+        table[cls.name] = cls
+    return table
+
+
+#: name -> class, keyed by each class's own ``name``.
+STRATEGIES: dict[str, type] = _load()
+
+
+def get_strategy(name: str) -> type:
     """The strategy class registered as ``name``.
 
     Raises:
@@ -35,14 +54,23 @@ def get_strategy(name: str):
     """
     if name not in STRATEGIES:
         raise UsageError(f"unknown strategy {name!r}; choose one of: {', '.join(STRATEGIES)}")
-    module, _, cls = STRATEGIES[name].partition(":")
-    return getattr(importlib.import_module(module), cls)
+    return STRATEGIES[name]
+
+
+def summaries() -> dict[str, str]:
+    """name -> one-line summary of every strategy (for ``--help``)."""
+    return {name: cls.summary for name, cls in STRATEGIES.items()}
 
 
 def extra_fields() -> tuple:
-    """Every registered strategy's extra flags (for the one argument parser)."""
+    """Every registered strategy's options (:class:`hvdkit.config.Option`), each once.
+
+    Raises:
+        ValueError: two strategies declare one option name differently (share one object).
+    """
     seen: dict[str, object] = {}
-    for name in STRATEGIES:
-        for f in get_strategy(name).extra_fields:
-            seen.setdefault(f.name, f)
+    for cls in STRATEGIES.values():
+        for f in cls.options:
+            if seen.setdefault(f.name, f) is not f:
+                raise ValueError(f"option {f.name!r} is declared differently by {cls.name}; share one Option")
     return tuple(seen.values())

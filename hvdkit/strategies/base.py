@@ -1,18 +1,57 @@
-"""The small protocol every strategy implements, and the data-parallel replica row.
+"""The contract between the training loop and a strategy, and the data-parallel replica row.
 
-The training loop (:mod:`hvdkit.trainer`) is written once. A strategy only answers:
+The training loop (:mod:`hvdkit.trainer`) is written once; a strategy is a row of the table
+in :mod:`hvdkit.strategies`. Below, "loop ranks" are the ranks whose ``data_partition()``
+is not None (they run the loop); the others are "serving ranks" (parameter servers, the
+tf-ps ps/worker tasks). ``world.comm`` is the whole job.
 
-* which data shard this rank trains on (``data_partition``), or None for ranks that hold
-  no data (parameter servers, which run ``serve`` instead of the loop);
-* ``setup(model, optimizer)``: make every replica start from the same state;
-* ``train_step(x, y, timer)``: one step on this rank's batch, timing its phases;
-* ``sync_for_eval()``: bring this rank's model to the weights that should be evaluated;
-* ``report()``: strategy-specific results (a ``ps`` section, bytes moved, ...).
+What the trainer calls, in order, and what each hook may do:
 
-Optional hooks with defaults that suit data-parallel replicas: ``scope()`` (a context the
-model and optimizer are built in, e.g. a tf.distribute strategy's scope),
-``metrics_comm`` (the communicator of the ranks that run the loop; per-epoch metrics and
-results are reduced over it, and it must contain world rank 0), ``evaluate(x, y)``.
+==========================  ===========================  ==================================================
+hook                        called on                    collective? guarantees
+==========================  ===========================  ==================================================
+``__init__(cfg, world)``    every rank, during set-up    no collective of ``world.comm`` (a rank that failed
+                                                         earlier is already waiting in the set-up agreement);
+                                                         bounded point-to-point exchanges
+                                                         (:func:`hvdkit.comm.exchange`) are allowed. Raise
+                                                         :class:`~hvdkit.errors.UsageError` for bad input.
+``data_partition()``        every rank, set-up           local. (index, count) among the loop ranks, or None
+``num_workers``,            every rank                   local. ranks computing gradients; lr multiplier
+``lr_scale``
+``metrics_comm``            loop ranks                   local. the loop ranks' communicator (contains world
+                                                         rank 0); results are gathered over it
+``scope()``                 every rank                   local. context the model and optimizer are built in
+``setup(model, optimizer)`` every rank, after set-up     collective over ``world.comm``: every replica starts
+                            agreed                       from rank 0's state
+``load_state(arrays)``      every rank (``--resume``)    collective over ``world.comm``; ``arrays`` are
+                                                         identical on every rank
+``serve()``                 serving ranks                returns when the loop ranks have finished
+``train_step(x, y, timer)`` loop ranks, every step       may be collective over the strategy's own
+                                                         communicators; every loop rank runs the same
+                                                         number of steps (the shards are cut equal)
+``epoch_end(final)``        loop ranks, after each       brings ``self.model`` to the weights to evaluate and
+                            epoch's steps                returns the communicator over which this epoch's
+                                                         metrics are reduced and the model evaluated (it
+                                                         contains rank 0), or None on a rank that takes no
+                                                         part. ``final`` is True once, after the last step
+                                                         of training: every rank must then take part, and
+                                                         the weights must be the final ones (identical on
+                                                         every rank that holds a replica).
+``evaluate(x, y, comm)``    the ranks of that comm       collective over ``comm``: (mean loss, accuracy)
+``state()``                 loop ranks, after each       may be collective over ``metrics_comm``; rank 0's
+                            epoch (``--checkpoint``)     return value is written; others may return {}
+``report()``                loop ranks, after training   may be collective over ``metrics_comm``; rank 0's
+                                                         dict is merged into results.json
+``finish()``                every rank, last             release communicators and threads; tell peers
+==========================  ===========================  ==================================================
+
+A strategy declares its flags once, in ``options`` (:class:`hvdkit.config.Option`: type,
+default, validation, help); they are validated when the flags are parsed, and
+``self.opts`` holds their values (defaults from the declaration, never at the use site).
+Synchronous and asynchronous strategies differ only in what ``epoch_end`` does: a
+synchronous one returns ``metrics_comm`` every epoch; an asynchronous one (the ps modes
+but ps-sync) returns ``MPI.COMM_SELF`` on rank 0 and None elsewhere until the final
+epoch, so a fast worker never waits for a straggler at an epoch boundary.
 
 :class:`ReplicaStrategy` is the data-parallel synchronous pattern shared by every
 allreduce strategy: compute local gradients, average them across ranks (the one
@@ -28,49 +67,65 @@ from typing import Any, ClassVar, Sequence
 import numpy as np
 
 from hvdkit.comm import World
-from hvdkit.config import Config
+from hvdkit.config import Config, Option, at_least, option_values
+from hvdkit.steps import eval_fn, evaluate, make_fused_step, make_step_functions, straggle
 from hvdkit.timing import StepTimer
 
-__all__ = ["Strategy", "ReplicaStrategy", "make_step_functions", "straggle"]
+__all__ = ["Strategy", "ReplicaStrategy", "average_statistics", "NUM_SERVERS"]
+
+#: ``--num-servers K``, shared by hvdkit's parameter server and tf-ps (one declaration).
+NUM_SERVERS = Option("num_servers", int, 1, "parameter-server ranks: ps-* serve on the last K ranks (unless "
+                     "--ps-colocated), tf-ps on ranks 1..K (rank 0 is its chief)", "parameter server",
+                     metavar="K", check=at_least(1))
 
 
-def straggle(cfg: Config, rank: int, compute_s: float, timer: StepTimer | None = None) -> float:
-    """``--straggler RANK:FACTOR``: on RANK, sleep (FACTOR - 1) x this step's compute seconds.
+def average_statistics(model, comm) -> None:
+    """Average ``model``'s float non-trainable variables (batch-norm moving statistics) over ``comm``.
 
-    Makes one rank FACTOR times slower at computing, for experiments and tests. The sleep
-    is timed as compute. Returns the seconds slept (0 on every other rank).
+    Each rank computes these statistics from its own batches; averaging them once per
+    epoch makes every replica end with identical weights (and identical exports), as
+    ``hvd.allreduce`` of them does in Horovod's examples. Collective over ``comm``: one
+    ``Allreduce`` of one float64 buffer holding every such variable (a no-op at size 1).
     """
-    target = cfg.straggler_rank_factor
-    if target is None or target[0] != rank or target[1] <= 1.0:
-        return 0.0
-    extra = (target[1] - 1.0) * compute_s
-    time.sleep(extra)
-    if timer is not None:
-        timer.add("compute", extra)
-    return extra
+    extra = [v for v in model.non_trainable_variables if v.dtype.is_floating]
+    n = comm.Get_size()
+    if not extra or n == 1:
+        return
+    flat = np.concatenate([np.asarray(v.numpy(), np.float64).reshape(-1) for v in extra])
+    from mpi4py import MPI
+
+    comm.Allreduce(MPI.IN_PLACE, flat)
+    flat /= n
+    offset = 0
+    for v in extra:
+        size = int(np.prod(v.shape))
+        v.assign(flat[offset:offset + size].reshape(v.shape).astype(v.dtype.as_numpy_dtype))
+        offset += size
 
 
 class Strategy(abc.ABC):
-    """Base of every ``--strategy``.
+    """Base of every ``--strategy`` (the contract is in the module docstring).
 
     Class attributes:
-        name: the CLI name.
+        name: the CLI name (the registry key).
         summary: one line for ``--help`` and the README table.
-        epoch_barrier: see below.
-        extra_fields: strategy-specific flags (:class:`hvdkit.config._Field`), stored in
-            ``Config.extra``.
+        options: the strategy's flags (:class:`hvdkit.config.Option`), declared once.
+
+    Attributes:
+        cfg: the run's :class:`~hvdkit.config.Config`.
+        world: this rank's :class:`~hvdkit.comm.World`.
+        opts: the values of ``options`` (a namespace; defaults from the declarations).
+        model, optimizer: set by :meth:`setup`.
     """
 
     name: ClassVar[str]
     summary: ClassVar[str] = ""
-    extra_fields: ClassVar[tuple] = ()
-    #: False for asynchronous strategies: epochs end without a collective, so a fast worker
-    #: never waits for a straggler; rank 0 logs its own figures and evaluates alone.
-    epoch_barrier: ClassVar[bool] = True
+    options: ClassVar[tuple[Option, ...]] = ()
 
     def __init__(self, cfg: Config, world: World):
         self.cfg = cfg
         self.world = world
+        self.opts = option_values(self.options, cfg.extra)
         self.model = None
         self.optimizer = None
 
@@ -109,36 +164,32 @@ class Strategy(abc.ABC):
 
         Returns:
             (loss summed over the batch, number of correct predictions, samples this rank
-            accounts for), all local; the trainer sums them over ``metrics_comm``. A rank
-            whose samples are counted elsewhere (a non-final pipeline stage) returns zeros.
+            accounts for), all local; the trainer sums them over the communicator that
+            :meth:`epoch_end` returns. A rank whose samples are counted elsewhere (a
+            non-final pipeline stage) returns zeros.
         """
 
     def serve(self) -> None:
         """Ranks without data (``data_partition() is None``) run this instead of the loop."""
         raise NotImplementedError(f"{self.name} has no serving ranks")
 
-    def end_epoch(self) -> None:
-        """Called on every rank after each epoch's steps (e.g. to sync batch-norm statistics)."""
+    def epoch_end(self, final: bool):
+        """After an epoch's steps: make ``self.model`` hold the weights to evaluate.
 
-    def sync_for_eval(self) -> None:
-        """Make ``self.model`` hold the weights to evaluate (every rank calls this)."""
-
-    def evaluate(self, x: np.ndarray, y: np.ndarray, comm=None) -> tuple[float, float]:
-        """(mean loss, accuracy) of the current model on (x, y); collective over ``comm``.
-
-        The default shards (x, y) over ``comm`` (default ``metrics_comm``), whose ranks must
-        hold equal weights.
+        Returns the communicator over which the trainer reduces this epoch's metrics and
+        evaluates (containing world rank 0), or None if this rank takes no part. The
+        default, for synchronous replicas: ``metrics_comm``.
         """
-        from hvdkit.trainer import evaluate
+        return self.metrics_comm
 
+    def evaluate(self, x: np.ndarray, y: np.ndarray, comm) -> tuple[float, float]:
+        """(mean loss, accuracy) of ``self.model`` on (x, y); collective over ``comm``.
+
+        The default shards (x, y) over ``comm``, whose ranks hold equal weights.
+        """
         if not hasattr(self, "_eval_fn"):
-            from hvdkit.trainer import eval_fn
-
             self._eval_fn = eval_fn(self.model)
-        return evaluate(self._eval_fn, x, y, comm or self.metrics_comm)
-
-    def finish_pushing(self) -> None:
-        """Called on every loop rank right after its last step, before any final collective."""
+        return evaluate(self._eval_fn, x, y, comm)
 
     def finish(self) -> None:
         """Called on every rank after training; release resources, tell peers we are done."""
@@ -161,80 +212,6 @@ class Strategy(abc.ABC):
         self.model.set_weights([arrays[f"model/{i}"] for i in range(n)])
         for i, v in enumerate(self.optimizer.variables):
             v.assign(arrays[f"optimizer/{i}"])
-
-
-def _signature(model):
-    """Input signature (x: (batch, *input_shape) float32, y: (batch,) int64), any batch size."""
-    import tensorflow as tf
-
-    return [tf.TensorSpec((None, *model.input_shape[1:]), tf.float32), tf.TensorSpec((None,), tf.int64)]
-
-
-def _loss_correct_grads(model, x, y):
-    """(summed cross-entropy, correct predictions, gradients of the MEAN loss) of one batch."""
-    import tensorflow as tf
-
-    with tf.GradientTape() as tape:
-        logits = model(x, training=True)                                    # (batch, classes)
-        losses = tf.keras.losses.sparse_categorical_crossentropy(y, logits, from_logits=True)
-        loss = tf.reduce_mean(losses)
-    grads = tape.gradient(loss, model.trainable_variables)
-    correct = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, 1), y), tf.int32))
-    return tf.reduce_sum(losses), correct, grads
-
-
-def make_step_functions(model, optimizer):
-    """Compiled gradient and update functions shared by the replica strategies.
-
-    Returns:
-        ``grads_fn(x, y) -> (loss_sum, correct, grads)`` where loss_sum is the summed
-        cross-entropy (float32 scalar), correct an int32 scalar and grads a list of
-        tensors shaped like ``model.trainable_variables`` (gradients of the batch MEAN
-        loss); and ``apply_fn(grads)`` applying them with ``optimizer``.
-    """
-    import tensorflow as tf
-
-    variables = model.trainable_variables
-
-    @tf.function(input_signature=_signature(model))
-    def grads_fn(x, y):
-        return _loss_correct_grads(model, x, y)
-
-    @tf.function
-    def apply_fn(grads):
-        optimizer.apply_gradients(zip(grads, variables))
-
-    return grads_fn, apply_fn
-
-
-def make_fused_step(model, optimizer, allreduce):
-    """One compiled step: gradients, ``allreduce(grads)`` (a graph op), update.
-
-    The communication time is measured inside the graph: ``tf.timestamp()`` ops ordered by
-    control dependencies after the gradients exist and after the reduced gradients exist.
-
-    Returns:
-        ``step(x, y) -> (loss_sum, correct, comm_seconds)``, float32 / int32 / float64 scalars.
-    """
-    import tensorflow as tf
-
-    variables = model.trainable_variables
-
-    @tf.function(input_signature=_signature(model))
-    def step(x, y):
-        loss_sum, correct, grads = _loss_correct_grads(model, x, y)
-        grads = [tf.zeros_like(v) if g is None else tf.convert_to_tensor(g)   # unused variables: zeros
-                 for g, v in zip(grads, variables)]
-        with tf.control_dependencies(grads):
-            t0 = tf.timestamp()
-        with tf.control_dependencies([t0]):
-            reduced = allreduce(grads)
-        with tf.control_dependencies(reduced):
-            t1 = tf.timestamp()
-        optimizer.apply_gradients(zip(reduced, variables))
-        return loss_sum, correct, t1 - t0
-
-    return step
 
 
 class ReplicaStrategy(Strategy):
@@ -263,6 +240,11 @@ class ReplicaStrategy(Strategy):
     @abc.abstractmethod
     def broadcast(self, variables: Sequence) -> None:
         """Assign rank 0's value of every variable on every rank."""
+
+    def epoch_end(self, final: bool):
+        """Average the batch-norm statistics over the replicas; returns ``metrics_comm``."""
+        average_statistics(self.model, self.metrics_comm)
+        return self.metrics_comm
 
     def train_step(self, x, y, timer):
         t0 = time.perf_counter()

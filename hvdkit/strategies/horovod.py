@@ -52,14 +52,3 @@ class HorovodStrategy(ReplicaStrategy):
 
     def broadcast(self, variables):
         self.hvd.broadcast_variables(list(variables), root_rank=0)
-
-    def end_epoch(self):
-        # Batch-norm moving statistics are computed per rank; average them so that every
-        # rank ends the epoch with identical weights (and identical exports).
-        import tensorflow as tf
-
-        extra = [v for v in self.model.non_trainable_variables if v.dtype.is_floating]
-        if extra and self.world.size > 1:
-            for v, avg in zip(extra, self.hvd.grouped_allreduce([tf.convert_to_tensor(v) for v in extra],
-                                                                op=self.hvd.Average)):
-                v.assign(avg)

@@ -49,7 +49,7 @@ and output boundaries (0 at the ends of the pipeline); independent of M (M times
 messages). Compare data parallel's ``2 (N-1)/N x S`` (S = gradient bytes). GPipe's bubble
 fraction is ``(N-1) / (M+N-1)`` of the step for N stages.
 
-Weights. After training steps, :meth:`~ModelParallelStrategy.sync_for_eval` broadcasts
+Weights. After training steps, :meth:`~ModelParallelStrategy.epoch_end` broadcasts
 every stage's weights from its owner (``Bcast`` per variable), so every rank's full model
 holds the trained weights: exports, the per-rank weight checksum and checkpoints see the
 full model, identical on every rank. Evaluation itself is a pipelined forward.
@@ -70,9 +70,10 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from hvdkit.config import _Field
+from hvdkit.config import Option, at_least
 from hvdkit.errors import ProtocolError, UsageError
-from hvdkit.strategies.base import Strategy, straggle
+from hvdkit.steps import straggle
+from hvdkit.strategies.base import Strategy
 
 __all__ = ["ModelParallelStrategy", "plan_stages", "balanced_split", "stage_bytes_per_step"]
 
@@ -183,17 +184,15 @@ class ModelParallelStrategy(Strategy):
     name = "model-parallel"
     summary = ("pipeline model parallelism: contiguous layer stages one per rank, activations forward and "
                "their gradients backward over mpi4py, GPipe micro-batches; one replica")
-    extra_fields = (
-        _Field("micro_batches", int, 1, "--strategy model-parallel: split each batch into M micro-batches "
+    options = (
+        Option("micro_batches", int, 1, "--strategy model-parallel: split each batch into M micro-batches "
                "(GPipe fill-drain pipeline); gradients are accumulated, one update per batch", "model parallel",
-               metavar="M"),
+               metavar="M", check=at_least(1)),
     )
 
     def __init__(self, cfg, world):
         super().__init__(cfg, world)
-        self.micro_batches = int(cfg.extra.get("micro_batches", 1))
-        if self.micro_batches < 1:
-            raise UsageError(f"--micro-batches={self.micro_batches} must be >= 1")
+        self.micro_batches = self.opts.micro_batches
         if self.micro_batches > cfg.batch_size:
             raise UsageError(f"--micro-batches={self.micro_batches} is larger than --batch-size={cfg.batch_size}; "
                              "every micro-batch needs at least one sample")
@@ -477,14 +476,18 @@ class ModelParallelStrategy(Strategy):
         return 0.0, 0, 0
 
     # -- evaluation and weights ----------------------------------------------------------
-    def evaluate(self, x, y):
+    def evaluate(self, x, y, comm):
         """(mean loss, accuracy) on (x, y) by a pipelined forward (training=False); every rank gets them.
 
-        Collective. Chunks of 512 samples flow through the stages; the last stage sums the
+        Collective over ``comm``, which must be the world (every stage; :meth:`epoch_end`
+        returns it). Chunks of 512 samples flow through the stages; the last stage sums the
         loss and correct predictions and broadcasts them.
         """
         import tensorflow as tf
 
+        if comm.Get_size() != self.stages:
+            raise ValueError(f"model-parallel evaluation runs on every stage: comm of size {comm.Get_size()}, "
+                             f"expected {self.stages}")
         pending: list = []
         sums = np.zeros(3, np.float64)  # loss_sum, correct, count
         for s in range(0, len(y), _EVAL_BATCH):
@@ -500,7 +503,12 @@ class ModelParallelStrategy(Strategy):
         self.comm.Bcast(sums, root=self.stages - 1)
         return sums[0] / max(sums[2], 1), sums[1] / max(sums[2], 1)
 
-    def sync_for_eval(self) -> None:
+    def epoch_end(self, final: bool):
+        """Every rank's full model gets every stage's weights (:meth:`_gather_weights`); the world."""
+        self._gather_weights()
+        return self.world.comm
+
+    def _gather_weights(self) -> None:
         """If any step ran since the last call: every stage broadcasts its weights (``Bcast``).
 
         Collective. Afterwards every rank's full model holds the trained weights of every
@@ -523,7 +531,7 @@ class ModelParallelStrategy(Strategy):
         model's weights), ``optimizer/stage{s}/{j}``, ``model_parallel/bounds``
         (int64 (stages, 2) layer ranges, checked on resume).
         """
-        self.sync_for_eval()
+        self._gather_weights()
         mine = [np.array(v.numpy(), copy=True) for v in self.optimizer.variables]  # keeps 0-d shapes
         if self.rank != 0:
             for a in mine:

@@ -1,8 +1,8 @@
 """``--strategy ring``: hvdkit's own ring allreduce of gradients over mpi4py (no Horovod).
 
 Each step: local gradients (compute); the gradient tensors are copied into one flat
-float32 numpy buffer, which :class:`hvdkit.ring.RingAllreduce` averages across ranks
-(scatter-reduce then allgather, in buckets of at most ``--fusion-bytes``; comm); the
+float32 numpy buffer, which :class:`hvdkit.collectives.ring.RingAllreduce` averages across ranks
+(reduce-scatter then allgather, in buckets of at most ``--fusion-bytes``; comm); the
 averaged gradients go back to tensors and every rank applies the same optimizer update
 (compute). At start, rank 0's model and optimizer state are broadcast with mpi4py
 ``Bcast`` on numpy buffers. After every epoch the float non-trainable variables
@@ -21,15 +21,14 @@ Run it::
     mpirun -np 2 python -m hvdkit.train --strategy ring --fusion-bytes 1048576
 
 Reference: Patarasuk & Yuan, "Bandwidth optimal all-reduce algorithms for clusters of
-workstations", JPDC 2009; see :mod:`hvdkit.ring`.
+workstations", JPDC 2009; see :mod:`hvdkit.collectives.ring`.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from hvdkit.config import _Field
-from hvdkit.errors import UsageError
-from hvdkit.ring import RingAllreduce, bucket_bounds, flatten, ring_bytes_per_rank, unflatten
+from hvdkit.config import Option, at_least
+from hvdkit.collectives.ring import RingAllreduce, bucket_bounds, flatten, ring_bytes_per_rank, unflatten
 from hvdkit.strategies.base import ReplicaStrategy
 
 __all__ = ["RingStrategy", "DEFAULT_FUSION_BYTES"]
@@ -42,19 +41,17 @@ class RingStrategy(ReplicaStrategy):
     """Synchronous data parallelism with hvdkit's mpi4py ring allreduce (float32, bucketed)."""
 
     name = "ring"
-    summary = "hvdkit's own mpi4py ring allreduce (scatter-reduce + allgather) of gradients, synchronous"
-    extra_fields = (
-        _Field("fusion_bytes", int, DEFAULT_FUSION_BYTES,
+    summary = "hvdkit's own mpi4py ring allreduce (reduce-scatter + allgather) of gradients, synchronous"
+    options = (
+        Option("fusion_bytes", int, DEFAULT_FUSION_BYTES,
                "--strategy ring: reduce the flat gradient buffer in buckets of at most this many bytes, one "
                "ring each (0: one bucket; the default is Horovod's 64 MiB fusion threshold)",
-               "ring allreduce", metavar="BYTES"),
+               "ring allreduce", metavar="BYTES", check=at_least(0)),
     )
 
     def __init__(self, cfg, world):
         super().__init__(cfg, world)
-        self.fusion_bytes = int(cfg.extra.get("fusion_bytes", DEFAULT_FUSION_BYTES))
-        if self.fusion_bytes < 0:
-            raise UsageError(f"--fusion-bytes={self.fusion_bytes} must be >= 0 (0: one bucket)")
+        self.fusion_bytes = self.opts.fusion_bytes
         self.ring: RingAllreduce | None = None  # created in setup(): Dup is a collective
         self._flat = None
         self._grad_bytes = 0  # bytes sent by this rank in gradient allreduces
@@ -93,14 +90,6 @@ class RingStrategy(ReplicaStrategy):
             comm.Bcast(value, root=0)
             if comm.Get_rank() != 0:
                 v.assign(value.reshape(v.shape))
-
-    def end_epoch(self):
-        # Batch-norm moving statistics are computed per rank; average them so that every
-        # rank ends the epoch with identical weights (and identical exports).
-        extra = [v for v in self.model.non_trainable_variables if v.dtype.is_floating]
-        if extra and self.world.size > 1:
-            for v, avg in zip(extra, self.ring.allreduce_arrays([v.numpy() for v in extra], average=True)):
-                v.assign(avg)
 
     def report(self):
         """``{"ring": {...}}``: bucket size, gradient bytes, bytes sent per step on every rank.

@@ -1,6 +1,7 @@
 """TensorFlow's own ``tf.distribute`` strategies as rows of the strategy table.
 
-Four ``--strategy`` rows, run by the same loop, logging and results.json as ``horovod``:
+Three ``--strategy`` rows here (and ``tf-ps`` in :mod:`hvdkit.strategies.tf_ps`), run by the
+same loop, logging and results.json as ``horovod``:
 
 * ``tf-mirrored`` (1 process): ``tf.distribute.MirroredStrategy`` over this host's devices
   (all CPUs are one device; on a GPU host every GPU, NCCL all-reduce by default).
@@ -8,16 +9,12 @@ Four ``--strategy`` rows, run by the same loop, logging and results.json as ``ho
   variables on the CPU, compute on the devices.
 * ``tf-multiworker`` (N ranks): ``tf.distribute.MultiWorkerMirroredStrategy``, one worker
   per MPI rank, TF_CONFIG built from the MPI world; RING collectives on CPU, NCCL on GPU.
-* ``tf-ps`` (N >= K + 2 ranks): ``tf.distribute.ParameterServerStrategy`` with a
-  ``ClusterCoordinator``; rank 0 is the chief (coordinator), ranks 1..K the ps tasks
-  (``--num-servers K``), the rest workers.
 
 Launch::
 
     python -m hvdkit.train --strategy tf-mirrored
     python -m hvdkit.train --strategy tf-central-storage
     mpirun -np 2 python -m hvdkit.train --strategy tf-multiworker
-    mpirun -np 3 python -m hvdkit.train --strategy tf-ps --num-servers 1
 
 Batches and the loss scale. The trainer hands each loop rank one batch of ``--batch-size``
 samples per step. Inside a process the batch is split evenly over the local replicas
@@ -26,8 +23,8 @@ samples per step. Inside a process the batch is split evenly over the local repl
 (tf.distribute's all-reduce), so the update uses the gradient of the mean loss over the
 global batch -- with equal batches on every rank exactly the average of the ranks' mean
 gradients that ``--strategy horovod`` applies. ``num_workers`` (the learning-rate scale)
-is the number of processes feeding data: 1 for ``tf-mirrored``, ``tf-central-storage``
-and ``tf-ps``, the world size for ``tf-multiworker``.
+is the number of processes feeding data: 1 for ``tf-mirrored`` and ``tf-central-storage``
+(and ``tf-ps``), the world size for ``tf-multiworker``.
 
 Failures. Addresses and server start-up outcomes are exchanged point-to-point with a
 deadline (:func:`exchange`), so a rank that failed earlier in set-up cannot leave the
@@ -36,18 +33,7 @@ raising during training ends the job through hvdkit's MPI_Abort (with tf-multiwo
 peer may also report the broken collective first).
 
 Timing. tf.distribute runs the gradient, the all-reduce and the update in one
-``tf.function``, so the whole step is timed as ``compute`` (``comm_s`` is 0); for ``tf-ps``
-the chief only dispatches and waits, so its whole step is ``comm``.
-
-``tf-ps`` schedules with the coordinator and joins every step: ``train_step`` schedules
-the step's closure (with the chief's batch as its arguments, copied to the worker over
-gRPC) and fetches its loss at once. So one step is in flight at a time: per-step figures
-and timings are exact and each update sees the latest weights, but with more than one
-worker the workers take turns instead of overlapping. (Keeping several steps in flight
-needs the trainer to let a strategy add an epoch's late loss/accuracy after its last
-``train_step`` returns, and to time the epoch after that join.)
-Non-chief ranks start a ``tf.distribute.Server`` at construction and, in ``serve()``,
-wait on an MPI barrier of the world that the chief reaches in ``finish()``.
+``tf.function``, so the whole step is timed as ``compute`` (``comm_s`` is 0).
 
 tensorflow is imported lazily (inside functions), so importing this module is cheap.
 References: TensorFlow 2.15 ``tf.distribute`` guide; "Parameter server training with
@@ -58,80 +44,16 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import socket
-import time
 from typing import Any
 
-
-from hvdkit.config import _Field
+from hvdkit.comm import exchange, free_port
 from hvdkit.errors import UsageError
 from hvdkit.strategies.base import Strategy
 
-__all__ = ["TFMirroredStrategy", "TFCentralStorageStrategy", "TFMultiWorkerStrategy", "TFParameterServerStrategy",
-           "free_port", "exchange", "NUM_SERVERS_FIELD"]
-
-#: ``--num-servers K``: shared with hvdkit's own parameter server (same name, same meaning).
-NUM_SERVERS_FIELD = _Field("num_servers", int, 1, "number of parameter-server ranks: ps-* serve on the last K ranks, "
-                           "tf-ps on ranks 1..K (rank 0 is its chief)", "parameter server (ps-*)")
-
-_TAG = 0x7FD1  # MPI tag of the set-up exchange (never used on a training path)
+__all__ = ["TFMirroredStrategy", "TFCentralStorageStrategy", "TFMultiWorkerStrategy", "tf_addresses"]
 
 
-def free_port() -> int:
-    """A TCP port that was free on this host a moment ago (bind to port 0, read it, close).
-
-    Another process may take it before TensorFlow binds it; the window is milliseconds.
-    """
-    with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        s.bind(("", 0))
-        return s.getsockname()[1]
-
-
-def exchange(comm, item: Any, timeout: float = 120.0) -> list:
-    """Set-up allgather of a tiny picklable ``item`` that cannot hang: every rank's items, by rank.
-
-    Point-to-point through rank 0 (tag ``0x7FD1``) with a deadline instead of a collective,
-    because it runs during set-up, before :func:`hvdkit.comm.agree`: a rank that failed
-    earlier is already waiting in ``agree``'s collective, and a collective here would be
-    matched with that one. Used for host:port strings and start-up outcomes only.
-
-    Raises:
-        TimeoutError: some rank did not arrive within ``timeout`` seconds (it failed
-            earlier in set-up, or start-up is slower than ``timeout``).
-    """
-    size, rank = comm.Get_size(), comm.Get_rank()
-    if size == 1:
-        return [item]
-    from mpi4py import MPI
-
-    deadline = time.monotonic() + timeout
-
-    def wait_for(source: int) -> int:
-        st = MPI.Status()
-        while not comm.Iprobe(source=source, tag=_TAG, status=st):
-            if time.monotonic() > deadline:
-                who = "every rank" if source == MPI.ANY_SOURCE else f"rank {source}"
-                raise TimeoutError(f"set-up exchange: no message from {who} within {timeout:.0f} s "
-                                   "(a rank failed earlier in set-up?)")
-            time.sleep(0.005)
-        return st.Get_source()
-
-    if rank == 0:
-        items = {0: item}
-        while len(items) < size:
-            src = wait_for(MPI.ANY_SOURCE)
-            items[src] = comm.recv(source=src, tag=_TAG)
-        out = [items[r] for r in range(size)]
-        for r in range(1, size):
-            comm.send(out, dest=r, tag=_TAG)
-        return out
-    comm.send(item, dest=0, tag=_TAG)
-    wait_for(0)
-    return comm.recv(source=0, tag=_TAG)
-
-
-def _addresses(world) -> list[str]:
+def tf_addresses(world) -> list[str]:
     """Every rank's ``host:port`` for a TensorFlow server, by rank (set-up exchange).
 
     Each rank picks a free port on its own host; ``localhost`` when the whole world is on
@@ -340,7 +262,7 @@ class TFMultiWorkerStrategy(_TFDistribute):
         import tensorflow as tf
 
         self.processes = world.size
-        self.cluster = {"worker": _addresses(world)}
+        self.cluster = {"worker": tf_addresses(world)}
         self.tf_config = {"cluster": self.cluster, "task": {"type": "worker", "index": world.rank}}
         os.environ["TF_CONFIG"] = json.dumps(self.tf_config)
         impl = tf.distribute.experimental.CommunicationImplementation
@@ -354,126 +276,3 @@ class TFMultiWorkerStrategy(_TFDistribute):
     def _describe(self):
         return {**super()._describe(), "cluster": self.cluster, "communication": self.implementation.name,
                 "task": self.tf_config["task"]}
-
-
-class TFParameterServerStrategy(_TFDistribute):
-    """``--strategy tf-ps``: TensorFlow's asynchronous parameter server with a ClusterCoordinator.
-
-    Roles by MPI rank: 0 the chief (coordinator; runs the training loop and feeds every
-    step's batch), 1..K the ps tasks (``--num-servers K``; they hold the variables), K+1..N-1
-    the workers (they run the scheduled steps). Non-chief ranks start a
-    ``tf.distribute.Server`` at construction; they run ``serve()``, an MPI barrier of the
-    world, which the chief reaches in ``finish()``. ``metrics_comm`` is ``MPI.COMM_SELF``
-    on the chief. Each step is scheduled and joined at once (one step in flight), see the
-    module docstring. Resume works: the chief assigns the checkpoint to the ps variables.
-
-    Raises:
-        UsageError: ``--num-servers`` < 1 or a world smaller than K + 2 (chief, K ps, >= 1 worker).
-        ValueError: the TensorFlow server of another rank failed to start (that rank
-            re-raises its own error); every rank fails set-up together.
-    """
-
-    name = "tf-ps"
-    summary = ("tf.distribute.ParameterServerStrategy + ClusterCoordinator (chief, --num-servers ps, workers); "
-               "async updates, one step in flight")
-    extra_fields = (NUM_SERVERS_FIELD,)
-    _api = "tf.distribute.experimental.ParameterServerStrategy"
-
-    def __init__(self, cfg, world):
-        super().__init__(cfg, world)
-        k = int(cfg.extra.get("num_servers", 1))
-        if k < 1:
-            raise UsageError(f"--num-servers={k} must be >= 1 for tf-ps")
-        if world.size < k + 2:
-            raise UsageError(f"tf-ps needs a chief, --num-servers={k} ps rank(s) and at least one worker: world size "
-                             f">= {k + 2}, got {world.size}; launch with mpirun -np {k + 2} or more")
-        import tensorflow as tf
-
-        self.num_servers = k
-        addrs = _addresses(world)
-        self.cluster = {"chief": addrs[:1], "ps": addrs[1:k + 1], "worker": addrs[k + 1:]}
-        if world.rank == 0:
-            self.role = ("chief", 0)
-        elif world.rank <= k:
-            self.role = ("ps", world.rank - 1)
-        else:
-            self.role = ("worker", world.rank - k - 1)
-        spec = tf.train.ClusterSpec(self.cluster)
-        self.server, error = None, None
-        if world.rank != 0:
-            try:
-                self.server = tf.distribute.Server(spec, job_name=self.role[0], task_index=self.role[1],
-                                                   protocol="grpc", start=True)
-            except Exception as e:  # noqa: BLE001 - shared with every rank below
-                error = e
-        outcomes = exchange(world.comm, None if error is None else f"{type(error).__name__}: {error}")
-        if error is not None:
-            raise error  # this rank's traceback; the others report it in one line
-        failed = [(r, m) for r, m in enumerate(outcomes) if m]
-        if failed:  # every rank fails set-up before the chief connects to a missing server
-            r, m = failed[0]
-            raise ValueError(f"tf-ps: the TensorFlow server of rank {r} ({self.cluster_role(r)}) "
-                             f"failed to start: {m}")
-        self.coordinator = None
-        if world.rank == 0:
-            resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(spec, task_type="chief", task_id=0,
-                                                                            rpc_layer="grpc")
-            self.tf = tf.distribute.experimental.ParameterServerStrategy(resolver)
-            self.coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(self.tf)
-
-    def cluster_role(self, rank: int) -> str:
-        """``"chief"``, ``"ps 0"`` or ``"worker 1"``: the tf-ps role of world rank ``rank``."""
-        if rank == 0:
-            return "chief"
-        return f"ps {rank - 1}" if rank <= self.num_servers else f"worker {rank - self.num_servers - 1}"
-
-    # -- roles ---------------------------------------------------------------------------
-    def data_partition(self):
-        return (0, 1) if self.world.rank == 0 else None  # the chief feeds every step's batch
-
-    @property
-    def metrics_comm(self):
-        from mpi4py import MPI
-
-        return MPI.COMM_SELF  # only the chief runs the loop (serving ranks never call this)
-
-    # -- lifecycle -----------------------------------------------------------------------
-    def setup(self, model, optimizer) -> None:
-        if self.world.rank != 0:  # the trainer built a throw-away local model here; servers ignore it
-            self.model, self.optimizer = model, optimizer
-            return
-        super().setup(model, optimizer)
-
-    def train_step(self, x, y, timer):
-        import tensorflow as tf
-
-        with timer.phase("comm"):  # the chief dispatches the step to a worker and waits for it
-            remote = self.coordinator.schedule(self._step, args=(tf.constant(x), tf.constant(y)))
-            loss_sum, correct = remote.fetch()
-        return float(loss_sum), int(correct), len(y)
-
-    def sync_for_eval(self) -> None:
-        if self.coordinator is not None:
-            self.coordinator.join()  # no step in flight (a no-op with one step at a time)
-
-    def serve(self) -> None:
-        """ps and worker ranks: keep the TensorFlow server up until the chief's ``finish()``."""
-        self.world.comm.Barrier()
-
-    def finish(self) -> None:
-        if self.world.rank == 0:
-            self.world.comm.Barrier()  # releases the serving ranks, which wait in serve()
-
-    def state(self):
-        if self.world.rank != 0:
-            return {}
-        return super().state()
-
-    def load_state(self, arrays) -> None:
-        if self.world.rank == 0:  # the chief assigns to the variables on the ps tasks
-            super().load_state(arrays)
-
-    def _describe(self):
-        return {**super()._describe(), "cluster": self.cluster, "num_servers": self.num_servers,
-                "num_workers_tf": len(self.cluster["worker"]),
-                "schedule": "one step per train_step, joined at once (one step in flight)"}

@@ -25,7 +25,7 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from hvdkit.ring import RingAllreduce
+from hvdkit.collectives.ring import RingAllreduce
 
 
 def _cases(n: int):

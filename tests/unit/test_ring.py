@@ -4,7 +4,7 @@ import pytest
 from mpi4py import MPI
 
 from hvdkit.errors import UsageError
-from hvdkit.ring import (RingAllreduce, bucket_bounds, chunk_bounds, flatten, ring_allreduce, ring_bytes_per_rank,
+from hvdkit.collectives.ring import (RingAllreduce, bucket_bounds, chunk_bounds, flatten, ring_allreduce, ring_bytes_per_rank,
                          unflatten)
 
 
@@ -139,6 +139,5 @@ def test_ring_strategy_flag_and_validation():
     assert cfg.extra["fusion_bytes"] == DEFAULT_FUSION_BYTES == 64 * 2**20
     cfg = parse_config(["--strategy", "ring", "--fusion-bytes", "4096"], env={}, extra_fields=extra_fields())
     assert RingStrategy(cfg, world()).fusion_bytes == 4096
-    bad = parse_config(["--strategy", "ring", "--fusion-bytes", "-1"], env={}, extra_fields=extra_fields())
-    with pytest.raises(UsageError, match="--fusion-bytes=-1 must be >= 0"):
-        RingStrategy(bad, world())
+    with pytest.raises(UsageError, match="--fusion-bytes=-1 must be >= 0"):  # refused when parsed
+        parse_config(["--strategy", "ring", "--fusion-bytes", "-1"], env={}, extra_fields=extra_fields())

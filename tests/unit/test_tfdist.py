@@ -9,7 +9,8 @@ from hvdkit.comm import World
 from hvdkit.config import Config
 from hvdkit.errors import UsageError
 from hvdkit.strategies import STRATEGIES, extra_fields, get_strategy
-from hvdkit.strategies import tfdist
+from hvdkit.comm import exchange, free_port
+from hvdkit.strategies.tf_ps import TFParameterServerStrategy
 from tests.conftest import ROOT
 
 NAMES = ("tf-mirrored", "tf-central-storage", "tf-multiworker", "tf-ps")
@@ -42,11 +43,11 @@ def test_single_process_rows_refuse_a_bigger_world(name):
 @pytest.mark.parametrize("size,k", [(2, 1), (3, 2), (1, 1)])
 def test_tf_ps_refuses_a_world_without_room_for_a_worker(size, k):
     with pytest.raises(UsageError, match=rf"world size >= {k + 2}, got {size}"):
-        tfdist.TFParameterServerStrategy(Config(strategy="tf-ps", extra={"num_servers": k}), _world(size))
+        TFParameterServerStrategy(Config(strategy="tf-ps", extra={"num_servers": k}), _world(size))
     with pytest.raises(UsageError, match="--num-servers=0 must be >= 1"):
-        tfdist.TFParameterServerStrategy(Config(strategy="tf-ps", extra={"num_servers": 0}), _world(4))
+        TFParameterServerStrategy(Config(strategy="tf-ps", extra={"num_servers": 0}), _world(4))
 
 
 def test_exchange_and_free_port_at_world_size_1():
-    assert tfdist.exchange(MPI.COMM_SELF, ("h", 1)) == [("h", 1)]
-    assert 0 < tfdist.free_port() < 65536
+    assert exchange(MPI.COMM_SELF, ("h", 1)) == [("h", 1)]
+    assert 0 < free_port() < 65536

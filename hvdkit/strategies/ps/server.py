@@ -25,12 +25,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from hvdkit.comm import poll
 from hvdkit.errors import ProtocolError
 from hvdkit.strategies.ps import rules
 from hvdkit.strategies.ps.protocol import (DTYPE_CODES, DTYPES, TAG_REP, TAG_REP_DATA, TAG_REQ, TAG_REQ_DATA,
                                            Header, Kind, Layout, empty_header, from_json_bytes, json_bytes)
 
-__all__ = ["ShardServer", "ServerLoop", "serve", "poll", "MODES", "Reply"]
+__all__ = ["ShardServer", "ServerLoop", "serve", "MODES", "Reply"]
 
 MODES = ("sync", "async", "ssp", "dcasgd")
 
@@ -244,41 +245,6 @@ class ShardServer:
         for i, p in enumerate(parts):
             p[...] = vec[i * n:(i + 1) * n]
         self.version, self.optimizer.iterations = version, iterations
-
-
-#: seconds :func:`poll` spins before it starts yielding the core (a round trip on one host
-#: takes tens of microseconds; MPI's own blocking calls spin the same way)
-SPIN_S = 2e-4
-#: seconds :func:`poll` yields (``sleep(0)``) before it starts sleeping
-YIELD_S = 2e-3
-
-
-def poll(test, deadline: float | None, what: str) -> None:
-    """Call ``test()`` until it returns True: spin, then yield, then sleep (<= 200 us).
-
-    For :data:`SPIN_S` it spins (a reply already on its way costs no system call); until
-    :data:`YIELD_S` it calls ``sleep(0)`` between tries, which hands the GIL and the core to
-    the other thread of a colocated worker/server pair; after that the sleeps grow from
-    20 us to 200 us, so an idle server thread costs almost no CPU next to training.
-
-    Raises:
-        TimeoutError: ``deadline`` (a ``time.monotonic()`` value) passed; the message is ``what``.
-    """
-    if test():
-        return
-    t0 = time.perf_counter()
-    tries = 0
-    while not test():
-        tries += 1
-        waited = time.perf_counter() - t0
-        if waited < SPIN_S:
-            continue
-        if waited < YIELD_S:
-            time.sleep(0)
-            continue
-        time.sleep(min(2e-4, 2e-5 * (1 + tries // 100)))
-        if deadline is not None and time.monotonic() > deadline:
-            raise TimeoutError(what)
 
 
 class ServerLoop:

@@ -24,7 +24,7 @@ averaged over the workers at each epoch end (``ps-sync``, as ``horovod`` does) o
 end of training (the asynchronous modes).
 
 Epochs: ``ps-sync`` ends every epoch with the harness's collective (metrics of all workers,
-evaluation sharded over them). The asynchronous modes do not (``epoch_barrier = False``):
+evaluation sharded over them). The asynchronous modes do not (see ``epoch_end``):
 a fast worker goes on to its next epoch without waiting for a straggler; rank 0 logs its
 own loss and samples/s and evaluates the servers' current weights alone, so an epoch
 line is a snapshot in time. Final results gather every worker, after all have finished.
@@ -36,9 +36,10 @@ import time
 
 import numpy as np
 
-from hvdkit.config import _Field
+from hvdkit.config import Option, above, at_least
 from hvdkit.errors import UsageError
-from hvdkit.strategies.base import Strategy, make_step_functions, straggle
+from hvdkit.steps import make_step_functions, straggle
+from hvdkit.strategies.base import NUM_SERVERS, Strategy, average_statistics
 from hvdkit.strategies.ps import rules
 from hvdkit.strategies.ps.protocol import Layout
 from hvdkit.strategies.ps.server import ServerLoop, ShardServer
@@ -46,15 +47,17 @@ from hvdkit.strategies.ps.worker import PSClient
 
 __all__ = ["PSStrategy", "PSSync", "PSAsync", "PSSSP", "PSDCASGD", "PS_FIELDS"]
 
-_G = "parameter server (ps-*)"
+_G = NUM_SERVERS.group
 PS_FIELDS = (
-    _Field("num_servers", int, 1, "dedicated server ranks: the last K ranks serve, the others are workers", _G),
-    _Field("ps_colocated", bool, False, "every rank is a worker and serves one shard in a thread (BytePS-style)", _G),
-    _Field("staleness", int, 1, "ps-ssp: bound s; a worker at clock c waits until the slowest has clock >= c - s", _G),
-    _Field("dc_lambda", float, 0.04, "ps-dcasgd: lambda_0 of g + lambda * g * g * (w_now - w_backup)", _G),
-    _Field("dc_adaptive", bool, False, "ps-dcasgd: lambda_t = lambda_0 / sqrt(meansquare(g) + eps) (DC-ASGD-a)", _G),
-    _Field("ps_timeout", float, 120.0, "seconds a server waits for a missing worker (a worker waits twice as "
-           "long for a server) before declaring it dead or hung", _G),
+    NUM_SERVERS,
+    Option("ps_colocated", bool, False, "every rank is a worker and serves one shard in a thread (BytePS-style)", _G),
+    Option("staleness", int, 1, "ps-ssp: bound s; a worker at clock c waits until the slowest has clock >= c - s",
+           _G, metavar="S", check=at_least(0)),
+    Option("dc_lambda", float, 0.04, "ps-dcasgd: lambda_0 of g + lambda * g * g * (w_now - w_backup)", _G,
+           metavar="LAMBDA", check=at_least(0)),
+    Option("dc_adaptive", bool, False, "ps-dcasgd: lambda_t = lambda_0 / sqrt(meansquare(g) + eps) (DC-ASGD-a)", _G),
+    Option("ps_timeout", float, 120.0, "seconds a server waits for a missing worker (a worker waits twice as "
+           "long for a server) before declaring it dead or hung", _G, metavar="SECONDS", check=above(0)),
 )
 
 
@@ -62,23 +65,13 @@ class PSStrategy(Strategy):
     """A parameter-server strategy; subclasses fix ``mode`` (see :mod:`.server`)."""
 
     mode = "sync"
-    extra_fields = PS_FIELDS
+    options = PS_FIELDS
 
     def __init__(self, cfg, world):
         super().__init__(cfg, world)
-        ex = cfg.extra
-        n = world.size
-        self.colocated = bool(ex.get("ps_colocated", False))
-        self.timeout = float(ex.get("ps_timeout", 120.0))
-        self.staleness = int(ex.get("staleness", 1))
-        self.dc_lambda = float(ex.get("dc_lambda", 0.04))
-        self.dc_adaptive = bool(ex.get("dc_adaptive", False))
-        if self.staleness < 0:
-            raise UsageError(f"--staleness={self.staleness} must be >= 0")
-        if self.dc_lambda < 0:
-            raise UsageError(f"--dc-lambda={self.dc_lambda} must be >= 0")
-        if self.timeout <= 0:
-            raise UsageError(f"--ps-timeout={self.timeout} must be > 0")
+        o, n = self.opts, world.size
+        self.colocated, self.timeout = o.ps_colocated, o.ps_timeout
+        self.staleness, self.dc_lambda, self.dc_adaptive = o.staleness, o.dc_lambda, o.dc_adaptive
         if self.colocated:
             from mpi4py import MPI
 
@@ -88,9 +81,7 @@ class PSStrategy(Strategy):
             self.server_ranks = list(range(n))
             self.worker_ranks = list(range(n))
         else:
-            k = int(ex.get("num_servers", 1))
-            if k < 1:
-                raise UsageError(f"--num-servers={k} must be >= 1")
+            k = o.num_servers
             if n < k + 1:
                 raise UsageError(f"{self.name} with --num-servers {k} needs at least {k + 1} ranks ({k} server(s) "
                                  f"and 1 or more workers), got {n}; launch more ranks or use --ps-colocated")
@@ -184,25 +175,31 @@ class PSStrategy(Strategy):
     def serve(self) -> None:
         self.final_stats = self.loop.run()
 
-    def end_epoch(self) -> None:
-        extra = [v for v in self.model.non_trainable_variables if v.dtype.is_floating]
-        if extra and self.num_workers > 1:
-            from mpi4py import MPI
+    def epoch_end(self, final: bool):
+        """ps-sync, and every mode at the end of training: all workers, the servers' weights.
 
-            for v in extra:
-                a = np.ascontiguousarray(v.numpy())
-                self._workers_comm.Allreduce(MPI.IN_PLACE, a)
-                v.assign(a / self.num_workers)
+        Asynchronous modes before the end: no collective; rank 0 alone pulls the servers'
+        current weights (a snapshot in time) and returns ``COMM_SELF``; other workers None.
+        """
+        from mpi4py import MPI
 
-    def sync_for_eval(self) -> None:
-        # Every worker is past its last push (the trainer reduced the epoch's metrics over the
-        # workers first), so every pull returns the same weights.
+        if self.mode == "sync" or final:
+            if final:  # leave the sync barrier and the SSP gate; then wait for every worker's last push
+                self.client.idle()
+                self._workers_comm.Barrier()
+            average_statistics(self.model, self._workers_comm)
+            # Every worker is past its last push (ps-sync: a step's reply comes after every
+            # worker's push was applied), so every pull returns the same weights.
+            self._pull()
+            return self._workers_comm
+        if self.world.rank == 0:
+            self._pull()
+            return MPI.COMM_SELF
+        return None
+
+    def _pull(self) -> None:
         self.client.pull(self.flat_w)
         self._assign()
-
-    def finish_pushing(self) -> None:
-        if self.client is not None:
-            self.client.idle()
 
     def finish(self) -> None:
         if self.client is not None:
@@ -275,7 +272,6 @@ class PSAsync(PSStrategy):
     """Asynchronous PS: each push is applied on arrival; no worker waits for another."""
 
     name, mode = "ps-async", "async"
-    epoch_barrier = False
     summary = "parameter server, asynchronous: each gradient applied on arrival (Hogwild-style staleness)"
 
 
@@ -283,7 +279,6 @@ class PSSSP(PSStrategy):
     """Stale synchronous parallel PS (Ho et al., NIPS 2013), bound ``--staleness``."""
 
     name, mode = "ps-ssp", "ssp"
-    epoch_barrier = False
     summary = "parameter server, stale synchronous parallel: workers at most --staleness clocks apart"
 
 
@@ -291,5 +286,4 @@ class PSDCASGD(PSStrategy):
     """Delay-compensated asynchronous SGD (Zheng et al., ICML 2017)."""
 
     name, mode = "ps-dcasgd", "dcasgd"
-    epoch_barrier = False
     summary = "parameter server, asynchronous with delay compensation g + lambda*g*g*(w_now - w_backup)"

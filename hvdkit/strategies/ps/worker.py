@@ -10,10 +10,10 @@ import time
 
 import numpy as np
 
+from hvdkit.comm import poll
 from hvdkit.errors import ProtocolError
 from hvdkit.strategies.ps.protocol import (DTYPE_CODES, DTYPES, TAG_REP, TAG_REP_DATA, TAG_REQ, TAG_REQ_DATA,
                                            Header, Kind, Layout, empty_header, from_json_bytes, json_bytes)
-from hvdkit.strategies.ps.server import poll
 
 __all__ = ["PSClient"]
 

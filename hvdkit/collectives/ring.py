@@ -7,7 +7,7 @@ its left neighbour (r - 1) % N. The buffer of L elements is cut into N contiguou
 (:func:`chunk_bounds`: sizes differ by at most one element, so any L works, including
 L < N and L = 0).
 
-1. Scatter-reduce, N - 1 steps. At step s (0-based) rank r sends chunk (r - s) % N and
+1. Reduce-scatter, N - 1 steps. At step s (0-based) rank r sends chunk (r - s) % N and
    receives chunk (r - s - 1) % N, which it adds into its own copy. After the last step,
    rank r holds chunk (r + 1) % N summed over all N ranks.
 2. Allgather, N - 1 steps. At step s rank r sends chunk (r + 1 - s) % N (the fully reduced
@@ -50,7 +50,7 @@ Example (every rank runs it; ``mpirun -np 4 python script.py``)::
 
     from mpi4py import MPI
     import numpy as np
-    from hvdkit.ring import RingAllreduce
+    from hvdkit.collectives.ring import RingAllreduce
 
     ring = RingAllreduce(MPI.COMM_WORLD)            # collective: duplicates the communicator
     x = np.full(1001, MPI.COMM_WORLD.rank, np.float32)
@@ -69,7 +69,7 @@ from mpi4py.util import dtlib
 __all__ = ["RingAllreduce", "ring_allreduce", "chunk_bounds", "bucket_bounds", "flatten", "unflatten",
            "ring_bytes_per_rank"]
 
-_TAG_SCATTER_REDUCE = 0  # + step
+_TAG_REDUCE_SCATTER = 0  # + step
 _TAG_ALLGATHER = 1 << 12  # + step (world sizes beyond 4096 would need another scheme; checked)
 
 
@@ -337,19 +337,19 @@ class RingAllreduce:
         return s[:n]
 
     def _ring(self, x: np.ndarray, average: bool) -> None:
-        """Scatter-reduce then allgather on the 1-D contiguous view ``x`` (N > 1)."""
+        """Reduce-scatter then allgather on the 1-D contiguous view ``x`` (N > 1)."""
         n, r = self.size, self.rank
         right, left = (r + 1) % n, (r - 1) % n
         b = chunk_bounds(x.size, n)
         scratch = self._scratch_for(x.dtype, int(b[1] - b[0]))  # chunk 0 is a largest chunk
         comm = self.comm
-        for s in range(n - 1):  # scatter-reduce
+        for s in range(n - 1):  # reduce-scatter
             send_c, recv_c = (r - s) % n, (r - s - 1) % n
             reqs = []
             nrecv = int(b[recv_c + 1] - b[recv_c])
             if nrecv:
-                reqs.append(comm.Irecv(scratch[:nrecv], source=left, tag=_TAG_SCATTER_REDUCE + s))
-            reqs.append(self._isend(x[b[send_c]:b[send_c + 1]], right, _TAG_SCATTER_REDUCE + s))
+                reqs.append(comm.Irecv(scratch[:nrecv], source=left, tag=_TAG_REDUCE_SCATTER + s))
+            reqs.append(self._isend(x[b[send_c]:b[send_c + 1]], right, _TAG_REDUCE_SCATTER + s))
             MPI.Request.Waitall([q for q in reqs if q is not None])
             if nrecv:
                 seg = x[b[recv_c]:b[recv_c + 1]]

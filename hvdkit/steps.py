@@ -1,0 +1,198 @@
+"""Step maths shared by every strategy: the loss, gradients, one update, evaluation.
+
+Pure TensorFlow on one rank (no communication except :func:`evaluate`'s one ``Allreduce``,
+over the communicator its caller passes): strategies build their steps from these pieces,
+so every row of the strategy table computes the same loss, the same gradients and the
+same accuracy, and the trainer and the bare-Horovod baseline size TensorFlow's thread
+pools with the same rule (:func:`configure_threads`).
+
+Shapes: ``x`` is (batch, *input_shape) float32, ``y`` (batch,) int64 class labels; the
+model returns logits (batch, classes). Losses are sparse categorical cross-entropy.
+TensorFlow is imported inside the functions, so importing this module is cheap.
+"""
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+
+from hvdkit.config import Config
+from hvdkit.timing import StepTimer
+
+__all__ = ["configure_threads", "thread_counts", "make_optimizer", "make_step_functions", "make_fused_step",
+           "eval_fn", "evaluate", "straggle"]
+
+
+def thread_counts(requested: int, local_size: int, host_cores: int, affinity_cores: int) -> tuple[int, int]:
+    """The one thread rule: (intra-op, inter-op) TensorFlow threads of one rank.
+
+    Args:
+        requested: ``--threads`` (0: automatic).
+        local_size: ranks on this host.
+        host_cores: the host's cores (``os.cpu_count()``).
+        affinity_cores: the cores this process may run on (``os.sched_getaffinity``).
+
+    intra-op = ``requested`` if given; else ``affinity_cores`` when the rank is confined to
+    fewer cores than the host has (``mpirun --bind-to``, Slurm ``--cpus-per-task``, a container
+    cpuset), else max(1, host_cores // local_size). inter-op = 1 when ranks on this host >=
+    cores, else 2. Pure: the trainer and the bare-Horovod baseline both call it.
+    """
+    intra = requested or (affinity_cores if affinity_cores < host_cores else max(1, host_cores // local_size))
+    return intra, 1 if local_size >= host_cores else 2
+
+
+def configure_threads(requested: int, local_rank: int, local_size: int) -> tuple[int, int]:
+    """Apply :func:`thread_counts` to TensorFlow, and pin the GPU of ``local_rank``.
+
+    Must run before any TensorFlow op (a second call in one process keeps the first pool
+    sizes). Each rank sees only GPU ``local_rank % GPUs`` (Horovod's convention), with
+    memory growth on. Returns (intra, inter).
+    """
+    import tensorflow as tf
+
+    host = os.cpu_count() or 1
+    mine = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else host
+    intra, inter = thread_counts(requested, local_size, host, mine)
+    try:
+        tf.config.threading.set_intra_op_parallelism_threads(intra)
+        tf.config.threading.set_inter_op_parallelism_threads(inter)
+    except RuntimeError:  # already initialised (a second run in one process, tests)
+        pass
+    gpus = tf.config.list_physical_devices("GPU")
+    if gpus:  # one GPU per rank: the one matching the local rank (Horovod's convention)
+        tf.config.set_visible_devices(gpus[local_rank % len(gpus)], "GPU")
+        tf.config.experimental.set_memory_growth(gpus[local_rank % len(gpus)], True)
+    return intra, inter
+
+
+def make_optimizer(cfg: Config, lr_scale: int):
+    """The Keras optimizer of ``cfg`` with learning rate ``cfg.lr * lr_scale``."""
+    import tensorflow as tf
+
+    lr = cfg.lr * lr_scale
+    if cfg.optimizer == "adam":
+        return tf.keras.optimizers.Adam(lr)
+    return tf.keras.optimizers.SGD(lr, momentum=cfg.momentum if cfg.optimizer == "momentum" else 0.0)
+
+
+def eval_fn(model):
+    """Compiled ``fn(x, y) -> (loss_sum, correct)`` for evaluating ``model``."""
+    import tensorflow as tf
+
+    @tf.function(input_signature=[tf.TensorSpec((None, *model.input_shape[1:]), tf.float32),
+                                  tf.TensorSpec((None,), tf.int64)])
+    def fn(x, y):
+        logits = model(x, training=False)
+        loss = tf.reduce_sum(tf.keras.losses.sparse_categorical_crossentropy(y, logits, from_logits=True))
+        return loss, tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, 1), y), tf.int32))
+
+    return fn
+
+
+def evaluate(fn, x: np.ndarray, y: np.ndarray, comm, batch: int = 512) -> tuple[float, float]:
+    """Mean loss and accuracy on (x, y), sharded over the ranks of ``comm`` (collective).
+
+    Every rank of ``comm`` must hold the same weights; rank r evaluates ``x[r::size]`` and
+    the sums are combined with one ``Allreduce``. Returns (eval_loss, eval_accuracy).
+    """
+    r, n = comm.Get_rank(), comm.Get_size()
+    xs, ys = x[r::n], y[r::n]
+    sums = np.zeros(3, np.float64)  # loss_sum, correct, count
+    for s in range(0, len(xs), batch):
+        loss, correct = fn(xs[s:s + batch], ys[s:s + batch])
+        sums += (float(loss), int(correct), len(ys[s:s + batch]))
+    comm.Allreduce(sums.copy(), sums)
+    return sums[0] / max(sums[2], 1), sums[1] / max(sums[2], 1)
+
+
+def straggle(cfg: Config, rank: int, compute_s: float, timer: StepTimer | None = None) -> float:
+    """``--straggler RANK:FACTOR``: on RANK, sleep (FACTOR - 1) x this step's compute seconds.
+
+    Makes one rank FACTOR times slower at computing, for experiments and tests. The sleep
+    is timed as compute. Returns the seconds slept (0 on every other rank).
+    """
+    target = cfg.straggler_rank_factor
+    if target is None or target[0] != rank or target[1] <= 1.0:
+        return 0.0
+    extra = (target[1] - 1.0) * compute_s
+    time.sleep(extra)
+    if timer is not None:
+        timer.add("compute", extra)
+    return extra
+
+
+def _signature(model):
+    """Input signature (x: (batch, *input_shape) float32, y: (batch,) int64), any batch size."""
+    import tensorflow as tf
+
+    return [tf.TensorSpec((None, *model.input_shape[1:]), tf.float32), tf.TensorSpec((None,), tf.int64)]
+
+
+def _loss_correct_grads(model, x, y):
+    """(summed cross-entropy, correct predictions, gradients of the MEAN loss) of one batch."""
+    import tensorflow as tf
+
+    with tf.GradientTape() as tape:
+        logits = model(x, training=True)                                    # (batch, classes)
+        losses = tf.keras.losses.sparse_categorical_crossentropy(y, logits, from_logits=True)
+        loss = tf.reduce_mean(losses)
+    grads = tape.gradient(loss, model.trainable_variables)
+    correct = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, 1), y), tf.int32))
+    return tf.reduce_sum(losses), correct, grads
+
+
+def make_step_functions(model, optimizer):
+    """Compiled gradient and update functions shared by the replica strategies.
+
+    Returns:
+        ``grads_fn(x, y) -> (loss_sum, correct, grads)`` where loss_sum is the summed
+        cross-entropy (float32 scalar), correct an int32 scalar and grads a list of
+        tensors shaped like ``model.trainable_variables`` (gradients of the batch MEAN
+        loss); and ``apply_fn(grads)`` applying them with ``optimizer``.
+    """
+    import tensorflow as tf
+
+    variables = model.trainable_variables
+
+    @tf.function(input_signature=_signature(model))
+    def grads_fn(x, y):
+        return _loss_correct_grads(model, x, y)
+
+    @tf.function
+    def apply_fn(grads):
+        optimizer.apply_gradients(zip(grads, variables))
+
+    return grads_fn, apply_fn
+
+
+def make_fused_step(model, optimizer, allreduce):
+    """One compiled step: gradients, ``allreduce(grads)`` (a graph op), update.
+
+    The communication time is measured inside the graph: ``tf.timestamp()`` ops ordered by
+    control dependencies after the gradients exist and after the reduced gradients exist.
+
+    Returns:
+        ``step(x, y) -> (loss_sum, correct, comm_seconds)``, float32 / int32 / float64 scalars.
+    """
+    import tensorflow as tf
+
+    variables = model.trainable_variables
+
+    @tf.function(input_signature=_signature(model))
+    def step(x, y):
+        loss_sum, correct, grads = _loss_correct_grads(model, x, y)
+        grads = [tf.zeros_like(v) if g is None else tf.convert_to_tensor(g)   # unused variables: zeros
+                 for g, v in zip(grads, variables)]
+        with tf.control_dependencies(grads):
+            t0 = tf.timestamp()
+        with tf.control_dependencies([t0]):
+            reduced = allreduce(grads)
+        with tf.control_dependencies(reduced):
+            t1 = tf.timestamp()
+        optimizer.apply_gradients(zip(reduced, variables))
+        return loss_sum, correct, t1 - t0
+
+    return step
+
+
