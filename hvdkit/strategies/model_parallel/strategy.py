@@ -1,32 +1,21 @@
-"""``--strategy model-parallel``: a Sequential model's layers split into pipeline stages, one per rank.
+"""The model-parallel strategy: the GPipe step, pipelined evaluation, weight and checkpoint gathering.
 
-The notes contrast data parallelism (every device holds the whole model and reads its own
-data) with model parallelism: different devices run different parts of ONE model on the
-SAME data, at the price of heavy communication and poor scaling. This row makes that
-measurable under the same harness as the data-parallel rows.
-
-Partition. The Sequential model's layers are grouped into units of exactly one layer with
-weights; a layer without weights (Flatten, pooling, activation) goes with the unit before
-it (leading ones with the first unit), so a stage sends the pooled/flattened activation.
-The units are split into ``world size`` contiguous stages minimising the largest stage's
-parameter count (balanced by PARAMETERS, not FLOPs: exact, known without profiling, and
-equal to the memory each rank must hold; for convolutions FLOPs scale differently, so the
-cnn's stages are balanced in memory, not time). Stage r runs on rank r. Refused with a
-:class:`~hvdkit.errors.UsageError`: a model that is not ``tf.keras.Sequential`` (e.g.
-resnet50), more ranks than layers with weights, boundary activations that are not float32.
+Uses :mod:`~hvdkit.strategies.model_parallel.plan` for the stage split and boundary
+shapes and :class:`~hvdkit.strategies.model_parallel.transport.StageLink` for every
+message between stages.
 
 Data. Every rank reads the SAME batch: :meth:`ModelParallelStrategy.data_partition` is
 (0, 1) everywhere, so :func:`hvdkit.data.epoch_shard` gives every rank the whole epoch in
-the same order. Stage 0 uses the images, the last stage the labels. One replica:
-``num_workers`` = 1 and ``lr_scale`` = 1 (the learning rate is never scaled).
+the same order (checked once, at the first step, by a CRC of the batch). Stage 0 uses the
+images, the last stage the labels. One replica: ``num_workers`` = 1 and ``lr_scale`` = 1
+(the learning rate is never scaled).
 
 Schedule (GPipe fill-drain, Huang et al., "GPipe: Efficient Training of Giant Neural
 Networks using Pipeline Parallelism", NeurIPS 2019). The batch of B samples is split into
 M = ``--micro-batches`` micro-batches (``numpy.array_split`` sizes; at most B of them).
 Forward: for m = 0..M-1, stage r receives micro-batch m's activations from stage r-1
-(``Mprobe`` + ``Recv`` into a float32 numpy buffer whose shape is known from a dummy
-forward at set-up and the micro-batch size that every rank computes from the shared
-batch: no header, no pickle), runs its layers under a ``tf.GradientTape`` and ``Isend``\\ s
+(float32, shape known from the boundary shapes and the micro-batch size that every rank
+computes from the shared batch), runs its layers under a ``tf.GradientTape`` and sends
 the output to r+1. The last stage computes the loss of the micro-batch, ``sum(cross-entropy
 over the micro-batch) / B`` (so the sum over micro-batches is the batch-mean loss every
 other strategy uses), its gradients and the gradient w.r.t. its input, which it sends back
@@ -39,15 +28,8 @@ The tapes hold M micro-batches of activations (no re-materialisation); stage fun
 ``tf.function``\\ s called under the eager tape, so backward reuses the forward's values.
 
 Timing (:class:`hvdkit.timing.StepTimer`): ``compute`` forward, backward, update; ``wait``
-time blocked in ``Mprobe`` until the neighbour's message is there (the pipeline bubble);
-``comm`` the receive itself, posting sends and completing them at the end of the step.
-
-Bytes per step per rank: stage r receives its input activations and sends back their
-gradient, sends its output activations and receives their gradient:
-``2 x 4 x B x (a_in + a_out)`` bytes, a_in/a_out = float32 elements per sample at its input
-and output boundaries (0 at the ends of the pipeline); independent of M (M times as many
-messages). Compare data parallel's ``2 (N-1)/N x S`` (S = gradient bytes). GPipe's bubble
-fraction is ``(N-1) / (M+N-1)`` of the step for N stages.
+and ``comm`` as :mod:`~hvdkit.strategies.model_parallel.transport` measures them (the
+pipeline bubble, and the transfers themselves).
 
 Weights. After training steps, :meth:`~ModelParallelStrategy.epoch_end` broadcasts
 every stage's weights from its owner (``Bcast`` per variable), so every rank's full model
@@ -56,126 +38,24 @@ full model, identical on every rank. Evaluation itself is a pipelined forward.
 Checkpoints: :meth:`~ModelParallelStrategy.state` holds the full model plus every stage's
 optimizer variables (sent to rank 0 with ``Send``/``Recv``), so ``--resume`` works at the
 same world size; a checkpoint of another stage split is refused.
-
-Run it::
-
-    mpirun -np 2 python -m hvdkit.train --strategy model-parallel
-    mpirun -np 3 python -m hvdkit.train --strategy model-parallel --micro-batches 4 --batch-size 64
 """
 from __future__ import annotations
 
 import time
-import zlib
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
 from hvdkit.config import Option, at_least
-from hvdkit.errors import ProtocolError, UsageError
+from hvdkit.errors import UsageError
 from hvdkit.steps import straggle
 from hvdkit.strategies.base import Strategy
+from hvdkit.strategies.model_parallel.plan import boundary_shapes, plan_stages, stage_bytes_per_step
+from hvdkit.strategies.model_parallel.transport import TAG_ACT, TAG_EVAL, TAG_GRAD, TAG_STATE, StageLink
 
-__all__ = ["ModelParallelStrategy", "plan_stages", "balanced_split", "stage_bytes_per_step"]
+__all__ = ["ModelParallelStrategy"]
 
-_TAG_ACT, _TAG_GRAD, _TAG_EVAL, _TAG_STATE = 11, 12, 13, 14
-_EVAL_BATCH = 512
-
-
-def balanced_split(costs: Sequence[int], parts: int) -> list[tuple[int, int]]:
-    """Split ``costs`` into ``parts`` contiguous non-empty groups minimising the largest group sum.
-
-    Dynamic programming over (groups, prefix), O(parts x len(costs)^2); ties go to the
-    split whose earlier groups end first.
-
-    Args:
-        costs: non-negative cost of each unit, in order.
-        parts: number of groups, 1 <= parts <= len(costs).
-
-    Returns:
-        ``parts`` half-open index ranges ``(start, stop)`` covering ``range(len(costs))``.
-
-    Raises:
-        ValueError: parts < 1 or parts > len(costs).
-    """
-    k = len(costs)
-    if not 1 <= parts <= k:
-        raise ValueError(f"cannot split {k} units into {parts} non-empty contiguous groups")
-    prefix = np.concatenate([[0], np.cumsum(np.asarray(costs, np.int64))])
-    inf = np.iinfo(np.int64).max
-    best = np.full((parts + 1, k + 1), inf, np.int64)  # best[p][i]: first i units in p groups
-    cut = np.zeros((parts + 1, k + 1), np.int64)
-    best[0][0] = 0
-    for p in range(1, parts + 1):
-        for i in range(p, k + 1):
-            for j in range(p - 1, i):  # last group is units j..i-1
-                if best[p - 1][j] == inf:
-                    continue
-                cost = max(best[p - 1][j], prefix[i] - prefix[j])
-                if cost < best[p][i]:
-                    best[p][i], cut[p][i] = cost, j
-    bounds, i = [], k
-    for p in range(parts, 0, -1):
-        j = int(cut[p][i])
-        bounds.append((j, i))
-        i = j
-    return bounds[::-1]
-
-
-def plan_stages(model, num_stages: int) -> list[tuple[int, int]]:
-    """Contiguous layer ranges of ``model.layers``, one per pipeline stage, balanced by parameters.
-
-    Layers without weights join the unit of the layer with weights before them (leading
-    ones join the first unit); units are split by :func:`balanced_split` on their
-    parameter counts (``layer.count_params()``, trainable and not).
-
-    Args:
-        model: a built ``tf.keras.Sequential``.
-        num_stages: number of stages (the world size), >= 1.
-
-    Returns:
-        ``num_stages`` half-open ranges ``(first_layer, stop)`` of indices into ``model.layers``.
-
-    Raises:
-        UsageError: ``model`` is not Sequential, or has fewer layers with weights than
-            ``num_stages``.
-    """
-    import tensorflow as tf
-
-    if not isinstance(model, tf.keras.Sequential):
-        raise UsageError(f"--strategy model-parallel splits a tf.keras.Sequential model into stages; model "
-                         f"{model.name!r} is a {type(model).__name__}; use linear, mlp, cnn or a Sequential "
-                         "MODULE:FUNCTION model")
-    layers = model.layers
-    weighted = [i for i, layer in enumerate(layers) if layer.weights]
-    if len(weighted) < num_stages:
-        names = ", ".join(layers[i].name for i in weighted) or "none"
-        most = max(len(weighted), 1)
-        raise UsageError(f"--strategy model-parallel puts one stage per rank and each stage needs a layer with "
-                         f"weights; model {model.name!r} has {len(weighted)} ({names}) but the world has "
-                         f"{num_stages} ranks; launch at most {most} (mpirun -np {most}) or use a model with "
-                         "more layers with weights")
-    # unit u covers layers [starts[u], starts[u+1]): weighted layer u plus the weightless ones after it
-    starts = [0] + weighted[1:]
-    stops = starts[1:] + [len(layers)]
-    costs = [sum(layers[i].count_params() for i in range(a, b)) for a, b in zip(starts, stops)]
-    return [(starts[a], stops[b - 1]) for a, b in balanced_split(costs, num_stages)]
-
-
-def stage_bytes_per_step(boundary_elems: Sequence[int], stage: int, batch: float) -> float:
-    """Activation + gradient bytes one stage sends and receives in one step (float32).
-
-    Args:
-        boundary_elems: float32 elements per sample crossing each stage boundary
-            (``len = stages - 1``; boundary r is between stage r and r+1).
-        stage: the stage (rank).
-        batch: samples per step, B (a mean over steps may be fractional).
-
-    Returns:
-        ``2 x 4 x B x (a_in + a_out)`` bytes.
-    """
-    a_in = boundary_elems[stage - 1] if stage > 0 else 0
-    a_out = boundary_elems[stage] if stage < len(boundary_elems) else 0
-    return 2 * 4 * batch * (a_in + a_out)
+_EVAL_BATCH = 512  # samples per evaluation chunk
 
 
 class ModelParallelStrategy(Strategy):
@@ -192,17 +72,14 @@ class ModelParallelStrategy(Strategy):
 
     def __init__(self, cfg, world):
         super().__init__(cfg, world)
-        self.micro_batches = self.opts.micro_batches
-        if self.micro_batches > cfg.batch_size:
-            raise UsageError(f"--micro-batches={self.micro_batches} is larger than --batch-size={cfg.batch_size}; "
+        if self.opts.micro_batches > cfg.batch_size:
+            raise UsageError(f"--micro-batches={self.opts.micro_batches} is larger than --batch-size={cfg.batch_size}; "
                              "every micro-batch needs at least one sample")
         self.rank, self.stages = world.rank, world.size
-        self.comm = None
+        self.link: StageLink | None = None  # set up in setup(): every message between stages
         self.bounds: list[tuple[int, int]] = []
         self._dirty = False
         self._checked_batch = False
-        self._bytes = 0          # activation + gradient bytes sent and received by this rank
-        self._messages = 0
         self._steps = 0
         self._samples = 0
 
@@ -244,38 +121,25 @@ class ModelParallelStrategy(Strategy):
         err = None
         try:
             self.bounds = plan_stages(model, self.stages)
-            self._shapes = self._boundary_shapes(model)
+            self._shapes = boundary_shapes(model, self.bounds)
         except Exception as e:  # noqa: BLE001 - agreed on, reported once by rank 0
             err = e
         agree(err, self.world)
-        self.comm = self.world.comm.Dup()
+        self.link = StageLink(self.world.comm)
         a, b = self.bounds[self.rank]
         self.layers = model.layers[a:b]
         self.variables = [v for layer in self.layers for v in layer.trainable_variables]
         self.stage_weights = [v for layer in self.layers for v in layer.weights]
         for v in model.weights:  # the same start everywhere (weights are seeded anyway)
-            self._bcast_variable(v, 0)
+            self.link.bcast_variable(v, 0)
         optimizer.build(self.variables)  # slots for this stage's variables only
         specs = [(tuple(v.shape), np.dtype(v.dtype.as_numpy_dtype).str) for v in optimizer.variables]
-        self._opt_specs = self.comm.allgather(specs)  # tiny, once: every stage's optimizer layout
+        self._opt_specs = self.link.comm.allgather(specs)  # tiny, once: every stage's optimizer layout
         self._build_functions()
 
-    def _boundary_shapes(self, model) -> list[tuple[int, ...]]:
-        """Per-sample shape of the activation entering each stage (a dummy forward of 1 sample)."""
-        import tensorflow as tf
-
-        h = tf.zeros((1, *model.input_shape[1:]), tf.float32)
-        shapes = []
-        for s, (a, b) in enumerate(self.bounds):
-            shapes.append(tuple(h.shape[1:]))
-            if s > 0 and h.dtype != tf.float32:
-                raise UsageError(f"--strategy model-parallel sends float32 activations; the input of stage {s} "
-                                 f"(layer {model.layers[a].name!r}) is {h.dtype.name}")
-            for layer in model.layers[a:b]:
-                h = layer(h, training=False)
-        return shapes
-
     def _build_functions(self) -> None:
+        """Trace this stage's ``tf.function``\\ s: forward (training and inference), the last
+        stage's micro-batch loss/gradient step and evaluation, and the optimizer update."""
         import tensorflow as tf
 
         layers, variables = self.layers, self.variables
@@ -315,78 +179,7 @@ class ModelParallelStrategy(Strategy):
 
         self._last_step, self._last_eval, self._apply = last_step, last_eval, apply
 
-    # -- point-to-point ------------------------------------------------------------------
-    def _recv(self, shape: tuple[int, ...], source: int, tag: int, timer=None) -> np.ndarray:
-        """Receive a float32 array of ``shape`` from ``source``: wait (Mprobe) then transfer (Recv).
-
-        With a ``timer`` (training steps) the seconds go to its ``wait``/``comm`` phases and
-        the bytes to this rank's per-step traffic; evaluation passes none and is not counted.
-
-        Raises:
-            ProtocolError: the message does not hold exactly ``prod(shape)`` float32 values.
-        """
-        from mpi4py import MPI
-
-        buf = np.empty(shape, np.float32)
-        status = MPI.Status()
-        t0 = time.perf_counter()
-        msg = self.comm.Mprobe(source, tag, status)
-        t1 = time.perf_counter()
-        count = status.Get_count(MPI.FLOAT)
-        if count != buf.size:
-            raise ProtocolError(f"stage {self.rank} expected {buf.size} float32 values {shape} from rank {source} "
-                                f"(tag {tag}) but the message holds {count}")
-        msg.Recv(buf)
-        t2 = time.perf_counter()
-        if timer is not None:
-            timer.add("wait", t1 - t0)
-            timer.add("comm", t2 - t1)
-            self._bytes += buf.nbytes
-            self._messages += 1
-        return buf
-
-    def _isend(self, tensor, dest: int, tag: int, pending: list, timer=None) -> None:
-        """Post a non-blocking send of ``tensor`` as float32; the buffer is kept in ``pending``.
-
-        With a ``timer`` (training steps) the bytes count towards this rank's per-step traffic.
-        """
-        t0 = time.perf_counter()
-        buf = np.ascontiguousarray(tensor.numpy(), np.float32)
-        pending.append((self.comm.Isend(buf, dest, tag), buf))
-        if timer is not None:
-            timer.add("comm", time.perf_counter() - t0)
-            self._bytes += buf.nbytes
-            self._messages += 1
-
-    def _wait_sends(self, pending: list, timer=None) -> None:
-        from mpi4py import MPI
-
-        t0 = time.perf_counter()
-        MPI.Request.Waitall([r for r, _ in pending])
-        pending.clear()
-        if timer is not None:
-            timer.add("comm", time.perf_counter() - t0)
-
-    def _bcast_variable(self, v, root: int) -> None:
-        value = np.array(v.numpy(), copy=True).reshape(-1)  # 1-D, contiguous (also 0-d)
-        self.comm.Bcast(value, root=root)
-        if self.rank != root:
-            v.assign(value.reshape(v.shape))
-
     # -- training ------------------------------------------------------------------------
-    def _check_same_batch(self, x: np.ndarray, y: np.ndarray) -> None:
-        """First step only: every stage must hold the same batch (MAX and MIN of a CRC agree)."""
-        from mpi4py import MPI
-
-        crc = zlib.crc32(np.ascontiguousarray(y).tobytes(), zlib.crc32(np.ascontiguousarray(x).tobytes()))
-        hi, lo = np.array([crc], np.int64), np.array([crc], np.int64)
-        self.comm.Allreduce(MPI.IN_PLACE, hi, op=MPI.MAX)
-        self.comm.Allreduce(MPI.IN_PLACE, lo, op=MPI.MIN)
-        if hi[0] != lo[0]:
-            raise ProtocolError("--strategy model-parallel: the pipeline stages read different batches at the first "
-                                "step; every rank must read the whole epoch in the same order")
-        self._checked_batch = True
-
     def train_step(self, x, y, timer):
         """One GPipe step (fill-drain) on the batch every rank holds.
 
@@ -401,11 +194,11 @@ class ModelParallelStrategy(Strategy):
         import tensorflow as tf
 
         if not self._checked_batch:
-            self._check_same_batch(x, y)
+            self.link.check_same_batch(x, y)  # first step only
+            self._checked_batch = True
         batch = len(y)
-        splits = [s for s in np.array_split(np.arange(batch), min(self.micro_batches, batch)) if len(s)]
+        splits = [s for s in np.array_split(np.arange(batch), min(self.opts.micro_batches, batch)) if len(s)]
         prev, nxt = self.rank - 1, self.rank + 1
-        pending: list = []
         tapes: list = []
         acc = None
         loss_sum, correct = 0.0, 0
@@ -420,7 +213,7 @@ class ModelParallelStrategy(Strategy):
         # forward (the last stage also runs each micro-batch's backward at once)
         for idx in splits:
             lo, hi = int(idx[0]), int(idx[-1]) + 1
-            h = x[lo:hi] if self.is_first else self._recv((hi - lo, *self._shapes[self.rank]), prev, _TAG_ACT, timer)
+            h = x[lo:hi] if self.is_first else self.link.recv((hi - lo, *self._shapes[self.rank]), prev, TAG_ACT, timer)
             t0 = time.perf_counter()
             h = tf.convert_to_tensor(h)
             if self.is_last:
@@ -430,7 +223,7 @@ class ModelParallelStrategy(Strategy):
                 correct += int(c)
                 dt = time.perf_counter() - t0
                 if not self.is_first:
-                    self._isend(gx, prev, _TAG_GRAD, pending, timer)
+                    self.link.isend(gx, prev, TAG_GRAD, timer)
             else:
                 tape = tf.GradientTape(watch_accessed_variables=False)
                 with tape:
@@ -441,14 +234,14 @@ class ModelParallelStrategy(Strategy):
                 tapes.append((tape, h, out))
                 out.numpy()  # make sure the compute is done before it is timed as such
                 dt = time.perf_counter() - t0
-                self._isend(out, nxt, _TAG_ACT, pending, timer)
+                self.link.isend(out, nxt, TAG_ACT, timer)
             timer.add("compute", dt)
             compute_s += dt
 
         # backward, micro-batch order 0..M-1 (the order the last stage produces the gradients)
         if not self.is_last:
             for (tape, h, out), idx in zip(tapes, splits):
-                up = self._recv(tuple(out.shape), nxt, _TAG_GRAD, timer)
+                up = self.link.recv(tuple(out.shape), nxt, TAG_GRAD, timer)
                 t0 = time.perf_counter()
                 sources = self.variables if self.is_first else [h, *self.variables]
                 grads = tape.gradient(out, sources, output_gradients=tf.convert_to_tensor(up))
@@ -457,7 +250,7 @@ class ModelParallelStrategy(Strategy):
                 accumulate(grads)
                 dt = time.perf_counter() - t0
                 if not self.is_first:
-                    self._isend(gx, prev, _TAG_GRAD, pending, timer)
+                    self.link.isend(gx, prev, TAG_GRAD, timer)
                 timer.add("compute", dt)
                 compute_s += dt
             tapes.clear()
@@ -467,7 +260,7 @@ class ModelParallelStrategy(Strategy):
         dt = time.perf_counter() - t0
         timer.add("compute", dt)
         straggle(self.cfg, self.rank, compute_s + dt, timer)
-        self._wait_sends(pending, timer)
+        self.link.wait_sends(timer)
         self._dirty = True
         self._steps += 1
         self._samples += batch
@@ -488,19 +281,18 @@ class ModelParallelStrategy(Strategy):
         if comm.Get_size() != self.stages:
             raise ValueError(f"model-parallel evaluation runs on every stage: comm of size {comm.Get_size()}, "
                              f"expected {self.stages}")
-        pending: list = []
         sums = np.zeros(3, np.float64)  # loss_sum, correct, count
         for s in range(0, len(y), _EVAL_BATCH):
             n = len(y[s:s + _EVAL_BATCH])
-            h = x[s:s + n] if self.is_first else self._recv((n, *self._shapes[self.rank]), self.rank - 1, _TAG_EVAL)
+            h = x[s:s + n] if self.is_first else self.link.recv((n, *self._shapes[self.rank]), self.rank - 1, TAG_EVAL)
             h = tf.convert_to_tensor(h)
             if self.is_last:
                 loss, correct = self._last_eval(h, tf.convert_to_tensor(y[s:s + n]))
                 sums += (float(loss), int(correct), n)
             else:
-                self._isend(self._fwd_eval(h), self.rank + 1, _TAG_EVAL, pending)
-        self._wait_sends(pending)
-        self.comm.Bcast(sums, root=self.stages - 1)
+                self.link.isend(self._fwd_eval(h), self.rank + 1, TAG_EVAL)
+        self.link.wait_sends()
+        self.link.comm.Bcast(sums, root=self.stages - 1)
         return sums[0] / max(sums[2], 1), sums[1] / max(sums[2], 1)
 
     def epoch_end(self, final: bool):
@@ -519,7 +311,7 @@ class ModelParallelStrategy(Strategy):
         for s, (a, b) in enumerate(self.bounds):
             for layer in self.model.layers[a:b]:
                 for v in layer.weights:
-                    self._bcast_variable(v, s)
+                    self.link.bcast_variable(v, s)
         self._dirty = False
 
     # -- checkpoints ---------------------------------------------------------------------
@@ -535,7 +327,7 @@ class ModelParallelStrategy(Strategy):
         mine = [np.array(v.numpy(), copy=True) for v in self.optimizer.variables]  # keeps 0-d shapes
         if self.rank != 0:
             for a in mine:
-                self.comm.Send(a.reshape(-1), 0, _TAG_STATE)
+                self.link.comm.Send(a.reshape(-1), 0, TAG_STATE)
             return {}
         out = {f"model/{i}": w for i, w in enumerate(self.model.get_weights())}
         out["model_parallel/bounds"] = np.array(self.bounds, np.int64)
@@ -544,7 +336,7 @@ class ModelParallelStrategy(Strategy):
         for s in range(1, self.stages):
             for j, (shape, dt) in enumerate(self._opt_specs[s]):
                 a = np.empty(shape, np.dtype(dt))
-                self.comm.Recv(a.reshape(-1), s, _TAG_STATE)
+                self.link.comm.Recv(a.reshape(-1), s, TAG_STATE)
                 out[f"optimizer/stage{s}/{j}"] = a
         return out
 
@@ -583,9 +375,9 @@ class ModelParallelStrategy(Strategy):
         Collective over the world (every rank calls ``report``).
         """
         n = self.stages
-        mine = np.array([self._bytes, self._messages, self._steps, self._samples], np.float64)
+        mine = np.array([self.link.bytes, self.link.messages, self._steps, self._samples], np.float64)
         every = np.empty((n, 4), np.float64)
-        self.comm.Allgather(mine, every)
+        self.link.comm.Allgather(mine, every)
         steps = max(int(every[0, 2]), 1)
         mean_batch = every[0, 3] / steps
         elems = [int(np.prod(s)) for s in self._shapes[1:]]
@@ -593,7 +385,7 @@ class ModelParallelStrategy(Strategy):
         return {"model_parallel": {
             "stages": [[layers[a].name, layers[b - 1].name, int(sum(layer.count_params() for layer in layers[a:b]))]
                        for a, b in self.bounds],
-            "micro_batches": self.micro_batches,
+            "micro_batches": self.opts.micro_batches,
             "schedule": "GPipe fill-drain: all micro-batch forwards, then all backwards; one update per batch",
             "balanced_by": "parameter count",
             "boundary_elements_per_sample": elems,
@@ -604,12 +396,12 @@ class ModelParallelStrategy(Strategy):
             "formula": "2 x 4 x B x (a_in + a_out) bytes sent+received by a stage per step: a_in, a_out = float32 "
                        "elements per sample at its input and output boundaries (0 at the pipeline's ends), "
                        "B = samples per step (mean_batch); independent of M",
-            "bubble_fraction_formula": (n - 1) / (self.micro_batches + n - 1),
+            "bubble_fraction_formula": (n - 1) / (self.opts.micro_batches + n - 1),
             "steps": int(every[0, 2]),
         }}
 
     def finish(self) -> None:
         """Free the duplicated communicator (every rank, after results are written)."""
-        if self.comm is not None:
-            self.comm.Free()
-            self.comm = None
+        if self.link is not None:
+            self.link.free()
+            self.link = None
