@@ -15,4 +15,4 @@ else
   PY=python3
 fi
 export PATH="$(dirname "$(command -v "$PY")"):$PATH"
-exec "$PY" -m benchmarks.suite "$@"
+exec "$PY" -m hvdkit.bench.suite "$@"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import os
 import platform
 import tempfile
@@ -38,24 +39,51 @@ def atomic_write(path: str, data: bytes) -> None:
         raise
 
 
+def _plain(obj: Any) -> Any:
+    """``obj`` as plain JSON values: numpy scalars and arrays become Python numbers and lists,
+    tuples become lists, and NaN / +-inf become None (JSON has no such numbers)."""
+    if isinstance(obj, np.ndarray):
+        obj = obj.tolist()
+    elif isinstance(obj, np.generic):
+        obj = obj.item()
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, Mapping):
+        return {k: _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_plain(v) for v in obj]
+    return obj
+
+
 def write_json(path: str, obj: Any) -> None:
-    """Atomically write ``obj`` as indented JSON (numpy scalars converted)."""
-    def default(o):
-        if isinstance(o, np.generic):
-            return o.item()
-        if isinstance(o, np.ndarray):
-            return o.tolist()
-        raise TypeError(f"not JSON serialisable: {type(o).__name__}")
+    """Atomically write ``obj`` as indented, standard JSON.
 
-    atomic_write(path, (json.dumps(obj, indent=2, default=default) + "\n").encode())
+    numpy scalars and arrays are converted; NaN and +-inf are written as ``null`` (strict
+    JSON readers reject ``NaN``).
+
+    Raises:
+        TypeError: a value that is not JSON serialisable (the message names its type).
+    """
+    atomic_write(path, (json.dumps(_plain(obj), indent=2, allow_nan=False) + "\n").encode())
 
 
-def write_csv(path: str, rows: Sequence[Mapping[str, Any]]) -> None:
-    """Atomically write a list of flat dicts as CSV (header from the first row)."""
-    if not rows:
-        return
+def write_csv(path: str, rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | None = None) -> None:
+    """Atomically write a list of flat dicts as CSV with a header row.
+
+    Args:
+        path: the file to write.
+        rows: one dict per row; None is written as an empty cell, keys not in the header
+            are left out.
+        columns: the header; None: every key of ``rows``, in order of first appearance (the
+            first row's keys when the rows share them). With ``columns`` and no rows, the
+            file holds the header alone; with neither, nothing is written.
+    """
+    if columns is None:
+        if not rows:
+            return
+        columns = list(dict.fromkeys(k for r in rows for k in r))
     buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=list(rows[0]), extrasaction="ignore")
+    w = csv.DictWriter(buf, fieldnames=list(columns), extrasaction="ignore")
     w.writeheader()
     w.writerows(rows)
     atomic_write(path, buf.getvalue().encode())

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 import pytest
 
+from hvdkit.launch import local_command
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VENV_BIN = os.path.dirname(sys.executable)
 
@@ -27,14 +29,9 @@ class Launch:
 
 
 def mpirun_cmd(np_: int, *args: str) -> list[str]:
-    """``mpirun -np N --oversubscribe [--allow-run-as-root] python ARGS`` for tests."""
-    cmd = ["mpirun", "-np", str(np_), "--oversubscribe", "--bind-to", "none"]
-    if os.geteuid() == 0:
-        cmd.append("--allow-run-as-root")
-    # forward the environment hvdkit needs to every rank
-    for var in ("PATH", "PYTHONPATH", "TF_CPP_MIN_LOG_LEVEL"):
-        cmd += ["-x", var]
-    return cmd + [sys.executable, *args]
+    """``mpirun -np N --oversubscribe --bind-to none [--allow-run-as-root] -x ... python ARGS``:
+    the launcher's builder for local jobs (:func:`hvdkit.launch.local_command`)."""
+    return local_command(np_, [sys.executable, *args])
 
 
 def launch(cmd: list[str], timeout: float, cwd: str | None = None, env: dict | None = None) -> Launch:

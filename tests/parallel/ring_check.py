@@ -1,7 +1,6 @@
-"""Check hvdkit.ring against mpi4py's ``Allreduce`` on every rank (run under mpirun).
+"""Check hvdkit.collectives.ring against mpi4py's ``Allreduce`` on every rank (run under mpirun).
 
     mpirun -np 3 python tests/parallel/ring_check.py            # correctness, prints OK lines
-    mpirun -np 2 python tests/parallel/ring_check.py --bench    # ring vs Allreduce wall time
 
 Correctness: for float32, float64 and int64, lengths 0, 1, 3, N-1, N, N+1, 1001 and ~3 MiB,
 with and without fusion buckets, in place and out of place, sum and average, and
@@ -12,15 +11,13 @@ a list of arrays of varied shapes: every rank compares its ring result with
 rank 0 prints ``ring_check: ALL OK on N ranks`` or ``ring_check: FAILED``; the exit
 status is 0 only when every rank passed.
 
-Bench: median wall time over repeats of ring and ``Allreduce`` on float32 buffers of
-1 MiB and 16 MiB (synchronised with a barrier before each repeat, the slowest rank's
-time taken), printed as a table on rank 0. No assertion on speed.
+Timing ring against ``Allreduce`` is a benchmark, not a test:
+``mpirun -np 2 python -m hvdkit.bench.collectives --methods mpi,ring``.
 """
 from __future__ import annotations
 
 import argparse
 import sys
-import time
 
 import numpy as np
 from mpi4py import MPI
@@ -47,7 +44,7 @@ def _data(rank: int, length: int, dtype, seed: int) -> np.ndarray:
     return rng.standard_normal(length).astype(dtype)
 
 
-def check(comm: MPI.Comm) -> list[str]:
+def check(comm: MPI.Comm) -> tuple[list[str], int]:
     """Run every case; return (this rank's failure messages, number of cases)."""
     rank, n = comm.Get_rank(), comm.Get_size()
     ring = RingAllreduce(comm)
@@ -117,44 +114,10 @@ def check(comm: MPI.Comm) -> list[str]:
     return failures, count
 
 
-def bench(comm: MPI.Comm, sizes_mib=(1, 16), repeats: int = 50) -> None:
-    """Print median seconds and algbw of ring vs ``Allreduce`` (float32 sum) on rank 0."""
-    ring = RingAllreduce(comm)
-    n = comm.Get_size()
-    if comm.Get_rank() == 0:
-        print(f"# ring vs MPI Allreduce, float32 sum, {n} ranks, median of {repeats} (after 3 warm-up), "
-              f"slowest rank; {MPI.Get_library_version().splitlines()[0]}")
-        print(f"{'MiB':>5} {'ring_s':>10} {'mpi_s':>10} {'ring_algbw_GB/s':>16} {'mpi_algbw_GB/s':>15}")
-    for mib in sizes_mib:
-        x = np.ones(mib * 2**20 // 4, np.float32)
-        out = np.empty_like(x)
-        res = {}
-        for label, fn in (("ring", lambda: ring.allreduce(x, out)), ("mpi", lambda: comm.Allreduce(x, out))):
-            times = []
-            for k in range(repeats + 3):
-                comm.Barrier()
-                t = time.perf_counter()
-                fn()
-                dt = np.array([time.perf_counter() - t])
-                comm.Allreduce(MPI.IN_PLACE, dt, op=MPI.MAX)
-                if k >= 3:
-                    times.append(dt[0])
-            res[label] = float(np.median(times))
-        if comm.Get_rank() == 0:
-            print(f"{mib:>5} {res['ring']:>10.5f} {res['mpi']:>10.5f} {x.nbytes / res['ring'] / 1e9:>16.2f} "
-                  f"{x.nbytes / res['mpi'] / 1e9:>15.2f}", flush=True)
-    ring.free()
-
-
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--bench", action="store_true", help="time ring vs Allreduce instead of checking")
-    args = p.parse_args()
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()  # --help only
     comm = MPI.COMM_WORLD
     rank, n = comm.Get_rank(), comm.Get_size()
-    if args.bench:
-        bench(comm)
-        return 0
     failures, count = check(comm)
     if failures:
         for f in failures:

@@ -1,9 +1,9 @@
 """The benchmark suite's smoke mode under mpirun, and its table/plot plumbing.
 
-``hvdkit-bench suite --quick`` runs ``benchmarks.throughput --quick`` and
-``benchmarks.convergence --quick`` through their command lines (each launching its
+``hvdkit-bench suite --quick`` runs ``hvdkit.bench.throughput --quick`` and
+``hvdkit.bench.convergence --quick`` through their command lines (each launching its
 ``mpirun`` jobs), then the plots and the summary: the tables must parse, every file must
-exist and every job of every rank must have finished. ``benchmarks.collectives`` has its
+exist and every job of every rank must have finished. ``hvdkit.bench.collectives`` has its
 own test. No test asserts a speed.
 """
 import json
@@ -25,7 +25,7 @@ def _bench(*args: str, timeout: float):
 
 def test_suite_quick_produces_every_file_and_parsable_tables(tmp_path):
     """~100 s on 2 cores: 4 throughput jobs + 4 convergence jobs of 1-2 ranks each."""
-    from benchmarks._common import parse_table
+    from hvdkit.bench._common import parse_table
 
     out = tmp_path / "suite"
     r = _bench("suite", "--quick", "--skip", "collectives", "--out-dir", str(out), timeout=420)
@@ -67,7 +67,7 @@ def test_suite_quick_produces_every_file_and_parsable_tables(tmp_path):
 
 
 def test_tables_round_trip_and_failed_footer():
-    from benchmarks._common import format_table, parse_table
+    from hvdkit.bench._common import format_table, parse_table
 
     cols = (("a", "a", "(s)"), ("b", "bee", ""))
     text = format_table("t", ["k: v w"], cols, [{"a": "1.0", "b": "x"}, {"a": "-", "b": "y"}], ["note"], ok=False)
@@ -80,7 +80,7 @@ def test_tables_round_trip_and_failed_footer():
 
 
 def test_train_clock_caps_the_tracing_epoch_and_aggregate_counts_reached():
-    from benchmarks.convergence import aggregate, ratios, train_clock
+    from hvdkit.bench.convergence import aggregate, ratios, train_clock
 
     assert train_clock([{"train_s": 5.0}, {"train_s": 1.0}, {"train_s": 2.0}]) == [1.5, 2.5, 4.5]
     assert train_clock([{"train_s": 5.0, "train_s_excl_warmup": 0.5}]) == [0.5]
@@ -99,7 +99,7 @@ def test_train_clock_caps_the_tracing_epoch_and_aggregate_counts_reached():
 
 
 def test_plots_from_small_json(tmp_path):
-    from benchmarks.plots import plot_all
+    from hvdkit.bench.plots import plot_all
 
     coll = tmp_path / "c.json"
     coll.write_text(json.dumps({"meta": {"world_size": 2}, "ok": True, "rows": [

@@ -1,4 +1,4 @@
-"""benchmarks.collectives in its smoke size under mpirun: the table parses, every method is
+"""hvdkit.bench.collectives in its smoke size under mpirun: the table parses, every method is
 checked against raw MPI (#wrong 0), the JSON is written, and a corrupted result FAILS."""
 import json
 
@@ -7,7 +7,7 @@ import pytest
 from tests.conftest import launch, mpirun_cmd
 
 pytestmark = pytest.mark.parallel
-SMOKE = ["-m", "benchmarks.collectives", "--min-bytes", "4", "--max-bytes", "64K", "--step", "16",
+SMOKE = ["-m", "hvdkit.bench.collectives", "--min-bytes", "4", "--max-bytes", "64K", "--step", "16",
          "--iters", "3", "--warmup", "1"]
 
 
@@ -42,6 +42,6 @@ def test_a_wrong_result_fails_the_run():
 
 
 def test_bad_method_is_one_clear_error():
-    r = launch(mpirun_cmd(2, "-m", "benchmarks.collectives", "--methods", "nccl"), timeout=60)
+    r = launch(mpirun_cmd(2, "-m", "hvdkit.bench.collectives", "--methods", "nccl"), timeout=60)
     assert r.returncode != 0
-    assert r.output.count("benchmarks.collectives: error: unknown method(s) ['nccl']") == 1
+    assert r.output.count("hvdkit.bench.collectives: error: unknown method(s) ['nccl']") == 1

@@ -106,11 +106,20 @@ def test_ps_dcasgd_trains_and_reports_lambda(tmp_path):
     assert res["final"]["eval_accuracy"] >= 0.8
 
 
-def test_100MB_parameter_roundtrips_bit_exact_and_mismatched_push_is_refused():
-    r = launch(mpirun_cmd(2, os.path.join(os.path.dirname(__file__), "ps_check.py")), timeout=180)
+# ranks -> pushes refused: 2 per worker per arrangement (ps_check.arrangements): at 1 rank,
+# one colocated worker; at 3, 2 workers (dedicated server) then 3 (colocated)
+REFUSED = {1: 2, 3: 2 * 2 + 2 * 3}
+
+
+@pytest.mark.parametrize("n", sorted(REFUSED))
+def test_100MB_parameter_roundtrips_bit_exact_and_mismatched_push_is_refused(n):
+    """One body (ps_check.py) at 1 rank (worker + server thread) and at 3 (dedicated, colocated)."""
+    r = launch(mpirun_cmd(n, os.path.join(os.path.dirname(__file__), "ps_check.py")), timeout=180)
     assert r.returncode == 0, r.output
-    assert "rank 0: OK" in r.stdout and "rank 1: OK" in r.stdout
-    assert r.stdout.count("\nrefused: ") + r.stdout.startswith("refused: ") == 2, r.stdout
+    for rank in range(n):
+        assert f"ps_check rank {rank}/{n}: OK" in r.stdout, f"rank {rank} did not pass:\n{r.output}"
+    assert "FAIL" not in r.stdout, r.stdout
+    assert r.stdout.count("refused: server rank") == REFUSED[n], r.stdout  # a substring: ranks' lines may interleave
     assert "big/kernel:0" in r.stdout
 
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 
@@ -10,6 +11,7 @@ import pytest
 import yaml
 
 from hvdkit import launch as L
+from hvdkit.launch import templates as T
 from hvdkit.errors import UsageError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -196,7 +198,7 @@ def test_detect_mpi_with_injected_output():
 
 def test_detect_mpi_here():
     """This machine has Open MPI 4.1 (the verified stack)."""
-    if not (L.shutil.which("mpirun") or L.shutil.which("mpiexec")):
+    if not (shutil.which("mpirun") or shutil.which("mpiexec")):
         pytest.skip("no mpirun/mpiexec on PATH")
     flavour, binary = L.detect_mpi()
     assert flavour in ("openmpi", "mpich") and binary
@@ -318,9 +320,8 @@ def test_render_cli_and_defaults(tmp_path):
     assert yaml.safe_load(p.stdout)["spec"]["mpiReplicaSpecs"]["Worker"]["replicas"] == int(
         L.TEMPLATES["k8s"][1]["workers"])
     # every placeholder of every template has a value
-    for name, (path, _) in L.TEMPLATES.items():
-        with open(os.path.join(ROOT, path)) as fh:
-            assert set(L._PLACEHOLDER.findall(fh.read())) <= set(L.template_values(name)), name
+    for name in L.TEMPLATES:
+        assert set(T._PLACEHOLDER.findall(L.template_text(name))) <= set(L.template_values(name)), name
 
 
 @pytest.mark.parametrize("name,over,match", [
@@ -341,7 +342,7 @@ def test_render_template_missing_value():
 
 
 @pytest.mark.parametrize("script", ["launch/hvdkit-run.sh", "launch/hvdkit-horovodrun.sh",
-                                    "launch/slurm/hvdkit.sbatch"])
+                                    "hvdkit/launch/jobs/hvdkit.sbatch"])
 def test_scripts_pass_bash_n(script):
     p = subprocess.run(["bash", "-n", os.path.join(ROOT, script)], capture_output=True, text=True, timeout=30)
     assert p.returncode == 0, p.stderr
@@ -355,3 +356,30 @@ def test_wrapper_script_dry_run():
     argv = shlex.split(p.stdout)
     assert os.path.basename(argv[0]) == "horovodrun" and argv[1:3] == ["-np", "2"]
     assert argv[-5:] == [sys.executable, "-m", "hvdkit.train", "--epochs", "1"]
+
+
+# ------------------------------------------------------------------ the local builder of tests and benchmarks
+
+def test_local_command_is_the_launchers_command():
+    prog = ["py", "-m", "x"]
+    fwd = ["-x", "PATH", "-x", "PYTHONPATH", "-x", "TF_CPP_MIN_LOG_LEVEL"]
+    assert L.local_command(4, prog, binary="mpirun", is_root=True) == [
+        "mpirun", "-np", "4", "--bind-to", "none", "--map-by", "slot", "--allow-run-as-root", "--oversubscribe",
+        *fwd, *prog]
+    assert L.local_command(1, prog, binary="mpirun", is_root=False, oversubscribe=False,
+                           mpi_args=["--mca", "btl", "self"]) == [
+        "mpirun", "-np", "1", "--bind-to", "none", "--map-by", "slot", *fwd, "--mca", "btl", "self", *prog]
+    assert L.local_command(2, prog, binary="mpiexec", mpi="mpich", forward=("PATH",), is_root=True) == [
+        "mpiexec", "-n", "2", "-genvlist", "PATH", *prog]
+
+
+def test_local_command_finds_mpirun_or_says_so(monkeypatch):
+    if shutil.which("mpirun"):
+        cmd = L.local_command(2, ["p"])
+        assert cmd[0] == shutil.which("mpirun")
+        assert ("--allow-run-as-root" in cmd) == (os.geteuid() == 0)
+    monkeypatch.setenv("PATH", "/nonexistent")
+    with pytest.raises(FileNotFoundError, match="mpirun not found on PATH"):
+        L.local_command(2, ["p"])
+    with pytest.raises(UsageError, match="must be >= 1"):
+        L.local_command(0, ["p"], binary="mpirun")

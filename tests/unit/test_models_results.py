@@ -1,3 +1,5 @@
+import json
+
 import numpy as np
 import pytest
 
@@ -67,3 +69,25 @@ def test_atomic_write_keeps_old_file_on_failure(tmp_path, monkeypatch):
         R.write_json(str(p), {"a": 2})
     assert p.read_text().strip().replace(" ", "").replace("\n", "") == '{"a":1}'
     assert len(list(tmp_path.iterdir())) == 1
+
+
+def test_write_json_is_standard_json(tmp_path):
+    """The one JSON writer (trainer and benchmarks): numpy converted, NaN/inf as null."""
+    p = tmp_path / "sub" / "r.json"
+    R.write_json(str(p), {"a": np.float32(0.5), "b": [float("nan"), np.float64("inf")], "c": np.arange(2),
+                          "d": (1, np.int64(2))})
+    assert "NaN" not in p.read_text() and "Infinity" not in p.read_text()
+    assert json.loads(p.read_text()) == {"a": 0.5, "b": [None, None], "c": [0, 1], "d": [1, 2]}
+
+
+def test_write_csv_columns(tmp_path):
+    p = tmp_path / "r.csv"
+    R.write_csv(str(p), [{"a": 1, "b": None}, {"a": 2, "c": 3}])                 # union of keys, None empty
+    assert p.read_text().splitlines() == ["a,b,c", "1,,", "2,,3"]
+    R.write_csv(str(p), [{"a": 1, "b": 2}], columns=["b", "x"])                  # given header, extras left out
+    assert p.read_text().splitlines() == ["b,x", "2,"]
+    R.write_csv(str(p), [], columns=["a"])
+    assert p.read_text().splitlines() == ["a"]
+    q = tmp_path / "none.csv"
+    R.write_csv(str(q), [])
+    assert not q.exists()

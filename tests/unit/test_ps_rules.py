@@ -1,11 +1,14 @@
 """Parameter-server update rules, layout, wire header and shard logic: pure NumPy, no MPI."""
+import ast
+
 import numpy as np
 import pytest
 
 from hvdkit.errors import ProtocolError
-from hvdkit.strategies.ps import rules
-from hvdkit.strategies.ps.protocol import Header, Kind, Layout
-from hvdkit.strategies.ps.server import ShardServer
+from hvdkit.strategies.ps import protocol, rules
+from hvdkit.strategies.ps import shard as shard_module
+from hvdkit.strategies.ps.protocol import HEADER_FIELDS, REPLY_TO, Header, Kind, Layout
+from hvdkit.strategies.ps.shard import ShardServer
 
 
 @pytest.mark.parametrize("kind,keras", [("sgd", "SGD0"), ("momentum", "SGD"), ("adam", "Adam")])
@@ -100,10 +103,18 @@ def test_layout_table_check_names_the_tensor():
 
 
 def test_header_roundtrip_and_bad_kind():
-    h = Header(Kind.PUSH, worker=3, shard=1, clock=7, version=6, nelem=100, dtype=1, extra=42)
+    h = Header(Kind.PUSH, worker=3, shard=1, clock=7, version=6, nelem=100, dtype=1, layout_crc=42, waited_us=5,
+               iterations=9)
     assert Header.unpack(h.pack()) == h
     with pytest.raises(ProtocolError, match="unknown message kind 99"):
-        Header.unpack(np.array([99, 0, 0, 0, 0, 0, 0, 0], np.int64))
+        Header.unpack(np.array([99] + [0] * (len(HEADER_FIELDS) - 1), np.int64))
+
+
+def test_replies_have_kinds_of_their_own():
+    requests = {Kind.HELLO, Kind.PUSH, Kind.PULL, Kind.GET_STATS, Kind.GET_STATE, Kind.IDLE, Kind.DONE}
+    replies = set(Kind) - requests
+    assert set(REPLY_TO) <= requests and set(REPLY_TO.values()) | {Kind.ERROR} == replies
+    assert max(requests) < min(replies)
 
 
 def server(mode, workers=2, staleness=0, lam=0.0):
@@ -158,11 +169,11 @@ def test_ssp_done_worker_leaves_the_gate():
 
 def test_push_checks_name_the_tensors():
     s = server("async")
-    h = Header(Kind.PUSH, worker=1, nelem=10, extra=s.layout.crc)
+    h = Header(Kind.PUSH, worker=1, nelem=10, layout_crc=s.layout.crc)
     with pytest.raises(ProtocolError, match=r"10 float64 elements for tensor\(s\) dense/kernel:0, dense/bias:0, "
                                             r"out/kernel:0, which hold 20 float32"):
         s.check_push(h, np.zeros(10, np.float64))
-    h.extra = 1234
+    h.layout_crc = 1234
     with pytest.raises(ProtocolError, match="variable table differs"):
         s.check_push(h, np.zeros(20, np.float32))
 
@@ -176,3 +187,11 @@ def test_state_vector_roundtrip():
     t.load_state_vector(vec, s.version, s.optimizer.iterations)
     np.testing.assert_array_equal(t.weights, s.weights)
     np.testing.assert_array_equal(t.optimizer.slots["m"], s.optimizer.slots["m"])
+
+
+@pytest.mark.parametrize("module", [protocol, rules, shard_module])
+def test_wire_format_rules_and_shard_state_import_no_mpi(module):
+    tree = ast.parse(open(module.__file__).read())
+    names = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    names |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+    assert not {m for m in names if m.startswith(("mpi4py", "hvdkit.comm"))}, names

@@ -1,4 +1,4 @@
-"""The parameter-server wire format: a fixed 8 x int64 header, then a raw NumPy buffer.
+"""The parameter-server wire format: a fixed int64[10] header, then a raw NumPy buffer.
 
 No pickle: every message is an mpi4py buffer call. A request is two messages from the
 same source on the PS communicator, a header (tag ``TAG_REQ``) then, if ``nelem > 0``, the
@@ -7,20 +7,40 @@ non-overtaking rule (same source, same communicator) keeps each header before it
 Requests and replies use different tags so a colocated server thread and its own
 worker, sharing one process, never take each other's messages.
 
-Header fields (int64 each, in order): ``kind, worker, shard, clock, version, nelem,
-dtype, extra``:
+Every request but IDLE and DONE gets exactly one reply (:data:`REPLY_TO`), or ERROR:
 
-=========  =============================================================================
-kind       one of :class:`Kind`
-worker     the worker id (0 .. W-1) sending the request, or receiving the reply
-shard      the shard id (0 .. K-1)
-clock      push: the worker's clock after this push (completed iterations)
-version    push: the server version the gradient was computed on; reply: the version sent
-nelem      payload elements (0: no payload)
-dtype      payload dtype code (:data:`DTYPES`)
-extra      push/pull: layout checksum (CRC-32 of the variable table); reply: microseconds
-           the request waited in the server's gate (SSP, sync barrier)
-=========  =============================================================================
+===========  ===================================  ==========  ===============================
+request      payload                              reply       reply payload
+===========  ===================================  ==========  ===============================
+HELLO        variable table, JSON (uint8)         WELCOME     none: the tables agree
+PUSH         gradient slice of the shard (f32)    WEIGHTS     the shard's weights after it
+PULL         none                                 WEIGHTS     the shard's current weights
+GET_STATS    none                                 STATS       statistics, JSON (uint8)
+GET_STATE    none                                 STATE       weights, then optimizer slots
+                                                              (float32, concatenated)
+IDLE         none: will push no more              (none)
+DONE         none: has finished                   (none)
+(any)                                             ERROR       the refusal, JSON (uint8)
+===========  ===================================  ==========  ===============================
+
+Header fields (int64 each, in :data:`HEADER_FIELDS` order); each has one meaning, and a
+field a message does not use is 0:
+
+==========  ================================================================================
+kind        one of :class:`Kind`
+worker      request: the sending worker's id (0 .. W-1); reply: the receiving worker's id
+shard       the shard id (0 .. K-1)
+clock       PUSH: the worker's clock after this push (its completed iterations)
+version     PUSH: the shard version the gradient was computed on; WEIGHTS, STATE: the
+            shard version sent (updates applied so far)
+nelem       payload elements (0: no payload)
+dtype       payload dtype code (:data:`DTYPES`)
+layout_crc  request: CRC-32 of the worker's variable table and shard count
+            (:attr:`Layout.crc`); the server refuses a PUSH or PULL whose checksum differs
+waited_us   WEIGHTS: microseconds the request waited in the server's gate (SSP) or
+            barrier (sync) before this reply
+iterations  STATE: the shard optimizer's update count (Adam's bias-correction step t)
+==========  ================================================================================
 """
 from __future__ import annotations
 
@@ -36,30 +56,42 @@ import numpy as np
 from hvdkit.errors import ProtocolError
 
 __all__ = ["Kind", "Header", "Layout", "DTYPES", "TAG_REQ", "TAG_REQ_DATA", "TAG_REP", "TAG_REP_DATA",
-           "HEADER_FIELDS"]
+           "HEADER_FIELDS", "REPLY_TO"]
 
 TAG_REQ, TAG_REQ_DATA, TAG_REP, TAG_REP_DATA = 701, 702, 703, 704
-HEADER_FIELDS = ("kind", "worker", "shard", "clock", "version", "nelem", "dtype", "extra")
+HEADER_FIELDS = ("kind", "worker", "shard", "clock", "version", "nelem", "dtype", "layout_crc", "waited_us",
+                 "iterations")
 DTYPES = {1: np.dtype(np.float32), 2: np.dtype(np.float64), 3: np.dtype(np.uint8), 4: np.dtype(np.int64)}
 DTYPE_CODES = {v: k for k, v in DTYPES.items()}
 
 
 class Kind(enum.IntEnum):
-    """Message kinds. Every request gets exactly one reply, except DONE."""
+    """Message kinds: requests (worker to server) below 10, replies (server to worker) from 11."""
 
-    PUSH = 1    # gradient for a shard; reply: the shard's weights after the update (a pull)
-    PULL = 2    # no payload; reply: the shard's current weights
-    DONE = 3    # the worker has finished; no reply
-    STATS = 4   # no payload; reply: the server's statistics as JSON bytes (uint8)
-    STATE = 5   # no payload; reply: weights and optimizer slots, concatenated (float32)
-    ERROR = 6   # reply only: the request was refused; payload: the message (uint8 UTF-8)
-    HELLO = 7   # payload: the worker's variable table as JSON bytes; reply: empty (or ERROR)
-    IDLE = 8    # the worker will push no more (it may still pull); no reply
+    HELLO = 1       # payload: the worker's variable table as JSON bytes; reply WELCOME (or ERROR)
+    PUSH = 2        # payload: gradient for a shard; reply WEIGHTS, the shard after the update
+    PULL = 3        # no payload; reply WEIGHTS, the shard's current weights
+    GET_STATS = 4   # no payload; reply STATS
+    GET_STATE = 5   # no payload; reply STATE
+    IDLE = 6        # the worker will push no more (it may still pull); no reply
+    DONE = 7        # the worker has finished; no reply
+    WELCOME = 11    # reply to HELLO: the worker's variable table matches the server's; no payload
+    WEIGHTS = 12    # reply to PUSH and PULL: the shard's weights (float32); header: version, waited_us
+    STATS = 13      # reply to GET_STATS: the shard's statistics as JSON bytes (uint8)
+    STATE = 14      # reply to GET_STATE: weights and optimizer slots, concatenated (float32);
+                    # header: version, iterations
+    ERROR = 15      # reply to any request that was refused; payload: the message (uint8 UTF-8 JSON)
+
+
+#: the reply each request expects (IDLE and DONE get none); ERROR may replace any of them
+REPLY_TO = {Kind.HELLO: Kind.WELCOME, Kind.PUSH: Kind.WEIGHTS, Kind.PULL: Kind.WEIGHTS,
+            Kind.GET_STATS: Kind.STATS, Kind.GET_STATE: Kind.STATE}
 
 
 @dataclass
 class Header:
-    """One message header; :meth:`pack`/:meth:`unpack` convert to/from an int64[8] buffer."""
+    """One message header; :meth:`pack`/:meth:`unpack` convert to/from an int64[10] buffer
+    (fields as :data:`HEADER_FIELDS`, described in the module docstring)."""
 
     kind: int
     worker: int = 0
@@ -68,16 +100,23 @@ class Header:
     version: int = 0
     nelem: int = 0
     dtype: int = 1
-    extra: int = 0
+    layout_crc: int = 0
+    waited_us: int = 0
+    iterations: int = 0
 
     def pack(self) -> np.ndarray:
-        return np.array([self.kind, self.worker, self.shard, self.clock, self.version, self.nelem,
-                         self.dtype, self.extra], dtype=np.int64)
+        """The header as an int64[10] buffer, ready to send."""
+        return np.array([getattr(self, f) for f in HEADER_FIELDS], dtype=np.int64)
 
     @classmethod
     def unpack(cls, buf: np.ndarray) -> "Header":
-        if buf.dtype != np.int64 or buf.shape != (8,):
-            raise ProtocolError(f"header must be int64[8], got {buf.dtype}{list(buf.shape)}")
+        """Inverse of :meth:`pack`.
+
+        Raises:
+            ProtocolError: ``buf`` is not int64[10], or its kind is not a :class:`Kind`.
+        """
+        if buf.dtype != np.int64 or buf.shape != (len(HEADER_FIELDS),):
+            raise ProtocolError(f"header must be int64[{len(HEADER_FIELDS)}], got {buf.dtype}{list(buf.shape)}")
         h = cls(*(int(v) for v in buf))
         if h.kind not in Kind._value2member_map_:
             raise ProtocolError(f"unknown message kind {h.kind} in header {buf.tolist()}")
@@ -85,8 +124,8 @@ class Header:
 
 
 def empty_header() -> np.ndarray:
-    """A receive buffer for one header."""
-    return np.zeros(8, np.int64)
+    """A receive buffer for one header (int64[10])."""
+    return np.zeros(len(HEADER_FIELDS), np.int64)
 
 
 def json_bytes(obj) -> np.ndarray:
@@ -163,7 +202,7 @@ class Layout:
 
     @cached_property
     def crc(self) -> int:
-        """CRC-32 of the variable table and shard count (sent in every push and pull)."""
+        """CRC-32 of the variable table and shard count (the ``layout_crc`` of every request)."""
         return zlib.crc32(json.dumps([self.table(), self.num_shards]).encode())
 
     def check_same(self, table: list[list], who: str) -> None:

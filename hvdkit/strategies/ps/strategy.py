@@ -31,7 +31,6 @@ line is a snapshot in time. Final results gather every worker, after all have fi
 """
 from __future__ import annotations
 
-import threading
 import time
 
 import numpy as np
@@ -41,8 +40,8 @@ from hvdkit.errors import UsageError
 from hvdkit.steps import make_step_functions, straggle
 from hvdkit.strategies.base import NUM_SERVERS, Strategy, average_statistics
 from hvdkit.strategies.ps import rules
+from hvdkit.strategies.ps.group import PSGroup
 from hvdkit.strategies.ps.protocol import Layout
-from hvdkit.strategies.ps.server import ServerLoop, ShardServer
 from hvdkit.strategies.ps.worker import PSClient
 
 __all__ = ["PSStrategy", "PSSync", "PSAsync", "PSSSP", "PSDCASGD", "PS_FIELDS"]
@@ -62,7 +61,7 @@ PS_FIELDS = (
 
 
 class PSStrategy(Strategy):
-    """A parameter-server strategy; subclasses fix ``mode`` (see :mod:`.server`)."""
+    """A parameter-server strategy; subclasses fix ``mode`` (see :mod:`.shard`)."""
 
     mode = "sync"
     options = PS_FIELDS
@@ -89,9 +88,8 @@ class PSStrategy(Strategy):
             self.worker_ranks = list(range(n - k))
         self.is_worker = world.rank in self.worker_ranks
         self.shard = self.server_ranks.index(world.rank) if world.rank in self.server_ranks else None
+        self.group: PSGroup | None = None
         self.client: PSClient | None = None
-        self.server: ShardServer | None = None
-        self._thread: threading.Thread | None = None
         self._workers_comm = None
 
     # -- roles -----------------------------------------------------------------------------
@@ -121,36 +119,17 @@ class PSStrategy(Strategy):
         w.comm.Bcast(flat, root=0)                                    # every replica starts from rank 0's weights
         self.flat_w, self.flat_g = flat, np.empty_like(flat)
         self._assign()
-        self.ps_comm = w.comm.Dup()                                   # PS traffic never mixes with other messages
+        lr = cfg.lr * self.lr_scale
+        # servers, their threads (--ps-colocated) and clients, on a Dup of the world; workers
+        # wait twice --ps-timeout for a server, so a server names a hung worker first
+        self.group = PSGroup(w.comm, self.layout, flat, self.server_ranks, self.worker_ranks, self.mode,
+                             lambda size: rules.Optimizer(cfg.optimizer, lr, size, momentum=cfg.momentum),
+                             timeout=self.timeout, staleness=self.staleness, dc_lambda=self.dc_lambda,
+                             dc_adaptive=self.dc_adaptive)
         self._workers_comm = w.comm.Split(0 if self.is_worker else MPI.UNDEFINED, w.rank)
-        if self.shard is not None:
-            lr = cfg.lr * self.lr_scale
-            sl = self.layout.shard_slice(self.shard)
-            opt = rules.Optimizer(cfg.optimizer, lr, sl.stop - sl.start, momentum=cfg.momentum)
-            dc = rules.DCState(self.dc_lambda, self.dc_adaptive) if self.mode == "dcasgd" else None
-            self.server = ShardServer(self.shard, self.layout, flat[sl], self.mode, opt, self.num_workers,
-                                      staleness=self.staleness, dc=dc)
-            self.loop = ServerLoop(self.ps_comm, self.server, self.worker_ranks, self.timeout)
-            if self.colocated:
-                self._thread = threading.Thread(target=self._serve_or_abort, name=f"ps-shard-{self.shard}",
-                                                daemon=True)
-                self._thread.start()
+        self.client = self.group.client
         if self.is_worker:
             self._grads_fn = make_step_functions(model, optimizer)[0]
-            # The HELLO (variable-table check) goes out with the first request, not here: the
-            # trainer may still hold dedicated servers in a collective (a --resume broadcast).
-            # Workers wait twice as long as servers, so that a server, which knows which
-            # worker is missing, reports a hung worker before its peers report the server.
-            self.client = PSClient(self.ps_comm, self.layout, self.server_ranks,
-                                   self.worker_ranks.index(w.rank), 2 * self.timeout,
-                                   local_server=self.loop if self.colocated else None)
-
-    def _serve_or_abort(self) -> None:
-        from hvdkit.comm import run_guarded
-
-        # The worker thread serves while it waits for replies; this thread covers the time
-        # it computes, checking every 50 us.
-        run_guarded(self.loop.run, 5e-5)
 
     def _assign(self) -> None:
         for v, a in zip(self.model.trainable_variables, self.layout.unflatten(self.flat_w)):
@@ -173,7 +152,7 @@ class PSStrategy(Strategy):
         return float(loss_sum), int(correct), len(y)
 
     def serve(self) -> None:
-        self.final_stats = self.loop.run()
+        self.final_stats = self.group.serve()
 
     def epoch_end(self, final: bool):
         """ps-sync, and every mode at the end of training: all workers, the servers' weights.
@@ -202,10 +181,8 @@ class PSStrategy(Strategy):
         self._assign()
 
     def finish(self) -> None:
-        if self.client is not None:
-            self.client.done()
-        if self._thread is not None:
-            self._thread.join()
+        if self.group is not None:
+            self.group.close()
 
     # -- results and checkpoints --------------------------------------------------------------
     def report(self) -> dict:
@@ -256,7 +233,7 @@ class PSStrategy(Strategy):
             if self.client is not None:
                 self.client.versions[k] = version
             if self.shard == k:
-                self.server.load_state_vector(arrays[f"ps/shard{k}"], version, iters)
+                self.group.server.load_state_vector(arrays[f"ps/shard{k}"], version, iters)
         self._assign()
         self.world.comm.Barrier()  # no push may reach a colocated server before it has loaded
 

@@ -59,7 +59,7 @@ class PSClient:
     def _send(self, k: int, kind: Kind, payload: np.ndarray | None = None, clock: int = 0, version: int = 0):
         n = 0 if payload is None else payload.size
         code = 1 if payload is None else DTYPE_CODES[payload.dtype]
-        h = Header(kind, self.worker, k, clock, version, n, code, self.layout.crc).pack()
+        h = Header(kind, self.worker, k, clock, version, n, code, layout_crc=self.layout.crc).pack()
         reqs = [(self.comm.Isend(h, dest=self.server_ranks[k], tag=TAG_REQ), h)]
         if n:
             reqs.append((self.comm.Isend(payload, dest=self.server_ranks[k], tag=TAG_REQ_DATA), payload))
@@ -144,7 +144,7 @@ class PSClient:
         self._greeted = True
         table = json_bytes(self.layout.table())
         sends = [s for k in range(self.layout.num_shards) for s in self._send(k, Kind.HELLO, table)]
-        self._receive(Kind.HELLO, {k: None for k in range(self.layout.num_shards)}, "HELLO")
+        self._receive(Kind.WELCOME, {k: None for k in range(self.layout.num_shards)}, "HELLO")
         self._complete(sends)
 
     def push_pull(self, grad: np.ndarray, weights: np.ndarray) -> float:
@@ -162,22 +162,22 @@ class PSClient:
         self.clock += 1
         sends = [s for k, sl in enumerate(self._slices)
                  for s in self._send(k, Kind.PUSH, grad[sl], clock=self.clock, version=self.versions[k])]
-        hdrs = self._receive(Kind.PULL, {k: weights[sl] for k, sl in enumerate(self._slices)}, "push")
+        hdrs = self._receive(Kind.WEIGHTS, {k: weights[sl] for k, sl in enumerate(self._slices)}, "push")
         self._complete(sends)
         for k, h in hdrs.items():
             self.versions[k] = h.version
-        return max(h.extra for h in hdrs.values()) / 1e6
+        return max(h.waited_us for h in hdrs.values()) / 1e6
 
     def push_raw(self, k: int, payload: np.ndarray) -> None:
         """Push an arbitrary ``payload`` to shard k and wait for the reply (protocol tests only)."""
         self._complete(self._send(k, Kind.PUSH, payload, clock=self.clock + 1, version=self.versions[k]))
-        self._receive(Kind.PULL, {k: np.empty(self._slices[k].stop - self._slices[k].start, np.float32)}, "push")
+        self._receive(Kind.WEIGHTS, {k: np.empty(self._slices[k].stop - self._slices[k].start, np.float32)}, "push")
 
     def pull(self, weights: np.ndarray) -> None:
         """Pull every shard's current weights into ``weights`` (float32, layout.size)."""
         self.hello()
         sends = [s for k in range(self.layout.num_shards) for s in self._send(k, Kind.PULL)]
-        hdrs = self._receive(Kind.PULL, {k: weights[sl] for k, sl in enumerate(self._slices)}, "pull")
+        hdrs = self._receive(Kind.WEIGHTS, {k: weights[sl] for k, sl in enumerate(self._slices)}, "pull")
         self._complete(sends)
         for k, h in hdrs.items():
             self.versions[k] = h.version
@@ -185,20 +185,20 @@ class PSClient:
     def stats(self) -> list[dict]:
         """Every shard's statistics (JSON from the servers), in shard order."""
         self.hello()
-        sends = [s for k in range(self.layout.num_shards) for s in self._send(k, Kind.STATS)]
+        sends = [s for k in range(self.layout.num_shards) for s in self._send(k, Kind.GET_STATS)]
         into: dict[int, np.ndarray | None] = {k: None for k in range(self.layout.num_shards)}
-        self._receive(Kind.STATS, into, "STATS")
+        self._receive(Kind.STATS, into, "GET_STATS")
         self._complete(sends)
         return [from_json_bytes(into[k]) for k in range(self.layout.num_shards)]
 
     def state(self) -> list[tuple[np.ndarray, int, int]]:
         """Every shard's (state vector, version, optimizer iterations), for checkpoints."""
         self.hello()
-        sends = [s for k in range(self.layout.num_shards) for s in self._send(k, Kind.STATE)]
+        sends = [s for k in range(self.layout.num_shards) for s in self._send(k, Kind.GET_STATE)]
         into: dict[int, np.ndarray | None] = {k: None for k in range(self.layout.num_shards)}
-        hdrs = self._receive(Kind.STATE, into, "STATE")
+        hdrs = self._receive(Kind.STATE, into, "GET_STATE")
         self._complete(sends)
-        return [(into[k], hdrs[k].version, hdrs[k].clock) for k in range(self.layout.num_shards)]
+        return [(into[k], hdrs[k].version, hdrs[k].iterations) for k in range(self.layout.num_shards)]
 
     def idle(self) -> None:
         """Tell every server this worker will push no more (it may still pull): it leaves

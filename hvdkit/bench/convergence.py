@@ -3,10 +3,10 @@
 Run it WITHOUT mpirun: it launches one ``mpirun -np N python -m hvdkit.train`` job per
 (strategy, straggler or not, seed), each with a hard timeout, and reads results.json::
 
-    python -m benchmarks.convergence                                  # mlp on digits, 4 workers
-    python -m benchmarks.convergence --target 0.95 --seeds 0,1,2 --epochs 12
-    python -m benchmarks.convergence --strategies ps-sync,ps-async --straggler 1:3
-    python -m benchmarks.convergence --quick --json c.json            # smoke test
+    python -m hvdkit.bench.convergence                                  # mlp on digits, 4 workers
+    python -m hvdkit.bench.convergence --target 0.95 --seeds 0,1,2 --epochs 12
+    python -m hvdkit.bench.convergence --strategies ps-sync,ps-async --straggler 1:3
+    python -m hvdkit.bench.convergence --quick --json c.json            # smoke test
     hvdkit-bench convergence [args]
 
 Strategies are hvdkit ``--strategy`` names; ``ps-ssp:S`` runs ``ps-ssp --staleness S``
@@ -49,8 +49,9 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks._common import (emit, fmt, format_table, host_meta, launch, load_results, log, meta_lines, mpirun_cmd,
-                               write_csv, write_json)
+from hvdkit.bench._common import (emit, fmt, format_table, host_meta, launch, load_results, log, meta_lines,
+                                 mpirun_cmd)
+from hvdkit.results import write_csv, write_json
 
 __all__ = ["main", "build_parser", "COLUMNS", "train_clock", "curve", "aggregate", "parse_strategy"]
 
@@ -68,7 +69,7 @@ COLUMNS = (
 
 def build_parser() -> argparse.ArgumentParser:
     """The command-line flags (see the module docstring)."""
-    p = argparse.ArgumentParser(prog="python -m benchmarks.convergence", description=__doc__.split("\n\n")[0],
+    p = argparse.ArgumentParser(prog="python -m hvdkit.bench.convergence", description=__doc__.split("\n\n")[0],
                                 epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
     g = p.add_argument_group("what to compare")
     g.add_argument("--strategies", default=DEFAULT_STRATEGIES, help=f"comma-separated; ps-ssp:S sets the staleness "
@@ -108,7 +109,7 @@ def parse_strategy(spec: str) -> tuple[str, list[str], str]:
     if not bound:
         return name, [], name
     if name != "ps-ssp" or not bound.isdigit():
-        raise SystemExit(f"benchmarks.convergence: error: strategy {spec!r}: only ps-ssp:S with an integer S >= 0 "
+        raise SystemExit(f"hvdkit.bench.convergence: error: strategy {spec!r}: only ps-ssp:S with an integer S >= 0 "
                          "takes a parameter")
     return name, ["--staleness", bound], f"ps-ssp(s={bound})"
 
@@ -277,9 +278,9 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError:
         seeds = []
     if not seeds:
-        raise SystemExit(f"benchmarks.convergence: error: --seeds={a.seeds!r} must be comma-separated integers")
+        raise SystemExit(f"hvdkit.bench.convergence: error: --seeds={a.seeds!r} must be comma-separated integers")
     if a.workers < 1 or a.epochs < 1 or not 0 < a.target <= 1:
-        raise SystemExit("benchmarks.convergence: error: need --workers >= 1, --epochs >= 1, 0 < --target <= 1")
+        raise SystemExit("hvdkit.bench.convergence: error: need --workers >= 1, --epochs >= 1, 0 < --target <= 1")
     conditions = {"both": ["", a.straggler], "none": [""], "straggler": [a.straggler]}[a.conditions]
     out_root = a.out_dir or os.path.join("results", f"convergence-{datetime.now():%Y%m%d-%H%M%S}")
     os.makedirs(out_root, exist_ok=True)
@@ -289,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
         "batch_size": a.batch_size, "target": a.target, "train_args": a.train_args, "timeout_s": a.timeout},
         "out_dir": out_root}
     n_jobs = len(specs) * len(conditions) * len(seeds)
-    log(f"benchmarks.convergence: {n_jobs} jobs; load {meta['loadavg']}; job directories under {out_root}")
+    log(f"hvdkit.bench.convergence: {n_jobs} jobs; load {meta['loadavg']}; job directories under {out_root}")
     runs = []
     for seed in seeds:                      # seeds outermost: a drift in machine load spreads over strategies
         for straggler in conditions:
@@ -325,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
     for r in runs:
         if r["status"] != "OK":
             footer.append(f"FAILED {r['label']} straggler {r['straggler']} seed {r['seed']}: {r.get('error')}")
-    text = format_table("hvdkit benchmarks.convergence", meta_lines(meta, versions, out_root), COLUMNS,
+    text = format_table("hvdkit.bench.convergence", meta_lines(meta, versions, out_root), COLUMNS,
                         [_cells(r) for r in rows], footer, ok)
     emit(text, a.table)
     if a.json:

@@ -1,6 +1,6 @@
-"""Helpers shared by the benchmark drivers: launching MPI jobs, statistics, tables, files.
+"""Helpers shared by the benchmark drivers: launching MPI jobs, statistics, tables.
 
-The drivers (:mod:`benchmarks.throughput`, :mod:`benchmarks.convergence`) run WITHOUT
+The drivers (:mod:`hvdkit.bench.throughput`, :mod:`hvdkit.bench.convergence`) run WITHOUT
 ``mpirun``; they start one ``mpirun -np N`` job per measurement through :func:`launch`,
 which puts the job in its own process group and kills the whole group (mpirun and every
 rank) when the hard timeout expires, so a hang costs one row, never the run.
@@ -8,15 +8,14 @@ rank) when the hard timeout expires, so a hang costs one row, never the run.
 Tables follow nccl-tests: ``#`` metadata lines, then a ``#`` header row and a ``#`` units
 row, then one whitespace-separated data row per measurement (no value contains a space;
 a missing value is ``-``), ``#`` summary lines, and a last line ``OK`` or ``FAILED``
-matching the exit status. :func:`parse_table` reads one back.
+matching the exit status. :func:`parse_table` reads one back. JSON and CSV files are
+written by :func:`hvdkit.results.write_json` / :func:`hvdkit.results.write_csv` (atomic).
 """
 from __future__ import annotations
 
-import csv
 import json
 import math
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -28,11 +27,10 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-__all__ = ["ROOT", "Job", "mpirun_cmd", "launch", "load_results", "mean_conf", "format_table", "parse_table",
-           "host_meta", "write_json", "write_csv", "fmt", "log"]
+from hvdkit.launch import local_command
 
-#: the repository root (parent of ``benchmarks/``); put on every rank's PYTHONPATH.
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+__all__ = ["Job", "mpirun_cmd", "launch", "load_results", "mean_conf", "format_table", "parse_table",
+           "host_meta", "meta_lines", "emit", "fmt", "log"]
 
 
 def log(*parts: object) -> None:
@@ -70,30 +68,23 @@ class Job:
 
 
 def mpirun_cmd(np_: int, module: str, args: Sequence[str] = (), mpirun_args: Sequence[str] = ()) -> list[str]:
-    """``mpirun -np N --oversubscribe --bind-to none [--allow-run-as-root] python -m MODULE ARGS``.
+    """``mpirun -np N ... python -m MODULE ARGS`` on this host (:func:`hvdkit.launch.local_command`).
 
     Ranks may outnumber cores (``--oversubscribe``) and are not pinned to a core
-    (``--bind-to none``: hvdkit sizes TensorFlow's thread pools itself). ``PATH``,
-    ``PYTHONPATH`` and ``TF_CPP_MIN_LOG_LEVEL`` are forwarded to every rank.
+    (``--bind-to none``: hvdkit sizes TensorFlow's thread pools itself); ``--allow-run-as-root``
+    as root. ``PATH``, ``PYTHONPATH`` and ``TF_CPP_MIN_LOG_LEVEL`` are forwarded to every rank;
+    ``mpirun_args`` go just before the program.
 
     Raises:
         FileNotFoundError: no ``mpirun`` on PATH (install Open MPI, or activate the venv).
     """
-    mpirun = shutil.which("mpirun")
-    if mpirun is None:
-        raise FileNotFoundError("mpirun not found on PATH; install Open MPI (launch/install.sh) and retry")
-    cmd = [mpirun, "-np", str(np_), "--oversubscribe", "--bind-to", "none"]
-    if hasattr(os, "geteuid") and os.geteuid() == 0:
-        cmd.append("--allow-run-as-root")
-    for var in ("PATH", "PYTHONPATH", "TF_CPP_MIN_LOG_LEVEL"):
-        cmd += ["-x", var]
-    return cmd + list(mpirun_args) + [sys.executable, "-m", module, *args]
+    return local_command(np_, [sys.executable, "-m", module, *args], mpi_args=mpirun_args)
 
 
 def _env() -> dict[str, str]:
+    """The jobs' environment: this one, with this interpreter's bin/ first on PATH."""
     e = dict(os.environ)
     e.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    e["PYTHONPATH"] = ROOT + (os.pathsep + e["PYTHONPATH"] if e.get("PYTHONPATH") else "")
     e["PATH"] = os.path.dirname(sys.executable) + os.pathsep + e.get("PATH", "")
     return e
 
@@ -102,14 +93,17 @@ def launch(cmd: Sequence[str], timeout: float, log_path: str | None = None) -> J
     """Run ``cmd`` in its own process group with a hard ``timeout`` (seconds).
 
     On timeout the whole group (mpirun and every rank) gets SIGTERM, then SIGKILL 5 s
-    later. The combined output is also written to ``log_path`` when given.
+    later. The combined output is also written to ``log_path`` when given. The job runs in
+    this process's working directory and environment (plus ``TF_CPP_MIN_LOG_LEVEL=2`` unless
+    set, and this interpreter's bin/ first on PATH), so its ranks import the same hvdkit and
+    relative paths mean the same to the job as to the driver.
 
     Returns:
         A :class:`Job`; ``returncode`` is None when the timeout killed it.
     """
     t0 = time.monotonic()
-    p = subprocess.Popen(list(cmd), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
-                         env=_env(), start_new_session=True)
+    p = subprocess.Popen(list(cmd), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env(),
+                         start_new_session=True)
     try:
         out, _ = p.communicate(timeout=timeout)
         rc = p.returncode
@@ -183,7 +177,7 @@ def format_table(title: str, meta_lines: Sequence[str], columns: Sequence[tuple[
     """Render an nccl-tests-style table.
 
     Args:
-        title: first line, e.g. ``"hvdkit benchmarks.throughput"``.
+        title: first line, e.g. ``"hvdkit.bench.throughput"``.
         meta_lines: ``key: value`` lines (printed after ``# ``).
         columns: (key, header, unit) per column; a unit of ``""`` prints as nothing.
         rows: already formatted cells (:func:`fmt`), keyed by column key.
@@ -226,7 +220,7 @@ def emit(text: str, table_path: str | None) -> None:
 
 
 def parse_table(text: str) -> dict[str, Any]:
-    """Read back a table written by :func:`format_table` (or benchmarks.collectives).
+    """Read back a table written by :func:`format_table` (or hvdkit.bench.collectives).
 
     Returns:
         ``{"meta": {key: value}, "columns": [...], "units": [...], "rows": [{col: str}],
@@ -267,40 +261,3 @@ def parse_table(text: str) -> dict[str, Any]:
         raise ValueError("the table has a header but no data rows")
     return {"meta": meta, "columns": columns, "units": units_line.split(), "rows": rows, "footer": footer,
             "status": status}
-
-
-def write_json(path: str, obj: Any) -> None:
-    """Write ``obj`` as indented JSON (numpy scalars and nan become plain JSON)."""
-    def default(o):
-        if isinstance(o, np.generic):
-            return o.item()
-        raise TypeError(f"{type(o).__name__} is not JSON serialisable")
-
-    def clean(o):
-        if isinstance(o, float) and not math.isfinite(o):
-            return None
-        if isinstance(o, dict):
-            return {k: clean(v) for k, v in o.items()}
-        if isinstance(o, (list, tuple)):
-            return [clean(v) for v in o]
-        return o
-
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = path + ".tmp"
-    with open(tmp, "w") as fh:
-        json.dump(clean(obj), fh, indent=1, default=default)
-    os.replace(tmp, path)
-
-
-def write_csv(path: str, rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | None = None) -> None:
-    """Write ``rows`` as CSV with a header (columns: ``columns`` or the union of keys in order)."""
-    if columns is None:
-        columns = []
-        for r in rows:
-            columns += [k for k in r if k not in columns]
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=list(columns), extrasaction="ignore")
-        w.writeheader()
-        for r in rows:
-            w.writerow({k: ("" if v is None else v) for k, v in r.items()})

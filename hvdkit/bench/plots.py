@@ -1,12 +1,12 @@
 """PNG plots of the benchmark JSON files (matplotlib, Agg backend: no display needed).
 
-    python -m benchmarks.plots --collectives c2.json c4.json --throughput t.json \\
+    python -m hvdkit.bench.plots --collectives c2.json c4.json --throughput t.json \\
         --convergence conv.json --out-dir results/today
 
 Pictures (each function returns the paths it wrote):
 
 * :func:`plot_busbw`: busbw (GB/s) vs message size per method, log-log, one panel per
-  collectives JSON (world size), from ``benchmarks.collectives --json``;
+  collectives JSON (world size), from ``hvdkit.bench.collectives --json``;
 * :func:`plot_throughput`: samples/s (mean +- 1.96 sd) and scaling efficiency vs workers
   per model/strategy, and the per-step compute / comm / wait / data split;
 * :func:`plot_accuracy`: eval accuracy vs training seconds and vs samples seen, per
@@ -60,7 +60,7 @@ def plot_busbw(collectives: Sequence[str | dict], path: str) -> list[str]:
     """busbw vs message size per method, one panel per JSON (e.g. 2 and 4 ranks).
 
     Args:
-        collectives: paths to (or loaded) ``benchmarks.collectives --json`` outputs,
+        collectives: paths to (or loaded) ``hvdkit.bench.collectives --json`` outputs,
             ``{"meta": {"world_size"}, "rows": [{"method", "bytes", "busbw_GBps"}]}``.
         path: the PNG to write.
 
@@ -100,7 +100,7 @@ def plot_throughput(throughput: Sequence[str | dict], path: str, split_path: str
     """Samples/s and scaling efficiency vs workers; optionally the per-step time split.
 
     Args:
-        throughput: ``benchmarks.throughput --json`` outputs (rows with set "scaling").
+        throughput: ``hvdkit.bench.throughput --json`` outputs (rows with set "scaling").
         path: PNG of samples/s (left) and efficiency (right).
         split_path: PNG of stacked compute/comm/wait/data milliseconds per step.
 
@@ -170,7 +170,7 @@ def plot_accuracy(convergence: str | dict, path: str) -> list[str]:
     """Eval accuracy vs training seconds (top) and vs samples seen (bottom), per condition.
 
     Args:
-        convergence: a ``benchmarks.convergence --json`` output (its ``runs`` with curves).
+        convergence: a ``hvdkit.bench.convergence --json`` output (its ``runs`` with curves).
         path: the PNG to write.
 
     Returns:
@@ -217,7 +217,7 @@ def plot_staleness(convergence: str | dict, path: str) -> list[str]:
     """Staleness histogram per asynchronous mode and condition (summed over seeds).
 
     Args:
-        convergence: a ``benchmarks.convergence --json`` output (``rows`` with
+        convergence: a ``hvdkit.bench.convergence --json`` output (``rows`` with
             ``staleness_histogram``: staleness -> count of applied gradients).
         path: the PNG to write.
 
@@ -271,10 +271,10 @@ def plot_all(out_dir: str, collectives: Sequence[str] = (), throughput: Sequence
 
 def main(argv: list[str] | None = None) -> int:
     """CLI: draw every plot whose JSON is given; prints the PNG paths; returns 0."""
-    p = argparse.ArgumentParser(prog="python -m benchmarks.plots", description=__doc__.split("\n\n")[0])
-    p.add_argument("--collectives", nargs="*", default=[], help="benchmarks.collectives --json files")
-    p.add_argument("--throughput", nargs="*", default=[], help="benchmarks.throughput --json files")
-    p.add_argument("--convergence", help="a benchmarks.convergence --json file")
+    p = argparse.ArgumentParser(prog="python -m hvdkit.bench.plots", description=__doc__.split("\n\n")[0])
+    p.add_argument("--collectives", nargs="*", default=[], help="hvdkit.bench.collectives --json files")
+    p.add_argument("--throughput", nargs="*", default=[], help="hvdkit.bench.throughput --json files")
+    p.add_argument("--convergence", help="a hvdkit.bench.convergence --json file")
     p.add_argument("--out-dir", default=".", help="where the PNGs go (default .)")
     a = p.parse_args(argv)
     for path in plot_all(a.out_dir, a.collectives, a.throughput, a.convergence):

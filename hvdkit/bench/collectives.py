@@ -1,7 +1,7 @@
 """Collective bandwidth, nccl-tests style: every way hvdkit can average a buffer, side by side.
 
-    mpirun -np 2 python -m benchmarks.collectives
-    mpirun -np 4 --oversubscribe python -m benchmarks.collectives --min-bytes 1K --max-bytes 64M --json c.json
+    mpirun -np 2 python -m hvdkit.bench.collectives
+    mpirun -np 4 --oversubscribe python -m hvdkit.bench.collectives --min-bytes 1K --max-bytes 64M --json c.json
     hvdkit-bench collectives -np 2 -- --methods mpi,ring,ps-colocated
 
 Methods (rows of :data:`METHODS`), each reducing the same float32 buffer of S bytes per rank:
@@ -41,7 +41,6 @@ import argparse
 import json
 import os
 import sys
-import threading
 import time
 
 import numpy as np
@@ -150,9 +149,8 @@ class _PS(_Method):
 
     def prepare(self, n):
         from hvdkit.strategies.ps import rules
+        from hvdkit.strategies.ps.group import PSGroup
         from hvdkit.strategies.ps.protocol import Layout
-        from hvdkit.strategies.ps.server import ServerLoop, ShardServer
-        from hvdkit.strategies.ps.worker import PSClient
 
         class Var:
             name, shape, dtype = "bench:0", (n,), np.dtype(np.float32)
@@ -160,22 +158,13 @@ class _PS(_Method):
         N = self.size
         servers = list(range(N)) if self.colocated else [N - 1]
         self.workers = list(range(N)) if self.colocated else list(range(N - 1))
-        self.ps_comm = self.comm.Dup()
         layout = Layout.of_variables([Var()], len(servers))
-        self.thread, loop = None, None
-        if self.rank in servers:
-            k = servers.index(self.rank)
-            sl = layout.shard_slice(k)
-            m = sl.stop - sl.start
-            server = ShardServer(k, layout, np.zeros(m, np.float32), "sync", rules.Optimizer("sgd", 1.0, m),
-                                 len(self.workers))
-            loop = ServerLoop(self.ps_comm, server, self.workers, 60.0)
-            # as hvdkit.train runs it: a colocated worker serves its shard while it waits, a
-            # thread covers the rest; a dedicated server rank polls (spin, yield, sleep)
-            self.thread = threading.Thread(target=loop.run, args=(5e-5 if self.colocated else None,), daemon=True)
-            self.thread.start()
-        self.client = PSClient(self.ps_comm, layout, servers, self.workers.index(self.rank), 60.0,
-                               local_server=loop if self.colocated else None) if self.rank in self.workers else None
+        # as hvdkit.train wires it: a colocated worker serves its shard while it waits, a
+        # thread covers the rest; a dedicated server rank polls (spin, yield, sleep), here in
+        # a thread, as its main thread takes part in the barriers and the timing reduction
+        self.group = PSGroup(self.comm, layout, np.zeros(n, np.float32), servers, self.workers, "sync",
+                             lambda size: rules.Optimizer("sgd", 1.0, size), timeout=60.0, serve_in_thread=True)
+        self.client = self.group.client
         self.send = _data(self.rank, n)
         self.recv = np.zeros(n, np.float32)
         self.first = None
@@ -197,11 +186,7 @@ class _PS(_Method):
         return self.first
 
     def close(self):
-        if self.client is not None:
-            self.client.done()
-        if self.thread is not None:
-            self.thread.join()
-        self.ps_comm.Free()
+        self.group.close()
 
 
 class PS(_PS):
@@ -245,7 +230,7 @@ def _versions() -> dict:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="mpirun -np N python -m benchmarks.collectives",
+    p = argparse.ArgumentParser(prog="mpirun -np N python -m hvdkit.bench.collectives",
                                 description="Allreduce-equivalent bandwidth of every method, side by side "
                                             "(nccl-tests style table; exit 0 = OK, 1 = FAILED).",
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
@@ -288,7 +273,7 @@ def main(argv=None) -> int:
     err = _check_args(a, size)
     if err:
         if rank == 0:
-            print(f"benchmarks.collectives: error: {err}", file=sys.stderr, flush=True)
+            print(f"hvdkit.bench.collectives: error: {err}", file=sys.stderr, flush=True)
         return 2
     names = a.methods.split(",")
     methods = {m: METHODS[m](comm) for m in names}
@@ -302,7 +287,7 @@ def main(argv=None) -> int:
             "parameters": {k: getattr(a, k) for k in ("min_bytes", "max_bytes", "step", "iters", "warmup")},
             "methods": names, "dtype": "float32", "ranks": hosts,
             "busbw": "algbw * 2(N-1)/N (allreduce rows), algbw (memcpy)"}
-    out(f"# hvdkit benchmarks.collectives  world size {size}")
+    out(f"# hvdkit.bench.collectives  world size {size}")
     out("# versions: " + "  ".join(f"{k} {v}" for k, v in meta["versions"].items()))
     out("# parameters: " + "  ".join(f"{k} {v}" for k, v in meta["parameters"].items()) + f"  dtype float32")
     out(f"# methods: {', '.join(names)}")

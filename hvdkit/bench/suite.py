@@ -8,13 +8,13 @@ Writes ``results/<YYYY-MM-DD>/`` (or ``--out-dir``; an existing non-empty direct
 the day gets a ``-HHMMSS`` suffix):
 
 =========================  ==================================================================
-collectives_np{N}.json/txt  ``mpirun -np N python -m benchmarks.collectives`` (N = 2, then 4
+collectives_np{N}.json/txt  ``mpirun -np N python -m hvdkit.bench.collectives`` (N = 2, then 4
                             if the time budget allows)
-throughput.json/csv/txt     ``benchmarks.throughput`` (cnn, 32x32, horovod/ring/ps-sync at
+throughput.json/csv/txt     ``hvdkit.bench.throughput`` (cnn, 32x32, horovod/ring/ps-sync at
                             1, 2, 4 workers; harness overhead vs bare Horovod)
 throughput_resnet50.*       resnet50 at 32x32, horovod and ps-sync at 1 and 2 workers (if the
                             budget allows)
-convergence.json/csv/txt    ``benchmarks.convergence`` (mlp on digits, 4 workers, every
+convergence.json/csv/txt    ``hvdkit.bench.convergence`` (mlp on digits, 4 workers, every
                             strategy, with and without a 2x straggler, 2 seeds)
 convergence_curves.csv      every run's per-epoch accuracy, time and samples
 *.png                       busbw, throughput, step_split, accuracy, staleness
@@ -38,7 +38,8 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks._common import fmt, host_meta, launch, log, mpirun_cmd, write_json
+from hvdkit.bench._common import fmt, host_meta, launch, log, mpirun_cmd
+from hvdkit.results import write_json
 
 __all__ = ["main", "build_parser", "summarize"]
 
@@ -59,9 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--budget", type=float, default=840.0,
                    help="seconds; optional steps (collectives beyond the first N, resnet50) start only while the "
                         "elapsed time + their estimate stays below it (default 840)")
-    p.add_argument("--throughput-args", default="", help="extra flags for benchmarks.throughput")
-    p.add_argument("--convergence-args", default="", help="extra flags for benchmarks.convergence")
-    p.add_argument("--collectives-args", default="", help="extra flags for benchmarks.collectives")
+    p.add_argument("--throughput-args", default="", help="extra flags for hvdkit.bench.throughput")
+    p.add_argument("--convergence-args", default="", help="extra flags for hvdkit.bench.convergence")
+    p.add_argument("--collectives-args", default="", help="extra flags for hvdkit.bench.collectives")
     return p
 
 
@@ -126,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def collectives(np_: int) -> None:
         name = f"collectives_np{np_}"
-        cmd = mpirun_cmd(np_, "benchmarks.collectives", [*coll_args, "--json", os.path.join(out, name + ".json")])
+        cmd = mpirun_cmd(np_, "hvdkit.bench.collectives", [*coll_args, "--json", os.path.join(out, name + ".json")])
         if s.run(name, cmd, 300 if a.quick else 900, [name + ".json"]):
             _stdout_table(out, name)
 
@@ -135,13 +136,13 @@ def main(argv: list[str] | None = None) -> int:
     if "throughput" not in skip:
         base = ["--json", os.path.join(out, "throughput.json"), "--csv", os.path.join(out, "throughput.csv"),
                 "--table", os.path.join(out, "throughput.txt"), "--out-dir", os.path.join(out, "runs", "throughput")]
-        s.run("throughput", _py("benchmarks.throughput", *q, *base, *a.throughput_args.split()),
+        s.run("throughput", _py("hvdkit.bench.throughput", *q, *base, *a.throughput_args.split()),
               600 if a.quick else 1800, ["throughput.json", "throughput.csv", "throughput.txt"])
     if "convergence" not in skip:
         base = ["--json", os.path.join(out, "convergence.json"), "--csv", os.path.join(out, "convergence.csv"),
                 "--curves-csv", os.path.join(out, "convergence_curves.csv"),
                 "--table", os.path.join(out, "convergence.txt"), "--out-dir", os.path.join(out, "runs", "convergence")]
-        s.run("convergence", _py("benchmarks.convergence", *q, *base, *a.convergence_args.split()),
+        s.run("convergence", _py("hvdkit.bench.convergence", *q, *base, *a.convergence_args.split()),
               600 if a.quick else 1800, ["convergence.json", "convergence.csv", "convergence.txt"])
     if "throughput" not in skip and a.resnet50 and not a.quick:
         if s.elapsed() + 150 < a.budget:
@@ -151,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
                     "--csv", os.path.join(out, "throughput_resnet50.csv"),
                     "--table", os.path.join(out, "throughput_resnet50.txt"),
                     "--out-dir", os.path.join(out, "runs", "throughput_resnet50")]
-            s.run("throughput_resnet50", _py("benchmarks.throughput", *args), 900,
+            s.run("throughput_resnet50", _py("hvdkit.bench.throughput", *args), 900,
                   ["throughput_resnet50.json", "throughput_resnet50.txt"])
         else:
             s.skip("throughput_resnet50", f"over budget ({s.elapsed():.0f}s elapsed of {a.budget:.0f}s)")
@@ -166,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
         p = os.path.join(out, name)
         return p if os.path.isfile(p) else None
 
-    from benchmarks.plots import plot_all
+    from hvdkit.bench.plots import plot_all
 
     pngs = []
     try:

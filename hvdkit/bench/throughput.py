@@ -3,10 +3,10 @@
 Run it WITHOUT mpirun: it launches one ``mpirun -np N python -m hvdkit.train`` job per
 (model, strategy, N), each with a hard timeout, and reads the job's results.json::
 
-    python -m benchmarks.throughput                                   # cnn, 32x32, 1/2/4 ranks
-    python -m benchmarks.throughput --models cnn,resnet50 --strategies horovod,ps-sync
-    python -m benchmarks.throughput --imagenet --models resnet50 --ranks 1,8   # GPU host
-    python -m benchmarks.throughput --quick --json t.json --csv t.csv         # smoke test
+    python -m hvdkit.bench.throughput                                   # cnn, 32x32, 1/2/4 ranks
+    python -m hvdkit.bench.throughput --models cnn,resnet50 --strategies horovod,ps-sync
+    python -m hvdkit.bench.throughput --imagenet --models resnet50 --ranks 1,8   # GPU host
+    python -m hvdkit.bench.throughput --quick --json t.json --csv t.csv         # smoke test
     hvdkit-bench throughput [args]
 
 Method (Horovod's synthetic benchmark, ``tensorflow2_synthetic_benchmark.py``): synthetic
@@ -30,7 +30,7 @@ Horovod's benchmark does.
   processes). The ``layout`` column says which.
 
 Harness overhead (``--overhead``, on by default): the bare Horovod loop of
-:mod:`benchmarks.bare_horovod` and ``hvdkit.train --strategy horovod`` at equal model,
+:mod:`hvdkit.bench.bare_horovod` and ``hvdkit.train --strategy horovod`` at equal model,
 batch, K and iterations on ``--overhead-ranks`` ranks, interleaved ABBA over
 ``--overhead-rounds`` rounds (bare, hvdkit, hvdkit, bare, ...) so that drifting machine
 load hits both alike. The ratio is median hvdkit step seconds / median bare step seconds
@@ -49,8 +49,9 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks._common import (emit, fmt, format_table, host_meta, launch, load_results, log, mean_conf, meta_lines,
-                               mpirun_cmd, write_csv, write_json)
+from hvdkit.bench._common import (emit, fmt, format_table, host_meta, launch, load_results, log, mean_conf,
+                                 meta_lines, mpirun_cmd)
+from hvdkit.results import write_csv, write_json
 
 __all__ = ["main", "build_parser", "COLUMNS", "run_train", "efficiency"]
 
@@ -67,7 +68,7 @@ PS_PREFIX = "ps-"
 
 def build_parser() -> argparse.ArgumentParser:
     """The command-line flags (see the module docstring)."""
-    p = argparse.ArgumentParser(prog="python -m benchmarks.throughput", description=__doc__.split("\n\n")[0],
+    p = argparse.ArgumentParser(prog="python -m hvdkit.bench.throughput", description=__doc__.split("\n\n")[0],
                                 epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
     g = p.add_argument_group("what to measure")
     g.add_argument("--strategies", default="horovod,ring,ps-sync", help="comma-separated (default horovod,ring,ps-sync)")
@@ -95,7 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--overhead-model", default="cnn", help="model of the overhead pair (default cnn)")
     g.add_argument("--overhead-ranks", type=int, default=2, help="ranks of the overhead pair (default 2)")
     g.add_argument("--overhead-rounds", type=int, default=3, help="ABBA rounds of the pair (default 3)")
-    g.add_argument("--bare-args", default="", help="extra flags for benchmarks.bare_horovod, e.g. '--num-groups 1'")
+    g.add_argument("--bare-args", default="", help="extra flags for hvdkit.bench.bare_horovod, e.g. '--num-groups 1'")
     g = p.add_argument_group("output and limits")
     g.add_argument("--out-dir", default="", help="where job directories and logs go (default results/throughput-<time>)")
     g.add_argument("--json", metavar="FILE", help="write metadata, rows and ratios as JSON")
@@ -119,7 +120,7 @@ def _ints(text: str, flag: str) -> list[int]:
     except ValueError:
         vals = []
     if not vals or min(vals) < 1:
-        raise SystemExit(f"benchmarks.throughput: error: {flag}={text!r} must be comma-separated integers >= 1")
+        raise SystemExit(f"hvdkit.bench.throughput: error: {flag}={text!r} must be comma-separated integers >= 1")
     return vals
 
 
@@ -230,7 +231,7 @@ def _run_bare(a, n: int, out_dir: str) -> dict:
             "--batch-size", str(a.batch_size), "--steps-per-iter", str(a.steps_per_iter), "--iters", str(a.iters),
             "--warmup-iters", "1", "--seed", str(a.seed), "--threads", str(a.threads), "--json", path,
             *a.bare_args.split()]
-    job = launch(mpirun_cmd(n, "benchmarks.bare_horovod", args), a.timeout, os.path.join(out_dir, "job.log"))
+    job = launch(mpirun_cmd(n, "hvdkit.bench.bare_horovod", args), a.timeout, os.path.join(out_dir, "job.log"))
     row: dict[str, Any] = {"model": a.overhead_model, "strategy": "bare-horovod", "layout": "replicas", "ranks": n,
                            "workers": n, "batch": a.batch_size, "steps_per_iter": a.steps_per_iter, "iters": a.iters,
                            "steps": f"{a.iters}x{a.steps_per_iter}", "job_seconds": round(job.seconds, 2),
@@ -272,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     models = [m for m in a.models.split(",") if m]
     for name in ("image_size", "batch_size", "steps_per_iter", "iters", "overhead_rounds", "overhead_ranks"):
         if getattr(a, name) < 1:
-            raise SystemExit(f"benchmarks.throughput: error: --{name.replace('_', '-')}={getattr(a, name)} must be >= 1")
+            raise SystemExit(f"hvdkit.bench.throughput: error: --{name.replace('_', '-')}={getattr(a, name)} must be >= 1")
     out_root = a.out_dir or os.path.join("results", f"throughput-{datetime.now():%Y%m%d-%H%M%S}")
     os.makedirs(out_root, exist_ok=True)
     meta = {"benchmark": "throughput", **host_meta(), "parameters": {
@@ -283,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
         "overhead": a.overhead, "overhead_model": a.overhead_model, "overhead_ranks": a.overhead_ranks,
         "overhead_rounds": a.overhead_rounds, "bare_args": a.bare_args, "train_args": a.train_args, "timeout_s": a.timeout},
         "out_dir": out_root}
-    log(f"benchmarks.throughput: {len(models) * len(strategies) * len(ranks)} scaling jobs"
+    log(f"hvdkit.bench.throughput: {len(models) * len(strategies) * len(ranks)} scaling jobs"
         f"{f' + {2 * a.overhead_rounds} overhead jobs' if a.overhead else ''}; load {meta['loadavg']}; "
         f"job directories under {out_root}")
     rows, versions = [], None
@@ -325,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
         if r["status"] != "OK":
             footer.append(f"FAILED {r.get('set')} {r['model']} {r['strategy']} {r['workers']} workers: {r.get('error')}")
     v = versions or {}
-    text = format_table("hvdkit benchmarks.throughput",
+    text = format_table("hvdkit.bench.throughput",
                         meta_lines(meta, v, out_root, [f"mpi: {v.get('mpi', '-')}"]),
                         COLUMNS, [_cells(r) for r in rows], footer, ok)
     emit(text, a.table)

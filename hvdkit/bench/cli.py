@@ -1,10 +1,10 @@
-"""``hvdkit-bench``: one command for the benchmarks in ``benchmarks/``.
+"""``hvdkit-bench`` / ``python -m hvdkit.bench``: one command for the benchmarks of :mod:`hvdkit.bench`.
 
-    hvdkit-bench collectives [-np N] [--] [ARGS]   # mpirun -np N (default 2) python -m benchmarks.collectives ARGS
-    hvdkit-bench throughput [ARGS]                 # python -m benchmarks.throughput ARGS (launches mpirun itself)
-    hvdkit-bench convergence [ARGS]                # python -m benchmarks.convergence ARGS
-    hvdkit-bench plots [ARGS]                      # python -m benchmarks.plots ARGS
-    hvdkit-bench suite [ARGS]                      # python -m benchmarks.suite ARGS (= benchmarks/run_suite.sh)
+    hvdkit-bench collectives [-np N] [--] [ARGS]   # mpirun -np N (default 2) python -m hvdkit.bench.collectives ARGS
+    hvdkit-bench throughput [ARGS]                 # python -m hvdkit.bench.throughput ARGS (launches mpirun itself)
+    hvdkit-bench convergence [ARGS]                # python -m hvdkit.bench.convergence ARGS
+    hvdkit-bench plots [ARGS]                      # python -m hvdkit.bench.plots ARGS
+    hvdkit-bench suite [ARGS]                      # python -m hvdkit.bench.suite ARGS (= benchmarks/run_suite.sh)
 
 ``hvdkit-bench <name> --help`` shows that benchmark's flags. ``collectives`` run inside an
 MPI job (``mpirun -np 4 hvdkit-bench collectives ...``) benchmarks in place instead of
@@ -12,15 +12,18 @@ launching mpirun. The exit status is the benchmark's (0 OK, 1 FAILED, 2 bad usag
 """
 from __future__ import annotations
 
+import importlib
 import os
 import subprocess
 import sys
 
+from hvdkit.bench._common import mpirun_cmd
+
 __all__ = ["main", "COMMANDS"]
 
 #: name -> module run in this process
-COMMANDS = {"throughput": "benchmarks.throughput", "convergence": "benchmarks.convergence",
-            "plots": "benchmarks.plots", "suite": "benchmarks.suite", "collectives": "benchmarks.collectives"}
+COMMANDS = {"throughput": "hvdkit.bench.throughput", "convergence": "hvdkit.bench.convergence",
+            "plots": "hvdkit.bench.plots", "suite": "hvdkit.bench.suite", "collectives": "hvdkit.bench.collectives"}
 
 _USAGE = ("usage: hvdkit-bench {collectives,throughput,convergence,plots,suite} [args]\n"
           "  collectives [-np N] [--] [ARGS]  bandwidth of every allreduce method under mpirun -np N (default 2)\n"
@@ -29,14 +32,6 @@ _USAGE = ("usage: hvdkit-bench {collectives,throughput,convergence,plots,suite} 
           "  plots [ARGS]                     PNGs from the JSON files\n"
           "  suite [ARGS]                     all of them at small sizes into results/<date>/\n"
           "hvdkit-bench NAME --help lists NAME's flags.")
-
-
-def _repo_on_path() -> None:
-    """Make ``benchmarks`` importable from a source checkout (it sits beside ``hvdkit/``)."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    if os.path.isdir(os.path.join(root, "benchmarks")) and root not in sys.path:
-        sys.path.insert(0, root)
-    os.environ["PYTHONPATH"] = root + (os.pathsep + os.environ["PYTHONPATH"] if os.environ.get("PYTHONPATH") else "")
 
 
 def _in_mpi_job() -> bool:
@@ -56,12 +51,10 @@ def _collectives(args: list[str]) -> int:
     if args[:1] == ["--"]:
         args = args[1:]
     if _in_mpi_job():
-        from benchmarks.collectives import main as coll_main
+        from hvdkit.bench.collectives import main as coll_main  # imports mpi4py.MPI: initialises MPI, so here only
 
         return coll_main(args)
-    from benchmarks._common import mpirun_cmd
-
-    return subprocess.call(mpirun_cmd(np_, "benchmarks.collectives", args))
+    return subprocess.call(mpirun_cmd(np_, COMMANDS["collectives"], args))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -75,12 +68,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"hvdkit-bench: error: unknown benchmark {name!r}; choose {', '.join(COMMANDS)}\n{_USAGE}",
               file=sys.stderr)
         return 2
-    _repo_on_path()
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # forwarded to every rank by mpirun -x
     if name == "collectives":
         return _collectives(args)
-    import importlib
-
     try:
         return int(importlib.import_module(COMMANDS[name]).main(args) or 0)
     except SystemExit as e:  # argparse --help / usage errors; a string is a message to show

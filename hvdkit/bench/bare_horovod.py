@@ -1,7 +1,7 @@
 """A bare Horovod TF2 training loop: the yardstick for hvdkit.train's harness overhead.
 
-    mpirun -np 2 python -m benchmarks.bare_horovod --model cnn --image-size 32 --batch-size 32
-    mpirun -np 2 python -m benchmarks.bare_horovod --json bare.json
+    mpirun -np 2 python -m hvdkit.bench.bare_horovod --model cnn --image-size 32 --batch-size 32
+    mpirun -np 2 python -m hvdkit.bench.bare_horovod --json bare.json
 
 The pattern of Horovod's own ``examples/tensorflow2/tensorflow2_synthetic_benchmark.py``:
 one ``tf.function`` step with ``hvd.DistributedGradientTape`` (allreduce-average of the
@@ -36,7 +36,7 @@ __all__ = ["main", "build_parser"]
 
 def build_parser() -> argparse.ArgumentParser:
     """The command-line flags (see the module docstring)."""
-    p = argparse.ArgumentParser(prog="mpirun -np N python -m benchmarks.bare_horovod",
+    p = argparse.ArgumentParser(prog="mpirun -np N python -m hvdkit.bench.bare_horovod",
                                 description="Bare Horovod TF2 synthetic-data loop (Horovod's benchmark pattern).")
     p.add_argument("--model", default="cnn", help="a model of hvdkit.models (default cnn)")
     p.add_argument("--image-size", type=int, default=32, help="images are SIZE x SIZE x 3 (default 32)")
@@ -70,6 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     import horovod.tensorflow as hvd
 
     from hvdkit.models import build_model
+    from hvdkit.results import write_json
     from hvdkit.steps import configure_threads  # the trainer's thread rule, the same function
 
     comm = MPI.COMM_WORLD
@@ -125,9 +126,6 @@ def main(argv: list[str] | None = None) -> int:
         step_ms = np.median(slowest) / a.steps_per_iter * 1e3
         print(f"samples/s {rates.mean():.1f} +- {1.96 * rates.std():.1f}  step {step_ms:.2f} ms (median)")
         if a.json:
-            sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-            from benchmarks._common import write_json
-
             write_json(a.json, {"model": a.model, "image_size": a.image_size, "num_classes": a.num_classes,
                                 "batch_size": a.batch_size, "ranks": hvd.size(), "steps_per_iter": a.steps_per_iter,
                                 "threads": [intra, inter], "num_groups": a.num_groups, "iter_seconds": slowest.tolist(),

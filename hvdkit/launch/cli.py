@@ -1,0 +1,187 @@
+"""``hvdkit-launch`` / ``python -m hvdkit.launch``: the command line (see :mod:`hvdkit.launch`).
+
+Parses the flags (grouped as Horovod's launcher groups them), then either renders a job
+template, runs as the ``--rank-exec`` wrapper inside a job, or builds the launch command
+(:func:`hvdkit.launch.command.plan_command`) and replaces this process with it.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shlex
+import shutil
+import sys
+from dataclasses import replace
+from typing import Mapping, Sequence
+
+from hvdkit.errors import UsageError
+from hvdkit.launch.command import FORWARD_NAMES, FORWARD_PREFIXES, LaunchSpec, forwarded_env_names, plan_command
+from hvdkit.launch.mpi import HOROVODRUN, MPI, MPICH, OPENMPI, detect_mpi, local_cores
+from hvdkit.launch.rankexec import rank_exec_env
+from hvdkit.launch.templates import TEMPLATES, render
+
+__all__ = ["main"]
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        raise UsageError(f"{message} (see {self.prog} --help)")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = _Parser(
+        prog="hvdkit-launch",
+        usage="hvdkit-launch [options] [-- PROGRAM ARGS... | -- TRAIN_FLAGS...]",
+        description="Build and run the launch command of an hvdkit job for horovodrun, Open MPI "
+                    "(mpirun) or MPICH (mpiexec, Hydra); the MPI is detected from '<launcher> --version'. "
+                    "PROGRAM defaults to 'python -m hvdkit.train'; if what follows '--' starts with a "
+                    "flag, it is passed to hvdkit.train.",
+        epilog="Examples:\n"
+               "  hvdkit-launch -np 4 --dry-run\n"
+               "  hvdkit-launch -np 8 -H a:4,b:4 -- --model resnet50 --dataset synthetic\n"
+               "  hvdkit-launch -np 16 --hostfile hosts --launcher horovodrun\n"
+               "  hvdkit-launch -np 5 --cpu-ranks 4 -- --strategy ps-sync   # PS server (last rank) on CPU\n"
+               "  hvdkit-launch --render k8s --set workers=4 --set image=registry/hvdkit:gpu > job.yaml\n"
+               "Open MPI gets --bind-to none --map-by slot, -x for forwarded variables, "
+               "--allow-run-as-root only as root and --oversubscribe only when ranks exceed slots; "
+               "MPICH gets -genvlist and none of those Open MPI-only flags.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    g = p.add_argument_group("ranks and hosts")
+    g.add_argument("-np", "-n", dest="np", type=int, metavar="N",
+                   help="number of ranks (processes); required unless --render or --rank-exec")
+    hosts = g.add_mutually_exclusive_group()
+    hosts.add_argument("-H", "--hosts", default="", metavar="HOST:SLOTS,...",
+                       help="hosts and their slots (usually GPUs), e.g. a:4,b:4; default: this host, "
+                            "slots = its physical cores")
+    hosts.add_argument("--hostfile", default="", metavar="FILE",
+                       help="hostfile: 'HOST slots=N' lines (Open MPI, horovodrun) or 'HOST:N' (MPICH)")
+    g = p.add_argument_group("launcher")
+    g.add_argument("--launcher", choices=(MPI, HOROVODRUN), default=MPI,
+                   help="mpi: the installed MPI's own launcher (mpirun or mpiexec); horovodrun: "
+                        "Horovod's (default: mpi)")
+    g.add_argument("--mpi", choices=("auto", OPENMPI, MPICH), default="auto",
+                   help="which MPI is installed (default: auto, from '<launcher> --version')")
+    g.add_argument("--mpi-exec", default="", metavar="PATH",
+                   help="the MPI launcher to run (default: mpirun for Open MPI, mpiexec for MPICH)")
+    g.add_argument("--mpi-args", default="", metavar="'ARGS'",
+                   help="extra arguments for the launcher, one quoted string "
+                        "(e.g. --mpi-args=\"--mca btl tcp,self\")")
+    g.add_argument("--dry-run", action="store_true", help="print the command instead of running it")
+    g = p.add_argument_group("environment")
+    g.add_argument("--env", action="append", default=[], metavar="NAME[=VALUE]",
+                   help="also forward NAME (or set NAME=VALUE) on every rank; repeatable. Always "
+                        "forwarded when set: " + ", ".join(FORWARD_NAMES) + ", "
+                        + ", ".join(pre + "*" for pre in FORWARD_PREFIXES))
+    g = p.add_argument_group("GPU placement")
+    g.add_argument("--cpu-ranks", default="", metavar="LIST",
+                   help="ranks that run without GPUs (CUDA_VISIBLE_DEVICES=''), e.g. parameter-server "
+                        "ranks: 0 or 0,1 or 0-3. The other ranks use the GPU of their local rank")
+    g.add_argument("--rank-exec", action="store_true",
+                   help="(inside a job) apply --cpu-ranks to this process and exec PROGRAM; "
+                        "--cpu-ranks adds this wrapper itself")
+    g = p.add_argument_group("templates")
+    g.add_argument("--render", choices=tuple(TEMPLATES), metavar="{slurm,k8s}",
+                   help="print a job template filled in: slurm (sbatch script) or k8s (Kubeflow MPIJob)")
+    g.add_argument("--set", dest="set_values", action="append", default=[], metavar="KEY=VALUE",
+                   help="a template value; slurm: " + ", ".join(TEMPLATES["slurm"][1]) + "; k8s: "
+                        + ", ".join(TEMPLATES["k8s"][1]) + ", np")
+    g.add_argument("--template", metavar="PATH", help="render this file instead of the template shipped with hvdkit")
+    p.add_argument("program", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    return p
+
+
+def _split_program(argv: Sequence[str]) -> tuple[list[str], list[str] | None]:
+    if "--" in argv:
+        i = list(argv).index("--")
+        return list(argv[:i]), list(argv[i + 1:])
+    return list(argv), None
+
+
+def _env_args(items: Sequence[str], environ: Mapping[str, str]) -> tuple[list[str], list[tuple[str, str]]]:
+    names, pairs = [], []
+    for item in items:
+        k, eq, v = item.partition("=")
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k):
+            raise UsageError(f"--env {item!r}: {k!r} is not a variable name")
+        if eq:
+            pairs.append((k, v))
+        elif k in environ:
+            names.append(k)
+        else:
+            raise UsageError(f"--env {k}: not set in this environment; export it or give --env {k}=VALUE")
+    return names, pairs
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``hvdkit-launch``; returns the exit status (2 on bad input).
+
+    Without ``--dry-run`` the launcher replaces this process (``os.execvpe``), so its exit
+    status and signals are the job's.
+    """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    own, after = _split_program(argv)
+    try:
+        ns = _parser().parse_args(own)
+        program = after if after is not None else list(ns.program)
+        if ns.render:
+            overrides = {}
+            for item in ns.set_values:
+                k, eq, v = item.partition("=")
+                if not eq:
+                    raise UsageError(f"--set {item!r}: write KEY=VALUE")
+                overrides[k] = v
+            sys.stdout.write(render(ns.render, overrides, ns.template))
+            return 0
+        if ns.rank_exec:
+            if not program:
+                raise UsageError("--rank-exec needs a program after '--'")
+            env = rank_exec_env(os.environ, ns.cpu_ranks)
+            return _exec(program, env, ns.dry_run)
+        if ns.np is None:
+            raise UsageError("-np N is required: the number of ranks to launch")
+        default = [sys.executable, "-m", "hvdkit.train"]
+        if not program:
+            program = default
+        elif program[0].startswith("-"):
+            program = default + program  # only flags: they are hvdkit.train's
+        names, pairs = _env_args(ns.env, os.environ)
+        spec = LaunchSpec(
+            np=ns.np, program=tuple(program), launcher=ns.launcher, hosts=ns.hosts, hostfile=ns.hostfile,
+            env_forward=forwarded_env_names(os.environ, names), env_set=tuple(pairs),
+            mpi_args=tuple(shlex.split(ns.mpi_args)), cpu_ranks=ns.cpu_ranks, python=sys.executable,
+            binary=ns.mpi_exec if ns.launcher == MPI else _horovodrun())
+        mpi = ns.mpi
+        needs_mpi = ns.launcher == MPI or bool(ns.hosts or ns.hostfile)
+        if ns.launcher == MPI and mpi == "auto":
+            mpi, binary = detect_mpi(ns.mpi_exec or None)
+            spec = replace(spec, binary=binary)
+        elif mpi == "auto":  # horovodrun: the flavour matters only for --oversubscribe across hosts
+            mpi = detect_mpi()[0] if needs_mpi else OPENMPI
+        cmd = plan_command(spec, mpi=mpi, is_root=os.geteuid() == 0, cores=local_cores())
+        return _exec(cmd, dict(os.environ), ns.dry_run)
+    except UsageError as e:
+        print(f"hvdkit-launch: error: {e}", file=sys.stderr)
+        return 2
+
+
+def _horovodrun() -> str:
+    if shutil.which("horovodrun"):
+        return "horovodrun"
+    beside = os.path.join(os.path.dirname(sys.executable), "horovodrun")
+    return beside if os.path.exists(beside) else "horovodrun"
+
+
+def _exec(cmd: list[str], env: dict[str, str], dry_run: bool) -> int:
+    if dry_run:
+        print(shlex.join(cmd), flush=True)
+        return 0
+    exe = cmd[0] if os.sep in cmd[0] else shutil.which(cmd[0], path=env.get("PATH"))
+    if not exe or not os.path.exists(exe):
+        raise UsageError(f"{cmd[0]!r} not found on PATH; install it (bash launch/install.sh), activate the "
+                         f"venv, or choose another --launcher / --mpi-exec")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execvpe(exe, cmd, env)
+    return 1  # not reached

@@ -1,0 +1,246 @@
+"""The launch command: what to run (:class:`LaunchSpec`) -> the argv of mpirun, mpiexec or
+horovodrun.
+
+:func:`build_command` is pure (no environment, file or PATH is consulted), so tests check
+the exact command lines; :func:`plan_command` counts the slots first; :func:`local_command`
+is the one builder of the local ``mpirun`` commands that the tests and the benchmarks run.
+"""
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+from hvdkit.errors import UsageError
+from hvdkit.launch.hosts import parse_hostfile, parse_hosts, total_slots
+from hvdkit.launch.mpi import HOROVODRUN, MPI, MPICH, OPENMPI, local_cores
+from hvdkit.launch.rankexec import parse_rank_list
+
+__all__ = ["FORWARD_NAMES", "FORWARD_PREFIXES", "LOCAL_FORWARD", "forwarded_env_names", "LaunchSpec",
+           "build_command", "plan_command", "local_command"]
+
+#: forwarded to every rank when set here: exact names, then prefixes
+FORWARD_NAMES = ("PATH", "LD_LIBRARY_PATH", "PYTHONPATH")
+FORWARD_PREFIXES = ("NCCL_", "HOROVOD_", "HVDKIT_")
+#: what :func:`local_command` forwards by default
+LOCAL_FORWARD = ("PATH", "PYTHONPATH", "TF_CPP_MIN_LOG_LEVEL")
+
+
+def forwarded_env_names(environ: Mapping[str, str], extra: Sequence[str] = ()) -> tuple[str, ...]:
+    """Names of the variables to forward to every rank, sorted: PATH, LD_LIBRARY_PATH,
+    PYTHONPATH, every NCCL_*, HOROVOD_*, HVDKIT_* that is set in ``environ``, and ``extra``."""
+    names = {k for k in environ if k in FORWARD_NAMES or k.startswith(FORWARD_PREFIXES)}
+    return tuple(sorted(names | set(extra)))
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """What to launch, independent of the MPI flavour.
+
+    Attributes:
+        np: number of ranks (processes), >= 1.
+        program: the command every rank runs, e.g. ``("python", "-m", "hvdkit.train")``.
+        launcher: ``"mpi"`` (the installed MPI's own launcher) or ``"horovodrun"``.
+        hosts: ``-H`` value, ``"a:4,b:4"``; "" for this host only.
+        hostfile: path of a hostfile ("" for none); exclusive with ``hosts``.
+        env_forward: names of variables to forward from this environment (Open MPI ``-x``,
+            MPICH ``-genvlist``), see :func:`forwarded_env_names`.
+        env_set: ``(NAME, VALUE)`` pairs to set on every rank.
+        mpi_args: extra launcher arguments, placed just before the program.
+        cpu_ranks: ranks to run without GPUs (``"0"``, ``"0,1"``, ``"0-3"``), "" for none.
+        python: interpreter for the ``--rank-exec`` wrapper that ``cpu_ranks`` adds.
+        binary: the launcher executable ("" for mpirun / mpiexec / horovodrun by flavour).
+
+    Raises:
+        UsageError: (on construction) fewer than 1 rank, no program, an unknown launcher,
+            both hosts and a hostfile, or a CPU rank that does not exist.
+    """
+
+    np: int
+    program: tuple[str, ...]
+    launcher: str = MPI
+    hosts: str = ""
+    hostfile: str = ""
+    env_forward: tuple[str, ...] = ()
+    env_set: tuple[tuple[str, str], ...] = ()
+    mpi_args: tuple[str, ...] = ()
+    cpu_ranks: str = ""
+    python: str = "python"
+    binary: str = ""
+
+    def __post_init__(self) -> None:
+        if self.np < 1:
+            raise UsageError(f"-np {self.np}: the number of ranks must be >= 1")
+        if not self.program:
+            raise UsageError("no program to launch; give one after '--' (default: python -m hvdkit.train)")
+        if self.launcher not in (MPI, HOROVODRUN):
+            raise UsageError(f"--launcher {self.launcher!r}: choose mpi or horovodrun")
+        if self.hosts and self.hostfile:
+            raise UsageError("give -H HOSTS or --hostfile FILE, not both")
+        if self.cpu_ranks:
+            bad = sorted(r for r in parse_rank_list(self.cpu_ranks) if r >= self.np)
+            if bad:
+                raise UsageError(f"--cpu-ranks {self.cpu_ranks!r}: rank {bad[0]} does not exist with "
+                                 f"-np {self.np} (ranks are 0..{self.np - 1})")
+
+
+def _program(spec: LaunchSpec) -> list[str]:
+    if not spec.cpu_ranks:
+        return list(spec.program)
+    return [spec.python, "-m", "hvdkit.launch", "--rank-exec", "--cpu-ranks", spec.cpu_ranks, "--",
+            *spec.program]
+
+
+def build_command(spec: LaunchSpec, *, mpi: str, is_root: bool, slots: int) -> list[str]:
+    """The argv that launches ``spec`` (pure: no environment, file or PATH is consulted).
+
+    * Open MPI: ``mpirun -np N [-H HOSTS | --hostfile FILE] --bind-to none --map-by slot
+      [--allow-run-as-root] [--oversubscribe] -x VAR ... [MPI_ARGS] PROGRAM``.
+    * MPICH / Hydra: ``mpiexec -n N [-hosts HOSTS | -f FILE] [-genvlist VAR,...]
+      [-genv NAME VALUE ...] [MPI_ARGS] PROGRAM`` (none of the Open MPI-only flags).
+    * horovodrun: ``[env NAME=VALUE ...] horovodrun -np N [-H HOSTS | --hostfile FILE]
+      [--mpi-args=--oversubscribe ...] PROGRAM``.
+
+    Args:
+        spec: what to launch.
+        mpi: ``"openmpi"`` or ``"mpich"`` (for horovodrun: the MPI underneath it).
+        is_root: whether the launcher runs as root (Open MPI then needs
+            ``--allow-run-as-root``).
+        slots: the slots available to ``spec`` (see :func:`plan_command`); Open MPI gets
+            ``--oversubscribe`` only when ``spec.np > slots``.
+
+    Returns:
+        the argv list (``[0]`` is the executable).
+
+    Raises:
+        UsageError: an unknown flavour, or horovodrun hosts without slot counts.
+    """
+    if mpi not in (OPENMPI, MPICH):
+        raise UsageError(f"--mpi {mpi!r}: choose openmpi or mpich")
+    oversubscribed = spec.np > slots
+    np_ = str(spec.np)
+    if spec.launcher == HOROVODRUN:
+        cmd = ["env", *(f"{k}={v}" for k, v in spec.env_set)] if spec.env_set else []
+        cmd += [spec.binary or "horovodrun", "-np", np_]
+        if spec.hosts:
+            if any(s is None for _, s in parse_hosts(spec.hosts)):
+                raise UsageError(f"-H {spec.hosts!r}: horovodrun needs a slot count for every host "
+                                 f"(HOST:SLOTS, e.g. a:4,b:4)")
+            cmd += ["-H", spec.hosts]
+        elif spec.hostfile:
+            cmd += ["--hostfile", spec.hostfile]
+        mpi_args = (["--oversubscribe"] if oversubscribed and mpi == OPENMPI else []) + list(spec.mpi_args)
+        if mpi_args:
+            cmd.append("--mpi-args=" + shlex.join(mpi_args))
+        return cmd + _program(spec)
+    if mpi == OPENMPI:
+        cmd = [spec.binary or "mpirun", "-np", np_]
+        if spec.hosts:
+            cmd += ["-H", spec.hosts]
+        elif spec.hostfile:
+            cmd += ["--hostfile", spec.hostfile]
+        cmd += ["--bind-to", "none", "--map-by", "slot"]
+        if is_root:
+            cmd.append("--allow-run-as-root")
+        if oversubscribed:
+            cmd.append("--oversubscribe")
+        for name in spec.env_forward:
+            cmd += ["-x", name]
+        for k, v in spec.env_set:
+            cmd += ["-x", f"{k}={v}"]
+        return cmd + list(spec.mpi_args) + _program(spec)
+    # MPICH / Hydra
+    cmd = [spec.binary or "mpiexec", "-n", np_]
+    if spec.hosts:
+        cmd += ["-hosts", spec.hosts]
+    elif spec.hostfile:
+        cmd += ["-f", spec.hostfile]
+    if spec.env_forward:
+        cmd += ["-genvlist", ",".join(spec.env_forward)]
+    for k, v in spec.env_set:
+        cmd += ["-genv", k, v]
+    return cmd + list(spec.mpi_args) + _program(spec)
+
+
+def plan_command(spec: LaunchSpec, *, mpi: str, is_root: bool, cores: int,
+                 hostfile_text: str | None = None) -> list[str]:
+    """Count the slots of ``spec`` and build its command (see :func:`build_command`).
+
+    Slots: ``cores`` when no hosts are given (horovodrun then runs on ``localhost:np``, so
+    it never oversubscribes); the slot sum of ``-H``; the slot sum of the hostfile, whose
+    text is ``hostfile_text`` (read from ``spec.hostfile`` when None).
+
+    Raises:
+        UsageError: the hostfile is missing, malformed, or in the other flavour's syntax
+            (MPICH reads ``HOST:N``; Open MPI and horovodrun read ``HOST slots=N``).
+    """
+    if spec.hosts:
+        slots = total_slots(parse_hosts(spec.hosts))
+    elif spec.hostfile:
+        if hostfile_text is None:
+            try:
+                with open(spec.hostfile) as fh:
+                    hostfile_text = fh.read()
+            except OSError as e:
+                raise UsageError(f"--hostfile {spec.hostfile}: cannot read it ({e.strerror})") from None
+        entries, syntax = parse_hostfile(hostfile_text, spec.hostfile)
+        reader = HOROVODRUN if spec.launcher == HOROVODRUN else mpi
+        if syntax == MPICH and reader != MPICH:
+            h, s = entries[0]
+            raise UsageError(f"--hostfile {spec.hostfile}: {reader} reads 'HOST slots=N' lines, not "
+                             f"'HOST:N'; write '{h} slots={s}'")
+        if syntax == OPENMPI and reader == MPICH:
+            h, s = entries[0]
+            raise UsageError(f"--hostfile {spec.hostfile}: MPICH's mpiexec reads 'HOST:N' lines, not "
+                             f"'HOST slots=N'; write '{h}:{s}'")
+        if reader == HOROVODRUN and syntax == "bare":
+            raise UsageError(f"--hostfile {spec.hostfile}: horovodrun needs 'HOST slots=N' on every line")
+        slots = total_slots(entries)
+    else:
+        slots = spec.np if spec.launcher == HOROVODRUN else cores
+    return build_command(spec, mpi=mpi, is_root=is_root, slots=slots)
+
+
+def local_command(np: int, program: Sequence[str], *, forward: Sequence[str] = LOCAL_FORWARD,
+                  oversubscribe: bool = True, mpi_args: Sequence[str] = (), mpi: str = OPENMPI,
+                  binary: str | None = None, is_root: bool | None = None) -> list[str]:
+    """``mpirun`` running ``program`` on ``np`` ranks of this host: the command the tests and
+    the benchmarks launch, built by :func:`build_command`.
+
+    With the defaults (Open MPI, the verified stack)::
+
+        mpirun -np N --bind-to none --map-by slot [--allow-run-as-root] --oversubscribe
+               -x PATH -x PYTHONPATH -x TF_CPP_MIN_LOG_LEVEL [MPI_ARGS] PROGRAM
+
+    Args:
+        np: number of ranks, >= 1.
+        program: what every rank runs, e.g. ``[sys.executable, "-m", "hvdkit.train"]``.
+        forward: names of variables forwarded from the launching environment (``-x``).
+        oversubscribe: True: always ``--oversubscribe`` (tests run more ranks than cores);
+            False: only when ``np`` exceeds this host's physical cores.
+        mpi_args: extra launcher arguments, placed just before the program.
+        mpi: ``"openmpi"`` or ``"mpich"`` (Hydra's ``mpiexec``: none of the Open MPI-only flags).
+        binary: the launcher; None: ``mpirun`` / ``mpiexec`` (by ``mpi``) as found on PATH.
+        is_root: None: whether this process runs as root (Open MPI then gets
+            ``--allow-run-as-root``).
+
+    Returns:
+        the argv list; ``[0]`` is the launcher's path.
+
+    Raises:
+        FileNotFoundError: ``binary`` is None and the launcher is not on PATH.
+        UsageError: ``np < 1``, an empty program, or an unknown ``mpi``.
+    """
+    if binary is None:
+        name = "mpiexec" if mpi == MPICH else "mpirun"
+        binary = shutil.which(name)
+        if binary is None:
+            raise FileNotFoundError(f"{name} not found on PATH; install Open MPI (bash launch/install.sh) "
+                                    f"or activate the venv, and retry")
+    if is_root is None:
+        is_root = hasattr(os, "geteuid") and os.geteuid() == 0
+    spec = LaunchSpec(np=np, program=tuple(program), env_forward=tuple(forward), mpi_args=tuple(mpi_args),
+                      binary=binary)
+    return build_command(spec, mpi=mpi, is_root=is_root, slots=0 if oversubscribe else local_cores())
