@@ -52,13 +52,17 @@ def _weights_crc(model) -> str:
 
 
 def _setup(cfg: Config, w: World):
-    """Everything that can fail because of the user's input; runs before any collective."""
+    """Everything that can fail because of the user's input; runs before any collective.
+
+    The checks that need no TensorFlow (strategy and model names, the data files) come
+    first, so bad input is refused within a second or two, before TensorFlow starts.
+    """
     cls = get_strategy(cfg.strategy)
     check_model_name(cfg.model)
-    configure_threads(cfg.threads, w.local_rank, w.local_size)
     data = load_dataset(cfg.dataset, seed=cfg.seed, eval_fraction=cfg.eval_fraction,
                         image_size=cfg.image_size, synthetic_samples=cfg.synthetic_samples,
                         num_classes=cfg.num_classes)
+    configure_threads(cfg.threads, w.local_rank, w.local_size)  # before any TensorFlow op
     strategy = cls(cfg, w)
     part = strategy.data_partition()
     n_data = strategy.num_workers

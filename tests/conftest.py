@@ -66,3 +66,21 @@ def train(np_: int, *args: str, timeout: float = 240, launcher: str = "mpirun", 
 def load_results(out_dir) -> dict:
     with open(os.path.join(out_dir, "results.json")) as fh:
         return json.load(fh)
+
+
+#: 20 SGD steps of the mlp on digits: the run the ring, tf-multiworker and horovod rows are compared on
+SGD_20 = ("--model", "mlp", "--optimizer", "sgd", "--max-steps", "20", "--seed", "0", "--no-tensorboard",
+          "--no-checkpoint")
+
+
+@pytest.fixture(scope="session")
+def horovod_sgd_20(tmp_path_factory):
+    """``--strategy horovod`` on 2 ranks with :data:`SGD_20`, launched once per session and shared
+    by the tests that compare another row with it. Returns (results.json dict, exported weights)."""
+    from hvdkit.results import load_npz
+
+    d = tmp_path_factory.mktemp("horovod_sgd_20")
+    r = train(2, "--strategy", "horovod", *SGD_20, "--output-dir", str(d / "run"),
+              "--export-weights", str(d / "w.npz"), timeout=180)
+    assert r.returncode == 0, r.output
+    return load_results(d / "run"), load_npz(str(d / "w.npz"))[0]

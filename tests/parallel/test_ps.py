@@ -137,7 +137,7 @@ def test_a_failing_worker_ends_the_job(tmp_path, how):
 def test_a_hung_worker_is_detected_by_the_server(tmp_path, strategy):
     # ps-sync: worker 0 waits for it at the barrier. ps-async: nobody waits until worker 0 has
     # finished its epochs and told the server (IDLE); then the server times the hung one.
-    r = train(3, "--strategy", strategy, "--fail-at", "1:2:hang", "--ps-timeout", "5", "--epochs", "2",
+    r = train(3, "--strategy", strategy, "--fail-at", "1:2:hang", "--ps-timeout", "3", "--epochs", "2",
               "--output-dir", str(tmp_path / "r"), timeout=120)
     assert r.returncode != 0
     assert "no message from worker rank(s) [1]" in r.output, r.output

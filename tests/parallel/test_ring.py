@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from hvdkit.results import load_npz
-from tests.conftest import ROOT, launch, load_results, mpirun_cmd, train
+from tests.conftest import ROOT, SGD_20, launch, load_results, mpirun_cmd, train
 
 pytestmark = pytest.mark.parallel
 
@@ -32,22 +32,18 @@ def test_ring_equals_mpi_allreduce_4_ranks():
     _run_check(4)
 
 
-def test_ring_trains_like_horovod_at_2_ranks(tmp_path):
+def test_ring_trains_like_horovod_at_2_ranks(tmp_path, horovod_sgd_20):
     """20 SGD steps of the mlp: ``--strategy ring`` (in 5 fusion buckets) == ``--strategy horovod``."""
-    common = ["--model", "mlp", "--optimizer", "sgd", "--max-steps", "20", "--seed", "0",
-              "--no-tensorboard", "--no-checkpoint"]
-    runs = {}
-    for strategy, extra in (("ring", ["--fusion-bytes", "16384"]), ("horovod", [])):
-        out, w = tmp_path / strategy, tmp_path / f"{strategy}.npz"
-        r = train(2, "--strategy", strategy, *common, *extra, "--output-dir", str(out), "--export-weights", str(w),
-                  timeout=180)
-        assert r.returncode == 0, r.output
-        res = load_results(out)
+    out, w = tmp_path / "ring", tmp_path / "ring.npz"
+    r = train(2, "--strategy", "ring", *SGD_20, "--fusion-bytes", "16384", "--output-dir", str(out),
+              "--export-weights", str(w), timeout=180)
+    assert r.returncode == 0, r.output
+    runs = {"ring": (load_results(out), load_npz(str(w))[0]), "horovod": horovod_sgd_20}
+    for res, _ in runs.values():
         ranks = res["ranks"]
         assert [x["rank"] for x in ranks] == [0, 1], "every rank must report"
         assert len({x["weights_crc32"] for x in ranks}) == 1, f"weights differ across ranks: {ranks}"
         assert res["final"]["steps"] == 20 and res["final"]["weights_identical_across_ranks"] is True
-        runs[strategy] = (res, load_npz(str(w))[0])
     (res, wr), (_, wh) = runs["ring"], runs["horovod"]
     assert wr.keys() == wh.keys() and len(wr) == 6
     for k in wr:

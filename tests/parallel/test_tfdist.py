@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from hvdkit.results import load_npz
-from tests.conftest import ROOT, load_results, train
+from tests.conftest import ROOT, SGD_20, load_results, train
 
 pytestmark = pytest.mark.parallel
 
@@ -59,15 +59,14 @@ def test_tf_multiworker_2_ranks_trains(tmp_path):
     assert len(td["cluster"]["worker"]) == 2 and td["communication"] == "RING"
 
 
-def test_tf_multiworker_equals_horovod_after_20_sgd_steps(tmp_path):
+def test_tf_multiworker_equals_horovod_after_20_sgd_steps(tmp_path, horovod_sgd_20):
     """Per-replica loss over the global batch + the all-reduce sum = Horovod's average of mean gradients."""
-    common = ["--optimizer", "sgd", "--max-steps", "20", "--no-tensorboard", "--no-checkpoint"]
-    for s in ("horovod", "tf-multiworker"):
-        r = train(2, "--strategy", s, *common, "--output-dir", str(tmp_path / s),
-                  "--export-weights", str(tmp_path / f"{s}.npz"), timeout=180)
-        assert r.returncode == 0, r.output
-        assert load_results(tmp_path / s)["final"]["steps"] == 20
-    a, _ = load_npz(str(tmp_path / "horovod.npz"))
+    r = train(2, "--strategy", "tf-multiworker", *SGD_20, "--output-dir", str(tmp_path / "tf-multiworker"),
+              "--export-weights", str(tmp_path / "tf-multiworker.npz"), timeout=180)
+    assert r.returncode == 0, r.output
+    assert load_results(tmp_path / "tf-multiworker")["final"]["steps"] == 20
+    assert horovod_sgd_20[0]["final"]["steps"] == 20
+    a = horovod_sgd_20[1]
     b, _ = load_npz(str(tmp_path / "tf-multiworker.npz"))
     assert list(a) == list(b)
     for k in a:
