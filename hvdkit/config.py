@@ -321,6 +321,10 @@ def parse_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | Non
             raise UsageError(f"--config {path}: no such file") from None
         except json.JSONDecodeError as e:
             raise UsageError(f"--config {path}: not valid JSON ({e})") from None
+        except UnicodeDecodeError:
+            raise UsageError(f"--config {path}: not a text file (expected a JSON object of settings)") from None
+        except OSError as e:  # a directory, no permission, an I/O error
+            raise UsageError(f"--config {path}: cannot read it ({e.strerror or e})") from None
         if not isinstance(data, dict):
             raise UsageError(f"--config {path}: expected a JSON object of settings")
         for name, raw in data.items():

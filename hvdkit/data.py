@@ -13,6 +13,33 @@ Specs (``--dataset``):
 * ``idx:DIR``: MNIST-format IDX files in DIR (``train-images-idx3-ubyte``,
   ``train-labels-idx1-ubyte``, ``t10k-*`` for eval), gzipped (``.gz``) or not.
 
+Sample arrays (``x``, ``x_eval``, IDX images): one rule in every loader, by dtype alone,
+so the same pixels train the same way whatever the container:
+
+* **uint8 is 8-bit pixels**: divided by 255 into [0, 1]. MNIST's IDX files, PIL/OpenCV
+  decodes and ``tf.keras.datasets`` all hold pixels as uint8, and ids or counts are rarely
+  stored in it. The dtype is the one signal that works: shapes do not tell pixels from
+  ids (flattened MNIST is (n, 784), a batch of token ids (n, 20)), nor do values.
+* **every other integer dtype is used as it is** (converted to float32 values): token ids
+  for an ``Embedding`` (int32/int64, and uint16 as nanoGPT stores them), counts, category
+  codes. Scaling them would destroy them; they must fit float32 exactly (|v| <= 2**24).
+  To feed such ids from a uint8 file, save them as int32; to scale pixels stored in a wider
+  integer dtype, convert them to uint8 (or to float in [0, 1]) before saving.
+* **float dtypes are used as they are** (float32), whatever their range.
+* Refused, with one line naming the array: non-finite values (NaN, +-inf, or a float64
+  beyond float32's range; the count is given), no samples, fewer than 2 dimensions,
+  non-numeric dtypes, eval samples of another shape than training samples.
+
+(n, H, W) arrays gain a channel axis, (n, H, W, 1). Labels (``y``, ``y_eval``, IDX label
+files) are never scaled: non-negative integers, shape (n,).
+
+Unreadable files are refused with one line naming the file and the cause: an ``.npz`` that
+is not a zip archive, is cut short, fails its CRC, holds a single ``.npy``, lacks ``x``/``y``
+(or has one of ``x_eval``/``y_eval`` without the other) or holds pickled object arrays
+(never unpickled); an IDX file that cannot be read, whose gzip stream is cut short or
+corrupt (gzip is recognised by its magic bytes, whatever the name), or whose magic number,
+data type, header or data length is wrong.
+
 Sharding (:func:`epoch_shard`): every epoch, one permutation of the training set is drawn
 from ``seed + epoch`` (identical on all ranks); rank r of n takes ``perm[r::n]`` and all
 shards are cut to the shortest one, so every rank runs the same number of steps (a
@@ -25,6 +52,7 @@ from __future__ import annotations
 import gzip
 import os
 import struct
+import zlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -87,21 +115,61 @@ def _synthetic(n: int, image_size: int, num_classes: int, seed: int) -> Dataset:
     return Dataset("synthetic", x, y, xe, ye, num_classes)
 
 
-def _as_image_batch(x: np.ndarray, where: str) -> np.ndarray:
-    if x.ndim < 2:
-        raise UsageError(f"{where}: x has shape {x.shape}; expected (samples, features...)")
-    x = x.astype(np.float32)
-    if x.ndim == 3:  # (n, H, W) grey images -> (n, H, W, 1)
-        x = x[..., None]
-    return x
+#: 2**24: every integer of at most this magnitude is exact in float32 (the samples' dtype)
+_FLOAT32_EXACT = 1 << 24
 
 
-def _check_labels(y: np.ndarray, n: int, where: str) -> np.ndarray:
+def _as_samples(x: np.ndarray, where: str, name: str) -> np.ndarray:
+    """Sample array ``x`` under the one rule for every loader (module docstring, "Sample arrays").
+
+    Returns float32 (n, *input_shape); (n, H, W) gains a channel axis. Raises UsageError
+    naming ``where`` and ``name`` for a non-numeric dtype, fewer than 2 dims, no samples,
+    integers float32 cannot hold exactly, or non-finite values.
+    """
+    if x.dtype == np.uint8:                     # 8-bit pixels: scaled by the dtype's range
+        out = x.astype(np.float32) / np.float32(255)
+    elif x.dtype == np.bool_ or np.issubdtype(x.dtype, np.integer):
+        big = max(abs(int(x.min())), abs(int(x.max()))) if x.size else 0
+        if big > _FLOAT32_EXACT:
+            raise UsageError(f"{where}: {name} ({x.dtype}) holds integers of magnitude up to {big}, beyond float32's "
+                             f"exact range (2**24 = {_FLOAT32_EXACT}); renumber them")
+        out = x.astype(np.float32)              # ids, counts, codes: used as they are
+    elif np.issubdtype(x.dtype, np.floating):
+        with np.errstate(over="ignore"):        # float64 beyond float32's range: inf, refused below
+            out = x.astype(np.float32)
+    else:
+        raise UsageError(f"{where}: {name} has dtype {x.dtype}; expected numbers (uint8 pixels, integers or floats)")
+    if out.ndim < 2 or len(out) == 0:
+        raise UsageError(f"{where}: {name} has shape {x.shape}; expected (samples, features...) with samples > 0")
+    bad = int(out.size - np.count_nonzero(np.isfinite(out)))
+    if bad:
+        raise UsageError(f"{where}: {name} has {bad} non-finite value{'s' if bad > 1 else ''} (NaN or +-inf"
+                         f"{'' if x.dtype == np.float32 else ', or beyond float32 range'}); remove or replace them")
+    if out.ndim == 3:  # (n, H, W) grey images -> (n, H, W, 1)
+        out = out[..., None]
+    return out
+
+
+def _check_labels(y: np.ndarray, n: int, where: str, name: str = "y") -> np.ndarray:
     if y.ndim != 1 or len(y) != n:
-        raise UsageError(f"{where}: y has shape {y.shape}; expected ({n},) integer labels")
+        raise UsageError(f"{where}: {name} has shape {y.shape}; expected ({n},) integer labels")
     if not np.issubdtype(y.dtype, np.integer) or (len(y) and y.min() < 0):
-        raise UsageError(f"{where}: y must hold non-negative integer class labels (got dtype {y.dtype})")
+        raise UsageError(f"{where}: {name} must hold non-negative integer class labels (got dtype {y.dtype})")
     return y.astype(np.int64)
+
+
+def _npz_array(z, key: str, where: str) -> np.ndarray:
+    """``z[key]``, read and decompressed now; any failure is a UsageError naming the array."""
+    try:
+        return z[key]
+    except ValueError as e:
+        if "allow_pickle" in str(e):
+            raise UsageError(f"{where}: array {key!r} holds Python objects (a pickle), which hvdkit never loads; "
+                             "save it as a numeric array") from None
+        raise UsageError(f"{where}: cannot read array {key!r} ({e})") from None
+    except Exception as e:  # noqa: BLE001 - bad CRC, cut deflate stream, I/O error: the user's file
+        raise UsageError(f"{where}: cannot read array {key!r}: the file is corrupt or cut short "
+                         f"({type(e).__name__}: {e})") from None
 
 
 def _npz(path: str, fraction: float) -> Dataset:
@@ -111,48 +179,81 @@ def _npz(path: str, fraction: float) -> Dataset:
     try:
         z = np.load(path, allow_pickle=False)
     except Exception as e:  # noqa: BLE001 - any unreadable file is the user's to fix
-        raise UsageError(f"{where}: not a readable .npz file ({e})") from None
+        cause = ("neither a zip archive nor .npy data, and hvdkit never unpickles" if "allow_pickle" in str(e)
+                 else f"{type(e).__name__}: {e}")   # numpy takes any other file for a pickle
+        raise UsageError(f"{where}: not a readable .npz file ({cause})") from None
+    if not isinstance(z, np.lib.npyio.NpzFile):
+        raise UsageError(f"{where}: a single .npy array, not an .npz archive of arrays x and y (np.savez)")
     with z:
         missing = {"x", "y"} - set(z.files)
         if missing:
             raise UsageError(f"{where}: missing array(s) {sorted(missing)}; found {z.files}")
-        x = _as_image_batch(z["x"], where)
-        y = _check_labels(z["y"], len(x), where)
-        if "x_eval" in z.files and "y_eval" in z.files:
-            xe = _as_image_batch(z["x_eval"], where)
-            ye = _check_labels(z["y_eval"], len(xe), where)
+        if ("x_eval" in z.files) != ("y_eval" in z.files):
+            have, lack = ("x_eval", "y_eval") if "x_eval" in z.files else ("y_eval", "x_eval")
+            raise UsageError(f"{where}: has {have} but no {lack}; give both or neither (then a held-out split "
+                             "is made)")
+        x = _as_samples(_npz_array(z, "x", where), where, "x")
+        y = _check_labels(_npz_array(z, "y", where), len(x), where)
+        if "x_eval" in z.files:
+            xe = _as_samples(_npz_array(z, "x_eval", where), where, "x_eval")
+            ye = _check_labels(_npz_array(z, "y_eval", where), len(xe), where, "y_eval")
+            _check_same_shape(x, xe, where, "x", "x_eval")
             return Dataset(f"npz:{path}", x, y, xe, ye, int(max(y.max(), ye.max())) + 1)
     return _split(x, y, fraction, f"npz:{path}")
+
+
+def _check_same_shape(x: np.ndarray, xe: np.ndarray, where: str, name: str, name_eval: str) -> None:
+    if x.shape[1:] != xe.shape[1:]:
+        raise UsageError(f"{where}: {name_eval} samples have shape {xe.shape[1:]}, {name} samples {x.shape[1:]}; "
+                         "they must match")
+
+
+_IDX_DTYPES = {0x08: ">u1", 0x09: ">i1", 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
 
 
 def read_idx(path: str) -> np.ndarray:
     """Read one IDX file (the MNIST format: magic, dims as big-endian uint32, then data).
 
     Args:
-        path: file path; ``.gz`` files are decompressed.
+        path: file path; gzipped files (found by their first bytes, whatever the name) are
+            decompressed.
 
     Returns:
-        The array with the file's shape and dtype (uint8 for MNIST).
+        The array with the file's shape and dtype (uint8 for MNIST), unscaled.
 
     Raises:
-        UsageError: not an IDX file, or truncated.
+        UsageError: naming ``path`` and the cause: unreadable, not gzip data or a gzip
+            stream cut short or corrupt (an interrupted download), bad magic number,
+            unknown data type, header or data shorter than declared, or bytes beyond them.
     """
-    opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rb") as fh:
-        raw = fh.read()
+    try:
+        with open(path, "rb") as fh:
+            gz = fh.read(2) == b"\x1f\x8b"                   # gzip's magic, whatever the name says
+    except OSError as e:
+        raise UsageError(f"{path}: cannot read it ({type(e).__name__}: {e})") from None
+    try:
+        with (gzip.open if gz else open)(path, "rb") as fh:
+            raw = fh.read()
+    except (OSError, EOFError, zlib.error) as e:  # BadGzipFile is an OSError
+        cause = "gzip data cut short or corrupt (an interrupted download? fetch it again)" if gz else "cannot read it"
+        raise UsageError(f"{path}: {cause} ({type(e).__name__}: {e})") from None
     if len(raw) < 4 or raw[0] != 0 or raw[1] != 0:
         raise UsageError(f"{path}: not an IDX file (bad magic number)")
-    dtypes = {0x08: ">u1", 0x09: ">i1", 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
     code, ndim = raw[2], raw[3]
-    if code not in dtypes:
+    if code not in _IDX_DTYPES:
         raise UsageError(f"{path}: unknown IDX data type 0x{code:02x}")
+    if len(raw) < 4 + 4 * ndim:
+        raise UsageError(f"{path}: truncated IDX header ({len(raw)} bytes, {ndim} dimensions declared)")
     dims = struct.unpack(f">{ndim}I", raw[4:4 + 4 * ndim])
-    dt = np.dtype(dtypes[code])
-    need = int(np.prod(dims)) * dt.itemsize
+    dt = np.dtype(_IDX_DTYPES[code])
+    need = int(np.prod(dims, dtype=np.int64)) * dt.itemsize
     body = raw[4 + 4 * ndim:]
     if len(body) < need:
-        raise UsageError(f"{path}: truncated ({len(body)} data bytes, expected {need})")
-    return np.frombuffer(body[:need], dtype=dt).reshape(dims).astype(dt.newbyteorder("="))
+        raise UsageError(f"{path}: truncated ({len(body)} data bytes, expected {need} for dims {dims})")
+    if len(body) > need:
+        raise UsageError(f"{path}: {len(body) - need} bytes beyond the {need} data bytes its header declares "
+                         f"(dims {dims}); not a valid IDX file")
+    return np.frombuffer(body, dtype=dt).reshape(dims).astype(dt.newbyteorder("="))
 
 
 def _find(directory: str, stem: str) -> str | None:
@@ -170,12 +271,16 @@ def _idx(directory: str, fraction: float) -> Dataset:
     xi, yi = _find(directory, "train-images-idx3-ubyte"), _find(directory, "train-labels-idx1-ubyte")
     if not xi or not yi:
         raise UsageError(f"{where}: expected train-images-idx3-ubyte[.gz] and train-labels-idx1-ubyte[.gz]")
-    x = _as_image_batch(read_idx(xi) / 255.0, where)
-    y = _check_labels(read_idx(yi), len(x), where)
+    x = _as_samples(read_idx(xi), where, os.path.basename(xi))
+    y = _check_labels(read_idx(yi), len(x), where, os.path.basename(yi))
     xe, ye = _find(directory, "t10k-images-idx3-ubyte"), _find(directory, "t10k-labels-idx1-ubyte")
+    if bool(xe) != bool(ye):
+        raise UsageError(f"{where}: has {os.path.basename(xe or ye)} but not its "
+                         f"{'labels' if xe else 'images'} (t10k-*-idx?-ubyte[.gz]); give both or neither")
     if xe and ye:
-        xe_ = _as_image_batch(read_idx(xe) / 255.0, where)
-        ye_ = _check_labels(read_idx(ye), len(xe_), where)
+        xe_ = _as_samples(read_idx(xe), where, os.path.basename(xe))
+        ye_ = _check_labels(read_idx(ye), len(xe_), where, os.path.basename(ye))
+        _check_same_shape(x, xe_, where, os.path.basename(xi), os.path.basename(xe))
         return Dataset(f"idx:{directory}", x, y, xe_, ye_, int(max(y.max(), ye_.max())) + 1)
     return _split(x, y, fraction, f"idx:{directory}")
 

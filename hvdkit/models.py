@@ -15,19 +15,31 @@ cnn        LeNet-style: 2x (3x3 conv 'same' + ReLU + 2x2 max-pool), Dense 128   
            (works on 8x8 and 28x28 and larger images)
 resnet50   ``tf.keras.applications.ResNet50(weights=None)`` for throughput;      25.6 M*
            needs images >= 32x32
-MOD:FUNC   a user's function ``FUNC(input_shape, num_classes) -> tf.keras.Model``
+MOD:FUNC   a user's function ``FUNC(input_shape, num_classes) -> tf.keras.Model``:
+           Sequential, Functional or subclassed (``call()``, layers built on
+           first call)
 =========  ==================================================================  =========
 
 \\* on digits (8x8x1, 10 classes), except resnet50 (224x224x3, 1000 classes).
+
+The contract never reads ``model.input_shape``/``output_shape`` (a subclassed model has
+neither): :func:`build_model` calls the model on a dummy batch of zeros, which builds its
+weights and shows the width of its logits, and records the sample shape it was built
+for; code that needs it (input signatures, model-parallel stages) asks
+:func:`model_input_shape`.
 """
 from __future__ import annotations
 
 import importlib
+import weakref
 from typing import Callable
 
 from hvdkit.errors import UsageError
 
-__all__ = ["MODELS", "build_model", "check_model_name"]
+__all__ = ["MODELS", "build_model", "check_model_name", "model_input_shape"]
+
+#: model -> the sample shape :func:`build_model` built it for (weak: never keeps a model alive)
+_INPUT_SHAPES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 def _linear(input_shape, num_classes):
@@ -102,6 +114,12 @@ def check_model_name(name: str) -> None:
 def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, seed: int = 0):
     """Build model ``name`` with seeded initial weights.
 
+    The model is called once on a float32 batch of zeros of shape (2, *input_shape)
+    (``training=False``): that builds the weights of a subclassed model (drawn from
+    ``seed`` like any other) and shows the logits' shape, which must be (2, num_classes).
+    Nothing reads ``output_shape``/``input_shape``; the input shape is recorded for
+    :func:`model_input_shape`.
+
     Args:
         name: a key of :data:`MODELS` or ``package.module:function``.
         input_shape: one sample's shape, e.g. (8, 8, 1).
@@ -112,8 +130,9 @@ def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, seed:
         A built ``tf.keras.Model`` mapping (batch, *input_shape) float32 to (batch, num_classes) logits.
 
     Raises:
-        UsageError: unknown name, unimportable user model, or a model whose output does
-            not have num_classes logits.
+        UsageError: unknown name, unimportable user model, a function that does not return a
+            ``tf.keras.Model``, a model that fails on a (2, *input_shape) float32 batch, or
+            one whose output is not (2, num_classes).
     """
     import tensorflow as tf
 
@@ -123,7 +142,37 @@ def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, seed:
     model = fn(tuple(input_shape), num_classes)
     if not isinstance(model, tf.keras.Model):
         raise UsageError(f"--model {name}: the function returned {type(model).__name__}, not a tf.keras.Model")
-    out = model.output_shape
-    if not (isinstance(out, tuple) and out[-1] == num_classes):
-        raise UsageError(f"--model {name}: output shape {out} does not end in num_classes={num_classes}")
+    shape = tuple(int(d) for d in input_shape)
+    try:
+        out = model(tf.zeros((2, *shape), tf.float32), training=False)   # builds the weights: (2, classes)
+    except Exception as e:  # noqa: BLE001 - the user's model rejects the data's shape
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise UsageError(f"--model {name}: calling the model on a float32 batch of shape {(2, *shape)} failed "
+                         f"({type(e).__name__}: {msg})") from None
+    got = tuple(out.shape) if hasattr(out, "shape") else None               # a list or dict: no shape
+    if got != (2, num_classes):
+        what = f"shape {got}" if got is not None else f"a {type(out).__name__}"
+        raise UsageError(f"--model {name}: on a batch of shape {(2, *shape)} the model returned {what}; expected "
+                         f"logits of shape (2, {num_classes}) (batch, num_classes)")
+    _INPUT_SHAPES[model] = shape
     return model
+
+
+def model_input_shape(model) -> tuple[int, ...]:
+    """One sample's shape (no batch dimension) that ``model`` takes, e.g. (8, 8, 1).
+
+    The shape :func:`build_model` built the model for; for a Sequential or Functional
+    model built elsewhere, ``model.input_shape[1:]``.
+
+    Raises:
+        ValueError: a model not built by :func:`build_model` whose input shape Keras does
+            not know (a subclassed model).
+    """
+    shape = _INPUT_SHAPES.get(model)
+    if shape is not None:
+        return shape
+    try:
+        return tuple(model.input_shape[1:])
+    except (AttributeError, TypeError, ValueError):
+        raise ValueError(f"model {getattr(model, 'name', model)!r} was not built by hvdkit.models.build_model "
+                         "and Keras does not know its input shape") from None

@@ -12,8 +12,8 @@ the slowest rank's training time (never rank 0's rate times the world size).
 """
 from __future__ import annotations
 
+import math
 import os
-import sys
 import time
 import zlib
 from datetime import datetime
@@ -32,16 +32,46 @@ from hvdkit.steps import configure_threads, make_optimizer
 from hvdkit.strategies import get_strategy
 from hvdkit.timing import StepTimer
 
-__all__ = ["run", "CHECKPOINT"]
+__all__ = ["run", "prepare_outputs", "CHECKPOINT", "OUTPUT_FILES"]
 
 CHECKPOINT = "checkpoint.npz"
+#: files rank 0 writes into the output directory (and ``CHECKPOINT`` with ``--checkpoint``)
+OUTPUT_FILES = ("results.json", "epochs.csv")
 
 
-def _output_dir(cfg: Config, w: World) -> str:
-    name = cfg.output_dir
-    if not name and w.is_rank0:
-        name = os.path.join("runs", f"{datetime.now():%Y%m%d-%H%M%S}-{cfg.strategy}")
-    return w.comm.bcast(name, root=0)
+def prepare_outputs(cfg: Config) -> str:
+    """Create or check every output path, before anything trains; returns the output directory.
+
+    Rank 0, during set-up. The output directory (``--output-dir``, by default
+    ``runs/<timestamp>-<strategy>``) and, with ``--tensorboard``, its ``tensorboard/`` are
+    created and must be writable (a file is created and removed in each); the files written
+    there (:data:`OUTPUT_FILES`, and :data:`CHECKPOINT` with ``--checkpoint``) must not be
+    directories; ``--export-weights PATH`` must not be a directory, and its directory is
+    created and must be writable. With ``--resume`` the checkpoint must exist (checked first:
+    nothing is created for a mistyped directory).
+
+    Raises:
+        UsageError: one line naming the flag, the path and the cause (a file where a
+            directory is needed, or the reverse; a directory that cannot be created or written).
+    """
+    name = cfg.output_dir or os.path.join("runs", f"{datetime.now():%Y%m%d-%H%M%S}-{cfg.strategy}")
+    label = f"--output-dir {name}" if cfg.output_dir else f"the output directory {name}"
+    if cfg.resume:
+        ckpt = os.path.join(name, CHECKPOINT)
+        if not os.path.isfile(ckpt):
+            raise UsageError(f"--resume: no checkpoint at {ckpt}" + (" (a directory)" if os.path.isdir(ckpt) else ""))
+    R.make_writable_dir(name, label)
+    for f in OUTPUT_FILES + ((CHECKPOINT,) if cfg.checkpoint else ()):
+        if os.path.isdir(os.path.join(name, f)):
+            raise UsageError(f"{label}: {os.path.join(name, f)} is a directory; hvdkit writes a file there")
+    if cfg.tensorboard:
+        R.make_writable_dir(os.path.join(name, "tensorboard"), label)
+    if cfg.export_weights:
+        path = cfg.export_weights
+        if os.path.isdir(path):
+            raise UsageError(f"--export-weights {path} is a directory; name a file, e.g. {os.path.join(path, 'w.npz')}")
+        R.make_writable_dir(os.path.dirname(path) or ".", f"--export-weights {path}")
+    return name
 
 
 def _weights_crc(model) -> str:
@@ -51,17 +81,21 @@ def _weights_crc(model) -> str:
     return f"{crc:08x}"
 
 
-def _setup(cfg: Config, w: World):
-    """Everything that can fail because of the user's input; runs before any collective.
-
-    The checks that need no TensorFlow (strategy and model names, the data files) come
-    first, so bad input is refused within a second or two, before TensorFlow starts.
-    """
+def _inputs(cfg: Config, w: World):
+    """Set-up, first part: the checks that need no TensorFlow, so that bad input is refused
+    within a second or two: strategy and model names, the data files, and (rank 0) every
+    output path. Returns (strategy class, dataset, output directory on rank 0 / None)."""
     cls = get_strategy(cfg.strategy)
     check_model_name(cfg.model)
     data = load_dataset(cfg.dataset, seed=cfg.seed, eval_fraction=cfg.eval_fraction,
                         image_size=cfg.image_size, synthetic_samples=cfg.synthetic_samples,
                         num_classes=cfg.num_classes)
+    out_dir = prepare_outputs(cfg) if w.is_rank0 else None
+    return cls, data, out_dir
+
+
+def _build(cfg: Config, w: World, cls, data: Dataset):
+    """Set-up, second part: the strategy (its own checks), the model and the optimizer."""
     configure_threads(cfg.threads, w.local_rank, w.local_size)  # before any TensorFlow op
     strategy = cls(cfg, w)
     part = strategy.data_partition()
@@ -72,47 +106,72 @@ def _setup(cfg: Config, w: World):
     with strategy.scope():
         model = build_model(cfg.model, data.input_shape, data.num_classes, seed=cfg.seed)
         optimizer = make_optimizer(cfg, strategy.lr_scale)
-    return data, strategy, model, optimizer, part
+    return strategy, model, optimizer, part
+
+
+def _read_checkpoint(cfg: Config, ckpt_path: str, strategy, model) -> tuple[dict, dict]:
+    """``--resume`` on rank 0, during set-up: read the checkpoint and refuse, before any rank
+    loads anything, one this run cannot continue from (another strategy, model, dataset or
+    optimizer; :meth:`~hvdkit.strategies.base.Strategy.check_state`). Another world size or
+    shard count is fine where the strategy can restore it.
+
+    Returns:
+        (arrays, meta) as :func:`hvdkit.results.load_npz` reads them.
+
+    Raises:
+        UsageError: one line saying what differs.
+    """
+    arrays, meta = R.load_npz(ckpt_path)
+    got = tuple(meta.get(k) for k in ("strategy", "model", "dataset"))
+    if got != (cfg.strategy, cfg.model, cfg.dataset):
+        raise UsageError(f"--resume: {ckpt_path} is a checkpoint of --strategy {got[0]} --model {got[1]} "
+                         f"--dataset {got[2]}, not --strategy {cfg.strategy} --model {cfg.model} "
+                         f"--dataset {cfg.dataset}; resume with the same settings")
+    if meta.get("optimizer", cfg.optimizer) != cfg.optimizer:  # checkpoints of older versions do not say
+        raise UsageError(f"--resume: {ckpt_path} was written with --optimizer {meta['optimizer']}, not "
+                         f"--optimizer {cfg.optimizer}; its optimizer slots fit only that optimizer: resume with "
+                         f"--optimizer {meta['optimizer']}")
+    strategy.check_state(arrays, meta, model)
+    return arrays, meta
 
 
 def run(cfg: Config, w: World | None = None) -> dict[str, Any] | None:
     """Train under ``cfg`` on every rank of the world; rank 0 returns the results dict.
 
-    Collective: every rank calls it. Bad input ends every rank with SystemExit(2) after one
-    message from rank 0 (see :func:`hvdkit.comm.agree`).
+    Collective: every rank calls it. Bad input (names, data, output paths, a checkpoint that
+    does not fit) ends every rank with SystemExit(2) after one message from rank 0, before
+    anything trains (see :func:`hvdkit.comm.agree`). Training that turns non-finite raises
+    FloatingPointError (naming the step and the first non-finite tensor) on the rank that
+    sees it, which ends the job through :func:`hvdkit.comm.run_guarded`; no checkpoint is
+    ever written from non-finite state.
 
     Returns:
         The results.json content on rank 0, None elsewhere.
     """
     w = w or get_world()
     t_start = time.perf_counter()
-    err, setup = None, None
+    err, inputs = None, None
     try:
-        setup = _setup(cfg, w)
+        inputs = _inputs(cfg, w)
     except Exception as e:  # noqa: BLE001 - every set-up failure is agreed on, then reported once
         err = e
+    agree(err, w)  # before TensorFlow starts
+    cls, data, out_dir = inputs
+    out_dir = w.comm.bcast(out_dir, root=0)
+    ckpt_path = os.path.join(out_dir, CHECKPOINT)
+
+    err, built, loaded = None, None, (None, None)
+    try:
+        built = _build(cfg, w, cls, data)
+        if cfg.resume and w.is_rank0:
+            loaded = _read_checkpoint(cfg, ckpt_path, built[0], built[1])
+    except Exception as e:  # noqa: BLE001
+        err = e
     agree(err, w)
-    data, strategy, model, optimizer, part = setup
-    out_dir = _output_dir(cfg, w)
+    strategy, model, optimizer, part = built
 
     # -- resume ---------------------------------------------------------------------------
     start_epoch, history, global_step = 0, [], 0
-    ckpt_path = os.path.join(out_dir, CHECKPOINT)
-    err, loaded = None, (None, None)
-    if cfg.resume and w.is_rank0:
-        try:
-            if not os.path.isfile(ckpt_path):
-                raise UsageError(f"--resume: no checkpoint at {ckpt_path}")
-            loaded = R.load_npz(ckpt_path)
-            got = tuple(loaded[1].get(k) for k in ("strategy", "model", "dataset"))
-            if got != (cfg.strategy, cfg.model, cfg.dataset):
-                raise UsageError(f"--resume: {ckpt_path} is a checkpoint of --strategy {got[0]} --model {got[1]} "
-                                 f"--dataset {got[2]}, not --strategy {cfg.strategy} --model {cfg.model} "
-                                 f"--dataset {cfg.dataset}; resume with the same settings")
-        except Exception as e:  # noqa: BLE001
-            err = e
-    agree(err, w)
-
     strategy.setup(model, optimizer)
     if cfg.resume:
         arrays, meta = bcast_arrays(*loaded, w.comm)
@@ -129,6 +188,7 @@ def run(cfg: Config, w: World | None = None) -> dict[str, Any] | None:
 
     timer = StepTimer(warmup=1)
     fail = cfg.fail_rank_step
+    kept = (start_epoch, ckpt_path) if cfg.resume else None  # the last checkpoint written: (epoch, path)
     x_all, y_all = data.x_train, data.y_train
     for epoch in range(start_epoch, cfg.epochs):
         idx = epoch_shard(len(x_all), part[0], part[1], epoch, cfg.seed)
@@ -145,6 +205,9 @@ def run(cfg: Config, w: World | None = None) -> dict[str, Any] | None:
             with timer.phase("data"):
                 x, y = x_all[b], y_all[b]                        # (batch, *input_shape), (batch,)
             loss_sum, correct, counted = strategy.train_step(x, y, timer)
+            if not math.isfinite(loss_sum):  # free: the loss is a Python float on every loop rank
+                _diverged(cfg, w, model, global_step + 1, epoch, f"the training loss on rank {w.rank} is {loss_sum}",
+                          kept)
             timer.end_step(counted)
             sums += (loss_sum, correct, counted, 1)
             global_step += 1
@@ -166,11 +229,21 @@ def run(cfg: Config, w: World | None = None) -> dict[str, Any] | None:
                  f"time {train_s:.1f}s  elapsed {row['elapsed_s']:.1f}s")
             if writer is not None:
                 _write_scalars(writer, row)
+        if w.is_rank0 and row is not None:  # rank 0 holds the weights just evaluated (and to be checkpointed)
+            bad = R.first_nonfinite(_named_weights(model))
+            if bad or not math.isfinite(row["eval_loss"]):  # finite logits give a finite loss
+                _diverged(cfg, w, model, global_step, epoch, "the weights at the end of the epoch are not all "
+                          f"finite" if bad else f"the evaluation loss is {row['eval_loss']}", kept, bad)
         if cfg.checkpoint:
             state = strategy.state()
             if w.is_rank0:
+                bad = R.first_nonfinite((f"checkpoint array {k}", a) for k, a in state.items())
+                if bad:  # a checkpoint is written only from finite state
+                    _diverged(cfg, w, model, global_step, epoch, "the state to checkpoint is not all finite", kept, bad)
                 R.save_npz(ckpt_path, state, {"epoch": epoch + 1, "global_step": global_step, "history": history,
-                                              "model": cfg.model, "dataset": cfg.dataset, "strategy": cfg.strategy})
+                                              "model": cfg.model, "dataset": cfg.dataset, "strategy": cfg.strategy,
+                                              "optimizer": cfg.optimizer, "world_size": w.size})
+            kept = (epoch + 1, ckpt_path)
         if final:
             break
     else:  # no epoch left to run (a resumed, finished run): the end of training all the same
@@ -190,6 +263,34 @@ def _end_epoch(strategy, data: Dataset, mc, sums: np.ndarray, train_s: float, fi
     eval_loss, eval_acc = strategy.evaluate(data.x_eval, data.y_eval, comm)
     metrics["metrics_from"] = "all workers" if comm.Get_size() == mc.Get_size() else "rank 0"
     return {**metrics, "eval_loss": eval_loss, "eval_accuracy": eval_acc}
+
+
+def _named_weights(model):
+    """(``weight NAME``, array) of every model weight, for :func:`hvdkit.results.first_nonfinite`."""
+    return zip((f"weight {v.name}" for v in model.weights), model.get_weights())
+
+
+def _diverged(cfg: Config, w: World, model, step: int, epoch: int, what: str, kept: tuple[int, str] | None,
+              tensor: str | None = None) -> None:
+    """Raise FloatingPointError: training turned non-finite. One line: the step, what was seen,
+    the first non-finite tensor (``tensor``, else the first non-finite weight of ``model``,
+    else the loss itself), what to change, and the checkpoint that is kept.
+
+    It ends the job through :func:`hvdkit.comm.run_guarded` (the banner names this rank, then
+    MPI_Abort, status 1). A rank other than 0 waits two seconds first: when every rank sees it
+    at once (the synchronous strategies), rank 0's message alone is printed.
+    """
+    tensor = tensor or R.first_nonfinite(_named_weights(model)) or f"the loss (every weight on rank {w.rank} is finite)"
+    if not w.is_rank0:
+        time.sleep(2.0)
+    if not (kept and kept[0]):
+        ckpt = "no checkpoint was written" + ("" if cfg.checkpoint else " (--no-checkpoint)")
+    elif w.is_rank0:
+        ckpt = f"the checkpoint of epoch {kept[0]} is kept: {kept[1]}"
+    else:  # an asynchronous rank 0 may lag behind this rank's epochs
+        ckpt = f"the last checkpoint rank 0 wrote is kept: {kept[1]}"
+    raise FloatingPointError(f"training diverged at step {step} (epoch {epoch + 1}): {what}; first non-finite "
+                             f"tensor: {tensor}; lower --lr (ps-dcasgd: or --dc-lambda); {ckpt}")
 
 
 def _inject_failure(how: str, step: int, spec: str) -> None:

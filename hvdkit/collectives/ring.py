@@ -71,6 +71,8 @@ __all__ = ["RingAllreduce", "ring_allreduce", "chunk_bounds", "bucket_bounds", "
 
 _TAG_REDUCE_SCATTER = 0  # + step
 _TAG_ALLGATHER = 1 << 12  # + step (world sizes beyond 4096 would need another scheme; checked)
+#: floating dtypes MPI has no datatype for: moved as raw bytes, added by NumPy in their own dtype
+_RAW_FLOATS = ("float16", "bfloat16")
 
 
 def chunk_bounds(length: int, size: int) -> np.ndarray:
@@ -236,8 +238,10 @@ class RingAllreduce:
 
         Args:
             sendbuf: C-contiguous numpy array of any shape (treated as flat), of a dtype MPI
-                knows (float32, float64, int32, int64, ...). Reduced in place when
-                ``recvbuf`` is None (it must then be writable).
+                knows (float32, float64, int32, int64, ...) or float16 / bfloat16 (``ml_dtypes``),
+                which travel as raw bytes and are added by NumPy in their own dtype (as
+                Horovod reduces float16). Reduced in place when ``recvbuf`` is None (it must
+                then be writable).
             recvbuf: optional output of the same size and dtype; ``sendbuf`` is then left
                 unchanged.
             average: divide the sum by the world size (floating dtypes only).
@@ -296,13 +300,15 @@ class RingAllreduce:
     def _prepare(self, sendbuf, recvbuf, average) -> np.ndarray:
         if not isinstance(sendbuf, np.ndarray):
             raise TypeError(f"sendbuf must be a numpy array, got {type(sendbuf).__name__}")
-        try:
-            ok = sendbuf.dtype.kind in "fiuc" and dtlib.from_numpy_dtype(sendbuf.dtype) is not None
-        except Exception:  # noqa: BLE001 - ValueError, or MPI.Exception for e.g. float16
-            ok = False
-        if not ok:
-            raise TypeError(f"dtype {sendbuf.dtype} has no MPI datatype; use float32, float64, int32 or int64")
-        if average and sendbuf.dtype.kind not in "fc":
+        if not _raw(sendbuf.dtype):
+            try:
+                ok = sendbuf.dtype.kind in "fiuc" and dtlib.from_numpy_dtype(sendbuf.dtype) is not None
+            except Exception:  # noqa: BLE001 - ValueError, or MPI.Exception for e.g. float16
+                ok = False
+            if not ok:
+                raise TypeError(f"dtype {sendbuf.dtype} has no MPI datatype; use float16, bfloat16, float32, "
+                                "float64, int32 or int64")
+        if average and sendbuf.dtype.kind not in "fc" and not _raw(sendbuf.dtype):
             raise TypeError(f"average=True needs a floating dtype, got {sendbuf.dtype}; sum and divide yourself")
         if not sendbuf.flags.c_contiguous:
             raise ValueError(f"sendbuf of shape {sendbuf.shape} is not C-contiguous; pass np.ascontiguousarray(x)")
@@ -348,7 +354,7 @@ class RingAllreduce:
             reqs = []
             nrecv = int(b[recv_c + 1] - b[recv_c])
             if nrecv:
-                reqs.append(comm.Irecv(scratch[:nrecv], source=left, tag=_TAG_REDUCE_SCATTER + s))
+                reqs.append(comm.Irecv(_wire(scratch[:nrecv]), source=left, tag=_TAG_REDUCE_SCATTER + s))
             reqs.append(self._isend(x[b[send_c]:b[send_c + 1]], right, _TAG_REDUCE_SCATTER + s))
             MPI.Request.Waitall([q for q in reqs if q is not None])
             if nrecv:
@@ -362,7 +368,7 @@ class RingAllreduce:
             send_c, recv_c = (r + 1 - s) % n, (r - s) % n
             reqs = []
             if b[recv_c + 1] > b[recv_c]:
-                reqs.append(comm.Irecv(x[b[recv_c]:b[recv_c + 1]], source=left, tag=_TAG_ALLGATHER + s))
+                reqs.append(comm.Irecv(_wire(x[b[recv_c]:b[recv_c + 1]]), source=left, tag=_TAG_ALLGATHER + s))
             reqs.append(self._isend(x[b[send_c]:b[send_c + 1]], right, _TAG_ALLGATHER + s))
             MPI.Request.Waitall([q for q in reqs if q is not None])
 
@@ -372,7 +378,17 @@ class RingAllreduce:
             return None
         self.bytes_sent += seg.nbytes
         self.messages_sent += 1
-        return self.comm.Isend(seg, dest=dest, tag=tag)
+        return self.comm.Isend(_wire(seg), dest=dest, tag=tag)
+
+
+def _raw(dtype: np.dtype) -> bool:
+    """True for the floating dtypes MPI cannot type (:data:`_RAW_FLOATS`)."""
+    return dtype.name in _RAW_FLOATS
+
+
+def _wire(seg: np.ndarray) -> np.ndarray:
+    """``seg`` as MPI may move it: itself, or a byte view for float16/bfloat16 (1-D, contiguous)."""
+    return seg.view(np.uint8) if _raw(seg.dtype) else seg
 
 
 def ring_allreduce(sendbuf: np.ndarray, comm: MPI.Comm, recvbuf: np.ndarray | None = None, *,

@@ -21,10 +21,16 @@ hook                        called on                    collective? guarantees
 ``metrics_comm``            loop ranks                   local. the loop ranks' communicator (contains world
                                                          rank 0); results are gathered over it
 ``scope()``                 every rank                   local. context the model and optimizer are built in
+``check_state(arrays,       rank 0 (``--resume``),       local, before any rank loads anything: raise
+meta, model)``              during set-up                :class:`~hvdkit.errors.UsageError` saying what differs
+                                                         when this run cannot restore the checkpoint (another
+                                                         model or optimizer); ``setup`` has not run yet
 ``setup(model, optimizer)`` every rank, after set-up     collective over ``world.comm``: every replica starts
                             agreed                       from rank 0's state
 ``load_state(arrays)``      every rank (``--resume``)    collective over ``world.comm``; ``arrays`` are
-                                                         identical on every rank
+                                                         identical on every rank. A checkpoint of another
+                                                         world size is restored (the ps re-cuts its shards)
+                                                         or refused, by ``check_state`` where it can
 ``serve()``                 serving ranks                returns when the loop ranks have finished
 ``train_step(x, y, timer)`` loop ranks, every step       may be collective over the strategy's own
                                                          communicators; every loop rank runs the same
@@ -39,7 +45,8 @@ hook                        called on                    collective? guarantees
                                                          every rank that holds a replica).
 ``evaluate(x, y, comm)``    the ranks of that comm       collective over ``comm``: (mean loss, accuracy)
 ``state()``                 loop ranks, after each       may be collective over ``metrics_comm``; rank 0's
-                            epoch (``--checkpoint``)     return value is written; others may return {}
+                            epoch (``--checkpoint``)     return value is written (only if every float array in
+                                                         it is finite); others may return {}
 ``report()``                loop ranks, after training   may be collective over ``metrics_comm``; rank 0's
                                                          dict is merged into results.json
 ``finish()``                every rank, last             release communicators and threads; tell peers
@@ -68,10 +75,11 @@ import numpy as np
 
 from hvdkit.comm import World
 from hvdkit.config import Config, Option, at_least, option_values
+from hvdkit.errors import UsageError
 from hvdkit.steps import eval_fn, evaluate, make_fused_step, make_step_functions, straggle
 from hvdkit.timing import StepTimer
 
-__all__ = ["Strategy", "ReplicaStrategy", "average_statistics", "NUM_SERVERS"]
+__all__ = ["Strategy", "ReplicaStrategy", "average_statistics", "check_model_arrays", "NUM_SERVERS"]
 
 #: ``--num-servers K``, shared by hvdkit's parameter server and tf-ps (one declaration).
 NUM_SERVERS = Option("num_servers", int, 1, "parameter-server ranks: ps-* serve on the last K ranks (unless "
@@ -101,6 +109,27 @@ def average_statistics(model, comm) -> None:
         size = int(np.prod(v.shape))
         v.assign(flat[offset:offset + size].reshape(v.shape).astype(v.dtype.as_numpy_dtype))
         offset += size
+
+
+def check_model_arrays(arrays: Sequence[np.ndarray], model) -> None:
+    """Check checkpointed weight arrays against ``model.weights`` (number, shape, float dtype).
+
+    Local; reads no variable's value (the variables may live on other tasks, as in tf-ps).
+
+    Raises:
+        UsageError: ``--resume: ...`` naming the first weight that differs and how.
+    """
+    weights = model.weights
+    if len(arrays) != len(weights):
+        raise UsageError(f"--resume: the checkpoint holds {len(arrays)} model weight arrays, this run's model has "
+                         f"{len(weights)}; resume with the model that wrote it")
+    for i, (a, v) in enumerate(zip(arrays, weights)):
+        mine = np.dtype(v.dtype.as_numpy_dtype)
+        same_dtype = a.dtype == mine or a.dtype.kind != "f" or mine.kind != "f"  # bfloat16 is stored as raw bytes
+        if tuple(a.shape) != tuple(v.shape) or not same_dtype:
+            raise UsageError(f"--resume: the checkpoint's model differs from this run's: weight {i} ({v.name}) is "
+                             f"{tuple(a.shape)} {a.dtype} in the checkpoint, {tuple(v.shape)} {mine} here; resume "
+                             f"with the model that wrote it")
 
 
 class Strategy(abc.ABC):
@@ -205,6 +234,22 @@ class Strategy(abc.ABC):
         for i, v in enumerate(self.optimizer.variables):
             out[f"optimizer/{i}"] = v.numpy()
         return out
+
+    def check_state(self, arrays: dict[str, np.ndarray], meta: dict[str, Any], model) -> None:
+        """Refuse a checkpoint this run cannot restore; rank 0, set-up, before any rank loads.
+
+        The default, for checkpoints of :meth:`state`: the ``model/{i}`` arrays must match
+        ``model.weights`` (the model built for this run) in number, shape and dtype.
+
+        Args:
+            arrays, meta: the checkpoint (:func:`hvdkit.results.load_npz`).
+            model: this run's built Keras model (:meth:`setup` has not run yet).
+
+        Raises:
+            UsageError: one line naming the first weight that differs.
+        """
+        n = sum(1 for k in arrays if k.startswith("model/"))
+        check_model_arrays([arrays[f"model/{i}"] for i in range(n)], model)
 
     def load_state(self, arrays: dict[str, np.ndarray]) -> None:
         """Restore :meth:`state` (the arrays are identical on every rank)."""

@@ -8,15 +8,27 @@ over all gradient tensors, which Horovod fuses into buffers of
 then the same optimizer update on every rank (compute). Rank 0's model and optimizer
 state are broadcast at start.
 
+Gradients that are not one dense float32 tensor per variable (:func:`hvdkit.steps.dense_gradients`):
+a ``None`` gradient is reduced as zeros; an ``IndexedSlices`` one (an Embedding) is made dense
+before the allreduce, duplicate rows summed (Horovod's ``sparse_as_dense=True``; Horovod's
+default would allgather values and indices, whose bytes grow with N); float64 and float16
+gradients keep their dtype (one grouped allreduce per dtype). Horovod 0.28 has no bfloat16
+(neither allreduce nor broadcast): a model with a bfloat16 variable is refused at set-up.
+
 Bytes per step per rank: 2 (N-1)/N x S for S bytes of gradients (ring allreduce).
 Reference: Sergeev & Del Balso, "Horovod: fast and easy distributed deep learning in
 TensorFlow", arXiv:1802.05799 (2018).
 """
 from __future__ import annotations
 
+from hvdkit.comm import agree
+from hvdkit.errors import UsageError
 from hvdkit.strategies.base import ReplicaStrategy
 
-__all__ = ["HorovodStrategy", "init_horovod"]
+__all__ = ["HorovodStrategy", "init_horovod", "HOROVOD_DTYPES"]
+
+#: dtypes Horovod 0.28's TensorFlow ops accept (``horovod_broadcast``; allreduce takes the floats)
+HOROVOD_DTYPES = ("uint8", "int8", "uint16", "int16", "int32", "int64", "float16", "float32", "float64", "bool")
 
 
 def init_horovod(world):
@@ -47,8 +59,31 @@ class HorovodStrategy(ReplicaStrategy):
         super().__init__(cfg, world)
         self.hvd = init_horovod(world)
 
+    def setup(self, model, optimizer) -> None:
+        """Refuse variables Horovod cannot move (bfloat16) with one line (collective), then set up.
+
+        Raises:
+            SystemExit: status 2 on every rank, after ``hvdkit: error: ...`` from rank 0.
+        """
+        optimizer.build(model.trainable_variables)
+        bad = [v for v in [*model.variables, *optimizer.variables] if v.dtype.name not in HOROVOD_DTYPES]
+        agree(UsageError(f"--strategy horovod: variable {bad[0].name} is {bad[0].dtype.name}, which Horovod "
+                         f"0.28 cannot allreduce or broadcast; use --strategy ring (it carries bfloat16), or "
+                         "float16/float32 variables") if bad else None, self.world)
+        super().setup(model, optimizer)
+
     def allreduce(self, grads):
-        return self.hvd.grouped_allreduce(list(grads), op=self.hvd.Average)
+        """Average dense ``grads`` with one ``grouped_allreduce`` per dtype (a group must share one
+        dtype); float64, float16 and bfloat16 gradients keep theirs. Returns them in order."""
+        grads = list(grads)
+        by_dtype: dict = {}
+        for i, g in enumerate(grads):
+            by_dtype.setdefault(g.dtype, []).append(i)
+        out = [None] * len(grads)
+        for idx in by_dtype.values():
+            for i, r in zip(idx, self.hvd.grouped_allreduce([grads[i] for i in idx], op=self.hvd.Average)):
+                out[i] = r
+        return out
 
     def broadcast(self, variables):
         self.hvd.broadcast_variables(list(variables), root_rank=0)

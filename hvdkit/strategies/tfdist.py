@@ -48,6 +48,7 @@ from typing import Any
 
 from hvdkit.comm import exchange, free_port
 from hvdkit.errors import UsageError
+from hvdkit.models import model_input_shape
 from hvdkit.strategies.base import Strategy
 
 __all__ = ["TFMirroredStrategy", "TFCentralStorageStrategy", "TFMultiWorkerStrategy", "tf_addresses"]
@@ -76,8 +77,9 @@ def _make_step(strategy, model, optimizer, processes: int):
     ``x`` (batch, *input_shape) float32 and ``y`` (batch,) int64 are this process's batch;
     it is split evenly over the ``num_replicas_in_sync / processes`` local replicas. Each
     replica's loss is its summed cross-entropy over ``len(x) * processes`` (the global
-    batch); the optimizer's cross-replica sum then applies the gradient of the global mean.
-    Returns the summed loss (float32) and correct predictions (int32) of this process's batch.
+    batch); the replicas' gradients are summed (one all-reduce per dtype) and applied: the
+    gradient of the global mean. Returns the summed loss (the logits' dtype, float32 for the
+    shared models) and correct predictions (int32) of this process's batch.
     """
     import tensorflow as tf
 
@@ -89,17 +91,29 @@ def _make_step(strategy, model, optimizer, processes: int):
         n = tf.shape(x)[0]
         lo, hi = n * i // local, n * (i + 1) // local
         xs, ys = x[lo:hi], y[lo:hi]                                         # this replica's slice
-        global_batch = tf.cast(n * processes, tf.float32)
         with tf.GradientTape() as tape:
             logits = model(xs, training=True)                               # (slice, classes)
             losses = tf.keras.losses.sparse_categorical_crossentropy(ys, logits, from_logits=True)
-            loss = tf.reduce_sum(losses) / global_batch
+            loss = tf.reduce_sum(losses) / tf.cast(n * processes, losses.dtype)  # float64 logits too
         grads = tape.gradient(loss, variables)
-        optimizer.apply_gradients(zip(grads, variables))                    # sums over replicas
+        # Sum over replicas, one all-reduce per gradient dtype: tf.distribute packs a batch of
+        # tensors into one concat, which fails on mixed float32/float64/float16 gradients.
+        # None gradients (variables the loss does not reach) are skipped, as Keras skips them;
+        # IndexedSlices (Embedding) are all-reduced sparse by tf.distribute (summed).
+        ctx = tf.distribute.get_replica_context()
+        pairs = [(g, v) for g, v in zip(grads, variables) if g is not None]
+        by_dtype: dict = {}
+        for k, (g, _) in enumerate(pairs):
+            by_dtype.setdefault(g.dtype, []).append(k)
+        summed = [None] * len(pairs)
+        for idx in by_dtype.values():
+            for k, r in zip(idx, ctx.all_reduce(tf.distribute.ReduceOp.SUM, [pairs[k][0] for k in idx])):
+                summed[k] = r
+        optimizer.apply_gradients(zip(summed, [v for _, v in pairs]), skip_gradients_aggregation=True)
         correct = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, 1), ys), tf.int32))
         return tf.reduce_sum(losses), correct
 
-    @tf.function(input_signature=[tf.TensorSpec((None, *model.input_shape[1:]), tf.float32),
+    @tf.function(input_signature=[tf.TensorSpec((None, *model_input_shape(model)), tf.float32),   # any model kind
                                   tf.TensorSpec((None,), tf.int64)])
     def step(x, y):
         loss, correct = strategy.run(replica_fn, args=(x, y))

@@ -65,3 +65,11 @@ def test_to_dict_roundtrips_through_a_config_file(tmp_path):
     f = tmp_path / "c.json"
     f.write_text(json.dumps(d))
     assert parse_config(["--config", str(f)], env={}) == c
+
+
+def test_unreadable_config_files_are_one_line(tmp_path):
+    binary = tmp_path / "b.json"
+    binary.write_bytes(b"\xff\xfe\x00garbage")
+    for path, match in ((tmp_path, "cannot read it"), (binary, "not a text file")):
+        with pytest.raises(UsageError, match=match):
+            parse_config(["--config", str(path)], env={})

@@ -55,6 +55,9 @@ def test_plan_refuses_too_many_ranks_and_non_sequential():
     functional = tf.keras.Model(x, tf.keras.layers.Dense(3)(x), name="func")
     with pytest.raises(UsageError, match="splits a tf.keras.Sequential model.*'func' is a Functional"):
         plan_stages(functional, 1)
+    subclassed = build_model("tests.user_models:subclassed", (8, 8, 1), 10)
+    with pytest.raises(UsageError, match=r"model 'quickstart' is a QuickstartModel \(a subclassed tf.keras.Model"):
+        plan_stages(subclassed, 2)
 
 
 def test_bytes_formula():

@@ -91,3 +91,50 @@ def test_write_csv_columns(tmp_path):
     q = tmp_path / "none.csv"
     R.write_csv(str(q), [])
     assert not q.exists()
+
+
+def wrong_width(input_shape, num_classes):  # --model tests.unit.test_models_results:wrong_width
+    import tensorflow as tf
+    return tf.keras.Sequential([tf.keras.layers.Flatten(), tf.keras.layers.Dense(num_classes + 1)])
+
+
+def needs_other_shape(input_shape, num_classes):  # built for 28x28 whatever the data
+    import tensorflow as tf
+    return tf.keras.Sequential([tf.keras.Input((28, 28, 1)), tf.keras.layers.Flatten(),
+                                tf.keras.layers.Dense(num_classes)])
+
+
+def test_subclassed_model_is_probed_by_a_call_not_by_output_shape():
+    """TensorFlow's quickstart style (no Input, no output_shape): built by a dummy call, seeded."""
+    from hvdkit.models import model_input_shape
+    m = build_model("tests.user_models:subclassed", (8, 8, 1), 10, seed=3)
+    with pytest.raises(AttributeError):
+        m.output_shape                                   # what the old contract read
+    assert model_input_shape(m) == (8, 8, 1)
+    assert m.count_params() == 64 * 32 + 32 + 32 * 10 + 10
+    assert m(np.zeros((3, 8, 8, 1), np.float32)).shape == (3, 10)
+    again = build_model("tests.user_models:subclassed", (8, 8, 1), 10, seed=3)
+    for a, b in zip(m.get_weights(), again.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    assert model_input_shape(build_model("mlp", (6, 6, 1), 4)) == (6, 6, 1)
+
+
+def test_steps_and_signatures_use_the_data_shape_not_model_input_shape():
+    import tensorflow as tf
+
+    from hvdkit.steps import eval_fn
+    m = build_model("tests.user_models:subclassed", (8, 8, 1), 10)
+    loss, correct = eval_fn(m)(tf.zeros((5, 8, 8, 1)), tf.zeros((5,), tf.int64))
+    assert loss.shape == () and 0 <= int(correct) <= 5
+
+
+@pytest.mark.parametrize("name,match", [
+    ("tests.unit.test_models_results:wrong_width",
+     r"on a batch of shape \(2, 8, 8, 1\) the model returned shape \(2, 11\); expected logits of shape \(2, 10\)"),
+    ("tests.unit.test_models_results:needs_other_shape",
+     r"calling the model on a float32 batch of shape \(2, 8, 8, 1\) failed \(ValueError: "),
+])
+def test_models_that_do_not_fit_the_data_are_refused_in_one_line(name, match):
+    with pytest.raises(UsageError, match=match) as e:
+        build_model(name, (8, 8, 1), 10)
+    assert "\n" not in str(e.value)

@@ -12,7 +12,7 @@ parameter count (balanced by PARAMETERS, not FLOPs: exact, known without profili
 equal to the memory each rank must hold; for convolutions FLOPs scale differently, so the
 cnn's stages are balanced in memory, not time). Stage r runs on rank r. Refused with a
 :class:`~hvdkit.errors.UsageError`: a model that is not ``tf.keras.Sequential`` (e.g.
-resnet50), more ranks than layers with weights, boundary activations that are not float32.
+resnet50, or a subclassed model), more ranks than layers with weights, boundary activations that are not float32.
 
 Bytes per step per rank: stage r receives its input activations and sends back their
 gradient, sends its output activations and receives their gradient:
@@ -28,6 +28,7 @@ from typing import Sequence
 import numpy as np
 
 from hvdkit.errors import UsageError
+from hvdkit.models import model_input_shape
 
 __all__ = ["balanced_split", "plan_stages", "boundary_shapes", "stage_bytes_per_step"]
 
@@ -93,8 +94,11 @@ def plan_stages(model, num_stages: int) -> list[tuple[int, int]]:
     import tensorflow as tf
 
     if not isinstance(model, tf.keras.Sequential):
+        kind = type(model).__name__
+        if kind != "Functional":  # a subclassed model: call() may use its layers in any order
+            kind += " (a subclassed tf.keras.Model, whose call() fixes no order of layers)"
         raise UsageError(f"--strategy model-parallel splits a tf.keras.Sequential model into stages; model "
-                         f"{model.name!r} is a {type(model).__name__}; use linear, mlp, cnn or a Sequential "
+                         f"{model.name!r} is a {kind}; use linear, mlp, cnn or a Sequential "
                          "MODULE:FUNCTION model")
     layers = model.layers
     weighted = [i for i, layer in enumerate(layers) if layer.weights]
@@ -128,7 +132,7 @@ def boundary_shapes(model, bounds: Sequence[tuple[int, int]]) -> list[tuple[int,
     """
     import tensorflow as tf
 
-    h = tf.zeros((1, *model.input_shape[1:]), tf.float32)
+    h = tf.zeros((1, *model_input_shape(model)), tf.float32)
     shapes = []
     for s, (a, b) in enumerate(bounds):
         shapes.append(tuple(h.shape[1:]))

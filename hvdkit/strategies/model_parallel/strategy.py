@@ -48,7 +48,7 @@ import numpy as np
 
 from hvdkit.config import Option, at_least
 from hvdkit.errors import UsageError
-from hvdkit.steps import straggle
+from hvdkit.steps import dense_gradients, straggle
 from hvdkit.strategies.base import Strategy
 from hvdkit.strategies.model_parallel.plan import boundary_shapes, plan_stages, stage_bytes_per_step
 from hvdkit.strategies.model_parallel.transport import TAG_ACT, TAG_EVAL, TAG_GRAD, TAG_STATE, StageLink
@@ -207,7 +207,7 @@ class ModelParallelStrategy(Strategy):
 
         def accumulate(grads):
             nonlocal acc
-            grads = [tf.zeros_like(v) if g is None else g for g, v in zip(grads, self.variables)]
+            grads = dense_gradients(grads, self.variables)  # None -> zeros; Embedding rows summed, dense
             acc = grads if acc is None else [a + g for a, g in zip(acc, grads)]
 
         # forward (the last stage also runs each micro-batch's backward at once)
@@ -327,7 +327,7 @@ class ModelParallelStrategy(Strategy):
         mine = [np.array(v.numpy(), copy=True) for v in self.optimizer.variables]  # keeps 0-d shapes
         if self.rank != 0:
             for a in mine:
-                self.link.comm.Send(a.reshape(-1), 0, TAG_STATE)
+                self.link.comm.Send(a.reshape(-1).view(np.uint8), 0, TAG_STATE)  # bytes: any dtype (float16)
             return {}
         out = {f"model/{i}": w for i, w in enumerate(self.model.get_weights())}
         out["model_parallel/bounds"] = np.array(self.bounds, np.int64)
@@ -336,7 +336,7 @@ class ModelParallelStrategy(Strategy):
         for s in range(1, self.stages):
             for j, (shape, dt) in enumerate(self._opt_specs[s]):
                 a = np.empty(shape, np.dtype(dt))
-                self.link.comm.Recv(a.reshape(-1), s, TAG_STATE)
+                self.link.comm.Recv(a.reshape(-1).view(np.uint8), s, TAG_STATE)
                 out[f"optimizer/stage{s}/{j}"] = a
         return out
 

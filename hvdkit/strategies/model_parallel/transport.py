@@ -109,9 +109,12 @@ class StageLink:
             timer.add("comm", time.perf_counter() - t0)
 
     def bcast_variable(self, v, root: int) -> None:
-        """Overwrite the tf.Variable ``v`` on every rank with its value on ``root`` (``Bcast``); collective."""
+        """Overwrite the tf.Variable ``v`` on every rank with its value on ``root`` (``Bcast``); collective.
+
+        Any dtype: the bytes are broadcast (float16 and bfloat16 have no MPI datatype).
+        """
         value = np.array(v.numpy(), copy=True).reshape(-1)  # 1-D, contiguous (also 0-d)
-        self.comm.Bcast(value, root=root)
+        self.comm.Bcast(value.view(np.uint8), root=root)
         if self.rank != root:
             v.assign(value.reshape(v.shape))
 

@@ -48,13 +48,13 @@ class PSGroup:
     Args:
         comm: the communicator of the group; the ranks below are ranks in it.
         layout: the model layout; ``layout.num_shards`` must equal ``len(server_ranks)``.
-        weights: float32[layout.size], the initial flat weights; shard k's server starts
+        weights: layout.dtype[layout.size], the initial flat weights; shard k's server starts
             from (a copy of) ``weights[layout.shard_slice(k)]``.
         server_ranks: rank of shard k's server, k = 0 .. K-1.
         worker_ranks: rank of worker i, i = 0 .. W-1. A rank in both lists is colocated.
         mode: the servers' mode, one of :data:`~hvdkit.strategies.ps.shard.MODES`.
         optimizer: ``optimizer(size)`` returns a new server-side optimizer for a shard of
-            ``size`` float32 elements (one per shard).
+            ``size`` elements of layout.dtype (one per shard).
         timeout: seconds a server waits for a missing worker before naming it as dead or
             hung; a worker waits twice as long for a server, so that the server, which knows
             which worker is missing, reports first.

@@ -13,15 +13,18 @@ Every request but IDLE and DONE gets exactly one reply (:data:`REPLY_TO`), or ER
 request      payload                              reply       reply payload
 ===========  ===================================  ==========  ===============================
 HELLO        variable table, JSON (uint8)         WELCOME     none: the tables agree
-PUSH         gradient slice of the shard (f32)    WEIGHTS     the shard's weights after it
+PUSH         gradient slice of the shard          WEIGHTS     the shard's weights after it
 PULL         none                                 WEIGHTS     the shard's current weights
 GET_STATS    none                                 STATS       statistics, JSON (uint8)
 GET_STATE    none                                 STATE       weights, then optimizer slots
-                                                              (float32, concatenated)
+                                                              (concatenated)
 IDLE         none: will push no more              (none)
 DONE         none: has finished                   (none)
 (any)                                             ERROR       the refusal, JSON (uint8)
 ===========  ===================================  ==========  ===============================
+
+Gradients, weights and slots travel in the layout's dtype (:attr:`Layout.dtype`: float32,
+or float64 when the model has a float64 variable).
 
 Header fields (int64 each, in :data:`HEADER_FIELDS` order); each has one meaning, and a
 field a message does not use is 0:
@@ -63,6 +66,7 @@ HEADER_FIELDS = ("kind", "worker", "shard", "clock", "version", "nelem", "dtype"
                  "iterations")
 DTYPES = {1: np.dtype(np.float32), 2: np.dtype(np.float64), 3: np.dtype(np.uint8), 4: np.dtype(np.int64)}
 DTYPE_CODES = {v: k for k, v in DTYPES.items()}
+_FLOATS = ("float16", "bfloat16", "float32", "float64")  # variable dtypes a layout carries
 
 
 class Kind(enum.IntEnum):
@@ -76,9 +80,9 @@ class Kind(enum.IntEnum):
     IDLE = 6        # the worker will push no more (it may still pull); no reply
     DONE = 7        # the worker has finished; no reply
     WELCOME = 11    # reply to HELLO: the worker's variable table matches the server's; no payload
-    WEIGHTS = 12    # reply to PUSH and PULL: the shard's weights (float32); header: version, waited_us
+    WEIGHTS = 12    # reply to PUSH and PULL: the shard's weights (Layout.dtype); header: version, waited_us
     STATS = 13      # reply to GET_STATS: the shard's statistics as JSON bytes (uint8)
-    STATE = 14      # reply to GET_STATE: weights and optimizer slots, concatenated (float32);
+    STATE = 14      # reply to GET_STATE: weights and optimizer slots, concatenated (Layout.dtype);
                     # header: version, iterations
     ERROR = 15      # reply to any request that was refused; payload: the message (uint8 UTF-8 JSON)
 
@@ -140,11 +144,18 @@ def from_json_bytes(buf: np.ndarray):
 
 @dataclass(frozen=True)
 class Layout:
-    """How a model's trainable variables map onto one flat float32 vector and its shards.
+    """How a model's trainable variables map onto one flat vector and its shards.
 
-    Variables are concatenated in order into a vector of ``size`` elements; shard k of K
-    covers ``[bounds[k], bounds[k+1])``, the bounds splitting the vector into K parts whose
-    sizes differ by at most one element (balanced by bytes; a variable may be split).
+    Variables are concatenated in order into a vector of ``size`` elements of ``dtype``;
+    shard k of K covers ``[bounds[k], bounds[k+1])``, the bounds splitting the vector into K
+    parts whose sizes differ by at most one element (balanced by bytes; a variable may be
+    split).
+
+    The vector's dtype (:attr:`dtype`) is float64 when any variable is float64, else
+    float32. Every variable keeps its own dtype on the workers: a float64 variable is
+    stored, updated and sent in float64 (never rounded to float32); float16 and bfloat16
+    variables are held in float32 on the servers (master copies, as mixed-precision
+    training keeps them; exact upcasts) and rounded to their dtype when assigned.
 
     Attributes:
         names: variable names, e.g. "dense/kernel:0".
@@ -165,6 +176,24 @@ class Layout:
                    tuple(tuple(int(d) for d in v.shape) for v in variables),
                    tuple(np.dtype(v.dtype.as_numpy_dtype if hasattr(v.dtype, "as_numpy_dtype") else v.dtype).name
                          for v in variables), num_shards)
+
+    @cached_property
+    def dtype(self) -> np.dtype:
+        """The flat vector's dtype: float64 if any variable is float64, else float32.
+
+        Raises:
+            ProtocolError: a variable whose dtype is not floating (no gradient to push).
+        """
+        for name, d in zip(self.names, self.dtypes):
+            if d not in _FLOATS:
+                raise ProtocolError(f"variable {name} is {d}; the parameter server carries "
+                                    f"{', '.join(_FLOATS)} trainable variables")
+        return np.dtype(np.float64 if "float64" in self.dtypes else np.float32)
+
+    @property
+    def itemsize(self) -> int:
+        """Bytes per element of the flat vector (4 or 8)."""
+        return self.dtype.itemsize
 
     @cached_property
     def sizes(self) -> list[int]:
@@ -216,22 +245,23 @@ class Layout:
             raise ProtocolError(f"{who}: has {len(table)} variables, the server holds {len(mine)}")
 
     def flatten(self, arrays: Sequence[np.ndarray], out: np.ndarray | None = None) -> np.ndarray:
-        """Concatenate ``arrays`` (the variables' shapes) into one float32 vector.
+        """Concatenate ``arrays`` (the variables' shapes) into one vector of :attr:`dtype`.
 
         Raises:
             ProtocolError: an array's shape differs from its variable's (named).
         """
-        out = np.empty(self.size, np.float32) if out is None else out
+        out = np.empty(self.size, self.dtype) if out is None else out
         off = 0
         for name, shape, n, a in zip(self.names, self.shapes, self.sizes, arrays):
             if tuple(a.shape) != shape:
                 raise ProtocolError(f"tensor {name}: shape {tuple(a.shape)} does not match the parameter's {shape}")
-            out[off:off + n] = np.asarray(a, np.float32).reshape(-1)
+            out[off:off + n] = np.asarray(a).reshape(-1)  # float16/bfloat16/float32 into float32 or float64: exact
             off += n
         return out
 
     def unflatten(self, flat: np.ndarray) -> list[np.ndarray]:
-        """Views of ``flat`` shaped like the variables."""
+        """Views of ``flat`` shaped like the variables (in ``flat``'s dtype; cast to a variable's own
+        dtype when assigning it)."""
         out, off = [], 0
         for shape, n in zip(self.shapes, self.sizes):
             out.append(flat[off:off + n].reshape(shape))

@@ -1,11 +1,13 @@
 """Parameter-server update rules: pure NumPy functions, no MPI, unit-tested alone.
 
-Everything here works on one shard: flat float32 arrays of the same length (``w`` the
-weights, ``g`` a gradient, slots like momentum). Functions update ``w`` and the slots in
+Everything here works on one shard: flat arrays of one dtype and length (``w`` the
+weights, ``g`` a gradient, slots like momentum; float32, or float64 for a model with a
+float64 variable; the hyperparameters rounded to float32 and then cast to that dtype, as
+Keras's ``tf.cast(hyperparameter, variable.dtype)`` does). Functions update ``w`` and the slots in
 place and return nothing, so that a 100 MB shard is never copied per step.
 
 Optimizers follow Keras 2.15's formulas exactly, so a synchronous parameter server and
-``--strategy horovod`` produce the same weights (to float32 round-off):
+``--strategy horovod`` produce the same weights (to round-off):
 
 * SGD:          w -= lr * g
 * momentum:     m = momentum * m - lr * g;  w += m          (tf.keras.optimizers.SGD)
@@ -29,9 +31,13 @@ class Optimizer:
     Args:
         kind: "sgd", "momentum" or "adam".
         lr: learning rate (already scaled by the number of workers where that applies).
-        size: shard length (elements); slots are allocated float32 of this length.
+        size: shard length (elements); slots are allocated of this length, zeros.
         momentum: for "momentum".
         beta1, beta2, eps: for "adam" (Keras defaults).
+        dtype: of the weights, gradients and slots (float32 or float64).
+
+    A zero gradient with zero slots moves no weight under any kind (a variable the loss
+    never reaches keeps its value, as under Keras, whose ``apply_gradients`` skips it).
     """
 
     kind: str
@@ -43,17 +49,23 @@ class Optimizer:
     eps: float = 1e-7
     iterations: int = 0
     slots: dict[str, np.ndarray] = field(default_factory=dict)
+    dtype: type = np.float32
 
     def __post_init__(self):
         if self.kind not in ("sgd", "momentum", "adam"):
             raise ValueError(f"optimizer kind {self.kind!r}: choose sgd, momentum or adam")
         names = {"sgd": (), "momentum": ("m",), "adam": ("m", "v")}[self.kind]
         for n in names:
-            self.slots.setdefault(n, np.zeros(self.size, np.float32))
+            self.slots.setdefault(n, np.zeros(self.size, self.dtype))
 
     def apply(self, w: np.ndarray, g: np.ndarray) -> None:
-        """Apply gradient ``g`` (float32, shape of ``w``) to ``w`` in place (no allocation per step)."""
-        lr = np.float32(self.lr)
+        """Apply gradient ``g`` (shape and dtype of ``w``) to ``w`` in place (no allocation per step)."""
+        to = np.dtype(self.dtype).type
+
+        def f(x):  # a hyperparameter as Keras sees it: tf.cast(x, dtype) goes through a float32 tensor
+            return to(np.float32(x))
+
+        lr = f(self.lr)
         self.iterations += 1
         tmp = self._scratch(g)
         if self.kind == "sgd":
@@ -61,32 +73,33 @@ class Optimizer:
             w -= tmp
         elif self.kind == "momentum":
             m = self.slots["m"]
-            # Keras: m = -g * lr + m * momentum; w += m  (same float32 operations)
-            m *= np.float32(self.momentum)
+            # Keras: m = -g * lr + m * momentum; w += m  (the same operations, in the same dtype)
+            m *= f(self.momentum)
             np.multiply(g, lr, out=tmp)
             m -= tmp
             w += m
         else:
             m, v = self.slots["m"], self.slots["v"]
             t = self.iterations
-            b1, b2 = np.float32(self.beta1), np.float32(self.beta2)
-            alpha = lr * np.sqrt(np.float32(1) - b2 ** t) / (np.float32(1) - b1 ** t)
+            b1, b2 = f(self.beta1), f(self.beta2)               # Keras: tf.pow(tf.cast(beta, dtype), t)
+            alpha = lr * np.sqrt(to(1) - b2 ** t) / (to(1) - b1 ** t)
+            c1, c2 = to(1 - self.beta1), to(1 - self.beta2)     # Keras: (1 - beta) as a Python float
             np.subtract(g, m, out=tmp)
-            tmp *= np.float32(1) - b1
+            tmp *= c1
             m += tmp                                        # m += (g - m)(1 - b1)
             np.multiply(g, g, out=tmp)
             tmp -= v
-            tmp *= np.float32(1) - b2
+            tmp *= c2
             v += tmp                                        # v += (g^2 - v)(1 - b2)
             np.sqrt(v, out=tmp)
-            tmp += np.float32(self.eps)
+            tmp += to(self.eps)                             # Keras: + epsilon, a Python float
             np.divide(m * alpha, tmp, out=tmp)
             w -= tmp                                        # w -= m alpha / (sqrt(v) + eps)
 
     def _scratch(self, g: np.ndarray) -> np.ndarray:
         buf = getattr(self, "_tmp", None)
         if buf is None or buf.shape != g.shape:
-            buf = self._tmp = np.empty_like(g, dtype=np.float32)
+            buf = self._tmp = np.empty_like(g, dtype=self.dtype)
         return buf
 
 

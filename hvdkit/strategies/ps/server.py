@@ -159,7 +159,7 @@ class ServerLoop:
         live_ids = {id(b) for _, b in still}
         shape = self.server.weights.shape
         for _, b in self.sends:
-            if b is not self.snapshot[0] and id(b) not in live_ids and b.dtype == np.float32 \
+            if b is not self.snapshot[0] and id(b) not in live_ids and b.dtype == self.server.weights.dtype \
                     and b.shape == shape and all(p is not b for p in self.pool):
                 self.pool.append(b)
         self.sends[:] = still
@@ -186,7 +186,7 @@ class ServerLoop:
         now = time.monotonic()
         self.last_msg = self.last_from[worker] = now
         if h.kind == Kind.PUSH:
-            grad = payload if payload is not None else np.empty(0, np.float32)  # an empty shard pushes nothing
+            grad = payload if payload is not None else np.empty(0, server.weights.dtype)  # an empty shard: nothing
             try:
                 server.check_push(h, grad)
             except ProtocolError as e:

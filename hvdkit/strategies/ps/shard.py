@@ -30,7 +30,7 @@ from hvdkit.errors import ProtocolError
 from hvdkit.strategies.ps import rules
 from hvdkit.strategies.ps.protocol import Header, Layout
 
-__all__ = ["ShardServer", "MODES", "Reply"]
+__all__ = ["ShardServer", "MODES", "Reply", "resplit_states"]
 
 MODES = ("sync", "async", "ssp", "dcasgd")
 
@@ -51,7 +51,8 @@ class ShardServer:
     Args:
         shard: shard id k.
         layout: the model layout (to name tensors in errors).
-        weights: initial float32 weights of this shard (copied).
+        weights: initial weights of this shard (copied, as ``layout.dtype``: float32, or
+            float64 for a model with a float64 variable).
         mode: one of :data:`MODES`.
         optimizer: the server-side optimizer (:class:`rules.Optimizer`) of this shard.
         num_workers: W.
@@ -84,7 +85,7 @@ class ShardServer:
     def __post_init__(self):
         if self.mode not in MODES:
             raise ValueError(f"mode {self.mode!r}: choose one of {MODES}")
-        self.weights = np.array(self.weights, np.float32, copy=True)
+        self.weights = np.array(self.weights, self.layout.dtype, copy=True)
         self.clocks = [0] * self.num_workers
         self.active = set(range(self.num_workers))
         self.wait_s = [0.0] * self.num_workers
@@ -102,14 +103,14 @@ class ShardServer:
         if h.layout_crc != self.layout.crc:
             raise ProtocolError(f"push from worker {h.worker} to shard {self.shard}: its variable table differs "
                                 f"from the server's (checksum {h.layout_crc:08x} != {self.layout.crc:08x})")
-        if payload.dtype != np.float32 or payload.size != n or not 0 <= h.worker < self.num_workers:
+        if payload.dtype != self.weights.dtype or payload.size != n or not 0 <= h.worker < self.num_workers:
             raise ProtocolError(
                 f"push from worker {h.worker} to shard {self.shard} refused: {payload.size} {payload.dtype} elements "
-                f"for tensor(s) {', '.join(self.layout.tensors_in(self.shard))}, which hold {n} float32")
+                f"for tensor(s) {', '.join(self.layout.tensors_in(self.shard))}, which hold {n} {self.weights.dtype}")
 
     # -- events ------------------------------------------------------------------------------
     def on_push(self, worker: int, clock: int, version: int, g: np.ndarray, now: float) -> list[Reply]:
-        """Handle a gradient ``g`` (float32, shard size) computed on ``version``; return replies due."""
+        """Handle a gradient ``g`` (the weights' dtype, shard size) computed on ``version``; return replies due."""
         self.pushes += 1
         self.bytes_in += g.nbytes
         if version > self.version or version < 0:
@@ -208,7 +209,7 @@ class ShardServer:
             else:
                 total += g
             self._record(self.version - v)
-        total /= np.float32(len(workers))
+        total /= total.dtype.type(len(workers))
         self.optimizer.apply(self.weights, total)
         self.version += 1
         self.updates += 1
@@ -233,15 +234,70 @@ class ShardServer:
 
     # -- checkpoints ---------------------------------------------------------------------------
     def state_vector(self) -> np.ndarray:
-        """weights followed by the optimizer's slots (float32), for checkpoints."""
+        """The shard's weights followed by each optimizer slot (n elements each, the weights'
+        dtype), for checkpoints: (1 + slots) x n elements. :func:`resplit_states` re-cuts
+        such vectors for another shard count."""
         return np.concatenate([self.weights, *self.optimizer.slots.values()])
 
     def load_state_vector(self, vec: np.ndarray, version: int, iterations: int) -> None:
-        """Inverse of :meth:`state_vector`."""
+        """Inverse of :meth:`state_vector`: ``vec`` must be cut for this shard (see
+        :func:`resplit_states` for a checkpoint written with another shard count).
+
+        Raises:
+            ValueError: ``vec`` does not hold (1 + slots) x n elements.
+        """
         n = self.weights.size
         parts = [self.weights, *self.optimizer.slots.values()]
         if vec.size != n * len(parts):
-            raise ValueError(f"shard {self.shard} state has {vec.size} elements, expected {n * len(parts)}")
+            raise ValueError(f"shard {self.shard} state has {vec.size} elements, expected {n * len(parts)} "
+                             f"({len(parts)} x {n}: weights and {len(parts) - 1} optimizer slot(s))")
         for i, p in enumerate(parts):
             p[...] = vec[i * n:(i + 1) * n]
         self.version, self.optimizer.iterations = version, iterations
+
+
+def resplit_states(states: list[tuple[np.ndarray, int, int]], layout: Layout) -> list[tuple[np.ndarray, int, int]]:
+    """Re-cut checkpointed shard states (any old shard count) for the K shards of ``layout``.
+
+    Old shard k's vector (:meth:`ShardServer.state_vector`) is its n_k weights followed by
+    each of its P - 1 optimizer slots (n_k elements each), and the old shards are
+    contiguous slices of one flat vector. So each vector is viewed as a (P, n_k) array;
+    side by side they form one (P, size) array (row 0 the whole weight vector, row j the
+    whole j-th slot), which is cut again at ``layout.bounds``. Values are copied, never
+    computed: bit-exact for any old and new shard counts (colocated or dedicated servers,
+    another world size).
+
+    Args:
+        states: (vector, version, iterations) of old shard k = 0, 1, ..., in shard order;
+            vectors 1-D, one dtype.
+        layout: the new layout; its ``size`` must be the old vectors' weight count.
+
+    Returns:
+        (vector, version, iterations) of new shard k = 0 .. K-1: a new (P x new n_k)-element
+        vector in the old dtype, and the largest counters of the old shards it overlaps
+        (in ``ps-sync`` every shard applies every update, so they are equal; an asynchronous
+        checkpoint reads its shards moments apart).
+
+    Raises:
+        ValueError: no states, or the vectors are not P whole copies of a
+            ``layout.size``-element vector cut in order (the message gives the counts).
+    """
+    if not states:
+        raise ValueError("no parameter-server shard states to re-cut")
+    sizes = [int(v.size) for v, _, _ in states]
+    total, n = sum(sizes), layout.size
+    if n == 0 or total % n or any(s % (total // n) for s in sizes):
+        raise ValueError(f"{len(states)} shard state(s) of {sizes} elements are not whole copies (weights, then "
+                         f"each optimizer slot) of a {n}-element parameter vector")
+    parts = total // n
+    full = np.concatenate([v.reshape(parts, s // parts) for (v, _, _), s in zip(states, sizes)], axis=1)  # (P, n)
+    old_bounds = np.concatenate([[0], np.cumsum([s // parts for s in sizes])])
+    out = []
+    for k in range(layout.num_shards):
+        lo, hi = layout.bounds[k], layout.bounds[k + 1]
+        over = [i for i in range(len(states)) if old_bounds[i] < max(hi, lo + 1) and old_bounds[i + 1] > lo]
+        over = over or list(range(len(states)))  # an empty new shard past the end
+        version = max(int(states[i][1]) for i in over)
+        iterations = max(int(states[i][2]) for i in over)
+        out.append((np.ascontiguousarray(full[:, lo:hi]).reshape(-1), version, iterations))
+    return out

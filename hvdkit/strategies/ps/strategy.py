@@ -9,10 +9,16 @@ Roles come from MPI ranks:
   (N-1)/N x S gradient bytes and receives (N-1)/N x S weight bytes per step for S bytes of
   parameters: 2 (N-1)/N x S in all, the same as a ring allreduce.
 
-The model's trainable variables are flattened into one float32 vector, split into K
-balanced shards (:class:`~hvdkit.strategies.ps.protocol.Layout`). A worker step computes
-its gradient, pushes each shard's slice to that shard's server, and receives the shard's
-weights after the update (push and pull in one round trip). The servers own the optimizer
+The model's trainable variables are flattened into one vector, split into K balanced
+shards (:class:`~hvdkit.strategies.ps.protocol.Layout`): float32, or float64 when a
+variable is float64 (float64 weights are stored, updated and sent in float64; float16 and
+bfloat16 variables get float32 master copies on the servers). A worker step computes its
+gradient (:func:`hvdkit.steps.dense_gradients`: a variable the loss does not reach pushes
+zeros, so it is never moved; an Embedding's sparse gradient is pushed as its dense table
+gradient, duplicate rows summed), pushes each shard's slice to that shard's server, and
+receives the shard's weights after the update (push and pull in one round trip). Bytes per
+step per worker: 2 x S (S = parameter bytes, the whole vector: dense, sparse gradients
+included) with dedicated servers, 2 (N-1)/N x S colocated. The servers own the optimizer
 (:mod:`~hvdkit.strategies.ps.rules`); the workers' Keras optimizer is not used.
 
 Learning rate: ``ps-sync`` averages W gradients per update and, like ``horovod``, scales
@@ -37,11 +43,12 @@ import numpy as np
 
 from hvdkit.config import Option, above, at_least
 from hvdkit.errors import UsageError
-from hvdkit.steps import make_step_functions, straggle
+from hvdkit.steps import dense_gradients, make_step_functions, straggle
 from hvdkit.strategies.base import NUM_SERVERS, Strategy, average_statistics
 from hvdkit.strategies.ps import rules
 from hvdkit.strategies.ps.group import PSGroup
 from hvdkit.strategies.ps.protocol import Layout
+from hvdkit.strategies.ps.shard import resplit_states
 from hvdkit.strategies.ps.worker import PSClient
 
 __all__ = ["PSStrategy", "PSSync", "PSAsync", "PSSSP", "PSDCASGD", "PS_FIELDS"]
@@ -123,7 +130,8 @@ class PSStrategy(Strategy):
         # servers, their threads (--ps-colocated) and clients, on a Dup of the world; workers
         # wait twice --ps-timeout for a server, so a server names a hung worker first
         self.group = PSGroup(w.comm, self.layout, flat, self.server_ranks, self.worker_ranks, self.mode,
-                             lambda size: rules.Optimizer(cfg.optimizer, lr, size, momentum=cfg.momentum),
+                             lambda size: rules.Optimizer(cfg.optimizer, lr, size, momentum=cfg.momentum,
+                                                          dtype=self.layout.dtype.type),
                              timeout=self.timeout, staleness=self.staleness, dc_lambda=self.dc_lambda,
                              dc_adaptive=self.dc_adaptive)
         self._workers_comm = w.comm.Split(0 if self.is_worker else MPI.UNDEFINED, w.rank)
@@ -133,14 +141,14 @@ class PSStrategy(Strategy):
 
     def _assign(self) -> None:
         for v, a in zip(self.model.trainable_variables, self.layout.unflatten(self.flat_w)):
-            v.assign(a)
+            v.assign(a.astype(v.dtype.as_numpy_dtype, copy=False))  # float32 masters of float16 variables round
 
     # -- the step --------------------------------------------------------------------------
     def train_step(self, x, y, timer):
         t0 = time.perf_counter()
         with timer.phase("compute"):
             loss_sum, correct, grads = self._grads_fn(x, y)
-            self.layout.flatten([g.numpy() for g in grads], out=self.flat_g)
+            self._flatten(grads)
         straggle(self.cfg, self.world.rank, time.perf_counter() - t0, timer)
         t1 = time.perf_counter()
         waited = self.client.push_pull(self.flat_g, self.flat_w)     # push gradient, pull new weights
@@ -150,6 +158,21 @@ class PSStrategy(Strategy):
         with timer.phase("compute"):
             self._assign()
         return float(loss_sum), int(correct), len(y)
+
+    def _flatten(self, grads) -> None:
+        """Copy ``grads`` into the flat push buffer (:func:`hvdkit.steps.dense_gradients` first:
+        None -> zeros, IndexedSlices -> dense rows, duplicates summed; each cast to ``layout.dtype``)."""
+        self.layout.flatten([g.numpy() for g in dense_gradients(grads, self.model.trainable_variables)],
+                            out=self.flat_g)
+
+    def push_pull(self, grads) -> float:
+        """A worker's step after its gradients, untimed: push ``grads`` (one per trainable variable,
+        as ``tape.gradient`` returns them), pull the new weights into the model. Returns the seconds
+        waited inside the servers. :meth:`train_step` runs the same three calls, timed."""
+        self._flatten(grads)
+        waited = self.client.push_pull(self.flat_g, self.flat_w)
+        self._assign()
+        return waited
 
     def serve(self) -> None:
         self.final_stats = self.group.serve()
@@ -200,7 +223,7 @@ class PSStrategy(Strategy):
               "pushes": sum(s["pushes"] for s in shards), "updates_applied": sum(s["updates_applied"] for s in shards),
               "staleness_histogram": hist, "max_staleness": max(int(k) for k in hist) if hist else 0,
               "worker_clocks": shards[0]["clocks"], "worker_wait_s": wait,
-              "param_bytes": int(self.layout.size * 4),
+              "param_bytes": int(self.layout.size * self.layout.itemsize),
               "bytes_per_step_per_worker": self.client.step_bytes,
               "shards": shards}
         if self.mode == "ssp":
@@ -211,30 +234,83 @@ class PSStrategy(Strategy):
         return {"ps": ps}
 
     def state(self) -> dict:
+        """The servers' state on rank 0 ({} elsewhere); collective over the workers' requests.
+
+        Keys: ``ps/shard{k}`` (shard k's weights, then each optimizer slot:
+        :meth:`~hvdkit.strategies.ps.shard.ShardServer.state_vector`), ``ps/shard{k}/counters``
+        (int64 [version, iterations]) and ``ps/non_trainable/{j}`` (rank 0's non-trainable
+        variables, e.g. batch-norm statistics, which stay on the workers).
+        """
         if self.world.rank != 0:
             return {}
         out = {}
         for k, (vec, version, iters) in enumerate(self.client.state()):
             out[f"ps/shard{k}"] = vec
             out[f"ps/shard{k}/counters"] = np.array([version, iters], np.int64)
+        for j, v in enumerate(self.model.non_trainable_variables):
+            out[f"ps/non_trainable/{j}"] = v.numpy()
         return out
 
-    def load_state(self, arrays) -> None:
-        n_shards = len(self.server_ranks)
-        for k in range(n_shards):
-            if f"ps/shard{k}" not in arrays:
-                raise UsageError(f"--resume: the checkpoint has no parameter-server shard {k}; it was written by "
-                                 f"another strategy or another --num-servers")
-        sizes = [self.layout.shard_slice(k).stop - self.layout.shard_slice(k).start for k in range(n_shards)]
-        for k in range(n_shards):
-            sl = self.layout.shard_slice(k)
-            self.flat_w[sl] = arrays[f"ps/shard{k}"][:sizes[k]]
+    @staticmethod
+    def _old_shards(arrays) -> list[tuple[np.ndarray, int, int]]:
+        """(vector, version, iterations) of every shard in a checkpoint, in shard order."""
+        out, k = [], 0
+        while f"ps/shard{k}" in arrays:
             version, iters = (int(v) for v in arrays[f"ps/shard{k}/counters"])
+            out.append((arrays[f"ps/shard{k}"], version, iters))
+            k += 1
+        return out
+
+    def check_state(self, arrays, meta, model) -> None:
+        """Refuse a checkpoint whose servers' state this run cannot take (rank 0, before loading).
+
+        Another shard count (``--num-servers``, ``--ps-colocated``, another world size) is
+        fine: :meth:`load_state` re-cuts the state. Another model or optimizer is not.
+
+        Raises:
+            UsageError: no shard state, or a state that is not (weights + one vector per
+                optimizer slot) of this model's trainable variables; the message says what differs.
+        """
+        old = self._old_shards(arrays)
+        if not old:
+            raise UsageError("--resume: the checkpoint holds no parameter-server state; it was written by "
+                             "another strategy")
+        layout = Layout.of_variables(model.trainable_variables, len(self.server_ranks))
+        parts = 1 + len(rules.Optimizer(self.cfg.optimizer, 0.0, 0).slots)
+        total = sum(int(v.size) for v, _, _ in old)
+        if total != parts * layout.size:
+            found = f"{total // layout.size} x {layout.size}" if layout.size and total % layout.size == 0 else total
+            raise UsageError(f"--resume: the checkpoint's parameter-server state holds {found} elements, but this "
+                             f"model's {layout.size} trainable parameters with --optimizer {self.cfg.optimizer} need "
+                             f"{parts} x {layout.size} (weights and {parts - 1} slot(s)); resume with the model and "
+                             f"optimizer that wrote it")
+        if old[0][0].dtype != layout.dtype:
+            raise UsageError(f"--resume: the checkpoint's parameter-server state is {old[0][0].dtype}, this model's "
+                             f"parameters travel as {layout.dtype}; resume with the model that wrote it")
+        if any(int(v.size) % parts for v, _, _ in old):  # what resplit_states needs (without its copy)
+            sizes = [int(v.size) for v, _, _ in old]
+            raise UsageError(f"--resume: the checkpoint's parameter-server shards of {sizes} elements are not "
+                             f"{parts} equal parts each (weights and optimizer slots)")
+
+    def load_state(self, arrays) -> None:
+        """Restore :meth:`state` (arrays identical on every rank; collective over the world).
+
+        The shards are contiguous slices of one vector, so a checkpoint written with another
+        shard count is re-cut for this run's (:func:`~hvdkit.strategies.ps.shard.resplit_states`):
+        every server starts from exactly the checkpointed weights and optimizer slots of its
+        new slice, every worker from the checkpointed weights.
+        """
+        for k, (vec, version, iters) in enumerate(resplit_states(self._old_shards(arrays), self.layout)):
+            sl = self.layout.shard_slice(k)
+            self.flat_w[sl] = vec[:sl.stop - sl.start]
             if self.client is not None:
                 self.client.versions[k] = version
             if self.shard == k:
-                self.group.server.load_state_vector(arrays[f"ps/shard{k}"], version, iters)
+                self.group.server.load_state_vector(vec, version, iters)
         self._assign()
+        for j, v in enumerate(self.model.non_trainable_variables):
+            if f"ps/non_trainable/{j}" in arrays:  # absent from checkpoints of older versions
+                v.assign(arrays[f"ps/non_trainable/{j}"])
         self.world.comm.Barrier()  # no push may reach a colocated server before it has loaded
 
 

@@ -52,7 +52,7 @@ class PSClient:
         me = comm.Get_rank()
         # bytes one push_pull moves over the network: its slices for the other ranks' shards,
         # each way (a colocated worker's own shard stays in the process)
-        self.step_bytes = 2 * 4 * sum(sl.stop - sl.start for k, sl in enumerate(self._slices)
+        self.step_bytes = 2 * layout.itemsize * sum(sl.stop - sl.start for k, sl in enumerate(self._slices)
                                       if self.server_ranks[k] != me)
 
     # -- plumbing ------------------------------------------------------------------------------
@@ -148,7 +148,7 @@ class PSClient:
         self._complete(sends)
 
     def push_pull(self, grad: np.ndarray, weights: np.ndarray) -> float:
-        """Push ``grad`` (float32, layout.size) to every shard; pull the new weights into ``weights``.
+        """Push ``grad`` (``layout.dtype``, layout.size) to every shard; pull the new weights into ``weights``.
 
         Increments :attr:`clock`; updates :attr:`versions`.
 
@@ -157,8 +157,9 @@ class PSClient:
             the largest over shards.
         """
         self.hello()
-        if grad.dtype != np.float32 or grad.shape != (self.layout.size,):
-            raise ProtocolError(f"push: gradient must be float32[{self.layout.size}], got {grad.dtype}{list(grad.shape)}")
+        if grad.dtype != self.layout.dtype or grad.shape != (self.layout.size,):
+            raise ProtocolError(f"push: gradient must be {self.layout.dtype}[{self.layout.size}], got "
+                                f"{grad.dtype}{list(grad.shape)}")
         self.clock += 1
         sends = [s for k, sl in enumerate(self._slices)
                  for s in self._send(k, Kind.PUSH, grad[sl], clock=self.clock, version=self.versions[k])]
@@ -171,10 +172,11 @@ class PSClient:
     def push_raw(self, k: int, payload: np.ndarray) -> None:
         """Push an arbitrary ``payload`` to shard k and wait for the reply (protocol tests only)."""
         self._complete(self._send(k, Kind.PUSH, payload, clock=self.clock + 1, version=self.versions[k]))
-        self._receive(Kind.WEIGHTS, {k: np.empty(self._slices[k].stop - self._slices[k].start, np.float32)}, "push")
+        self._receive(Kind.WEIGHTS, {k: np.empty(self._slices[k].stop - self._slices[k].start, self.layout.dtype)},
+                      "push")
 
     def pull(self, weights: np.ndarray) -> None:
-        """Pull every shard's current weights into ``weights`` (float32, layout.size)."""
+        """Pull every shard's current weights into ``weights`` (``layout.dtype``, layout.size)."""
         self.hello()
         sends = [s for k in range(self.layout.num_shards) for s in self._send(k, Kind.PULL)]
         hdrs = self._receive(Kind.WEIGHTS, {k: weights[sl] for k, sl in enumerate(self._slices)}, "pull")

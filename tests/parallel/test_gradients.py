@@ -1,0 +1,121 @@
+"""Gradients that are not one dense float32 tensor per variable, under mpirun (issue 10, 1-3).
+
+* The averaging paths, exact values: ``gradients_check.py`` at 2 ranks (ring, Horovod dense
+  and Horovod's IndexedSlices allgather, the PS): duplicate embedding rows summed within a
+  batch and across ranks, None as zeros, float64/float16/bfloat16 in their own dtype.
+* Every strategy trains :func:`tests.models_for_tests.kinds` (an Embedding's sparse gradient,
+  a float64 Dense, a temperature the loss never reaches) on int32 token ids: the temperature
+  ends exactly 1.0, the float64 weights are exported as float64 and are not float32 values,
+  every replica ends with the same weights; ring, ps-sync and tf-multiworker end equal to
+  ``--strategy horovod``.
+* Half precision (:func:`tests.models_for_tests.half`): the ring and the PS keep float16 and
+  bfloat16 variables; Horovod (no bfloat16) and model-parallel (float32 activations) refuse
+  with one line, status 2.
+"""
+import os
+
+import numpy as np
+import pytest
+
+from hvdkit.results import load_npz
+from tests.conftest import ROOT, launch, load_results, mpirun_cmd, train
+from tests.models_for_tests import token_data
+
+pytestmark = pytest.mark.parallel
+
+CHECK = os.path.join(ROOT, "tests", "parallel", "gradients_check.py")
+KINDS = ("--model", "tests.models_for_tests:kinds", "--optimizer", "adam", "--lr", "0.01", "--epochs", "1",
+         "--seed", "0", "--no-tensorboard", "--no-checkpoint")
+#: strategy -> (ranks, extra flags); two loop ranks wherever the strategy allows, so runs compare
+RUNS = {
+    "horovod": (2, ()), "ring": (2, ("--fusion-bytes", "1024")), "ps-sync": (3, ()),
+    "ps-async": (2, ("--ps-colocated",)), "ps-ssp": (2, ("--ps-colocated",)), "ps-dcasgd": (3, ()),
+    "model-parallel": (2, ("--micro-batches", "4")),  # sparse gradients accumulated over micro-batches
+    "tf-mirrored": (1, ()), "tf-central-storage": (1, ()), "tf-multiworker": (2, ()), "tf-ps": (3, ()),
+}
+#: the runs that apply the same averaged gradient as horovod's, and how close they must end
+LIKE_HOROVOD = {"ring": 0.0, "ps-sync": 1e-5, "tf-multiworker": 1e-5}
+
+
+@pytest.fixture(scope="module")
+def tokens(tmp_path_factory):
+    return token_data(str(tmp_path_factory.mktemp("tokens") / "tokens.npz"))
+
+
+def _kinds_run(strategy, tokens, out_dir):
+    n, extra = RUNS[strategy]
+    out = out_dir / strategy
+    r = train(n, "--strategy", strategy, *KINDS, *extra, "--dataset", f"npz:{tokens}", "--output-dir", str(out),
+              "--export-weights", str(out_dir / f"{strategy}.npz"), timeout=240)
+    assert r.returncode == 0, r.output
+    return load_results(out), load_npz(str(out_dir / f"{strategy}.npz"))[0]
+
+
+@pytest.fixture(scope="module")
+def horovod_kinds(tokens, tmp_path_factory):
+    return _kinds_run("horovod", tokens, tmp_path_factory.mktemp("horovod_kinds"))
+
+
+def test_every_averaging_path_sums_sparse_rows_and_keeps_dtypes():
+    r = launch(mpirun_cmd(2, CHECK), timeout=180)
+    assert r.returncode == 0, r.output
+    for rank in range(2):
+        assert f"gradients_check rank {rank}/2: OK" in r.stdout, r.output
+
+
+@pytest.mark.parametrize("strategy", list(RUNS))
+def test_every_strategy_trains_sparse_float64_and_unreached_variables(strategy, tokens, tmp_path, horovod_kinds):
+    res, w = horovod_kinds if strategy == "horovod" else _kinds_run(strategy, tokens, tmp_path)
+    final = res["final"]
+    assert final["weights_identical_across_ranks"], res["ranks"]
+    assert final["eval_accuracy"] >= 0.6, final                      # 4 classes: chance is 0.25
+    by_name = {k.split("_", 1)[1]: v for k, v in w.items()}        # "003_logits.kernel_0" -> "logits.kernel_0"
+    assert by_name["temperature.t_0"] == np.float32(1.0), "a variable without gradient moved"
+    assert by_name["temperature.t_0"].dtype == np.float32
+    for name in ("dense64.kernel_0", "dense64.bias_0"):
+        a = by_name[name]
+        assert a.dtype == np.float64, (name, a.dtype)
+        assert not np.array_equal(a.astype(np.float32).astype(np.float64), a), f"{name} holds float32 values only"
+    if strategy in LIKE_HOROVOD:
+        ref = {k.split("_", 1)[1]: v for k, v in horovod_kinds[1].items()}
+        for k, a in by_name.items():
+            assert a.dtype == ref[k].dtype, k
+            np.testing.assert_allclose(a, ref[k], rtol=0, atol=LIKE_HOROVOD[strategy], err_msg=k)
+
+
+HALF = {"dense16.kernel_0": "float16", "dense16.bias_0": "float16", "densebf16.kernel_0": "bfloat16",
+        "densebf16.bias_0": "bfloat16", "logits.kernel_0": "float32", "logits.bias_0": "float32"}
+HALF_INSIDE = {"dense64units.kernel_0": "float32", "dense64units.bias_0": "float32", "dense16.kernel_0": "float16",
+               "dense16.bias_0": "float16", "logits.kernel_0": "float32", "logits.bias_0": "float32"}
+
+
+@pytest.mark.parametrize("strategy,n,extra,model,dtypes,kept", [
+    ("ring", 2, (), "half", HALF, "float16"),
+    ("ps-sync", 2, ("--ps-colocated",), "half", HALF, "float32"),      # the servers' float32 master copies
+    ("model-parallel", 2, (), "half_inside", HALF_INSIDE, "float16"),  # float16 weights and slots inside stage 1
+])
+def test_half_precision_variables_keep_their_dtype(strategy, n, extra, model, dtypes, kept, tmp_path):
+    w = tmp_path / "w.npz"
+    r = train(n, "--strategy", strategy, *extra, "--model", f"tests.models_for_tests:{model}", "--max-steps", "6",
+              "--epochs", "1", "--optimizer", "sgd", "--no-tensorboard", "--output-dir", str(tmp_path / "run"),
+              "--export-weights", str(w), timeout=180)
+    assert r.returncode == 0, r.output
+    assert load_results(tmp_path / "run")["final"]["weights_identical_across_ranks"]
+    # .npz has no bfloat16: NumPy stores ml_dtypes' bfloat16 as 2-byte void ("V2"), the bytes intact
+    got = {k.split("_", 1)[1]: a.dtype.name.replace("void16", "bfloat16") for k, a in load_npz(str(w))[0].items()}
+    assert got == dtypes
+    ckpt, _ = load_npz(str(tmp_path / "run" / "checkpoint.npz"))         # no narrower copy in the checkpoint
+    assert kept in {a.dtype.name for a in ckpt.values()}, {k: a.dtype.name for k, a in ckpt.items()}
+
+
+@pytest.mark.parametrize("strategy,message", [
+    ("horovod", "hvdkit: error: --strategy horovod: variable densebf16/kernel:0 is bfloat16, which Horovod 0.28 "
+                "cannot allreduce or broadcast"),
+    ("model-parallel", "hvdkit: error: --strategy model-parallel sends float32 activations; the input of stage 1 "),
+])
+def test_strategies_that_cannot_carry_half_precision_refuse_in_one_line(strategy, message, tmp_path):
+    r = train(2, "--strategy", strategy, "--model", "tests.models_for_tests:half", "--max-steps", "2",
+              "--no-tensorboard", "--no-checkpoint", "--output-dir", str(tmp_path / "run"), timeout=120)
+    assert r.returncode == 2, r.output
+    assert message in r.stderr, r.output
+    assert r.stderr.count("hvdkit: error:") == 1 and "Traceback" not in r.output, r.output

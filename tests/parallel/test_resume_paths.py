@@ -1,0 +1,260 @@
+"""Issue 10, kinds 5 (training half), 8 and 9 under mpirun: training that turns non-finite ends
+the job naming the step and tensor, keeping the last finite checkpoint; resume at another
+topology (the PS re-cut, bit-exact) or refused before loading; output paths checked at set-up."""
+import hashlib
+import re
+import shutil
+
+import numpy as np
+import pytest
+
+from hvdkit.results import load_npz, save_npz
+from tests.conftest import load_results, train
+
+pytestmark = pytest.mark.parallel
+
+QUIET = ["--model", "linear", "--no-tensorboard"]
+
+
+def assert_one_error_line(r, message):
+    assert r.returncode == 2, r.output
+    assert message in r.output, r.output
+    assert r.output.count("hvdkit: error:") == 1, "one message, from rank 0"
+    assert "Traceback" not in r.output
+
+
+# -- 9: output paths, checked before TensorFlow starts -------------------------------------------
+
+def _file(p):
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text("not a directory")
+
+
+@pytest.mark.parametrize("case", ["export-parent-is-a-file", "output-dir-is-a-file", "checkpoint-is-a-directory",
+                                  "tensorboard-is-a-file", "export-is-a-directory"])
+def test_bad_output_path_is_refused_before_training(tmp_path, case):
+    out, args = tmp_path / "out", ["--model", "linear", "--epochs", "1"]
+    if case == "export-parent-is-a-file":
+        _file(tmp_path / "f")
+        args += ["--no-checkpoint", "--export-weights", str(tmp_path / "f" / "w.npz")]
+        message = f"--export-weights {tmp_path}/f/w.npz: {tmp_path}/f is a file, not a directory"
+    elif case == "output-dir-is-a-file":
+        _file(out)
+        message = f"--output-dir {out}: {out} is a file, not a directory"
+    elif case == "checkpoint-is-a-directory":
+        (out / "checkpoint.npz").mkdir(parents=True)
+        message = f"--output-dir {out}: {out}/checkpoint.npz is a directory"
+    elif case == "tensorboard-is-a-file":
+        _file(out / "tensorboard")
+        message = f"--output-dir {out}: {out}/tensorboard is a file, not a directory"
+    else:
+        (tmp_path / "w.npz").mkdir()
+        args += ["--export-weights", str(tmp_path / "w.npz")]
+        message = f"--export-weights {tmp_path}/w.npz is a directory"
+    r = train(2, *args, "--output-dir", str(out), timeout=90)
+    assert_one_error_line(r, "hvdkit: error: " + message)
+    assert "# hvdkit: strategy" not in r.stdout and "epoch" not in r.stdout, "nothing trained"
+    assert r.seconds < 30, f"took {r.seconds:.0f}s: refused before TensorFlow starts"
+
+
+# -- 8: resume at another topology --------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def horovod_ckpt(tmp_path_factory):
+    """1 epoch of horovod on 2 ranks (momentum): the checkpoint the refusal cases start from."""
+    d = tmp_path_factory.mktemp("horovod_ckpt") / "run"
+    r = train(2, *QUIET, "--epochs", "1", "--output-dir", str(d))
+    assert r.returncode == 0, r.output
+    return d
+
+
+def _copy(src, dst):
+    shutil.copytree(src, dst)
+    return dst
+
+
+@pytest.mark.slow
+def test_horovod_resumed_at_another_world_size_starts_from_the_checkpoint(tmp_path, horovod_ckpt):
+    """3 ranks resume a 2-rank checkpoint with no epoch left: the exported weights are the checkpoint's."""
+    d = _copy(horovod_ckpt, tmp_path / "run")
+    r = train(3, *QUIET, "--epochs", "1", "--resume", "--output-dir", str(d),
+              "--export-weights", str(tmp_path / "w.npz"))
+    assert r.returncode == 0, r.output
+    ckpt, _ = load_npz(str(d / "checkpoint.npz"))
+    got, _ = load_npz(str(tmp_path / "w.npz"))
+    for i, k in enumerate(sorted(got)):
+        assert got[k].tobytes() == ckpt[f"model/{i}"].tobytes(), k
+    assert load_results(d)["final"]["weights_identical_across_ranks"]
+
+
+@pytest.mark.parametrize("case", ["optimizer", "model-shape", pytest.param("model-name", marks=pytest.mark.slow)])
+def test_resume_that_cannot_be_honoured_is_refused_before_loading(tmp_path, horovod_ckpt, case):
+    d = _copy(horovod_ckpt, tmp_path / "run")
+    args = [*QUIET, "--epochs", "2", "--resume", "--output-dir", str(d)]
+    if case == "optimizer":
+        args += ["--optimizer", "adam"]
+        message = "was written with --optimizer momentum, not --optimizer adam"
+    elif case == "model-shape":  # a user model rebuilt with another shape under the same name
+        arrays, meta = load_npz(str(d / "checkpoint.npz"))
+        arrays["model/0"] = np.zeros((64, 11), np.float32)
+        save_npz(str(d / "checkpoint.npz"), arrays, meta)
+        message = "weight 0 (dense/kernel:0) is (64, 11) float32 in the checkpoint, (64, 10) float32 here"
+    else:
+        args += ["--model", "mlp"]
+        message = "is a checkpoint of --strategy horovod --model linear --dataset digits, not"
+    before = hashlib.sha256((d / "checkpoint.npz").read_bytes()).hexdigest()
+    r = train(2, *args, timeout=90)
+    assert_one_error_line(r, message)
+    assert "epoch" not in r.stdout
+    assert hashlib.sha256((d / "checkpoint.npz").read_bytes()).hexdigest() == before
+
+
+PS = ["--strategy", "ps-sync", *QUIET, "--optimizer", "momentum", "--seed", "3"]
+
+
+@pytest.fixture(scope="module")
+def ps_ckpt(tmp_path_factory):
+    """1 epoch of ps-sync on 2 colocated ranks: K = 2 shards, W = 2 workers."""
+    d = tmp_path_factory.mktemp("ps_ckpt") / "run"
+    r = train(2, *PS, "--ps-colocated", "--epochs", "1", "--output-dir", str(d))
+    assert r.returncode == 0, r.output
+    return d
+
+
+def _ps_state(path):
+    """(weights, slots) of a PS checkpoint, the shards joined: (parts, size) float32, and counters."""
+    arrays, meta = load_npz(str(path))
+    k, vecs = 0, []
+    while f"ps/shard{k}" in arrays:
+        vecs.append(arrays[f"ps/shard{k}"])
+        k += 1
+    full = np.concatenate([v.reshape(2, -1) for v in vecs], axis=1)  # momentum: weights, m
+    counters = {tuple(arrays[f"ps/shard{i}/counters"]) for i in range(k)}
+    return full, k, counters, meta
+
+
+def test_ps_resumed_at_another_shard_count_starts_from_exactly_the_checkpoint(tmp_path, ps_ckpt):
+    """2 colocated shards -> 3 (another world size): no step taken, the state written back is bit-exact."""
+    d = _copy(ps_ckpt, tmp_path / "run")
+    old, k_old, counters, meta = _ps_state(d / "checkpoint.npz")
+    assert k_old == 2
+    # --max-steps = the steps already taken: epoch 2 takes no step, then writes the servers' state
+    r = train(3, *PS, "--ps-colocated", "--epochs", "2", "--max-steps", str(meta["global_step"]), "--resume",
+              "--output-dir", str(d), "--export-weights", str(tmp_path / "w.npz"))
+    assert r.returncode == 0, r.output
+    assert "resuming after epoch 1" in r.stdout
+    new, k_new, new_counters, new_meta = _ps_state(d / "checkpoint.npz")
+    assert k_new == 3 and new_meta["epoch"] == 2 and new_meta["global_step"] == meta["global_step"]
+    assert new.tobytes() == old.tobytes(), "weights and momentum, bit for bit"
+    assert new_counters == counters
+    w, _ = load_npz(str(tmp_path / "w.npz"))
+    assert np.concatenate([w[k].reshape(-1) for k in sorted(w)]).tobytes() == old[0].tobytes()
+
+
+@pytest.mark.slow
+def test_ps_sync_resumed_at_another_shard_count_ends_as_at_the_old_one(tmp_path, ps_ckpt):
+    """The same 2 workers, resumed on 1 dedicated server or on the 2 colocated shards that wrote it."""
+    runs = {"new-count": (3, ["--num-servers", "1"]), "old-count": (2, ["--ps-colocated"])}
+    w = {}
+    for name, (n, extra) in runs.items():
+        d = _copy(ps_ckpt, tmp_path / name)
+        r = train(n, *PS, *extra, "--epochs", "2", "--resume", "--output-dir", str(d),
+                  "--export-weights", str(tmp_path / f"{name}.npz"))
+        assert r.returncode == 0, r.output
+        assert load_results(d)["num_workers"] == 2
+        w[name], _ = load_npz(str(tmp_path / f"{name}.npz"))
+    for k in w["old-count"]:
+        np.testing.assert_allclose(w["new-count"][k], w["old-count"][k], rtol=0, atol=1e-5, err_msg=k)
+
+
+def test_ps_state_of_another_optimizer_is_refused_before_loading(tmp_path, ps_ckpt):
+    """A PS state without the momentum slot (as --optimizer sgd writes it), under --optimizer momentum."""
+    d = _copy(ps_ckpt, tmp_path / "run")
+    arrays, meta = load_npz(str(d / "checkpoint.npz"))
+    for k in (0, 1):
+        arrays[f"ps/shard{k}"] = arrays[f"ps/shard{k}"].reshape(2, -1)[0].copy()
+    save_npz(str(d / "checkpoint.npz"), arrays, meta)
+    r = train(3, *PS, "--num-servers", "1", "--epochs", "2", "--resume", "--output-dir", str(d), timeout=90)
+    assert_one_error_line(r, "the checkpoint's parameter-server state holds 1 x 650 elements, but this model's 650 "
+                             "trainable parameters with --optimizer momentum need 2 x 650")
+
+
+@pytest.mark.slow
+def test_tf_ps_resumed_with_another_ps_count_ends_like_an_uninterrupted_run(tmp_path):
+    common = ["--strategy", "tf-ps", *QUIET]
+    a = train(3, *common, "--epochs", "2", "--output-dir", str(tmp_path / "a"),
+              "--export-weights", str(tmp_path / "a.npz"), timeout=180)
+    assert a.returncode == 0, a.output
+    b1 = train(3, *common, "--epochs", "1", "--output-dir", str(tmp_path / "b"), timeout=180)
+    assert b1.returncode == 0, b1.output
+    b2 = train(4, *common, "--num-servers", "2", "--epochs", "2", "--output-dir", str(tmp_path / "b"), "--resume",
+               "--export-weights", str(tmp_path / "b.npz"), timeout=180)
+    assert b2.returncode == 0, b2.output
+    wa, _ = load_npz(str(tmp_path / "a.npz"))
+    wb, _ = load_npz(str(tmp_path / "b.npz"))
+    for k in wa:
+        np.testing.assert_allclose(wb[k], wa[k], rtol=0, atol=1e-6, err_msg=k)
+
+
+@pytest.mark.slow
+def test_model_parallel_resumed_at_another_world_size_is_refused(tmp_path):
+    """Another world size is another stage split: one line, status 2, nothing trained."""
+    common = ["--strategy", "model-parallel", "--model", "mlp", "--no-tensorboard", "--output-dir", str(tmp_path)]
+    r = train(2, *common, "--epochs", "1")
+    assert r.returncode == 0, r.output
+    r = train(3, *common, "--epochs", "2", "--resume", timeout=90)
+    assert_one_error_line(r, "--resume: the checkpoint's model-parallel stages (layer ranges [(0, 2), (2, 4)]) differ")
+    assert "epoch 2" not in r.stdout
+
+
+# -- 5: training that turns non-finite -----------------------------------------------------------
+
+DIVERGED = re.compile(r"FloatingPointError: training diverged at step (\d+) \(epoch (\d+)\): (.*?); "
+                      r"first non-finite tensor: (.*?); lower --lr")
+LR = ["--lr", "1e37"]  # one update makes the logits overflow float32
+
+
+_SLOW = [pytest.mark.slow]
+NON_FINITE = [pytest.param(n, s, m, b, id=s, marks=marks) for n, s, m, b, marks in [
+    (2, "horovod", "linear", LR, []),
+    (3, "ps-dcasgd", "linear", ["--dc-lambda", "1e38"], []),
+    (2, "ring", "linear", LR, _SLOW),
+    (3, "ps-sync", "linear", LR, _SLOW),
+    (3, "ps-async", "linear", LR, _SLOW),
+    (3, "ps-ssp", "linear", LR, _SLOW),
+    (2, "model-parallel", "mlp", LR, _SLOW),
+    (2, "tf-multiworker", "linear", LR, _SLOW),
+    (3, "tf-ps", "linear", LR, _SLOW),
+    (0, "tf-mirrored", "linear", LR, _SLOW),
+]]
+
+
+@pytest.mark.parametrize("np_,strategy,model,bad", NON_FINITE)
+def test_training_that_turns_non_finite_stops_and_keeps_the_last_finite_checkpoint(tmp_path, np_, strategy, model,
+                                                                                    bad):
+    """A finite first epoch, then --resume with a huge --lr (or --dc-lambda): the job ends at a
+    named step and tensor, status 1, one message; checkpoint and results of epoch 1 untouched."""
+    out = tmp_path / "run"
+    common = ["--strategy", strategy, "--model", model, "--no-tensorboard", "--output-dir", str(out)]
+    r1 = train(np_, *common, "--epochs", "1", timeout=180)
+    assert r1.returncode == 0, r1.output
+    steps_1 = load_npz(str(out / "checkpoint.npz"))[1]["global_step"]
+    digest = {f: hashlib.sha256((out / f).read_bytes()).hexdigest() for f in ("checkpoint.npz", "results.json")}
+    r = train(np_, *common, "--epochs", "3", "--resume", *bad, "--export-weights", str(tmp_path / "w.npz"),
+              timeout=180)
+    assert r.returncode == 1, r.output
+    found = DIVERGED.findall(r.output)
+    assert found, r.output
+    step, epoch, what, tensor = found[0]
+    assert int(step) > steps_1 and int(epoch) == 2, found[0]
+    assert re.fullmatch(r"the training loss on rank \d+ is (nan|inf|-inf)|the evaluation loss is (nan|inf)|"
+                        r"the weights at the end of the epoch are not all finite", what), what
+    assert re.fullmatch(r"weight \S+ \(\d+ of \d+ values non-finite\)|the loss \(every weight on rank \d+ is "
+                        r"finite\)", tensor), tensor
+    assert r.output.count("hvdkit: FAILED") == 1, "one message"
+    assert re.search(rf"is kept: {out}/checkpoint.npz", r.output), r.output
+    for f, h in digest.items():
+        assert hashlib.sha256((out / f).read_bytes()).hexdigest() == h, f"{f} of epoch 1 was replaced"
+    arrays, meta = load_npz(str(out / "checkpoint.npz"))
+    assert meta["epoch"] == 1 and all(np.isfinite(a).all() for a in arrays.values() if a.dtype.kind == "f")
+    assert not (tmp_path / "w.npz").exists()

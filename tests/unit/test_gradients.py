@@ -1,0 +1,115 @@
+"""Gradients that are not one dense float32 tensor per variable, in one process (issue 10, 1-3):
+the dense rule (:func:`hvdkit.steps.dense_gradients`), the parameter server's rules on a
+variable that never gets a gradient, the PS layout's dtype, the ring on half precision.
+The same paths across ranks: tests/parallel/test_gradients.py."""
+import ml_dtypes
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+from hvdkit.collectives.ring import RingAllreduce
+from hvdkit.errors import ProtocolError
+from hvdkit.steps import dense_gradients
+from hvdkit.strategies.ps import rules
+from hvdkit.strategies.ps.protocol import Layout
+
+
+def test_dense_gradients_sums_duplicate_rows_zero_fills_none_keeps_dtypes():
+    import tensorflow as tf
+
+    table = tf.Variable(tf.zeros((5, 2)))
+    w64 = tf.Variable(tf.zeros((3,), tf.float64))
+    w16 = tf.Variable(tf.zeros((2,), tf.float16))
+    unused = tf.Variable(tf.ones(()))
+    with tf.GradientTape() as tape:
+        loss = (tf.reduce_sum(tf.gather(table, [0, 1, 0, 3, 0])) + tf.cast(tf.reduce_sum(w64), tf.float32)
+                + tf.cast(tf.reduce_sum(w16), tf.float32))
+    grads = tape.gradient(loss, [table, w64, w16, unused])
+    assert isinstance(grads[0], tf.IndexedSlices) and grads[3] is None
+    dense = dense_gradients(grads, [table, w64, w16, unused])
+    np.testing.assert_array_equal(dense[0].numpy(), [[3, 3], [1, 1], [0, 0], [1, 1], [0, 0]])  # row 0 three times
+    assert [d.dtype.name for d in dense] == ["float32", "float64", "float16", "float32"]
+    assert dense[3].shape == () and float(dense[3]) == 0.0
+    with pytest.raises(ValueError, match="2 gradients for 1 variables"):
+        dense_gradients(grads[:2], [table])
+
+
+@pytest.mark.parametrize("kind,keras", [("momentum", "SGD"), ("adam", "Adam")])
+def test_a_variable_without_gradient_never_moves_as_under_keras(kind, keras):
+    """Zeros pushed for the unreached part move nothing on the server (weights and slots stay),
+    as Keras, which skips a None gradient, leaves the variable; the rest follows Keras."""
+    import tensorflow as tf
+
+    rng = np.random.default_rng(1)
+    w0 = rng.standard_normal(8).astype(np.float32)
+    grads = [rng.standard_normal(5).astype(np.float32) for _ in range(4)]
+    opt = {"SGD": lambda: tf.keras.optimizers.SGD(0.1, momentum=0.9), "Adam": lambda: tf.keras.optimizers.Adam(0.1)}[
+        keras]()
+    reached, unreached = tf.Variable(w0[:5]), tf.Variable(w0[5:])
+    for g in grads:
+        opt.apply_gradients([(tf.constant(g), reached), (None, unreached)])  # Keras skips None
+    w = w0.copy()
+    mine = rules.Optimizer(kind, 0.1, 8, momentum=0.9)
+    for g in grads:
+        mine.apply(w, np.concatenate([g, np.zeros(3, np.float32)]))         # hvdkit pushes zeros
+    np.testing.assert_array_equal(w[5:], w0[5:])
+    np.testing.assert_array_equal(unreached.numpy(), w0[5:])
+    for slot in mine.slots.values():
+        np.testing.assert_array_equal(slot[5:], 0)
+    np.testing.assert_allclose(w[:5], reached.numpy(), rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["sgd", "momentum", "adam"])
+def test_float64_rules_match_keras_float64(kind):
+    """The server's rules in float64 (a model with a float64 variable) follow Keras' float64 update."""
+    import tensorflow as tf
+
+    rng = np.random.default_rng(2)
+    w0 = rng.standard_normal(20)
+    grads = [rng.standard_normal(20) * (1 + 2.0 ** -40) for _ in range(5)]
+    opt = {"sgd": lambda: tf.keras.optimizers.SGD(0.1), "momentum": lambda: tf.keras.optimizers.SGD(0.1, momentum=0.9),
+           "adam": lambda: tf.keras.optimizers.Adam(0.1)}[kind]()
+    var = tf.Variable(w0)
+    for g in grads:
+        opt.apply_gradients([(tf.constant(g), var)])
+    w = w0.copy()
+    mine = rules.Optimizer(kind, 0.1, 20, momentum=0.9, dtype=np.float64)
+    for g in grads:
+        mine.apply(w, g)
+    assert w.dtype == np.float64 and all(s.dtype == np.float64 for s in mine.slots.values())
+    np.testing.assert_allclose(w, var.numpy(), rtol=0, atol=1e-12)
+    assert not np.array_equal(w.astype(np.float32).astype(np.float64), w)  # not float32 values
+
+
+class _V:
+    def __init__(self, name, shape, dtype):
+        self.name, self.shape, self.dtype = name, shape, np.dtype(dtype)
+
+
+def test_ps_layout_dtype_carries_float64_and_holds_half_precision_in_float32():
+    f32, f64 = _V("a:0", (3,), np.float32), _V("b:0", (2,), np.float64)
+    half, bf16 = _V("h:0", (2,), np.float16), _V("bf:0", (2,), ml_dtypes.bfloat16)
+    assert Layout.of_variables([f32], 1).dtype == np.float32
+    assert Layout.of_variables([f32, half, bf16], 2).dtype == np.float32
+    lay = Layout.of_variables([f32, f64, half], 2)
+    assert lay.dtype == np.float64 and lay.itemsize == 8
+    x64 = np.array([1 + 2.0 ** -40, -3.0])
+    flat = lay.flatten([np.ones(3, np.float32), x64, np.array([0.1, 2], np.float16)])
+    assert flat.dtype == np.float64 and flat[3] == x64[0] and flat[5] == np.float64(np.float16(0.1))
+    with pytest.raises(ProtocolError, match="variable n:0 is int32"):
+        Layout.of_variables([_V("n:0", (2,), np.int32)], 1).dtype
+
+
+@pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16])
+def test_ring_reduces_half_precision_in_its_own_dtype(dtype):
+    """float16/bfloat16 have no MPI datatype: the ring moves their bytes and adds them in their dtype."""
+    ring = RingAllreduce(MPI.COMM_SELF)
+    try:
+        x = np.array([0.1, 1.5, -2.0], dtype)
+        out = ring.allreduce(x.copy(), average=True, check=True)
+        assert out.dtype == np.dtype(dtype)
+        np.testing.assert_array_equal(out.astype(np.float64), x.astype(np.float64))
+        got = ring.allreduce_arrays([x, np.ones(2, dtype)], dtype=dtype)
+        assert [a.dtype for a in got] == [np.dtype(dtype)] * 2
+    finally:
+        ring.free()
