@@ -137,7 +137,8 @@ FIELDS: tuple[Option, ...] = (
     Option("threads", int, 0, "TensorFlow intra-op threads per rank (0: cores / ranks on this host, "
            "at least 1; inter-op is 1 when ranks >= cores)", "system", check=at_least(0)),
     Option("fail_at", str, "", "on RANK at STEP raise an error (RANK:STEP), exit at once as if "
-           "killed (RANK:STEP:exit) or hang (RANK:STEP:hang), to exercise failure handling", "testing",
+           "killed (RANK:STEP:exit), hang (RANK:STEP:hang) or set this rank's first weight to NaN "
+           "(RANK:STEP:nan), to exercise failure handling", "testing",
            metavar="RANK:STEP[:HOW]"),
 )
 
@@ -170,7 +171,7 @@ class _ConfigMethods:
 
     @property
     def fail_rank_step(self) -> tuple[int, int, str] | None:
-        """``--fail-at RANK:STEP[:HOW]`` as (rank, step, how), how in raise/exit/hang; or None."""
+        """``--fail-at RANK:STEP[:HOW]`` as (rank, step, how), how in raise/exit/hang/nan; or None."""
         if not self.fail_at:
             return None
         parts = self.fail_at.split(":")
@@ -194,8 +195,8 @@ def _check(c) -> None:
     if c.fail_at:
         parts = c.fail_at.split(":")
         if not (len(parts) in (2, 3) and all(p.strip().isdigit() for p in parts[:2])
-                and (len(parts) == 2 or parts[2] in ("raise", "exit", "hang"))):
-            raise UsageError(f"--fail-at={c.fail_at!r} must be RANK:STEP or RANK:STEP:raise|exit|hang, e.g. 1:2")
+                and (len(parts) == 2 or parts[2] in ("raise", "exit", "hang", "nan"))):
+            raise UsageError(f"--fail-at={c.fail_at!r} must be RANK:STEP or RANK:STEP:raise|exit|hang|nan, e.g. 1:2")
     if c.straggler:
         parts = c.straggler.split(":")
         try:

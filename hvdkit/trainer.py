@@ -86,6 +86,7 @@ def _inputs(cfg: Config, w: World):
     within a second or two: strategy and model names, the data files, and (rank 0) every
     output path. Returns (strategy class, dataset, output directory on rank 0 / None)."""
     cls = get_strategy(cfg.strategy)
+    cls.check(cfg, w)
     check_model_name(cfg.model)
     data = load_dataset(cfg.dataset, seed=cfg.seed, eval_fraction=cfg.eval_fraction,
                         image_size=cfg.image_size, synthetic_samples=cfg.synthetic_samples,
@@ -200,7 +201,7 @@ def run(cfg: Config, w: World | None = None) -> dict[str, Any] | None:
             if cfg.max_steps and global_step >= cfg.max_steps:
                 break
             if fail and fail[:2] == (w.rank, global_step):
-                _inject_failure(fail[2], global_step, cfg.fail_at)
+                _inject_failure(fail[2], global_step, cfg.fail_at, model)
             timer.start_step()
             with timer.phase("data"):
                 x, y = x_all[b], y_all[b]                        # (batch, *input_shape), (batch,)
@@ -293,8 +294,13 @@ def _diverged(cfg: Config, w: World, model, step: int, epoch: int, what: str, ke
                              f"tensor: {tensor}; lower --lr (ps-dcasgd: or --dc-lambda); {ckpt}")
 
 
-def _inject_failure(how: str, step: int, spec: str) -> None:
-    """``--fail-at``: raise, die at once (as if killed), or hang, for the failure tests."""
+def _inject_failure(how: str, step: int, spec: str, model) -> None:
+    """``--fail-at``: raise, die at once (as if killed), hang, or make this rank's first trainable
+    weight NaN (the step then computes a non-finite loss), for the failure tests."""
+    if how == "nan":
+        v = model.trainable_variables[0]
+        v.assign(np.full(v.shape, np.nan, v.dtype.as_numpy_dtype))
+        return
     if how == "exit":
         os._exit(9)
     if how == "hang":

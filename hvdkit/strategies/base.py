@@ -10,6 +10,8 @@ What the trainer calls, in order, and what each hook may do:
 ==========================  ===========================  ==================================================
 hook                        called on                    collective? guarantees
 ==========================  ===========================  ==================================================
+``check(cfg, world)``       every rank, first set-up     local, no TensorFlow: refuse options or a world size
+                            step (classmethod)           the strategy cannot run on (UsageError)
 ``__init__(cfg, world)``    every rank, during set-up    no collective of ``world.comm`` (a rank that failed
                                                          earlier is already waiting in the set-up agreement);
                                                          bounded point-to-point exchanges
@@ -152,11 +154,25 @@ class Strategy(abc.ABC):
     options: ClassVar[tuple[Option, ...]] = ()
 
     def __init__(self, cfg: Config, world: World):
+        self.check(cfg, world)
         self.cfg = cfg
         self.world = world
         self.opts = option_values(self.options, cfg.extra)
         self.model = None
         self.optimizer = None
+
+    @classmethod
+    def check(cls, cfg: Config, world: World) -> None:
+        """Refuse settings or a world this strategy cannot run on, before TensorFlow starts.
+
+        Local and cheap (no TensorFlow, no communication): the trainer calls it on every rank
+        during the first set-up agreement, and the constructor calls it again. The default
+        validates the strategy's options.
+
+        Raises:
+            UsageError: one line saying what to change.
+        """
+        option_values(cls.options, cfg.extra)
 
     # -- roles ---------------------------------------------------------------------------
     def data_partition(self) -> tuple[int, int] | None:

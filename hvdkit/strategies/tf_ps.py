@@ -27,6 +27,7 @@ Reference: TensorFlow 2.15, "Parameter server training with ParameterServerStrat
 from __future__ import annotations
 
 from hvdkit.comm import exchange
+from hvdkit.config import option_values
 from hvdkit.errors import UsageError
 from hvdkit.strategies.base import NUM_SERVERS
 from hvdkit.strategies.tfdist import _TFDistribute, tf_addresses
@@ -57,12 +58,17 @@ class TFParameterServerStrategy(_TFDistribute):
     options = (NUM_SERVERS,)
     _api = "tf.distribute.experimental.ParameterServerStrategy"
 
-    def __init__(self, cfg, world):
-        super().__init__(cfg, world)
-        k = self.opts.num_servers
+    @classmethod
+    def check(cls, cfg, world):
+        super().check(cfg, world)
+        k = option_values(cls.options, cfg.extra).num_servers
         if world.size < k + 2:
             raise UsageError(f"tf-ps needs a chief, --num-servers={k} ps rank(s) and at least one worker: world size "
                              f">= {k + 2}, got {world.size}; launch with mpirun -np {k + 2} or more")
+
+    def __init__(self, cfg, world):
+        super().__init__(cfg, world)
+        k = self.opts.num_servers
         import tensorflow as tf
 
         self.num_servers = k

@@ -191,11 +191,15 @@ class _TFDistribute(Strategy):
 class _SingleProcess(_TFDistribute):
     """A tf.distribute strategy over this process's devices; refuses world size > 1."""
 
+    @classmethod
+    def check(cls, cfg, world):
+        super().check(cfg, world)
+        if world.size > 1:
+            raise UsageError(f"{cls.name} runs in one process; launch without mpirun or with -np 1 "
+                             f"(got world size {world.size}; for several ranks use --strategy tf-multiworker)")
+
     def __init__(self, cfg, world):
         super().__init__(cfg, world)
-        if world.size > 1:
-            raise UsageError(f"{self.name} runs in one process; launch without mpirun or with -np 1 "
-                             f"(got world size {world.size}; for several ranks use --strategy tf-multiworker)")
         gpus = _gpus()
         if gpus:  # the trainer pins one GPU per rank (Horovod's convention); this row uses them all
             import tensorflow as tf

@@ -5,6 +5,7 @@ eval accuracy well above the 0.1 of chance), launched with a hard timeout and ch
 every loop rank's outcome in results.json.
 """
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -110,17 +111,24 @@ def test_tf_ps_chief_failure_ends_every_rank(tmp_path):
 
 @pytest.mark.slow
 def test_tf_ps_resume_ends_like_an_uninterrupted_run(tmp_path):
+    """Resumed at the same ps count, and (from a copy of the same checkpoint) with one ps rank
+    more, the run ends with the weights of an uninterrupted one."""
     common = ["--strategy", "tf-ps", "--model", "linear", "--no-tensorboard"]
     a = train(3, *common, "--epochs", "2", "--output-dir", str(tmp_path / "a"),
               "--export-weights", str(tmp_path / "a.npz"), timeout=180)
     assert a.returncode == 0, a.output
     b1 = train(3, *common, "--epochs", "1", "--output-dir", str(tmp_path / "b"), timeout=180)
     assert b1.returncode == 0, b1.output
+    shutil.copytree(tmp_path / "b", tmp_path / "c")
     b2 = train(3, *common, "--epochs", "2", "--output-dir", str(tmp_path / "b"), "--resume",
                "--export-weights", str(tmp_path / "b.npz"), timeout=180)
     assert b2.returncode == 0, b2.output
     assert "resuming after epoch 1" in b2.stdout
+    c2 = train(4, *common, "--num-servers", "2", "--epochs", "2", "--output-dir", str(tmp_path / "c"), "--resume",
+               "--export-weights", str(tmp_path / "c.npz"), timeout=180)
+    assert c2.returncode == 0, c2.output
     wa, _ = load_npz(str(tmp_path / "a.npz"))
-    wb, _ = load_npz(str(tmp_path / "b.npz"))
-    for k in wa:
-        np.testing.assert_allclose(wb[k], wa[k], rtol=0, atol=1e-6, err_msg=k)
+    for resumed in ("b.npz", "c.npz"):
+        wb, _ = load_npz(str(tmp_path / resumed))
+        for k in wa:
+            np.testing.assert_allclose(wb[k], wa[k], rtol=0, atol=1e-6, err_msg=f"{resumed} {k}")

@@ -1,7 +1,6 @@
 """Real-world user input under mpirun (issue 10): subclassed models, non-finite and integer data,
-corrupt data files and checkpoints, NaN figures in results.json. Every rank's result is checked."""
+corrupt data files and checkpoints, a NaN evaluation loss. Every rank's result is checked."""
 import gzip
-import json
 import struct
 
 import numpy as np
@@ -85,17 +84,14 @@ def test_bad_data_files_and_checkpoints_give_one_line_from_rank_0(tmp_path, case
     assert r.output.count("hvdkit: error:") == 1 and "Traceback" not in r.output, r.output
 
 
-def test_results_json_is_strict_json_when_figures_are_nan(tmp_path):
-    """eval_loss is NaN (the model's inference logits are NaN): written as null, never a bare NaN."""
+def test_a_nan_evaluation_loss_stops_the_run_in_one_line(tmp_path):
+    """The model's inference logits are NaN (its training is finite): the run stops at the first
+    evaluation, naming the evaluation loss, and writes no results (strict JSON for non-finite
+    figures is tests/unit/test_models_results.py::test_write_json_is_standard_json)."""
     out = tmp_path / "run"
     r = train(0, "--model", "tests.user_models:nan_at_eval", "--max-steps", "3", "--epochs", "1",
               "--no-tensorboard", "--no-checkpoint", "--output-dir", str(out), timeout=90)
-    assert r.returncode == 0, r.output
-    assert "eval_loss nan" in r.stdout, r.stdout
-
-    def refuse(token):
-        raise ValueError(f"not JSON: {token}")
-
-    res = json.loads((out / "results.json").read_text(), parse_constant=refuse)
-    assert res["final"]["eval_loss"] is None and res["epochs"][0]["eval_loss"] is None
-    assert res["epochs"][0]["loss"] > 0
+    assert r.returncode == 1, r.output
+    assert r.output.count("hvdkit: FAILED") == 1, r.output
+    assert "training diverged at step 3 (epoch 1): the evaluation loss is nan" in r.output, r.output
+    assert not (out / "results.json").exists()

@@ -46,7 +46,7 @@ from typing import Any
 
 import numpy as np
 
-from hvdkit.config import Option, at_least
+from hvdkit.config import Option, at_least, option_values
 from hvdkit.errors import UsageError
 from hvdkit.steps import dense_gradients, straggle
 from hvdkit.strategies.base import Strategy
@@ -70,11 +70,16 @@ class ModelParallelStrategy(Strategy):
                metavar="M", check=at_least(1)),
     )
 
+    @classmethod
+    def check(cls, cfg, world):
+        super().check(cfg, world)
+        m = option_values(cls.options, cfg.extra).micro_batches
+        if m > cfg.batch_size:
+            raise UsageError(f"--micro-batches={m} is larger than --batch-size={cfg.batch_size}; "
+                             "every micro-batch needs at least one sample")
+
     def __init__(self, cfg, world):
         super().__init__(cfg, world)
-        if self.opts.micro_batches > cfg.batch_size:
-            raise UsageError(f"--micro-batches={self.opts.micro_batches} is larger than --batch-size={cfg.batch_size}; "
-                             "every micro-batch needs at least one sample")
         self.rank, self.stages = world.rank, world.size
         self.link: StageLink | None = None  # set up in setup(): every message between stages
         self.bounds: list[tuple[int, int]] = []

@@ -41,7 +41,7 @@ import time
 
 import numpy as np
 
-from hvdkit.config import Option, above, at_least
+from hvdkit.config import Option, above, at_least, option_values
 from hvdkit.errors import UsageError
 from hvdkit.steps import dense_gradients, make_step_functions, straggle
 from hvdkit.strategies.base import NUM_SERVERS, Strategy, average_statistics
@@ -73,24 +73,31 @@ class PSStrategy(Strategy):
     mode = "sync"
     options = PS_FIELDS
 
+    @classmethod
+    def check(cls, cfg, world):
+        super().check(cfg, world)
+        o, n = option_values(cls.options, cfg.extra), world.size
+        if o.ps_colocated:
+            from mpi4py import MPI
+
+            if MPI.Query_thread() < MPI.THREAD_MULTIPLE:
+                raise UsageError("--ps-colocated runs a server thread beside each worker and needs "
+                                 "MPI_THREAD_MULTIPLE, which this MPI library did not provide")
+        elif n < o.num_servers + 1:
+            k = o.num_servers
+            raise UsageError(f"{cls.name} with --num-servers {k} needs at least {k + 1} ranks ({k} server(s) "
+                             f"and 1 or more workers), got {n}; launch more ranks or use --ps-colocated")
+
     def __init__(self, cfg, world):
         super().__init__(cfg, world)
         o, n = self.opts, world.size
         self.colocated, self.timeout = o.ps_colocated, o.ps_timeout
         self.staleness, self.dc_lambda, self.dc_adaptive = o.staleness, o.dc_lambda, o.dc_adaptive
         if self.colocated:
-            from mpi4py import MPI
-
-            if MPI.Query_thread() < MPI.THREAD_MULTIPLE:
-                raise UsageError("--ps-colocated runs a server thread beside each worker and needs "
-                                 "MPI_THREAD_MULTIPLE, which this MPI library did not provide")
             self.server_ranks = list(range(n))
             self.worker_ranks = list(range(n))
         else:
             k = o.num_servers
-            if n < k + 1:
-                raise UsageError(f"{self.name} with --num-servers {k} needs at least {k + 1} ranks ({k} server(s) "
-                                 f"and 1 or more workers), got {n}; launch more ranks or use --ps-colocated")
             self.server_ranks = list(range(n - k, n))
             self.worker_ranks = list(range(n - k))
         self.is_worker = world.rank in self.worker_ranks
