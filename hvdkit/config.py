@@ -294,9 +294,9 @@ def parse_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | Non
         strategies: the registered strategies (name -> summary), see :func:`build_parser`.
 
     Raises:
-        UsageError: an unknown key in the file or environment, a value of the wrong type,
-            or a value out of range.
-        SystemExit: from argparse, for ``--help`` or an unknown flag.
+        UsageError: an unknown flag, key in the file or environment variable, a value of the
+            wrong type, or a value out of range.
+        SystemExit: from argparse, for ``--help``.
     """
     env = os.environ if env is None else env
     fields = _fields(extra_fields)

@@ -234,7 +234,7 @@ def run(cfg: Config, w: World | None = None) -> dict[str, Any] | None:
             bad = R.first_nonfinite(_named_weights(model))
             if bad or not math.isfinite(row["eval_loss"]):  # finite logits give a finite loss
                 _diverged(cfg, w, model, global_step, epoch, "the weights at the end of the epoch are not all "
-                          f"finite" if bad else f"the evaluation loss is {row['eval_loss']}", kept, bad)
+                          "finite" if bad else f"the evaluation loss is {row['eval_loss']}", kept, bad)
         if cfg.checkpoint:
             state = strategy.state()
             if w.is_rank0:

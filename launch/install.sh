@@ -12,7 +12,7 @@
 #   3. pip install the pinned versions in requirements.txt.
 #   4. build Horovod $HOROVOD_VERSION from source against that TensorFlow, with MPI and Gloo
 #      (pip keeps the built wheel in its cache, so a rebuild of the venv takes seconds).
-#   5. pip install -e . (hvdkit itself, console scripts hvdkit-train, hvdkit-bench).
+#   5. pip install -e . (hvdkit itself, console scripts hvdkit-train, hvdkit-launch, hvdkit-bench).
 #   6. check `horovodrun --check-build` lists TensorFlow, MPI and Gloo; fail loudly otherwise.
 set -euo pipefail
 

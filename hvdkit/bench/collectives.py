@@ -38,7 +38,6 @@ Bandwidths (GB/s = 1e9 bytes/s), for S bytes and N ranks:
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time

@@ -30,12 +30,12 @@ from hvdkit.comm import exchange
 from hvdkit.config import option_values
 from hvdkit.errors import UsageError
 from hvdkit.strategies.base import NUM_SERVERS
-from hvdkit.strategies.tfdist import _TFDistribute, tf_addresses
+from hvdkit.strategies.tf_common import TFDistribute, tf_addresses
 
 __all__ = ["TFParameterServerStrategy"]
 
 
-class TFParameterServerStrategy(_TFDistribute):
+class TFParameterServerStrategy(TFDistribute):
     """``--strategy tf-ps``: TensorFlow's asynchronous parameter server with a ClusterCoordinator.
 
     Roles by MPI rank: 0 the chief (coordinator; runs the training loop and feeds every

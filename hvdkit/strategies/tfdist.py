@@ -44,151 +44,14 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from typing import Any
 
-from hvdkit.comm import exchange, free_port
 from hvdkit.errors import UsageError
-from hvdkit.models import model_input_shape
-from hvdkit.strategies.base import Strategy
+from hvdkit.strategies.tf_common import TFDistribute, local_gpus, on_write_scope, tf_addresses
 
-__all__ = ["TFMirroredStrategy", "TFCentralStorageStrategy", "TFMultiWorkerStrategy", "tf_addresses"]
-
-
-def tf_addresses(world) -> list[str]:
-    """Every rank's ``host:port`` for a TensorFlow server, by rank (set-up exchange).
-
-    Each rank picks a free port on its own host; ``localhost`` when the whole world is on
-    one host, else the host name.
-    """
-    got = exchange(world.comm, (world.host, free_port()))
-    one_host = len({h for h, _ in got}) == 1
-    return [f"{'localhost' if one_host else h}:{p}" for h, p in got]
+__all__ = ["TFMirroredStrategy", "TFCentralStorageStrategy", "TFMultiWorkerStrategy"]
 
 
-def _gpus():
-    import tensorflow as tf
-
-    return tf.config.list_physical_devices("GPU")
-
-
-def _make_step(strategy, model, optimizer, processes: int):
-    """A ``tf.function`` ``step(x, y) -> (loss_sum, correct)`` running one synchronous update.
-
-    ``x`` (batch, *input_shape) float32 and ``y`` (batch,) int64 are this process's batch;
-    it is split evenly over the ``num_replicas_in_sync / processes`` local replicas. Each
-    replica's loss is its summed cross-entropy over ``len(x) * processes`` (the global
-    batch); the replicas' gradients are summed (one all-reduce per dtype) and applied: the
-    gradient of the global mean. Returns the summed loss (the logits' dtype, float32 for the
-    shared models) and correct predictions (int32) of this process's batch.
-    """
-    import tensorflow as tf
-
-    local = max(1, strategy.num_replicas_in_sync // processes)
-    variables = model.trainable_variables
-
-    def replica_fn(x, y):
-        i = tf.distribute.get_replica_context().replica_id_in_sync_group % local
-        n = tf.shape(x)[0]
-        lo, hi = n * i // local, n * (i + 1) // local
-        xs, ys = x[lo:hi], y[lo:hi]                                         # this replica's slice
-        with tf.GradientTape() as tape:
-            logits = model(xs, training=True)                               # (slice, classes)
-            losses = tf.keras.losses.sparse_categorical_crossentropy(ys, logits, from_logits=True)
-            loss = tf.reduce_sum(losses) / tf.cast(n * processes, losses.dtype)  # float64 logits too
-        grads = tape.gradient(loss, variables)
-        # Sum over replicas, one all-reduce per gradient dtype: tf.distribute packs a batch of
-        # tensors into one concat, which fails on mixed float32/float64/float16 gradients.
-        # None gradients (variables the loss does not reach) are skipped, as Keras skips them;
-        # IndexedSlices (Embedding) are all-reduced sparse by tf.distribute (summed).
-        ctx = tf.distribute.get_replica_context()
-        pairs = [(g, v) for g, v in zip(grads, variables) if g is not None]
-        by_dtype: dict = {}
-        for k, (g, _) in enumerate(pairs):
-            by_dtype.setdefault(g.dtype, []).append(k)
-        summed = [None] * len(pairs)
-        for idx in by_dtype.values():
-            for k, r in zip(idx, ctx.all_reduce(tf.distribute.ReduceOp.SUM, [pairs[k][0] for k in idx])):
-                summed[k] = r
-        optimizer.apply_gradients(zip(summed, [v for _, v in pairs]), skip_gradients_aggregation=True)
-        correct = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, 1), ys), tf.int32))
-        return tf.reduce_sum(losses), correct
-
-    @tf.function(input_signature=[tf.TensorSpec((None, *model_input_shape(model)), tf.float32),   # any model kind
-                                  tf.TensorSpec((None,), tf.int64)])
-    def step(x, y):
-        loss, correct = strategy.run(replica_fn, args=(x, y))
-        # this process's replicas only: the trainer sums over ranks itself
-        return (tf.add_n(list(strategy.experimental_local_results(loss))),
-                tf.add_n(list(strategy.experimental_local_results(correct))))
-
-    return step
-
-
-@contextlib.contextmanager
-def _on_write_scope(strategy):
-    """``strategy.scope()`` in which variables Keras asks to sync on read are synced on write.
-
-    Batch-norm moving statistics are created ``synchronization=ON_READ``. Under
-    MultiWorkerMirroredStrategy, reading such a variable outside a replica (``get_weights``,
-    evaluation, the rank-0 export) is a cross-worker all-reduce, so a read on rank 0 alone
-    would hang. Synced on write (same ``aggregation``, e.g. MEAN) every update is
-    all-reduced inside the step instead, and reads are local: every rank holds the same
-    statistics, as ``--strategy horovod`` gets by averaging them each epoch.
-    """
-    import tensorflow as tf
-
-    def creator(next_creator, **kwargs):
-        if kwargs.get("synchronization") == tf.VariableSynchronization.ON_READ:
-            kwargs["synchronization"] = tf.VariableSynchronization.ON_WRITE
-        return next_creator(**kwargs)
-
-    with strategy.scope(), tf.variable_creator_scope(creator):
-        yield
-
-
-class _TFDistribute(Strategy):
-    """Shared part of the tf.distribute rows: ``self.tf`` is the tf.distribute strategy."""
-
-    processes = 1  # processes feeding data to the tf.distribute strategy
-
-    def __init__(self, cfg, world):
-        super().__init__(cfg, world)
-        self.tf = None  # the tf.distribute.Strategy (None on tf-ps serving ranks)
-
-    @property
-    def num_workers(self) -> int:
-        return self.processes
-
-    def scope(self):
-        return self.tf.scope() if self.tf is not None else contextlib.nullcontext()
-
-    def setup(self, model, optimizer) -> None:
-        self.model, self.optimizer = model, optimizer
-        with self.scope():
-            optimizer.build(model.trainable_variables)  # slots now, inside the scope (and for state())
-        self._step = _make_step(self.tf, model, optimizer, self.processes)
-
-    def train_step(self, x, y, timer):
-        with timer.phase("compute"):  # gradient, all-reduce and update are one tf.function
-            loss_sum, correct = self._step(x, y)
-            loss_sum, correct = float(loss_sum), int(correct)
-        return loss_sum, correct, len(y)
-
-    def _describe(self) -> dict[str, Any]:
-        s = self.tf
-        out = {"class": f"{type(s).__module__.split('.')[-1]}.{type(s).__name__}",
-               "api": self._api, "num_replicas_in_sync": int(s.num_replicas_in_sync),
-               "devices": list(getattr(s.extended, "worker_devices", ()))}
-        cdo = getattr(s.extended, "_cross_device_ops", None)
-        if cdo is not None:
-            out["cross_device_ops"] = type(cdo).__name__
-        return out
-
-    def report(self) -> dict[str, Any]:
-        return {"tf_distribute": self._describe()}
-
-
-class _SingleProcess(_TFDistribute):
+class _SingleProcess(TFDistribute):
     """A tf.distribute strategy over this process's devices; refuses world size > 1."""
 
     @classmethod
@@ -200,7 +63,7 @@ class _SingleProcess(_TFDistribute):
 
     def __init__(self, cfg, world):
         super().__init__(cfg, world)
-        gpus = _gpus()
+        gpus = local_gpus()
         if gpus:  # the trainer pins one GPU per rank (Horovod's convention); this row uses them all
             import tensorflow as tf
 
@@ -260,7 +123,7 @@ class TFCentralStorageStrategy(_SingleProcess):
         return out
 
 
-class TFMultiWorkerStrategy(_TFDistribute):
+class TFMultiWorkerStrategy(TFDistribute):
     """``--strategy tf-multiworker``: MultiWorkerMirroredStrategy, one worker per MPI rank.
 
     Rank r is ``{"task": {"type": "worker", "index": r}}`` in a TF_CONFIG whose workers are
@@ -284,12 +147,12 @@ class TFMultiWorkerStrategy(_TFDistribute):
         self.tf_config = {"cluster": self.cluster, "task": {"type": "worker", "index": world.rank}}
         os.environ["TF_CONFIG"] = json.dumps(self.tf_config)
         impl = tf.distribute.experimental.CommunicationImplementation
-        self.implementation = impl.NCCL if _gpus() else impl.RING
+        self.implementation = impl.NCCL if local_gpus() else impl.RING
         self.tf = tf.distribute.MultiWorkerMirroredStrategy(
             communication_options=tf.distribute.experimental.CommunicationOptions(implementation=self.implementation))
 
     def scope(self):
-        return _on_write_scope(self.tf)
+        return on_write_scope(self.tf)
 
     def _describe(self):
         return {**super()._describe(), "cluster": self.cluster, "communication": self.implementation.name,

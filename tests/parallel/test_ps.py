@@ -1,8 +1,6 @@
 """The mpi4py parameter server under mpirun: equality with Horovod and plain SGD, staleness
 accounting, the SSP bound, the wire format at 100 MB, and failures that end the job."""
-import json
 import os
-import sys
 
 import numpy as np
 import pytest

@@ -73,3 +73,30 @@ def test_unreadable_config_files_are_one_line(tmp_path):
     for path, match in ((tmp_path, "cannot read it"), (binary, "not a text file")):
         with pytest.raises(UsageError, match=match):
             parse_config(["--config", str(path)], env={})
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--fusion-bytes", "-1"], "--fusion-bytes=-1 must be >= 0"),
+    (["--staleness", "-1"], "--staleness=-1 must be >= 0"),
+    (["--dc-lambda", "-0.1"], "--dc-lambda=-0.1 must be >= 0"),
+    (["--num-servers", "0"], "--num-servers=0 must be >= 1"),
+    (["--micro-batches", "0"], "--micro-batches=0 must be >= 1"),
+    (["--ps-timeout", "0"], "--ps-timeout=0.0 must be > 0"),
+])
+def test_every_strategy_option_is_checked_when_the_flags_are_parsed(argv, message):
+    """Declared once (hvdkit.config.Option in each strategy's ``options``), refused at parse time."""
+    from hvdkit.strategies import extra_fields, summaries
+
+    with pytest.raises(UsageError) as e:
+        parse_config(["--strategy", "ring", *argv], env={}, extra_fields=extra_fields(), strategies=summaries())
+    assert str(e.value) == message
+
+
+def test_every_strategy_is_registered_under_its_own_name_and_listed_in_help():
+    from hvdkit.config import build_parser
+    from hvdkit.strategies import STRATEGIES, extra_fields, summaries
+
+    assert all(cls.name == name and cls.summary for name, cls in STRATEGIES.items())
+    text = build_parser(extra_fields=extra_fields(), strategies=summaries()).format_help()
+    assert all(f"  {name} " in text for name in STRATEGIES)
+    assert len({f.name for f in extra_fields()}) == len(extra_fields()), "an option declared twice"

@@ -1,4 +1,5 @@
-"""hvdkit.ring in one process: chunk and bucket boundaries, flatten/unflatten, N = 1, errors."""
+"""hvdkit.collectives.ring (and the ring strategy's flag) in one process: chunk and bucket
+boundaries, flatten/unflatten, N = 1, errors."""
 import numpy as np
 import pytest
 from mpi4py import MPI
