@@ -10,8 +10,9 @@ allgather, in buckets of at most ``--fusion-bytes``; comm); the averaged gradien
 to tensors and every rank applies the same optimizer update (compute). At start, rank 0's
 model and optimizer state are broadcast with mpi4py ``Bcast`` on numpy buffers (as bytes:
 float16 and bfloat16 have no MPI datatype). After every epoch the float non-trainable variables
-(batch-norm moving statistics) are averaged through the same ring, as
-``--strategy horovod`` does, so every rank ends with identical weights.
+(batch-norm moving statistics) are averaged over the ranks
+(:func:`hvdkit.strategies.base.average_statistics`, as for every replica row), so every rank
+ends with identical weights.
 
 All messages travel on a communicator duplicated from the world (``comm.Dup()``).
 
