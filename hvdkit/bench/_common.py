@@ -27,10 +27,12 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from hvdkit.errors import UsageError
 from hvdkit.launch import local_command
+from hvdkit.results import make_writable_dir
 
 __all__ = ["Job", "mpirun_cmd", "launch", "load_results", "mean_conf", "format_table", "parse_table",
-           "host_meta", "meta_lines", "emit", "fmt", "log"]
+           "host_meta", "meta_lines", "emit", "fmt", "log", "check_outputs"]
 
 
 def log(*parts: object) -> None:
@@ -208,6 +210,31 @@ def meta_lines(meta: Mapping[str, Any], versions: Mapping[str, Any], out_root: s
             "parameters: " + "  ".join(f"{k}={','.join(map(str, x)) if isinstance(x, list) else x}"
                                        for k, x in meta["parameters"].items()),
             f"out_dir: {out_root}"]
+
+
+def check_outputs(prog: str, out_dir: str, files: Sequence[str | None]) -> None:
+    """Create the job directory and check every output file's place before any job runs, so a
+    mistyped ``--json``/``--csv``/``--table`` fails at once instead of after the benchmark.
+
+    Args:
+        prog: the benchmark's name, for the message.
+        out_dir: the directory of the job outputs (created, must be writable).
+        files: output file paths (None or "" are skipped): each must not be a directory and
+            its directory is created and must be writable.
+
+    Raises:
+        SystemExit: ``PROG: error: ...`` naming the flag value and the cause.
+    """
+    try:
+        make_writable_dir(out_dir, f"--out-dir {out_dir}")
+        for f in files:
+            if not f:
+                continue
+            if os.path.isdir(f):
+                raise UsageError(f"{f} is a directory; name a file, e.g. {os.path.join(f, 'out.json')}")
+            make_writable_dir(os.path.dirname(f) or ".", f)
+    except UsageError as e:
+        raise SystemExit(f"{prog}: error: {e}") from None
 
 
 def emit(text: str, table_path: str | None) -> None:

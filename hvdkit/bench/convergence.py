@@ -49,8 +49,8 @@ from typing import Any
 
 import numpy as np
 
-from hvdkit.bench._common import (emit, fmt, format_table, host_meta, launch, load_results, log, meta_lines,
-                                 mpirun_cmd)
+from hvdkit.bench._common import (check_outputs, emit, fmt, format_table, host_meta, launch,
+                                  load_results, log, meta_lines, mpirun_cmd)
 from hvdkit.results import write_csv, write_json
 
 __all__ = ["main", "build_parser", "COLUMNS", "train_clock", "curve", "aggregate", "parse_strategy"]
@@ -283,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("hvdkit.bench.convergence: error: need --workers >= 1, --epochs >= 1, 0 < --target <= 1")
     conditions = {"both": ["", a.straggler], "none": [""], "straggler": [a.straggler]}[a.conditions]
     out_root = a.out_dir or os.path.join("results", f"convergence-{datetime.now():%Y%m%d-%H%M%S}")
-    os.makedirs(out_root, exist_ok=True)
+    check_outputs("hvdkit.bench.convergence", out_root, (a.json, a.csv, a.curves_csv, a.table))
     meta = {"benchmark": "convergence", **host_meta(), "parameters": {
         "strategies": specs, "workers": a.workers, "ps_layout": a.ps_layout, "straggler": a.straggler,
         "conditions": a.conditions, "seeds": seeds, "model": a.model, "dataset": a.dataset, "epochs": a.epochs,

@@ -49,8 +49,8 @@ from typing import Any
 
 import numpy as np
 
-from hvdkit.bench._common import (emit, fmt, format_table, host_meta, launch, load_results, log, mean_conf,
-                                 meta_lines, mpirun_cmd)
+from hvdkit.bench._common import (check_outputs, emit, fmt, format_table, host_meta, launch,
+                                  load_results, log, mean_conf, meta_lines, mpirun_cmd)
 from hvdkit.results import write_csv, write_json
 
 __all__ = ["main", "build_parser", "COLUMNS", "run_train", "efficiency"]
@@ -275,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(a, name) < 1:
             raise SystemExit(f"hvdkit.bench.throughput: error: --{name.replace('_', '-')}={getattr(a, name)} must be >= 1")
     out_root = a.out_dir or os.path.join("results", f"throughput-{datetime.now():%Y%m%d-%H%M%S}")
-    os.makedirs(out_root, exist_ok=True)
+    check_outputs("hvdkit.bench.throughput", out_root, (a.json, a.csv, a.table))
     meta = {"benchmark": "throughput", **host_meta(), "parameters": {
         "strategies": strategies, "ranks": ranks, "models": models, "ps_layout": a.ps_layout,
         "image_size": a.image_size, "num_classes": a.num_classes, "batch_size": a.batch_size,

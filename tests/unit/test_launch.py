@@ -383,3 +383,22 @@ def test_local_command_finds_mpirun_or_says_so(monkeypatch):
         L.local_command(2, ["p"])
     with pytest.raises(UsageError, match="must be >= 1"):
         L.local_command(0, ["p"], binary="mpirun")
+
+
+def test_benchmark_outputs_are_checked_before_any_job_runs(tmp_path):
+    """A mistyped --json/--csv/--table/--out-dir fails at once, naming it (no job is launched)."""
+    from hvdkit.bench._common import check_outputs
+
+    (tmp_path / "f").write_text("a file")
+    check_outputs("b", str(tmp_path / "runs"), [str(tmp_path / "new" / "t.json"), None, ""])
+    assert (tmp_path / "runs").is_dir() and (tmp_path / "new").is_dir()
+    for out_dir, files, message in ((tmp_path / "f", [], f"--out-dir {tmp_path}/f: {tmp_path}/f is a file"),
+                                    (tmp_path / "ok", [str(tmp_path / "f" / "t.json")], f"{tmp_path}/f is a file"),
+                                    (tmp_path / "ok", [str(tmp_path)], "is a directory; name a file")):
+        with pytest.raises(SystemExit, match=message):
+            check_outputs("b", str(out_dir), files)
+    for name in ("throughput", "convergence"):
+        r = subprocess.run([sys.executable, "-m", f"hvdkit.bench.{name}", "--quick", "--out-dir", str(tmp_path / name),
+                            "--json", str(tmp_path / "f" / "x.json")], capture_output=True, text=True, timeout=60)
+        assert r.returncode != 0 and f"hvdkit.bench.{name}: error: {tmp_path}/f/x.json: {tmp_path}/f is a file" \
+            in r.stderr, r.stderr
