@@ -26,6 +26,7 @@ __all__ = ["Config", "Option", "FIELDS", "at_least", "above", "option_values", "
 ENV_PREFIX = "HVDKIT_"
 # Environment variables with this prefix that are not Config fields but are known.
 _ENV_RESERVED = {"HVDKIT_PYTHON", "HVDKIT_VENV"}
+_ENV_RESERVED_PREFIX = "HVDKIT_CLUSTER_"   # set by hvdkit-cluster for the commands it runs
 
 
 def at_least(low: float) -> Callable[[Any], str | None]:
@@ -306,7 +307,7 @@ def parse_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | Non
     for f in fields.values():
         values[f.name] = f.default
     for key, raw in env.items():
-        if not key.startswith(ENV_PREFIX) or key in _ENV_RESERVED:
+        if not key.startswith(ENV_PREFIX) or key in _ENV_RESERVED or key.startswith(_ENV_RESERVED_PREFIX):
             continue
         name = key[len(ENV_PREFIX):].lower()
         if name not in fields:

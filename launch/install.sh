@@ -21,7 +21,7 @@ VENV="${VENV:-$ROOT/.venv}"
 PYTHON="${PYTHON:-python3.11}"
 REQS="$ROOT/requirements.txt"
 HOROVOD_VERSION="$(sed -n 's/^# HOROVOD_VERSION=//p' "$REQS")"
-OS_PACKAGES=(openmpi-bin libopenmpi-dev g++ make cmake)
+OS_PACKAGES=(openmpi-bin libopenmpi-dev g++ make cmake openssh-server openssh-client iproute2)   # ssh, iproute2: the emulated cluster (hvdkit-cluster)
 TF_PACKAGE="${TF_PACKAGE:-tensorflow-cpu}"   # the TensorFlow distribution: tensorflow-cpu or tensorflow
 
 say() { echo "[install] $*"; }

@@ -1,0 +1,143 @@
+"""``hvdkit-cluster`` (``python -m hvdkit.cluster``): an emulated cluster on one machine.
+
+    hvdkit-cluster up --hosts 3 --slots 2 --bandwidth 1gbit
+    hvdkit-cluster up --hosts 4 --topology racks:2 --uplink 200mbit
+    hvdkit-cluster status
+    hvdkit-cluster probe                   # TCP throughput and round trip of each link
+    hvdkit-cluster down
+    hvdkit-cluster run --hosts 2 --slots 2 -- horovodrun -np 4 -H h1:2,h2:2 python -m hvdkit.train
+
+Each host ``hI`` is a Linux network namespace with its own hostname, address 198.18.0.I (a
+block reserved for benchmarking, never routed), a private /tmp, an sshd on its address and a
+link to a switch shaped to ``--bandwidth`` in each direction. This machine is 198.18.0.254 on
+the same switch; ``h1``..``hH`` resolve here and in every host. ``run`` gives the command
+``HVDKIT_CLUSTER_HOSTS`` (``h1:S,h2:S,...``), ``HVDKIT_CLUSTER_HOSTFILE`` and a PATH whose ``ssh`` reaches the
+hosts with the cluster's own key; after ``up``, ``source <dir>/env.sh`` does the same for a shell.
+
+Needs root, network namespaces, OpenSSH's server and iproute2; without them every command
+prints one line saying what is missing and exits 2.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from hvdkit.errors import UsageError
+
+__all__ = ["main", "build_parser"]
+
+PROG = "hvdkit-cluster"
+
+
+def _spec(a):
+    from hvdkit.cluster.spec import ClusterSpec, parse_duration, parse_rate, parse_topology
+    topology, racks = parse_topology(a.topology)
+    return ClusterSpec(hosts=a.hosts, slots=a.slots,
+                       bandwidth_bps=None if a.bandwidth.lower() == "none" else parse_rate(a.bandwidth),
+                       topology=topology, racks=racks,
+                       uplink_bps=parse_rate(a.uplink) if a.uplink else None,
+                       delay_s=parse_duration(a.delay) if a.delay else 0.0).check()
+
+
+def _up_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("the cluster")
+    g.add_argument("--hosts", type=int, default=2, metavar="H", help="number of hosts h1..hH (default 2)")
+    g.add_argument("--slots", type=int, default=1, metavar="S", help="MPI slots per host in the hostfile (default 1)")
+    g.add_argument("--bandwidth", default="1gbit", metavar="RATE",
+                   help="each host link's rate per direction, tc units: 200mbit, 1gbit; none = unshaped "
+                        "(default 1gbit)")
+    g.add_argument("--topology", default="star", metavar="star|racks:R",
+                   help="star: every host on one switch (default); racks:R: R top-of-rack switches joined "
+                        "to a core switch by --uplink links")
+    g.add_argument("--uplink", metavar="RATE", help="rate of each rack's uplink (racks only)")
+    g.add_argument("--delay", metavar="TIME",
+                   help="one-way delay per host link, e.g. 1ms (needs the kernel's netem; refused without it)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0].split(": ", 1)[1],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog="\n\n".join(__doc__.split("\n\n")[1:]))
+    p.add_argument("--dir", metavar="DIR", help="the cluster's directory (default $HVDKIT_CLUSTER_DIR "
+                                                "or /run/hvdkit-cluster)")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _up_options(sub.add_parser("up", help="create the hosts, links and sshds; print the hosts"))
+    sub.add_parser("down", help="remove the cluster (and anything an earlier one left)")
+    st = sub.add_parser("status", help="print the cluster (exit 1 when none is up)")
+    st.add_argument("--json", action="store_true", help="print cluster.json")
+    pr = sub.add_parser("probe", help="measure each link's TCP throughput and round trip into cluster.json")
+    pr.add_argument("--seconds", type=float, default=2.0, help="seconds of streaming per pair (default 2)")
+    r = sub.add_parser("run", help="up, run COMMAND with the hosts exposed, down; exit with COMMAND's status",
+                       usage=f"{PROG} run [up options] [--probe] -- COMMAND [ARGS...]")
+    _up_options(r)
+    r.add_argument("--probe", action="store_true", help="probe the links before running COMMAND")
+    r.add_argument("argv", nargs=argparse.REMAINDER, help="the command, after --")
+    return p
+
+
+def _print_status(state: dict) -> None:
+    from hvdkit.cluster.spec import format_rate
+    s = state["spec"]
+    rate = format_rate(s["bandwidth_bps"]) if s["bandwidth_bps"] else "unshaped"
+    topo = "star" if s["topology"] == "star" else f"racks:{s['racks']} (uplink {format_rate(s['uplink_bps'])})"
+    print(f"# cluster {state['dir']}: {len(state['hosts'])} hosts x {s['slots']} slots, links {rate}, "
+          f"topology {topo}, this machine {state['machine_address']}")
+    print(f"#   {'host':<5} {'address':<14} {'slots':>5} {'rack':>4}  netns")
+    for h in state["hosts"]:
+        print(f"    {h['name']:<5} {h['address']:<14} {h['slots']:>5} {h['rack']:>4}  {h['netns']}")
+    if state.get("link_Bps"):
+        print(f"# probed: {state['link_Bps'] * 8 / 1e9:.3f} Gbit/s per link, round trip {state['rtt_s'] * 1e6:.0f} us")
+    print(f"# hostfile {state['files']['hostfile']};  to use from a shell: source {state['dir']}/env.sh")
+
+
+def _probe(d, seconds) -> None:
+    from hvdkit.cluster import control, probe
+    state = control.load(d)
+    if state is None or state.get("state") != "up":
+        raise UsageError("no cluster is up; start one with `hvdkit-cluster up --hosts H`")
+    if len(state["hosts"]) < 2:
+        raise UsageError("probe measures links between hosts: the cluster needs at least 2 hosts")
+    print(f"# probing {len(state['hosts'])} hosts, {seconds:g} s per pair")
+    control.save_probe(probe.measure_pairs(state["hosts"], seconds=seconds), d)
+    _print_status(control.load(d))
+
+
+def main(argv=None) -> int:
+    """Run one ``hvdkit-cluster`` command; returns the exit status (2: bad input or unavailable)."""
+    a = build_parser().parse_args(argv)
+    try:
+        if a.command == "run":
+            cmd = a.argv[1:] if a.argv[:1] == ["--"] else a.argv
+            if not cmd:
+                raise UsageError("run needs a command after --, e.g. run --hosts 2 -- hostname")
+        spec = _spec(a) if a.command in ("up", "run") else None
+        from hvdkit.cluster import control   # imports pyroute2: after the arguments are checked
+        reason = control.unavailable() if a.command != "status" else None
+        if reason:
+            raise control.Unavailable(reason)
+        if a.command == "up":
+            _print_status(control.up(spec, a.dir))
+        elif a.command == "down":
+            control.down(a.dir)
+        elif a.command == "status":
+            state = control.load(a.dir)
+            if state is None:
+                print("# no cluster is up")
+                return 1
+            print(json.dumps(state, indent=2)) if a.json else _print_status(state)
+        elif a.command == "probe":
+            _probe(a.dir, a.seconds)
+        elif a.command == "run":
+            return control.run(spec, cmd, a.dir, before=(lambda _: _probe(a.dir, 2.0)) if a.probe else None)
+        return 0
+    except (UsageError, Exception) as e:   # one line, never a traceback
+        from hvdkit.cluster import control
+        if isinstance(e, (UsageError, control.Unavailable)):
+            print(f"{PROG}: error: {e}", file=sys.stderr)
+            return 2
+        print(f"{PROG}: error: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted; the cluster was removed", file=sys.stderr)
+        return 130

@@ -1,0 +1,144 @@
+"""What an emulated cluster is, before anything is created: pure data, no root needed.
+
+A :class:`ClusterSpec` (hosts, slots, link rates, topology) is turned by :func:`plan` into
+the hosts' names and addresses. Addresses come from 198.18.0.0/15, the block reserved for
+network benchmarking (RFC 2544 / RFC 6815), never routed anywhere: host ``hI`` is
+``198.18.0.I`` and this machine is :data:`MACHINE_ADDRESS` on the same /24.
+
+Rates are written as tc writes them: a number and a unit of *bits* per second, SI
+prefixes (``200mbit`` = 2e8 bit/s, ``1gbit`` = 1e9 bit/s).
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass
+
+from hvdkit.errors import UsageError
+
+__all__ = ["ClusterSpec", "Host", "MACHINE_ADDRESS", "PREFIXLEN", "MAX_HOSTS",
+           "parse_rate", "format_rate", "parse_topology", "parse_duration", "plan"]
+
+SUBNET = "198.18.0"
+PREFIXLEN = 24
+MACHINE_ADDRESS = f"{SUBNET}.254"   # this machine's end of the emulated network
+MAX_HOSTS = 200
+
+_RATE_UNITS = {"bit": 1, "kbit": 10**3, "mbit": 10**6, "gbit": 10**9, "tbit": 10**12}
+
+
+def parse_rate(text: str) -> int:
+    """``"200mbit"`` -> 200000000 (bits per second). Units: bit, kbit, mbit, gbit, tbit.
+
+    Raises:
+        UsageError: no unit, an unknown unit, or a rate not above 0 or below 8 kbit/s.
+    """
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]+)\s*", str(text))
+    unit = m.group(2).lower() if m else ""
+    if not m or unit not in _RATE_UNITS:
+        raise UsageError(f"rate {text!r}: write a number and a unit of bits per second, "
+                         f"e.g. 200mbit or 1gbit (units: {', '.join(_RATE_UNITS)})")
+    bps = int(round(float(m.group(1)) * _RATE_UNITS[unit]))
+    if bps < 8000:
+        raise UsageError(f"rate {text!r}: at least 8kbit (tc cannot shape a slower link)")
+    return bps
+
+
+def format_rate(bps: float) -> str:
+    """1e9 -> ``"1gbit"``, 2.5e8 -> ``"250mbit"`` (the inverse of :func:`parse_rate` for round rates)."""
+    for unit, mult in sorted(_RATE_UNITS.items(), key=lambda kv: -kv[1]):
+        if bps >= mult and (bps / mult) == int(bps / mult):
+            return f"{int(bps // mult)}{unit}"
+    return f"{bps / 1e6:g}mbit"
+
+
+def parse_duration(text: str) -> float:
+    """``"5ms"`` -> 0.005 (seconds). Units: us, ms, s.
+
+    Raises:
+        UsageError: no unit or an unknown one, or a negative value.
+    """
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*(us|ms|s)\s*", str(text))
+    if not m:
+        raise UsageError(f"duration {text!r}: write a number and a unit, e.g. 500us, 5ms or 0.1s")
+    return float(m.group(1)) * {"us": 1e-6, "ms": 1e-3, "s": 1.0}[m.group(2)]
+
+
+def parse_topology(text: str) -> tuple[str, int]:
+    """``"star"`` -> ("star", 1); ``"racks:2"`` -> ("racks", 2).
+
+    Raises:
+        UsageError: any other form, or racks < 1.
+    """
+    t = text.strip().lower()
+    if t == "star":
+        return "star", 1
+    m = re.fullmatch(r"racks:(\d+)", t)
+    if not m or int(m.group(1)) < 1:
+        raise UsageError(f"--topology {text!r}: use star (every host on one switch) or racks:R "
+                         "(R top-of-rack switches joined by --uplink links)")
+    return "racks", int(m.group(1))
+
+
+@dataclass(frozen=True)
+class Host:
+    """One emulated host: its name (also its hostname), address, slots and rack (1-based)."""
+    name: str
+    address: str
+    slots: int
+    rack: int
+
+    @property
+    def netns(self) -> str:
+        """The Linux network namespace that is this host (``hvdc-<name>``)."""
+        return f"hvdc-{self.name}"
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """The cluster asked for.
+
+    Attributes:
+        hosts: number of hosts (1..:data:`MAX_HOSTS`).
+        slots: MPI slots per host (written to the hostfile).
+        bandwidth_bps: each host link's rate, bits/s, in both directions.
+        topology: ``"star"`` (one switch) or ``"racks"``.
+        racks: number of top-of-rack switches (1 for star).
+        uplink_bps: rate of each rack's uplink to the core switch, bits/s (racks only).
+        delay_s: one-way delay added on each host link, seconds (needs the kernel's netem).
+    """
+    hosts: int = 2
+    slots: int = 1
+    bandwidth_bps: int = 10**9
+    topology: str = "star"
+    racks: int = 1
+    uplink_bps: int | None = None
+    delay_s: float = 0.0
+
+    def check(self) -> "ClusterSpec":
+        """Return self, or raise :class:`UsageError` naming the option to change."""
+        if not 1 <= self.hosts <= MAX_HOSTS:
+            raise UsageError(f"--hosts {self.hosts}: between 1 and {MAX_HOSTS}")
+        if self.slots < 1:
+            raise UsageError(f"--slots {self.slots}: at least 1")
+        if self.topology == "racks":
+            if self.uplink_bps is None:
+                raise UsageError("--topology racks:R needs --uplink RATE (each rack's link to the core switch)")
+            if self.racks > self.hosts:
+                raise UsageError(f"--topology racks:{self.racks} with --hosts {self.hosts}: "
+                                 "at most one rack per host")
+        elif self.uplink_bps is not None:
+            raise UsageError("--uplink applies to --topology racks:R only")
+        if self.delay_s < 0:
+            raise UsageError("--delay must not be negative")
+        return self
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def plan(spec: ClusterSpec) -> list[Host]:
+    """The hosts of ``spec``: ``h1``..``hH`` at 198.18.0.1..H, split into racks in order and
+    as evenly as possible (4 hosts on 2 racks: h1 h2 | h3 h4)."""
+    spec.check()
+    return [Host(f"h{i}", f"{SUBNET}.{i}", spec.slots, (i - 1) * spec.racks // spec.hosts + 1)
+            for i in range(1, spec.hosts + 1)]
