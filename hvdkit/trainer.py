@@ -322,7 +322,8 @@ def _reduce_epoch(comm, sums: np.ndarray, train_s: float) -> dict[str, float]:
 def _finish(cfg, w, mc, data, model, strategy, timer, history, out_dir, t_start):
     """Gather every loop rank's outcome; rank 0 writes results.json, epochs.csv and the export."""
     summary = timer.summary()
-    mine = {"rank": w.rank, "host": w.host, "pid": os.getpid(), "weights_crc32": _weights_crc(model),
+    mine = {"rank": w.rank, "host": w.host, "local_rank": w.local_rank, "local_size": w.local_size,
+            "pid": os.getpid(), **strategy.rank_info(), "weights_crc32": _weights_crc(model),
             "measured_steps": summary["measured_steps"], "samples": summary["samples"],
             "seconds": summary["seconds"], **{k: summary[k] for k in ("step_s", "compute_s", "comm_s",
                                                                        "wait_s", "data_s", "other_s")}}

@@ -32,6 +32,7 @@ __all__ = ["DEFAULT_DIR", "cluster_dir", "unavailable", "up", "down", "load", "r
            "Unavailable"]
 
 DEFAULT_DIR = "/run/hvdkit-cluster"
+_MARK = ".hvdkit-cluster"   # in a directory down() may remove whole
 
 
 class Unavailable(RuntimeError):
@@ -144,6 +145,7 @@ def up(spec: ClusterSpec, d: str | None = None, owner_pid: int | None = None, lo
         down(d, log=lambda *_: None)
         log(f"# removed what an earlier cluster left: {', '.join(left) or d}")
     os.makedirs(d, mode=0o755, exist_ok=True)
+    open(os.path.join(d, _MARK), "w").close()
     state = {"version": 1, "state": "starting", "owner_pid": owner_pid or os.getpid(),
              "created": datetime.now(timezone.utc).isoformat(timespec="seconds"), "dir": d,
              "spec": spec.to_json(), "machine_address": MACHINE_ADDRESS, "interface": "eth0",
@@ -179,7 +181,7 @@ def down(d: str | None = None, log=print) -> list[str]:
     if names.remove():
         removed.append("/etc/hosts block")
     if os.path.isdir(d):
-        if os.path.exists(_state_path(d)) or not os.listdir(d):
+        if os.path.exists(os.path.join(d, _MARK)) or not os.listdir(d):
             shutil.rmtree(d, ignore_errors=True)
             removed.append(d)
     t_end = time.monotonic() + 5

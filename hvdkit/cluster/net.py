@@ -38,7 +38,6 @@ __all__ = ["PREFIX", "SWITCH_NS", "ROOT_IF", "create", "destroy", "leftovers", "
 PREFIX = "hvdc-"
 SWITCH_NS = PREFIX + "sw"
 ROOT_IF = PREFIX + "root"
-_PROBE_IF = PREFIX + "probe"
 
 
 @contextlib.contextmanager
@@ -109,17 +108,16 @@ def _shape(ns: str, ifname: str, bps: int | None, delay_s: float) -> None:
 
 
 def netem_available() -> bool:
-    """Whether the kernel can add a netem qdisc (tried on a dummy link in the switch namespace,
-    which must exist). This kernel has no ``sch_netem``: False."""
+    """Whether the kernel can add a netem qdisc (tried on the loopback of the switch namespace,
+    which must exist, and removed). This kernel has no ``sch_netem``: False."""
     with _ns(SWITCH_NS) as ipr:
-        ipr.link("add", ifname=_PROBE_IF, kind="dummy")
+        lo = _index(ipr, "lo")
         try:
-            ipr.tc("add", "netem", index=_index(ipr, _PROBE_IF), delay=1000)
-            return True
+            ipr.tc("add", "netem", index=lo, delay=1000)
         except NetlinkError:
             return False
-        finally:
-            ipr.link("del", index=_index(ipr, _PROBE_IF))
+        ipr.tc("del", index=lo)
+        return True
 
 
 def create(spec: ClusterSpec, hosts: list[Host]) -> None:

@@ -39,6 +39,9 @@ def host_exec(host: Host, argv: list[str]) -> list[str]:
 
 
 def _keygen(path: str) -> str:
+    for old in (path, path + ".pub"):
+        if os.path.exists(old):
+            os.remove(old)
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "hvdkit-cluster", "-f", path],
                    check=True, stdout=subprocess.DEVNULL)
     with open(path + ".pub", encoding="ascii") as f:

@@ -51,6 +51,8 @@ meta, model)``              during set-up                :class:`~hvdkit.errors.
                                                          it is finite); others may return {}
 ``report()``                loop ranks, after training   may be collective over ``metrics_comm``; rank 0's
                                                          dict is merged into results.json
+``rank_info()``             loop ranks, after training   local; merged into this rank's entry of results.json's
+                                                         ``ranks`` (e.g. the library's own view of its rank)
 ``finish()``                every rank, last             release communicators and threads; tell peers
 ==========================  ===========================  ==================================================
 
@@ -241,6 +243,11 @@ class Strategy(abc.ABC):
 
     def report(self) -> dict[str, Any]:
         """Strategy-specific results for results.json."""
+        return {}
+
+    def rank_info(self) -> dict[str, Any]:
+        """This rank's strategy-specific facts (JSON values), added to its entry of results.json's
+        ``ranks``; local, no communication."""
         return {}
 
     # -- checkpoints ---------------------------------------------------------------------

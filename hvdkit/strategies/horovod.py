@@ -72,6 +72,13 @@ class HorovodStrategy(ReplicaStrategy):
                          "float16/float32 variables") if bad else None, self.world)
         super().setup(model, optimizer)
 
+    def rank_info(self) -> dict:
+        """Horovod's own view of this rank's place: local rank/size (within a host) and cross
+        rank/size (among the hosts), as its hierarchical operations use them."""
+        h = self.hvd
+        return {"horovod_local_rank": h.local_rank(), "horovod_local_size": h.local_size(),
+                "horovod_cross_rank": h.cross_rank(), "horovod_cross_size": h.cross_size()}
+
     def allreduce(self, grads):
         """Average dense ``grads`` with one ``grouped_allreduce`` per dtype (a group must share one
         dtype); float64, float16 and bfloat16 gradients keep theirs. Returns them in order."""

@@ -1,0 +1,156 @@
+"""The emulator itself: hosts, names, shaping, racks, SSH, and nothing left behind."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.cluster.conftest import REASON, needs_cluster, start_cluster, stop_cluster
+
+pytestmark = [pytest.mark.cluster, needs_cluster]
+CLI = [sys.executable, "-m", "hvdkit.cluster"]
+
+
+def _nothing_left() -> list[str]:
+    """Everything of ours still on the machine: namespaces, links, sshds, the /etc/hosts block."""
+    from hvdkit.cluster import net
+    left = net.leftovers()
+    sshd = subprocess.run(["pgrep", "-f", "hvdkit-cluster/hosts/"], capture_output=True, text=True).stdout.split()
+    with open("/etc/hosts") as f:
+        block = ["/etc/hosts block"] if "hvdkit-cluster" in f.read() else []
+    return left + [f"sshd {p}" for p in sshd] + block
+
+
+def _ssh(c, host, command: str) -> str:
+    r = subprocess.run(["ssh", host, command], capture_output=True, text=True, timeout=30, env=c.env)
+    assert r.returncode == 0, r.stderr
+    return r.stdout.strip()
+
+
+def test_racks_hosts_names_tmp_and_measured_links():
+    """4 hosts on 2 racks, 400 Mbit/s host links, 100 Mbit/s uplinks: each host has its own
+    hostname and /tmp, every name resolves here and there, and the probe measures the rates."""
+    from hvdkit.cluster import control, probe
+    c = start_cluster(hosts=4, slots=1, bandwidth_bps=4 * 10**8, topology="racks", racks=2, uplink_bps=10**8)
+    try:
+        assert socket.gethostbyname("h3") == "198.18.0.3"
+        assert [_ssh(c, h, "hostname") for h in c.hosts] == c.hosts
+        assert _ssh(c, "h1", "getent hosts h4").split() == ["198.18.0.4", "h4"]
+        assert _ssh(c, "h2", "ip -4 -o addr show eth0").split()[3] == "198.18.0.2/24"
+        _ssh(c, "h1", "touch /tmp/only-on-h1")
+        assert _ssh(c, "h1", "ls /tmp") == "only-on-h1"
+        assert _ssh(c, "h2", "ls /tmp") == ""                       # a private /tmp per host
+        assert not os.path.exists("/tmp/only-on-h1")
+        result = probe.measure_pairs(c.state["hosts"], seconds=1.0, pings=10, log=lambda *_: None)
+        control.save_probe(result)
+        same = [p["Bps"] * 8 for p in result["pairs"] if p["same_rack"]]
+        across = [p["Bps"] * 8 for p in result["pairs"] if not p["same_rack"]]
+        assert same and across
+        assert all(0.8 * 4e8 < r < 1.05 * 4e8 for r in same), same        # the host links' rate
+        assert all(0.8 * 1e8 < r < 1.05 * 1e8 for r in across), across    # the uplink is the bottleneck
+        saved = control.load()
+        assert saved["link_Bps"] == pytest.approx(result["link_Bps"]) and saved["rtt_s"] > 0
+        status = subprocess.run([*CLI, "status"], capture_output=True, text=True, timeout=30)
+        assert status.returncode == 0 and "racks:2" in status.stdout and "probed:" in status.stdout
+    finally:
+        stop_cluster()
+    assert _nothing_left() == []
+
+
+def test_run_passes_the_status_through_and_cleans_up():
+    r = subprocess.run([*CLI, "run", "--hosts", "2", "--slots", "3", "--", "sh", "-c",
+                        'test "$(ssh h2 hostname)" = h2 && cat "$HVDKIT_CLUSTER_HOSTFILE" && echo "$HVDKIT_CLUSTER_HOSTS"; exit 7'],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 7, r.stderr
+    assert "h1 slots=3\nh2 slots=3\nh1:3,h2:3" in r.stdout
+    assert _nothing_left() == []
+    status = subprocess.run([*CLI, "status"], capture_output=True, text=True, timeout=30)
+    assert status.returncode == 1 and "no cluster" in status.stdout
+
+
+@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGINT])
+def test_a_killed_or_interrupted_run_leaves_nothing(how):
+    """SIGKILL of the controlling process (its watchdog removes the cluster) and Ctrl-C."""
+    p = subprocess.Popen([*CLI, "run", "--hosts", "2", "--", "sleep", "60"], start_new_session=True,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert "cluster up" in p.stdout.readline()
+        os.killpg(p.pid, how) if how == signal.SIGINT else p.send_signal(how)
+        p.wait(timeout=30)
+        t_end = time.monotonic() + 20
+        while _nothing_left() and time.monotonic() < t_end:
+            time.sleep(0.2)
+        assert _nothing_left() == []
+    finally:
+        if p.poll() is None:
+            p.kill()
+        subprocess.run([*CLI, "down"], capture_output=True, timeout=60)
+
+
+def test_up_removes_leftovers_and_refuses_a_second_cluster():
+    from hvdkit.cluster import control, net
+    from hvdkit.cluster.spec import ClusterSpec
+    from hvdkit.errors import UsageError
+    start_cluster(hosts=1)
+    try:
+        with pytest.raises(UsageError, match="already up"):
+            control.up(ClusterSpec(hosts=1), log=lambda *_: None)
+        os.remove(os.path.join(control.cluster_dir(), "cluster.json"))   # as if its owner had crashed
+        msgs = []
+        control.up(ClusterSpec(hosts=2), log=msgs.append)
+        assert any("earlier cluster" in m for m in msgs) and len(control.load()["hosts"]) == 2
+        assert sorted(n for n in net.leftovers() if n.startswith("hvdc-h")) == ["hvdc-h1", "hvdc-h2"]
+    finally:
+        stop_cluster()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["up", "--hosts", "2", "--delay", "1ms"], "netem"),
+    (["up", "--bandwidth", "fast"], "rate 'fast'"),
+    (["up", "--topology", "racks:2"], "--uplink"),
+    (["run", "--hosts", "1"], "needs a command"),
+    (["run", "--hosts", "1", "--", "/nonexistent/program"], "cannot run"),
+    (["probe"], "no cluster is up")])
+def test_bad_input_is_one_line_status_2_and_leaves_nothing(args, message):
+    from hvdkit.cluster import net
+    netem = args[-1] == "1ms"
+    if netem:
+        subprocess.run([*CLI, "up", "--hosts", "1"], capture_output=True, timeout=60)
+        try:
+            has_netem = net.netem_available()
+        finally:
+            subprocess.run([*CLI, "down"], capture_output=True, timeout=60)
+        if has_netem:
+            pytest.skip("this kernel has netem: --delay is supported here")
+    r = subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert r.stderr.count("\n") == 1 and message in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert _nothing_left() == []
+
+
+def test_without_root_one_line_and_status_2():
+    r = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", *CLI, "up"],
+                       capture_output=True, text=True, timeout=60, env=dict(os.environ, HOME="/"))
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip() == "hvdkit-cluster: error: needs root (network namespaces, veth links and " \
+                               "traffic control); run it as root"
+
+
+def test_status_json_is_the_cluster_file():
+    c = start_cluster(hosts=2, slots=2, bandwidth_bps=2 * 10**8)
+    try:
+        r = subprocess.run([*CLI, "status", "--json"], capture_output=True, text=True, timeout=30)
+        state = json.loads(r.stdout)
+        assert state["state"] == "up" and state["spec"]["bandwidth_bps"] == 2 * 10**8
+        assert [(h["name"], h["address"], h["slots"]) for h in state["hosts"]] == \
+            [("h1", "198.18.0.1", 2), ("h2", "198.18.0.2", 2)]
+        assert open(state["files"]["hostfile"]).read() == "h1 slots=2\nh2 slots=2\n"
+        assert c.env["HVDKIT_CLUSTER_HOSTS"] == "h1:2,h2:2"
+    finally:
+        stop_cluster()
