@@ -2,42 +2,88 @@
 
     mpirun -np 2 python -m hvdkit.bench.collectives
     mpirun -np 4 --oversubscribe python -m hvdkit.bench.collectives --min-bytes 1K --max-bytes 64M --json c.json
+    mpirun -np 3 -H h1,h2,h3 python -m hvdkit.bench.collectives --min-bytes 64K --cluster-json cluster.json
+    mpirun -np 3 --mca coll_tuned_use_dynamic_rules 1 --mca coll_tuned_allreduce_algorithm 4 \\
+        python -m hvdkit.bench.collectives --methods mpi --label ring          # rows "mpi[ring]"
+    horovodrun --gloo -np 3 python -m hvdkit.bench.collectives --methods horovod --label gloo
     hvdkit-bench collectives -np 2 -- --methods mpi,ring,ps-colocated
 
-Methods (rows of :data:`METHODS`), each reducing the same float32 buffer of S bytes per rank:
+Methods (rows of :data:`~hvdkit.bench._collective_methods.METHODS`), each reducing the same
+float32 buffer of S bytes per rank:
 
 ==============  =============================================================================
 mpi             ``comm.Allreduce`` on NumPy buffers: the raw MPI reference
 mpi-pickle      ``comm.allreduce`` on the array object (pickled, the convenient slow path)
 horovod         ``hvd.allreduce(op=Sum)`` on an eager tensor (Horovod's background cycle)
 ring            :class:`hvdkit.collectives.ring.RingAllreduce` (reduce-scatter + allgather, N-1 steps each)
-ps              push + pull through ONE dedicated server rank (the last rank; the others are
-                workers), synchronous, the SGD update (lr = 1) applied on the server
+ps, ps2         push + pull through K = 1 or 2 dedicated server ranks (the last K ranks, one
+                contiguous 1/K of the buffer each; the others are workers), synchronous, the
+                SGD update (lr = 1) applied on the servers
 ps-colocated    push + pull through N shard servers, one thread per rank (BytePS-style),
                 synchronous, update applied; per rank 2 (N-1)/N x S bytes, as a ring
 memcpy          ``np.copyto`` of S bytes on each rank alone: the physical limit of one host
 ==============  =============================================================================
 
-Method (as nccl-tests): all ranks ``Barrier`` before every timed operation; the time of
-one operation is the slowest rank's; ``--warmup`` operations are excluded; the table
-gives the median over ``--iters`` and the spread (90th - 10th percentile). Methods are
-interleaved size by size (every method at one size, then the next size), and only the
-method being timed has threads alive (the PS server threads start and stop with it), so
-no row pays for another's idle threads. Every size
-is checked against the raw MPI result: the data are small integers, so sums are exact
-and ``#wrong`` counts elements that differ at all (the PS rows divide by the number of
-workers and compare to 1e-6 relative). The footer says OK or FAILED and the exit code
-agrees (0 or 1).
+The default is every method this world can run (ps needs 2 ranks, ps2 3). Under
+``horovodrun --gloo`` (MPI sees one rank, Horovod several) only horovod and memcpy run and
+the benchmark's barriers and reductions go through Horovod; under ``mpirun``,
+``HOROVOD_CPU_OPERATIONS=gloo`` crashes Horovod 0.28.1, so Gloo needs that launch.
+
+Measurement. Within each size the methods alternate round by round (A B C A B C ...):
+``--warmup`` untimed rounds, then ``--iters`` timed ones, so a burst of load on a shared
+machine hits every method alike (``--order sequential``: the old mode, all rounds of one
+method, then the next). Every timed operation starts after a barrier; its time is the
+slowest rank's (a MAX reduction). A row gives the median (``time``) and the interquartile
+range (``p25``, ``p75``). A PS method's group lives for the whole size, its server threads
+parked (blocked on an event, no wake-ups) while other methods run: left polling
+(``--no-park``) they slowed a 16 KiB ring 1.8x (3 ranks, 2 cores); parked, not measurably.
+
+Ratios (the pairs the project's targets are stated in) are ratios of median times with a
+95% confidence interval from the paired rounds: a percentile bootstrap over rounds of the
+ratio of medians (:func:`hvdkit.bench._common.paired_ratio_ci`; numpy, seeded). Round i of
+both methods ran one right after the other (in sequential mode round i is only an index).
+
+Correctness: rank r's buffer is (r + 1)(i mod 7 + 1), small integers, so float32 sums are
+exact; every method's result at every size is compared with the exact sum on every rank
+(the PS rows: minus the workers' mean, to 1e-6 relative); ``#wrong`` is the number of
+differing elements summed over ranks. The footer says OK or FAILED; the exit code agrees
+(0 or 1).
 
 Bandwidths (GB/s = 1e9 bytes/s), for S bytes and N ranks:
     algbw = S / time
     busbw = algbw x 2 (N-1) / N   for every allreduce-equivalent row (nccl-tests' allreduce
                                   factor: the bytes each rank must move in an optimal algorithm)
     busbw = algbw                 for memcpy
+
+The alpha-beta prediction (:mod:`hvdkit.costs`; one rank per host, each on its own link)
+is printed next to each row when a link is given: ``--link-bandwidth RATE`` (bits/s as tc
+writes it: ``1gbit``, ``200mbit``) with ``--link-latency SECONDS`` (alpha, default 0), or
+``--cluster-json PATH``, a JSON object whose top-level ``link_Bps`` is the link's measured
+rate in *bytes* per second and ``rtt_s`` its measured round trip in seconds (alpha =
+rtt_s / 2), as ``hvdkit-cluster probe`` writes. Columns then: ``pred`` (the predicted time:
+a ring for mpi, mpi-pickle, horovod and ring, :func:`~hvdkit.costs.ps_time` for ps and ps2,
+:func:`~hvdkit.costs.colocated_ps_time` for ps-colocated), ``pbusbw`` (the busbw that time
+gives) and ``link%`` (measured busbw / link rate x 100). Without a link (one host) those
+columns are absent.
+
+JSON (``--json FILE``): ``{"meta", "rows", "ratios", "ok"}``. ``meta``: world size,
+versions, parameters, ranks (rank, host, pid), ``launch`` (``label``; ``env``: every
+``HOROVOD_*`` and ``OMPI_MCA_coll*``/``btl*``/``pml*`` variable of rank 0, so runs launched
+with a forced Open MPI algorithm or Horovod over Gloo can be told apart; ``horovod``: its
+runtime ``mpi_enabled``/``gloo_enabled``), ``link`` (``Bps``, ``latency_s``, ``source``) or
+null. Each row: ``method`` (with ``[LABEL]`` after ``--label LABEL``), ``bytes``, ``count``,
+``type``, ``time_us`` (median), ``p25_us``, ``p75_us``, ``algbw_GBps``, ``busbw_GBps``,
+``wrong``, ``checked`` (ranks that compared a result), ``rounds_us`` (the slowest rank's time
+of each timed round, in order) and ``start_s`` (when each round's operation started, rank
+0's clock, seconds since the benchmark started: sorting a size's rounds by it gives the
+order they ran in); with a link also ``pred_time_us``, ``pred_busbw_GBps``, ``link_pct``
+(null where not applicable). ``ratios``: ``[{"numerator", "denominator", "label",
+"ratios": {bytes: {"ratio", "lo", "hi"}}}]``.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -45,9 +91,19 @@ import time
 import numpy as np
 from mpi4py import MPI
 
+from hvdkit import costs
+from hvdkit.bench._collective_methods import METHODS, HorovodWorld, MPIWorld
+from hvdkit.bench._collective_report import format_row, header, ratios as ratio_table
+from hvdkit.bench._common import quartiles
+
 __all__ = ["METHODS", "main", "parse_size"]
 
 WORLD = MPI.COMM_WORLD
+#: prefixes of the environment variables that record how a run was launched
+LAUNCH_ENV = ("HOROVOD_", "OMPI_MCA_coll", "OMPI_MCA_btl", "OMPI_MCA_pml")
+#: ... except those that differ by rank or by launch only (horovodrun's rendezvous)
+_PER_RANK_ENV = {"HOROVOD_RANK", "HOROVOD_LOCAL_RANK", "HOROVOD_CROSS_RANK", "HOROVOD_HOSTNAME",
+                 "HOROVOD_GLOO_RENDEZVOUS_ADDR", "HOROVOD_GLOO_RENDEZVOUS_PORT"}
 
 
 def parse_size(text: str) -> int:
@@ -58,157 +114,6 @@ def parse_size(text: str) -> int:
         return int(float(t[:-1] if mult > 1 else t) * mult)
     except ValueError:
         raise argparse.ArgumentTypeError(f"size {text!r}: use bytes or a number with K, M or G, e.g. 64M") from None
-
-
-def _data(rank: int, n: int) -> np.ndarray:
-    """Rank r's buffer: (r + 1) * (i % 7 + 1), small integers so float32 sums are exact."""
-    return ((rank + 1) * (np.arange(n) % 7 + 1)).astype(np.float32)
-
-
-# -- the methods: prepare(n) allocates, run() is timed, result() is checked ----------------------
-class _Method:
-    factor = "allreduce"   # busbw factor: "allreduce" or "copy"
-    tolerance = 0.0        # relative tolerance of the correctness check (0: exact)
-
-    def __init__(self, comm):
-        self.comm = comm
-        self.rank, self.size = comm.Get_rank(), comm.Get_size()
-
-    def prepare(self, n: int) -> None:
-        self.send = _data(self.rank, n)
-        self.recv = np.zeros(n, np.float32)
-
-    def expected(self, ref: np.ndarray) -> np.ndarray | None:
-        """What ``result()`` must equal on this rank, from the raw MPI sum ``ref`` (None: no check)."""
-        return ref
-
-    def result(self) -> np.ndarray | None:
-        return self.recv
-
-    def close(self) -> None:
-        pass
-
-
-class Mpi(_Method):
-    def run(self):
-        self.comm.Allreduce(self.send, self.recv, op=MPI.SUM)
-
-
-class MpiPickle(_Method):
-    def run(self):
-        self.recv = self.comm.allreduce(self.send, op=MPI.SUM)
-
-
-class Horovod(_Method):
-    def __init__(self, comm):
-        super().__init__(comm)
-        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-        import horovod.tensorflow as hvd
-        import tensorflow as tf
-
-        if not hvd.is_initialized():
-            hvd.init(comm=comm)
-        self.hvd, self.tf = hvd, tf
-
-    def prepare(self, n):
-        super().prepare(n)
-        self.tensor = self.tf.constant(self.send)
-        self.out = None
-
-    def run(self):
-        self.out = self.hvd.allreduce(self.tensor, op=self.hvd.Sum, name="bench")
-
-    def result(self):
-        return self.out.numpy()
-
-
-class Ring(_Method):
-    def __init__(self, comm):
-        super().__init__(comm)
-        from hvdkit.collectives.ring import RingAllreduce
-
-        self.ring = RingAllreduce(comm)
-
-    def run(self):
-        self.ring.allreduce(self.send, self.recv)
-
-    def close(self):
-        pass
-
-
-class _PS(_Method):
-    """Push S bytes, get the updated S bytes back: a synchronous PS round, SGD lr = 1, w0 = 0.
-
-    After the first round every worker holds w = -(sum of the workers' buffers) / workers.
-    Timing includes the server applying the update.
-    """
-
-    tolerance = 1e-6
-    colocated = False
-
-    def prepare(self, n):
-        from hvdkit.strategies.ps import rules
-        from hvdkit.strategies.ps.group import PSGroup
-        from hvdkit.strategies.ps.protocol import Layout
-
-        class Var:
-            name, shape, dtype = "bench:0", (n,), np.dtype(np.float32)
-
-        N = self.size
-        servers = list(range(N)) if self.colocated else [N - 1]
-        self.workers = list(range(N)) if self.colocated else list(range(N - 1))
-        layout = Layout.of_variables([Var()], len(servers))
-        # as hvdkit.train wires it: a colocated worker serves its shard while it waits, a
-        # thread covers the rest; a dedicated server rank polls (spin, yield, sleep), here in
-        # a thread, as its main thread takes part in the barriers and the timing reduction
-        self.group = PSGroup(self.comm, layout, np.zeros(n, np.float32), servers, self.workers, "sync",
-                             lambda size: rules.Optimizer("sgd", 1.0, size), timeout=60.0, serve_in_thread=True)
-        self.client = self.group.client
-        self.send = _data(self.rank, n)
-        self.recv = np.zeros(n, np.float32)
-        self.first = None
-
-    def run(self):
-        if self.client is not None:
-            self.client.push_pull(self.send, self.recv)
-            if self.first is None:
-                self.first = self.recv.copy()
-
-    def expected(self, ref):
-        if self.client is None:
-            return None
-        n = len(ref)
-        worker_sum = sum(_data(r, n).astype(np.float64) for r in self.workers)
-        return (-worker_sum / len(self.workers)).astype(np.float32)
-
-    def result(self):
-        return self.first
-
-    def close(self):
-        self.group.close()
-
-
-class PS(_PS):
-    colocated = False
-
-
-class PSColocated(_PS):
-    colocated = True
-
-
-class Memcpy(_Method):
-    factor = "copy"
-
-    def run(self):
-        np.copyto(self.recv, self.send)
-
-    def expected(self, ref):
-        return self.send
-
-
-METHODS = {"mpi": Mpi, "mpi-pickle": MpiPickle, "horovod": Horovod, "ring": Ring, "ps": PS,
-           "ps-colocated": PSColocated, "memcpy": Memcpy}
-DEFAULT_METHODS = "mpi,mpi-pickle,horovod,ring,ps,ps-colocated,memcpy"
 
 
 def _count_wrong(got: np.ndarray | None, want: np.ndarray | None, tol: float) -> int:
@@ -238,110 +143,145 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--max-bytes", type=parse_size, default=64 << 20, help="largest message per rank (default 64M)")
     g.add_argument("--step", type=float, default=4.0, help="size multiplier between rows (default 4)")
     g = p.add_argument_group("timing")
-    g.add_argument("--iters", type=int, default=20, help="timed operations per size and method (default 20)")
-    g.add_argument("--warmup", type=int, default=5, help="untimed operations first (default 5)")
+    g.add_argument("--iters", type=int, default=20, help="timed rounds per size (default 20)")
+    g.add_argument("--warmup", type=int, default=5, help="untimed rounds first (default 5)")
+    g.add_argument("--order", choices=("interleaved", "sequential"), default="interleaved",
+                   help="interleaved: methods alternate round by round, A B C A B C (default); sequential: all "
+                        "rounds of one method, then the next (the old mode, for comparison)")
     g = p.add_argument_group("what and where")
-    g.add_argument("--methods", default=DEFAULT_METHODS, help=f"comma-separated subset of {', '.join(METHODS)}")
+    g.add_argument("--methods", default="", help=f"comma-separated subset of {', '.join(METHODS)} "
+                                                 "(default: every method this world can run)")
+    g.add_argument("--label", default="", help="name this launch: rows become METHOD[LABEL] (e.g. --label gloo "
+                                               "-> horovod[gloo]), so tables of several launches can be merged")
     g.add_argument("--json", metavar="FILE", help="also write the table and metadata as JSON")
+    g = p.add_argument_group("link (alpha-beta prediction; give a rate or a cluster JSON)")
+    g.add_argument("--link-bandwidth", metavar="RATE", help="each host link's rate in bits/s as tc writes it "
+                                                            "(1gbit, 200mbit)")
+    g.add_argument("--link-latency", metavar="SECONDS", type=float, default=None,
+                   help="alpha, seconds per message (default 0); with --link-bandwidth")
+    g.add_argument("--cluster-json", metavar="PATH", help="JSON with top-level link_Bps (bytes/s) and rtt_s "
+                                                          "(seconds; alpha = rtt_s / 2), as hvdkit-cluster probe writes")
     g = p.add_argument_group("testing")
     g.add_argument("--inject-error", metavar="METHOD", default="",
                    help="corrupt one element of METHOD's result on rank 0 (to show the check fails)")
+    g.add_argument("--no-park", action="store_true",
+                   help="leave idle PS server threads polling while other methods are timed (to measure the cost)")
     return p
 
 
-def _check_args(a, size) -> str | None:
-    unknown = [m for m in a.methods.split(",") if m not in METHODS]
+def _link(a) -> dict | None:
+    """The link the prediction assumes: ``{"Bps", "latency_s", "source"}``, or None. Raises ValueError."""
+    if a.cluster_json and (a.link_bandwidth or a.link_latency is not None):
+        raise ValueError("give --cluster-json or --link-bandwidth/--link-latency, not both")
+    if a.cluster_json:
+        try:
+            with open(a.cluster_json) as fh:
+                doc = json.load(fh)
+            bps, rtt = float(doc["link_Bps"]), float(doc["rtt_s"])
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise ValueError(f"--cluster-json {a.cluster_json}: need a JSON object with numbers link_Bps (bytes/s) "
+                             f"and rtt_s (seconds) ({type(e).__name__}: {e})") from None
+        if not bps > 0 or rtt < 0:
+            raise ValueError(f"--cluster-json {a.cluster_json}: link_Bps={bps} must be > 0 and rtt_s={rtt} >= 0")
+        return {"Bps": bps, "latency_s": rtt / 2, "source": os.path.abspath(a.cluster_json)}
+    if a.link_bandwidth:
+        lat = a.link_latency or 0.0
+        if lat < 0:
+            raise ValueError(f"--link-latency {lat} must be >= 0")
+        return {"Bps": costs.parse_rate(a.link_bandwidth) / 8, "latency_s": lat,
+                "source": f"--link-bandwidth {a.link_bandwidth}"}
+    if a.link_latency is not None:
+        raise ValueError("--link-latency needs --link-bandwidth")
+    return None
+
+
+def _check_args(a, size: int, mpi: bool) -> str | None:
+    names = a.methods.split(",")
+    unknown = [m for m in names if m not in METHODS]
     if unknown:
         return f"unknown method(s) {unknown}; choose from {', '.join(METHODS)}"
     if a.min_bytes < 4 or a.max_bytes < a.min_bytes:
         return f"need 4 <= --min-bytes ({a.min_bytes}) <= --max-bytes ({a.max_bytes})"
     if a.step <= 1 or a.iters < 1 or a.warmup < 0:
         return "need --step > 1, --iters >= 1, --warmup >= 0"
-    if "ps" in a.methods.split(",") and size < 2:
-        return "method ps needs at least 2 ranks (1 server + 1 worker); drop it or launch more ranks"
+    for m in names:
+        if METHODS[m].servers and size < METHODS[m].servers + 1:
+            k = METHODS[m].servers
+            return f"method {m} needs at least {k + 1} ranks ({k} server(s) + 1 worker); drop it or launch more ranks"
+        if METHODS[m].needs_mpi and not mpi:
+            return (f"method {m} needs an MPI world, and this launch has none (horovodrun --gloo?): "
+                    "here only horovod and memcpy run")
+    if a.inject_error and a.inject_error not in names:
+        return f"--inject-error {a.inject_error}: not one of the methods run ({a.methods})"
+    if any(c.isspace() or c in "[]," for c in a.label):
+        return f"--label {a.label!r}: no spaces, brackets or commas"
     return None
 
 
 def main(argv=None) -> int:
-    """Run the benchmark on every rank of ``MPI.COMM_WORLD``; returns the exit status."""
-    comm = WORLD
-    rank, size = comm.Get_rank(), comm.Get_size()
+    """Run the benchmark on every rank of ``MPI.COMM_WORLD`` (or of Horovod's world); returns the exit status."""
+    hvd_size = int(os.environ.get("HOROVOD_SIZE", "1") or 1)
+    world = HorovodWorld() if WORLD.Get_size() == 1 and hvd_size > 1 else MPIWorld(WORLD)
+    rank, size = world.rank, world.size
     if rank != 0 and argv is None and any(h in sys.argv for h in ("-h", "--help")):
         sys.stdout = open(os.devnull, "w")
     a = build_parser().parse_args(argv)
-    err = _check_args(a, size)
+    if not a.methods:
+        a.methods = ",".join(m for m, c in METHODS.items()
+                             if size > c.servers and (world.comm is not None or not c.needs_mpi))
+    err = _check_args(a, size, world.comm is not None)   # the same verdict on every rank
+    link = None
+    if not err:   # rank 0 reads the cluster JSON (it may exist on rank 0's host only) and tells the others
+        mine = None
+        if rank == 0:
+            try:
+                mine = (_link(a), None)
+            except ValueError as e:
+                mine = (None, str(e))
+        link, err = world.allgather(mine)[0]
     if err:
         if rank == 0:
             print(f"hvdkit.bench.collectives: error: {err}", file=sys.stderr, flush=True)
         return 2
     names = a.methods.split(",")
-    methods = {m: METHODS[m](comm) for m in names}
+    lab = (lambda m: f"{m}[{a.label}]") if a.label else (lambda m: m)
+    methods = {m: METHODS[m](world.comm, rank, size) for m in names}
+    for m in methods.values():
+        m.park = not a.no_park
     sizes, s = [], a.min_bytes
     while s <= a.max_bytes:
         sizes.append(int(s) // 4 * 4)
         s *= a.step
-    hosts = comm.gather((rank, MPI.Get_processor_name(), os.getpid()), root=0)
+    hosts = world.allgather((rank, MPI.Get_processor_name(), os.getpid()))
     out = print if rank == 0 else (lambda *x, **k: None)
     meta = {"benchmark": "collectives", "world_size": size, "versions": _versions(),
-            "parameters": {k: getattr(a, k) for k in ("min_bytes", "max_bytes", "step", "iters", "warmup")},
-            "methods": names, "dtype": "float32", "ranks": hosts,
-            "busbw": "algbw * 2(N-1)/N (allreduce rows), algbw (memcpy)"}
-    out(f"# hvdkit.bench.collectives  world size {size}")
-    out("# versions: " + "  ".join(f"{k} {v}" for k, v in meta["versions"].items()))
-    out("# parameters: " + "  ".join(f"{k} {v}" for k, v in meta["parameters"].items()) + f"  dtype float32")
-    out(f"# methods: {', '.join(names)}")
-    for r, host, pid in hosts or []:
-        out(f"#  rank {r:>3}  host {host}  pid {pid}")
-    out("#")
-    out(f"# {'method':<13} {'size':>10} {'count':>10} {'type':>6} {'time':>10} {'spread':>9} "
-        f"{'algbw':>8} {'busbw':>8} {'#wrong':>7}")
-    out(f"# {'':<13} {'(B)':>10} {'(elements)':>10} {'':>6} {'(us)':>10} {'(us)':>9} "
-        f"{'(GB/s)':>8} {'(GB/s)':>8} {'':>7}")
-    rows, dt, tmax = [], np.zeros(1), np.zeros(1)
-    factor = 2 * (size - 1) / size
+            "parameters": {k: getattr(a, k) for k in ("min_bytes", "max_bytes", "step", "iters", "warmup", "order")}
+                          | {"park": not a.no_park},
+            "methods": [lab(m) for m in names], "dtype": "float32", "ranks": hosts, "launch": _launch(a, methods),
+            "link": link, "busbw": "algbw * 2(N-1)/N (allreduce rows), algbw (memcpy)"}
+    widths = header(out, meta, hosts, link, max(13, *(len(lab(m)) for m in names)))
+    rows, times = [], {}
+    world.barrier()
+    origin = time.perf_counter()
     for nbytes in sizes:
-        n = nbytes // 4
-        ref = np.zeros(n, np.float32)
-        comm.Allreduce(_data(rank, n), ref, op=MPI.SUM)
+        got = _measure(world, methods, nbytes, a, origin)
         for name, m in methods.items():
-            # One method at a time: a PS method's server threads exist only while it is timed.
-            m.prepare(n)
-            times = []
-            for it in range(a.warmup + a.iters):
-                comm.Barrier()
-                t0 = time.perf_counter()
-                m.run()
-                dt[0] = time.perf_counter() - t0
-                comm.Allreduce(dt, tmax, op=MPI.MAX)
-                if it >= a.warmup:
-                    times.append(tmax[0])
-            got = m.result()
-            if name == a.inject_error and rank == 0 and got is not None and len(got):
-                got = got.copy()
-                got[len(got) // 2] += 1.0
-            wrong = np.array([_count_wrong(got, m.expected(ref), m.tolerance)], np.int64)
-            comm.Allreduce(MPI.IN_PLACE, wrong, op=MPI.SUM)
-            m.close()
-            t = np.array(times)
-            med = float(np.median(t))
-            spread = float(np.percentile(t, 90) - np.percentile(t, 10))
-            algbw = nbytes / med / 1e9
-            busbw = algbw * (factor if m.factor == "allreduce" else 1.0)
-            row = {"method": name, "bytes": nbytes, "count": n, "type": "float32", "time_us": med * 1e6,
-                   "spread_us": spread * 1e6, "algbw_GBps": algbw, "busbw_GBps": busbw, "wrong": int(wrong[0])}
+            times[(name, nbytes)] = np.asarray(got[name]["rounds_us"])
+            row = _row(lab(name), m, nbytes, size, got[name], link)
             rows.append(row)
-            out(f"  {name:<13} {nbytes:>10} {n:>10} {'float':>6} {row['time_us']:>10.1f} {row['spread_us']:>9.1f} "
-                f"{algbw:>8.3f} {busbw:>8.3f} {row['wrong']:>7}", flush=True)
-    ratios = _ratios(rows)
+            out(format_row(row, link, widths), flush=True)
+    ratios = ratio_table(times, lab)
     ok = all(r["wrong"] == 0 for r in rows)
     out("#")
     for line in ratios["lines"]:
         out(f"# {line}")
     out(f"# Out of bounds values : {sum(r['wrong'] for r in rows)} {'OK' if ok else 'FAILED'}")
-    for name in names:
-        big = [r["busbw_GBps"] for r in rows if r["method"] == name and r["bytes"] >= 1 << 20]
+    for name in meta["methods"]:
+        big = [r for r in rows if r["method"] == name and r["bytes"] >= 1 << 20]
         if big:
-            out(f"# Avg bus bandwidth >= 1 MiB, {name:<13}: {np.mean(big):.3f} GB/s")
+            pct = [r["link_pct"] for r in big if r.get("link_pct") is not None]
+            out(f"# Avg bus bandwidth >= 1 MiB, {name:<13}: {np.mean([r['busbw_GBps'] for r in big]):.3f} GB/s"
+                + (f" ({np.mean(pct):.1f}% of the link)" if pct else ""))
     out("OK" if ok else "FAILED", flush=True)
     if rank == 0 and a.json:
         from hvdkit.results import write_json
@@ -350,29 +290,66 @@ def main(argv=None) -> int:
     return 0 if ok else 1
 
 
-def _ratios(rows) -> dict:
-    """Time ratios at equal bytes that the project's targets are stated in."""
-    by = {(r["method"], r["bytes"]): r["time_us"] for r in rows}
-    table, lines = [], []
-    pairs = [("ps-colocated", "mpi", lambda b: b >= 1 << 20, "colocated PS / MPI Allreduce time, >= 1 MiB"),
-             ("ps-colocated", "horovod", lambda b: b < 256 << 10, "colocated PS / Horovod time, < 256 KiB"),
-             ("ring", "mpi", lambda b: b >= 1 << 20, "hvdkit ring / MPI Allreduce time, >= 1 MiB"),
-             ("horovod", "mpi", lambda b: True, "Horovod / MPI Allreduce time")]
-    for a, b, sel, label in pairs:
-        vals = [(nb, by[(a, nb)] / by[(b, nb)]) for (m, nb) in by if m == a and (b, nb) in by and sel(nb)]
-        if vals:
-            vals.sort()
-            table.append({"numerator": a, "denominator": b, "label": label,
-                          "ratios": {str(nb): round(r, 3) for nb, r in vals}})
-            lines.append(f"{label}: " + "  ".join(f"{_human(nb)} {r:.2f}x" for nb, r in vals))
-    return {"table": table, "lines": lines}
+def _launch(a, methods) -> dict:
+    """How this run was launched: its label, rank 0's launch-relevant environment, Horovod's runtime."""
+    env = {k: v for k, v in sorted(os.environ.items()) if k.startswith(LAUNCH_ENV) and k not in _PER_RANK_ENV}
+    info = {"label": a.label or None, "env": env}
+    if "horovod" in methods:
+        hvd = methods["horovod"].hvd
+        info["horovod"] = {"mpi_enabled": hvd.mpi_enabled(), "gloo_enabled": hvd.gloo_enabled()}
+    return info
 
 
-def _human(n: int) -> str:
-    for unit, scale in (("M", 1 << 20), ("K", 1 << 10)):
-        if n >= scale:
-            return f"{n // scale}{unit}"
-    return f"{n}B"
+def _measure(world, methods: dict, nbytes: int, a, origin: float) -> dict:
+    """Every method at one size, in the order ``a.order`` asks; per method its rounds, start times and check."""
+    n = nbytes // 4
+    ref = (np.arange(n) % 7 + 1).astype(np.float32) * np.float32(world.size * (world.size + 1) // 2)  # sum of data(r)
+    rounds, names = a.warmup + a.iters, list(methods)
+    if a.order == "interleaved":
+        schedule = [(name, r) for r in range(rounds) for name in names]
+    else:
+        schedule = [(name, r) for name in names for r in range(rounds)]
+    got = {name: {"rounds_us": [], "start_s": []} for name in names}
+    for name, r in schedule:
+        m = methods[name]
+        if r == 0:
+            m.prepare(n)
+        m.resume()
+        world.barrier()
+        t0 = time.perf_counter()
+        m.run()
+        t1 = time.perf_counter()
+        slowest = world.max(t1 - t0)
+        m.pause()
+        if r >= a.warmup:
+            got[name]["rounds_us"].append(slowest * 1e6)
+            got[name]["start_s"].append(round(t0 - origin, 6))
+        if r == rounds - 1:
+            res = m.result()
+            if name == a.inject_error and world.rank == 0 and res is not None and len(res):
+                res = res.copy()
+                res[len(res) // 2] += 1.0
+            want = m.expected(ref)
+            counts = world.sum(np.array([_count_wrong(res, want, m.tolerance), want is not None], np.int64))
+            got[name]["wrong"], got[name]["checked"] = int(counts[0]), int(counts[1])
+            m.close()
+    return got
+
+
+def _row(label: str, m, nbytes: int, size: int, got: dict, link) -> dict:
+    p25, med, p75 = quartiles(got["rounds_us"])
+    factor = 2 * (size - 1) / size if m.factor == "allreduce" else 1.0
+    algbw = nbytes / med * 1e6 / 1e9
+    row = {"method": label, "bytes": nbytes, "count": nbytes // 4, "type": "float32", "time_us": med,
+           "p25_us": p25, "p75_us": p75, "algbw_GBps": algbw, "busbw_GBps": algbw * factor,
+           "wrong": got["wrong"], "checked": got["checked"], "rounds_us": got["rounds_us"], "start_s": got["start_s"]}
+    if link:
+        pred = m.predict(nbytes, link["Bps"], link["latency_s"])
+        pred = pred if pred else None
+        row["pred_time_us"] = pred * 1e6 if pred else None
+        row["pred_busbw_GBps"] = nbytes / pred * factor / 1e9 if pred else None
+        row["link_pct"] = 100 * row["busbw_GBps"] * 1e9 / link["Bps"] if m.factor == "allreduce" else None
+    return row
 
 
 if __name__ == "__main__":

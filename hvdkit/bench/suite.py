@@ -220,8 +220,9 @@ def summarize(out: str, meta: dict, steps: list[dict]) -> dict:
              f"Host {meta['host']}, {meta['cores']} cores; load average (1/5/15 min) {meta['loadavg']} before, "
              f"{meta.get('loadavg_after')} after; {meta.get('seconds', 0):.0f} s in all"
              f"{' (--quick: smoke-test sizes, figures are not meaningful)' if meta.get('quick') else ''}.", "",
-             "Ratios are measured side by side in this run, on a shared machine: read them with the spreads in "
-             "the tables (`*.txt`) and the load above in mind.", "", "## Key ratios", "",
+             "Ratios are measured side by side in this run, on a shared machine: read them with the interquartile "
+             "ranges (p25, p75) and the ratios' confidence intervals in the tables (`*.txt`) and the load above in "
+             "mind.", "", "## Key ratios", "",
              "| figure | value | target | from |", "| --- | --- | --- | --- |"]
 
     def row(name: str, value: Any, target: str, src: str, digits: int = 3) -> None:

@@ -4,6 +4,7 @@
     hvdkit-cluster up --hosts 4 --topology racks:2 --uplink 200mbit
     hvdkit-cluster status
     hvdkit-cluster probe                   # TCP throughput and round trip of each link
+    hvdkit-cluster link h2 down            # a failed link (and `link h2 up` to repair it)
     hvdkit-cluster down
     hvdkit-cluster run --hosts 2 --slots 2 -- horovodrun -np 4 -H h1:2,h2:2 python -m hvdkit.train
 
@@ -68,6 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--json", action="store_true", help="print cluster.json")
     pr = sub.add_parser("probe", help="measure each link's TCP throughput and round trip into cluster.json")
     pr.add_argument("--seconds", type=float, default=2.0, help="seconds of streaming per pair (default 2)")
+    lk = sub.add_parser("link", help="take a host's link down or bring it back up")
+    lk.add_argument("host", help="a host of the cluster, e.g. h2")
+    lk.add_argument("state", choices=("up", "down"))
     r = sub.add_parser("run", help="up, run COMMAND with the hosts exposed, down; exit with COMMAND's status",
                        usage=f"{PROG} run [up options] [--probe] -- COMMAND [ARGS...]")
     _up_options(r)
@@ -128,6 +132,9 @@ def main(argv=None) -> int:
             print(json.dumps(state, indent=2)) if a.json else _print_status(state)
         elif a.command == "probe":
             _probe(a.dir, a.seconds)
+        elif a.command == "link":
+            control.link(a.host, a.state == "up", a.dir)
+            print(f"# {a.host}: link {a.state}")
         elif a.command == "run":
             return control.run(spec, cmd, a.dir, before=(lambda _: _probe(a.dir, 2.0)) if a.probe else None)
         return 0

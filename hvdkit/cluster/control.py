@@ -29,7 +29,7 @@ from hvdkit.cluster.spec import MACHINE_ADDRESS, ClusterSpec, Host, format_rate,
 from hvdkit.errors import UsageError
 
 __all__ = ["DEFAULT_DIR", "cluster_dir", "unavailable", "up", "down", "load", "run", "environment",
-           "Unavailable"]
+           "link", "save_probe", "Unavailable"]
 
 DEFAULT_DIR = "/run/hvdkit-cluster"
 _MARK = ".hvdkit-cluster"   # in a directory down() may remove whole
@@ -110,6 +110,22 @@ def save_probe(result: dict, d: str | None = None) -> None:
     state["probe"] = result
     state["link_Bps"], state["rtt_s"] = result["link_Bps"], result["rtt_s"]
     _save(d, state)
+
+
+def link(name: str, up: bool, d: str | None = None) -> None:
+    """Take host ``name``'s link down (``up=False``) or bring it back.
+
+    Raises:
+        UsageError: no cluster is up, or it has no host ``name``.
+    """
+    state = load(d)
+    if state is None or state.get("state") != "up":
+        raise UsageError("no cluster is up; start one with `hvdkit-cluster up --hosts H`")
+    hosts = {h["name"]: h for h in state["hosts"]}
+    if name not in hosts:
+        raise UsageError(f"no host {name!r} in the cluster; its hosts: {', '.join(hosts)}")
+    h = hosts[name]
+    net.set_link(Host(h["name"], h["address"], h["slots"], h["rack"]), up)
 
 
 def environment(state: dict) -> dict[str, str]:

@@ -33,7 +33,7 @@ from pyroute2.netlink.exceptions import NetlinkError
 from hvdkit.cluster.spec import MACHINE_ADDRESS, PREFIXLEN, ClusterSpec, Host
 
 __all__ = ["PREFIX", "SWITCH_NS", "ROOT_IF", "create", "destroy", "leftovers", "netem_available",
-           "namespace_pids"]
+           "namespace_pids", "set_link"]
 
 PREFIX = "hvdc-"
 SWITCH_NS = PREFIX + "sw"
@@ -154,6 +154,17 @@ def create(spec: ClusterSpec, hosts: list[Host]) -> None:
             ipr.addr("add", index=_index(ipr, "eth0"), address=h.address, prefixlen=PREFIXLEN)
         _shape(h.netns, "eth0", spec.bandwidth_bps, spec.delay_s)
         _shape(SWITCH_NS, h.name, spec.bandwidth_bps, spec.delay_s)
+
+
+def set_link(host: Host, up: bool) -> None:
+    """Take ``host``'s link down (both ends: the switch's port and the host's ``eth0``) or up.
+
+    Raises:
+        RuntimeError: the host's interfaces are not there (no such host is up).
+    """
+    for ns, ifname in ((SWITCH_NS, host.name), (host.netns, "eth0")):
+        with _ns(ns) as ipr:
+            ipr.link("set", index=_index(ipr, ifname), state="up" if up else "down")
 
 
 def namespace_pids() -> dict[str, list[int]]:

@@ -21,6 +21,8 @@ TensorFlow", arXiv:1802.05799 (2018).
 """
 from __future__ import annotations
 
+import os
+
 from hvdkit.comm import agree
 from hvdkit.errors import UsageError
 from hvdkit.strategies.base import ReplicaStrategy
@@ -54,6 +56,21 @@ class HorovodStrategy(ReplicaStrategy):
     name = "horovod"
     summary = "Horovod ring allreduce of gradients (NCCL on GPU, MPI/Gloo on CPU), synchronous"
     graph_allreduce = True  # one compiled step: gradients, grouped allreduce, update
+
+    @classmethod
+    def check(cls, cfg, world) -> None:
+        """Also refuse ``HOROVOD_CPU_OPERATIONS=gloo`` under an MPI launch: Horovod 0.28.1 then
+        has no Gloo context and every rank crashes in its first broadcast (seen on 2 hosts:
+        SIGSEGV in ``GlooBroadcast``). Horovod over Gloo means ``horovodrun --gloo``, which
+        gives no MPI world, and hvdkit's harness needs one.
+
+        Raises:
+            UsageError: that variable set, on more than one rank.
+        """
+        super().check(cfg, world)
+        if world.size > 1 and os.environ.get("HOROVOD_CPU_OPERATIONS", "").lower() == "gloo":
+            raise UsageError("HOROVOD_CPU_OPERATIONS=gloo under mpirun crashes Horovod 0.28.1 (no Gloo context "
+                             "without horovodrun --gloo, and hvdkit needs an MPI world); unset it or set it to mpi")
 
     def __init__(self, cfg, world):
         super().__init__(cfg, world)

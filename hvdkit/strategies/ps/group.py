@@ -124,6 +124,20 @@ class PSGroup:
                                                               "already serves its shard in a thread"))
         return self.loop.run()
 
+    def pause(self) -> None:
+        """Park this rank's server thread, if any, until :meth:`resume` (:meth:`ServerLoop.pause`).
+
+        Only between synchronous rounds, when no worker waits on a shard, and only for a
+        shard served in a thread (colocated or ``serve_in_thread``); :meth:`close` resumes it.
+        """
+        if self._thread is not None:
+            self.loop.pause()
+
+    def resume(self) -> None:
+        """Wake this rank's server thread parked by :meth:`pause`."""
+        if self.loop is not None:
+            self.loop.resume()
+
     def close(self) -> None:
         """Tear down this rank's part: a worker tells every server it is done, a server thread
         is joined (it ends once every worker is done), and the group's communicator is freed.
@@ -132,6 +146,7 @@ class PSGroup:
         server: after :meth:`serve` returns). Blocks until this rank's server thread, if any,
         has served every worker to the end.
         """
+        self.resume()   # a parked server thread must serve the workers' DONE
         if self.client is not None:
             self.client.done()
         if self._thread is not None:

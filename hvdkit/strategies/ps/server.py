@@ -59,6 +59,8 @@ class ServerLoop:
         self.last_msg = time.monotonic()
         self.last_from = [self.last_msg] * len(self.worker_ranks)  # per worker: its latest message
         self.helped = False  # True while the colocated worker thread serves (see run)
+        self.awake = threading.Event()  # cleared by pause(): run() blocks instead of polling
+        self.awake.set()
 
     @property
     def finished(self) -> bool:
@@ -83,6 +85,24 @@ class ServerLoop:
         finally:
             self.lock.release()
 
+    def pause(self) -> None:
+        """Park :meth:`run`, running in another thread, at its next idle moment: no wake-ups, no CPU.
+
+        Only between synchronous rounds, when no worker waits on this shard: a parked loop
+        serves nothing until :meth:`resume`. (The collectives benchmark parks one method's
+        servers while it times the others.)
+        """
+        self.awake.clear()
+
+    def resume(self) -> None:
+        """Wake a loop parked by :meth:`pause`; the time it was parked counts as no worker's silence."""
+        if not self.awake.is_set():
+            self.last_from = [time.monotonic()] * len(self.last_from)
+            self.awake.set()
+
+    def _arrived_or_paused(self) -> bool:
+        return self.arrived() or not self.awake.is_set()
+
     def run(self, idle_sleep: float | None = None) -> dict:
         """Serve until every worker has sent DONE; return the shard's statistics.
 
@@ -102,12 +122,15 @@ class ServerLoop:
         while not self.finished:
             if self.progress():
                 continue
+            if not self.awake.is_set():
+                self.awake.wait()   # parked by pause()
+                continue
             deadline = self._deadline()
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError(self._timeout_message())
             if idle_sleep is None:
                 try:
-                    poll(self.arrived, deadline, "")
+                    poll(self._arrived_or_paused, deadline, "")
                 except TimeoutError:
                     raise TimeoutError(self._timeout_message()) from None
             else:

@@ -1,0 +1,268 @@
+"""The rows of :mod:`hvdkit.bench.collectives`: one class per way of averaging a buffer.
+
+Each method follows one contract, driven by the benchmark (every call on every rank, in
+the same order, so the collective ones line up):
+
+* ``prepare(n)`` allocates float32[n] buffers (and, for a PS, builds its group);
+* ``resume()`` just before the ``Barrier`` of one of its timed operations, ``pause()`` just
+  after the slowest rank's time is known (a PS parks its server threads in between, so
+  they cost the other methods nothing; the others do nothing);
+* ``run()`` is the timed operation; ``result()`` is checked against ``expected(ref)``
+  after the method's last operation at a size; ``close()`` releases everything;
+* ``predict(S, B, alpha)``: the alpha-beta time of one operation (:mod:`hvdkit.costs`), or
+  None where no network is involved.
+
+The benchmark's own barriers and reductions go through a world: :class:`MPIWorld` (an
+mpi4py communicator) or, under ``horovodrun --gloo`` where there is no MPI world,
+:class:`HorovodWorld` (small Horovod allreduces; only horovod and memcpy run there).
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+from mpi4py import MPI
+
+from hvdkit import costs
+
+__all__ = ["METHODS", "data", "MPIWorld", "HorovodWorld"]
+
+
+def data(rank: int, n: int) -> np.ndarray:
+    """Rank r's buffer, float32[n]: (r + 1) * (i % 7 + 1), small integers so float32 sums are exact."""
+    return ((rank + 1) * (np.arange(n) % 7 + 1)).astype(np.float32)
+
+
+class _Method:
+    factor = "allreduce"   # busbw factor: "allreduce" or "copy"
+    tolerance = 0.0        # relative tolerance of the correctness check (0: exact)
+    servers = 0            # dedicated server ranks needed besides the workers
+    needs_mpi = True       # False: runs in a Horovod-only world too (horovodrun --gloo)
+    park = True            # a PS parks its server threads between its operations
+
+    def __init__(self, comm, rank: int, size: int):
+        self.comm = comm   # an mpi4py communicator, or None in a Horovod-only world
+        self.rank, self.size = rank, size
+
+    def prepare(self, n: int) -> None:
+        self.send = data(self.rank, n)
+        self.recv = np.zeros(n, np.float32)
+
+    def resume(self) -> None:
+        pass
+
+    def pause(self) -> None:
+        pass
+
+    def expected(self, ref: np.ndarray) -> np.ndarray | None:
+        """What ``result()`` must equal on this rank, from the raw MPI sum ``ref`` (None: no check)."""
+        return ref
+
+    def result(self) -> np.ndarray | None:
+        return self.recv
+
+    def close(self) -> None:
+        self.send = self.recv = None
+
+    def predict(self, nbytes: int, link_Bps: float, latency_s: float) -> float | None:
+        """Seconds one operation should take on links of ``link_Bps`` bytes/s: a bandwidth-optimal (ring) allreduce."""
+        return costs.ring_allreduce_time(nbytes, self.size, link_Bps, latency_s)
+
+
+class Mpi(_Method):
+    def run(self):
+        self.comm.Allreduce(self.send, self.recv, op=MPI.SUM)
+
+
+class MpiPickle(_Method):
+    def run(self):
+        self.recv = self.comm.allreduce(self.send, op=MPI.SUM)
+
+
+class Horovod(_Method):
+    needs_mpi = False
+
+    def __init__(self, comm, rank, size):
+        super().__init__(comm, rank, size)
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        import horovod.tensorflow as hvd
+        import tensorflow as tf
+
+        if not hvd.is_initialized():
+            hvd.init(comm=comm)
+        self.hvd, self.tf = hvd, tf
+
+    def prepare(self, n):
+        super().prepare(n)
+        self.tensor = self.tf.constant(self.send)
+        self.out = None
+
+    def run(self):
+        self.out = self.hvd.allreduce(self.tensor, op=self.hvd.Sum, name="bench")
+
+    def result(self):
+        return self.out.numpy()
+
+    def close(self):
+        super().close()
+        self.tensor = self.out = None
+
+
+class Ring(_Method):
+    def __init__(self, comm, rank, size):
+        super().__init__(comm, rank, size)
+        from hvdkit.collectives.ring import RingAllreduce
+
+        self.ring = RingAllreduce(comm)
+
+    def run(self):
+        self.ring.allreduce(self.send, self.recv)
+
+
+class _PS(_Method):
+    """Push S bytes, get the updated S bytes back: a synchronous PS round, SGD lr = 1, w0 = 0.
+
+    ``servers`` = K > 0: the last K ranks serve one contiguous shard (1/K of the buffer)
+    each and the others are workers; K = 0: colocated, every rank serves 1/N and works.
+    After the first round every worker holds w = -(sum of the workers' buffers) / workers.
+    Timing includes the servers applying the update.
+    """
+
+    tolerance = 1e-6
+
+    def prepare(self, n):
+        from hvdkit.strategies.ps import rules
+        from hvdkit.strategies.ps.group import PSGroup
+        from hvdkit.strategies.ps.protocol import Layout
+
+        class Var:
+            name, shape, dtype = "bench:0", (n,), np.dtype(np.float32)
+
+        N, K = self.size, self.servers
+        server_ranks = list(range(N - K, N)) if K else list(range(N))
+        self.workers = list(range(N - K))
+        layout = Layout.of_variables([Var()], len(server_ranks))
+        # as hvdkit.train wires it: a colocated worker serves its shard while it waits, a
+        # thread covers the rest; a dedicated server rank polls (spin, yield, sleep), here in
+        # a thread, as its main thread takes part in the barriers and the timing reduction
+        self.group = PSGroup(self.comm, layout, np.zeros(n, np.float32), server_ranks, self.workers, "sync",
+                             lambda size: rules.Optimizer("sgd", 1.0, size), timeout=60.0, serve_in_thread=True)
+        self.pause()   # parked until its first timed operation (resume)
+        self.client = self.group.client
+        self.send = data(self.rank, n)
+        self.recv = np.zeros(n, np.float32)
+        self.first = None
+
+    def resume(self):
+        self.group.resume()
+
+    def pause(self):
+        # Called after the slowest rank's time is known, so every push and pull of this
+        # round has completed: no worker waits on a parked server.
+        if self.park:
+            self.group.pause()
+
+    def run(self):
+        if self.client is not None:
+            self.client.push_pull(self.send, self.recv)
+            if self.first is None:
+                self.first = self.recv.copy()
+
+    def expected(self, ref):
+        if self.client is None:
+            return None
+        n = len(ref)
+        worker_sum = sum(data(r, n).astype(np.float64) for r in self.workers)
+        return (-worker_sum / len(self.workers)).astype(np.float32)
+
+    def result(self):
+        return self.first
+
+    def close(self):
+        self.group.close()   # resumes a parked server thread: it serves the workers' DONE, then ends
+        self.group = self.client = self.first = None
+        super().close()
+
+    def predict(self, nbytes, link_Bps, latency_s):
+        if not self.servers:
+            return costs.colocated_ps_time(nbytes, self.size, link_Bps, latency_s)
+        return costs.ps_time(nbytes, self.size - self.servers, self.servers, link_Bps, latency_s)
+
+
+class PS(_PS):
+    servers = 1
+
+
+class PS2(_PS):
+    servers = 2
+
+
+class PSColocated(_PS):
+    servers = 0
+
+
+class Memcpy(_Method):
+    factor = "copy"
+    needs_mpi = False
+
+    def run(self):
+        np.copyto(self.recv, self.send)
+
+    def expected(self, ref):
+        return self.send
+
+    def predict(self, nbytes, link_Bps, latency_s):
+        return None   # one host's memory, no link
+
+
+class MPIWorld:
+    """Barriers and reductions of the benchmark itself, over an MPI communicator."""
+
+    def __init__(self, comm):
+        self.comm, self.rank, self.size = comm, comm.Get_rank(), comm.Get_size()
+        self._v, self._out = np.zeros(1), np.zeros(1)
+
+    def barrier(self):
+        self.comm.Barrier()
+
+    def max(self, x: float) -> float:
+        self._v[0] = x
+        self.comm.Allreduce(self._v, self._out, op=MPI.MAX)
+        return float(self._out[0])
+
+    def sum(self, a: np.ndarray) -> np.ndarray:
+        out = np.empty_like(a)
+        self.comm.Allreduce(a, out, op=MPI.SUM)
+        return out
+
+    def allgather(self, obj) -> list:
+        return self.comm.allgather(obj)
+
+
+class HorovodWorld:
+    """The same through Horovod, for a ``horovodrun --gloo`` launch (no MPI world)."""
+
+    def __init__(self):
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        import horovod.tensorflow as hvd
+        import tensorflow as tf
+
+        hvd.init()
+        self.hvd, self.tf, self.comm, self.rank, self.size = hvd, tf, None, hvd.rank(), hvd.size()
+
+    def barrier(self):
+        self.hvd.allreduce(self.tf.zeros(1), name="bench.barrier")
+
+    def max(self, x: float) -> float:
+        return float(self.hvd.allreduce(self.tf.constant([x], self.tf.float64), op=self.hvd.Max, name="bench.max")[0])
+
+    def sum(self, a: np.ndarray) -> np.ndarray:
+        return self.hvd.allreduce(self.tf.constant(a), op=self.hvd.Sum, name="bench.sum").numpy()
+
+    def allgather(self, obj) -> list:
+        return self.hvd.allgather_object(obj)
+
+
+#: name -> class, in the table's order
+METHODS = {"mpi": Mpi, "mpi-pickle": MpiPickle, "horovod": Horovod, "ring": Ring, "ps": PS, "ps2": PS2,
+           "ps-colocated": PSColocated, "memcpy": Memcpy}
