@@ -63,6 +63,28 @@ def train(np_: int, *args: str, timeout: float = 240, launcher: str = "mpirun", 
     return launch(cmd, timeout, env=env)
 
 
+def train_many(np_: int, runs: list[tuple[str, int, list[str]]], work_dir, timeout: float = 600) -> Launch:
+    """Train several ``hvdkit.train`` command lines in one MPI job of ``np_`` ranks
+    (``tests/parallel/train_many.py``: TensorFlow starts once, not once per run; ``np_=0``: one
+    plain process, no mpirun, as ``train(0, ...)``).
+
+    ``runs``: (name, ranks, flags) in order, each on ranks 0..ranks-1. Asserts that the job
+    ended with status 0 and that every rank of every run printed its OK line; the tests then
+    read each run's ``--output-dir`` / ``--export-weights`` files as after a launch of its own.
+    """
+    spec = os.path.join(str(work_dir), "runs.json")
+    with open(spec, "w") as fh:
+        json.dump([{"name": name, "ranks": n, "args": list(args)} for name, n, args in runs], fh)
+    driver = os.path.join(ROOT, "tests", "parallel", "train_many.py")
+    r = launch([sys.executable, driver, spec] if np_ == 0 else mpirun_cmd(np_, driver, spec), timeout)
+    assert r.returncode == 0, r.output
+    for name, n, _ in runs:
+        for rank in range(n):
+            assert f"train_many rank {rank}/{n}: {name} OK" in r.stdout, f"{name}: rank {rank} did not end\n{r.output}"
+    assert f"train_many: ALL OK ({len(runs)} runs)" in r.stdout, r.output
+    return r
+
+
 def load_results(out_dir) -> dict:
     with open(os.path.join(out_dir, "results.json")) as fh:
         return json.load(fh)
@@ -73,14 +95,25 @@ SGD_20 = ("--model", "mlp", "--optimizer", "sgd", "--max-steps", "20", "--seed",
           "--no-checkpoint")
 
 
+#: the 2-rank runs with :data:`SGD_20` that :func:`sgd_20_job` trains: name -> extra flags
+SGD_20_RUNS = {"horovod": ("--strategy", "horovod"),
+               "ring": ("--strategy", "ring", "--fusion-bytes", "16384")}  # tests/parallel/test_ring.py: 5 buckets
+
+
 @pytest.fixture(scope="session")
-def horovod_sgd_20(tmp_path_factory):
-    """``--strategy horovod`` on 2 ranks with :data:`SGD_20`, launched once per session and shared
-    by the tests that compare another row with it. Returns (results.json dict, exported weights)."""
+def sgd_20_job(tmp_path_factory):
+    """The :data:`SGD_20_RUNS` on 2 ranks, in one job of ``tests/parallel/train_many.py``, once per
+    session. Returns the directory holding ``NAME/`` (output) and ``NAME.npz`` (exported weights)."""
+    d = tmp_path_factory.mktemp("sgd_20_job")
+    train_many(2, [(name, 2, [*extra, *SGD_20, "--output-dir", str(d / name), "--export-weights",
+                              str(d / f"{name}.npz")]) for name, extra in SGD_20_RUNS.items()], d, timeout=240)
+    return d
+
+
+@pytest.fixture(scope="session")
+def horovod_sgd_20(sgd_20_job):
+    """``--strategy horovod`` on 2 ranks with :data:`SGD_20` (:func:`sgd_20_job`), shared by the tests
+    that compare another row with it. Returns (results.json dict, exported weights)."""
     from hvdkit.results import load_npz
 
-    d = tmp_path_factory.mktemp("horovod_sgd_20")
-    r = train(2, "--strategy", "horovod", *SGD_20, "--output-dir", str(d / "run"),
-              "--export-weights", str(d / "w.npz"), timeout=180)
-    assert r.returncode == 0, r.output
-    return load_results(d / "run"), load_npz(str(d / "w.npz"))[0]
+    return load_results(sgd_20_job / "horovod"), load_npz(str(sgd_20_job / "horovod.npz"))[0]

@@ -4,7 +4,8 @@ Files under the cluster's directory ``D``::
 
     D/ssh/id_ed25519{,.pub}   the client key (authorized on every host)
     D/ssh/host_ed25519{,.pub} the hosts' key (one for all; listed in D/ssh/known_hosts)
-    D/ssh/config              ssh_config for h1..hH: the key, known_hosts, BatchMode, keep-alives
+    D/ssh/config              ssh_config for h1..hH: the key, known_hosts, BatchMode (no keep-alives,
+                              as ssh's defaults: a lost host is for the MPI runtime to notice)
     D/bin/ssh                 ``exec /usr/bin/ssh -F D/ssh/config "$@"``: first on PATH, it is the
                               ssh that horovodrun and mpirun call (nothing in ~/.ssh changes)
     D/hosts/hI/sshd_config    the host's sshd: ListenAddress its address, keys above, no PAM
@@ -30,7 +31,6 @@ __all__ = ["SSHD", "prepare", "start", "wait_ready", "host_exec", "SYSTEM_PATH"]
 
 SSHD = "/usr/sbin/sshd"
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-KEEPALIVE_S, KEEPALIVE_COUNT = 5, 3   # a session over a dead link ends after ~15 s
 
 
 def host_exec(host: Host, argv: list[str]) -> list[str]:
@@ -75,8 +75,6 @@ Host {names}
     GlobalKnownHostsFile /dev/null
     BatchMode yes
     ConnectTimeout 10
-    ServerAliveInterval {KEEPALIVE_S}
-    ServerAliveCountMax {KEEPALIVE_COUNT}
     LogLevel ERROR
 """)
     wrapper = os.path.join(bindir, "ssh")
@@ -101,8 +99,6 @@ StrictModes no
 PrintMotd no
 MaxStartups 200
 MaxSessions 200
-ClientAliveInterval {KEEPALIVE_S}
-ClientAliveCountMax {KEEPALIVE_COUNT}
 SetEnv PATH={path}
 LogLevel ERROR
 """)

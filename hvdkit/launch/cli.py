@@ -16,7 +16,8 @@ from dataclasses import replace
 from typing import Mapping, Sequence
 
 from hvdkit.errors import UsageError
-from hvdkit.launch.command import FORWARD_NAMES, FORWARD_PREFIXES, LaunchSpec, forwarded_env_names, plan_command
+from hvdkit.launch.command import (FORWARD_NAMES, FORWARD_PREFIXES, LaunchSpec, forwarded_env_names,
+                                   multi_host_mpi_args, plan_command)
 from hvdkit.launch.mpi import HOROVODRUN, MPI, MPICH, OPENMPI, detect_mpi, local_cores
 from hvdkit.launch.rankexec import rank_exec_env
 from hvdkit.launch.templates import TEMPLATES, render
@@ -45,7 +46,12 @@ def _parser() -> argparse.ArgumentParser:
                "  hvdkit-launch --render k8s --set workers=4 --set image=registry/hvdkit:gpu > job.yaml\n"
                "Open MPI gets --bind-to none --map-by slot, -x for forwarded variables, "
                "--allow-run-as-root only as root and --oversubscribe only when ranks exceed slots; "
-               "MPICH gets -genvlist and none of those Open MPI-only flags.",
+               "MPICH gets -genvlist and none of those Open MPI-only flags. Open MPI launches across "
+               "hosts (-H or --hostfile, mpirun or horovodrun) also get --mca coll_tuned_use_dynamic_rules 1 "
+               "--mca coll_tuned_allreduce_algorithm 4 (Open MPI's ring allreduce, which Horovod's MPI "
+               "operations use too: on 3 emulated hosts at 1 Gbit/s it about doubled their bus bandwidth at "
+               "4-16 MiB; benchmarks/README.md) unless --mpi-args or an OMPI_MCA_coll_tuned_* variable sets "
+               "a coll_tuned parameter.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     g = p.add_argument_group("ranks and hosts")
@@ -159,6 +165,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             spec = replace(spec, binary=binary)
         elif mpi == "auto":  # horovodrun: the flavour matters only for --oversubscribe across hosts
             mpi = detect_mpi()[0] if needs_mpi else OPENMPI
+        if mpi == OPENMPI and (ns.hosts or ns.hostfile):   # ring allreduce across hosts (see the epilog)
+            spec = replace(spec, mpi_args=multi_host_mpi_args(spec.mpi_args, os.environ))
         cmd = plan_command(spec, mpi=mpi, is_root=os.geteuid() == 0, cores=local_cores())
         return _exec(cmd, dict(os.environ), ns.dry_run)
     except UsageError as e:

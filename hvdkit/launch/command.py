@@ -18,12 +18,23 @@ from hvdkit.launch.hosts import parse_hostfile, parse_hosts, total_slots
 from hvdkit.launch.mpi import HOROVODRUN, MPI, MPICH, OPENMPI, local_cores
 from hvdkit.launch.rankexec import parse_rank_list
 
-__all__ = ["FORWARD_NAMES", "FORWARD_PREFIXES", "LOCAL_FORWARD", "forwarded_env_names", "LaunchSpec",
-           "build_command", "plan_command", "local_command"]
+__all__ = ["FORWARD_NAMES", "FORWARD_PREFIXES", "LOCAL_FORWARD", "MULTI_HOST_MCA", "forwarded_env_names",
+           "multi_host_mpi_args", "LaunchSpec", "build_command", "plan_command", "local_command"]
 
 #: forwarded to every rank when set here: exact names, then prefixes
 FORWARD_NAMES = ("PATH", "LD_LIBRARY_PATH", "PYTHONPATH")
 FORWARD_PREFIXES = ("NCCL_", "HOROVOD_", "HVDKIT_")
+#: Open MPI parameters hvdkit-launch adds to multi-host launches, by family (a family the user set
+#: in --mpi-args or OMPI_MCA_* is left alone):
+#: * coll_tuned: the ring allreduce (algorithm 4) instead of Open MPI's fixed choice, which on 3-4
+#:   hosts reached a fraction of the link (measured on the emulated cluster, benchmarks/README.md
+#:   "Collectives on the emulated cluster");
+#: * oob_tcp_keepalive: mpirun notices a lost host within about 5 + 3 x 3 = 14 s of silence and ends
+#:   the job naming it ("Remote daemon ... on node h3"); with Open MPI's defaults (300 s, 9 x 20 s)
+#:   a host lost mid-training left the job hanging for minutes (tests/cluster/test_multihost.py)
+MULTI_HOST_MCA = {"coll_tuned": (("coll_tuned_use_dynamic_rules", "1"), ("coll_tuned_allreduce_algorithm", "4")),
+                  "oob_tcp_keepalive": (("oob_tcp_keepalive_time", "5"), ("oob_tcp_keepalive_intvl", "3"),
+                                        ("oob_tcp_keepalive_probes", "3"))}
 #: what :func:`local_command` forwards by default
 LOCAL_FORWARD = ("PATH", "PYTHONPATH", "TF_CPP_MIN_LOG_LEVEL")
 
@@ -33,6 +44,18 @@ def forwarded_env_names(environ: Mapping[str, str], extra: Sequence[str] = ()) -
     PYTHONPATH, every NCCL_*, HOROVOD_*, HVDKIT_* that is set in ``environ``, and ``extra``."""
     names = {k for k in environ if k in FORWARD_NAMES or k.startswith(FORWARD_PREFIXES)}
     return tuple(sorted(names | set(extra)))
+
+
+def multi_host_mpi_args(mpi_args: Sequence[str], environ: Mapping[str, str]) -> tuple[str, ...]:
+    """``mpi_args`` followed by ``--mca NAME VALUE`` for each parameter of :data:`MULTI_HOST_MCA`,
+    family by family, unless the user already chose that family: a parameter of the family in
+    ``mpi_args`` or an ``OMPI_MCA_<family>*`` variable in ``environ`` leaves it out (pure)."""
+    out = list(mpi_args)
+    for family, params in MULTI_HOST_MCA.items():
+        if any(family in a for a in mpi_args) or any(k.startswith("OMPI_MCA_" + family) for k in environ):
+            continue
+        out += [x for k, v in params for x in ("--mca", k, v)]
+    return tuple(out)
 
 
 @dataclass(frozen=True)

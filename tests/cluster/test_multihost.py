@@ -102,9 +102,9 @@ def test_launcher_dry_run_is_what_runs(cluster, shared_dir):
     assert [x["host"] for x in _ranks(shared_dir, "ring")] == ["h1", "h3"]
 
 
-def _launch_then_cut(cluster, cmd, host, timeout=120):
-    """Start ``cmd``; once rank 0 has logged its first epoch, take ``host``'s link down.
-    Returns (status, output, seconds from the cut to the job's end)."""
+def _launch_then(cluster, cmd, action, timeout=120):
+    """Start ``cmd``; once rank 0 has logged its first epoch, run ``action`` (a command line).
+    Returns (status, output after the action, seconds from the action to the job's end)."""
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=dict(
         os.environ, **cluster.env, TF_CPP_MIN_LOG_LEVEL="2"), start_new_session=True)
     lines, cut = [], []
@@ -114,9 +114,8 @@ def _launch_then_cut(cluster, cmd, host, timeout=120):
             lines.append(line)
             if not cut and re.search(r"epoch +1/", line):
                 cut.append(time.monotonic())
-                lines.append("CUT-MARK\n")
-                subprocess.run([sys.executable, "-m", "hvdkit.cluster", "link", host, "down"], check=True,
-                               capture_output=True, timeout=30)
+                lines.append("ACTION\n")
+                subprocess.run(action, check=True, capture_output=True, timeout=30, env=cluster.env)
 
     t = threading.Thread(target=read, daemon=True)
     t.start()
@@ -127,26 +126,30 @@ def _launch_then_cut(cluster, cmd, host, timeout=120):
         pytest.fail(f"no end {timeout} s after the start (a hang?):\n{''.join(lines)[-3000:]}")
     finally:
         t.join(timeout=10)
-        subprocess.run([sys.executable, "-m", "hvdkit.cluster", "link", host, "up"], capture_output=True, timeout=30)
+        subprocess.run([sys.executable, "-m", "hvdkit.cluster", "link", "h3", "up"], capture_output=True, timeout=30)
     assert cut, "".join(lines)[-3000:]
-    return p.returncode, "".join(lines), time.monotonic() - cut[0]
+    return p.returncode, "".join(lines).split("ACTION\n", 1)[1], time.monotonic() - cut[0]
 
 
-@pytest.mark.parametrize("strategy", ["ring", "ps-sync"])
-def test_a_lost_link_ends_the_job_within_60s_naming_the_host(cluster, shared_dir, strategy):
-    """h3's link goes down during training: a synchronous job ends non-zero within 60 s, and
-    the output names h3 (Open MPI's lost daemon) or, for the PS, the silent worker's rank."""
-    hf = cluster.hostfile(os.path.join(shared_dir, "hosts"), [("h1", 1), ("h2", 1), ("h3", 1)])
-    extra = ["--ps-timeout", "10", "--num-servers", "1"] if strategy == "ps-sync" else []
+@pytest.mark.parametrize("strategy, event", [("ring", "link down"), ("ps-sync", "link down"),
+                                             ("ps-sync", "worker frozen")])
+def test_a_lost_host_ends_the_job_within_60s_naming_it(cluster, shared_dir, strategy, event):
+    """h3's link goes down during training: the job ends non-zero within 60 s and Open MPI
+    names h3 (``hvdkit-launch`` sets its TCP keep-alive for multi-host launches). The PS
+    worker on h3 frozen (SIGSTOP; link up): the server names the silent worker's rank."""
+    # the PS's server (the last rank) on h1, so that h3 holds a worker (rank 1)
+    hf = cluster.hostfile(os.path.join(shared_dir, "hosts"), [("h2", 1), ("h3", 1), ("h1", 1)])
+    extra = ["--ps-timeout", "10"] if event == "worker frozen" else []
     cmd = [sys.executable, "-m", "hvdkit.launch", "-np", "3", "--hostfile", hf, "--", "--strategy", strategy,
            "--model", "mlp", "--epochs", "1000", "--no-tensorboard", "--no-checkpoint", *extra,
            "--output-dir", os.path.join(shared_dir, "cut")]
-    status, output, seconds = _launch_then_cut(cluster, cmd, "h3")
-    print(f"\n[{strategy}] link of h3 down -> job ended status {status} after {seconds:.1f} s; last lines:\n"
-          + output.split("CUT-MARK")[-1][-6000:])
+    action = ([sys.executable, "-m", "hvdkit.cluster", "link", "h3", "down"] if event == "link down" else
+              ["ssh", "h3", "pkill -STOP -f '[h]vdkit.train'"])   # [h]: not the shell running pkill
+    status, output, seconds = _launch_then(cluster, cmd, action)
+    print(f"\n[{strategy}, {event}] job ended status {status} {seconds:.1f} s later:\n{output[-1500:]}")
     assert status != 0, output[-3000:]
     assert seconds < 60, (seconds, output[-3000:])
-    if strategy == "ps-sync":   # the server (rank 2, on h3)... is the lost host; see the message
-        assert re.search(r"h3|rank 2|worker", output), output[-3000:]
+    if event == "link down":
+        assert re.search(r"Remote daemon: .* on node h3", output), output[-3000:]
     else:
-        assert "h3" in output, output[-3000:]
+        assert "no message from worker rank(s) [1]" in output, output[-3000:]

@@ -11,6 +11,10 @@
 * Half precision (:func:`tests.models_for_tests.half`): the ring and the PS keep float16 and
   bfloat16 variables; Horovod (no bfloat16) and model-parallel (float32 activations) refuse
   with one line, status 2.
+
+The runs that succeed train in one 3-rank job (``shared_job``: ``tests/parallel/train_many.py``,
+each run on the first N ranks with its own output directory), but tf-multiworker and tf-ps,
+which need a process of their own; the refusals are real launches.
 """
 import os
 
@@ -18,7 +22,7 @@ import numpy as np
 import pytest
 
 from hvdkit.results import load_npz
-from tests.conftest import ROOT, launch, load_results, mpirun_cmd, train
+from tests.conftest import ROOT, launch, load_results, mpirun_cmd, train, train_many
 from tests.models_for_tests import token_data
 
 pytestmark = pytest.mark.parallel
@@ -35,6 +39,9 @@ RUNS = {
 }
 #: the runs that apply the same averaged gradient as horovod's, and how close they must end
 LIKE_HOROVOD = {"ring": 0.0, "ps-sync": 1e-5, "tf-multiworker": 1e-5}
+#: the strategies that need a process of their own (a TF cluster: once per process); the others
+#: train in one job of ``tests/parallel/train_many.py`` (:func:`shared_job`)
+OWN_LAUNCH = ("tf-multiworker", "tf-ps")
 
 
 @pytest.fixture(scope="module")
@@ -42,18 +49,50 @@ def tokens(tmp_path_factory):
     return token_data(str(tmp_path_factory.mktemp("tokens") / "tokens.npz"))
 
 
-def _kinds_run(strategy, tokens, out_dir):
+def _kinds_args(strategy, tokens, out_dir):
     n, extra = RUNS[strategy]
-    out = out_dir / strategy
-    r = train(n, "--strategy", strategy, *KINDS, *extra, "--dataset", f"npz:{tokens}", "--output-dir", str(out),
-              "--export-weights", str(out_dir / f"{strategy}.npz"), timeout=240)
+    return n, ["--strategy", strategy, *KINDS, *extra, "--dataset", f"npz:{tokens}", "--output-dir",
+               str(out_dir / strategy), "--export-weights", str(out_dir / f"{strategy}.npz")]
+
+
+def _kinds_outcome(strategy, out_dir):
+    return load_results(out_dir / strategy), load_npz(str(out_dir / f"{strategy}.npz"))[0]
+
+
+def _kinds_run(strategy, tokens, out_dir):
+    n, args = _kinds_args(strategy, tokens, out_dir)
+    r = train(n, *args, timeout=240)
     assert r.returncode == 0, r.output
-    return load_results(out), load_npz(str(out_dir / f"{strategy}.npz"))[0]
+    return _kinds_outcome(strategy, out_dir)
+
+
+def _half_args(strategy, n, extra, model, out_dir):
+    return n, ["--strategy", strategy, *extra, "--model", f"tests.models_for_tests:{model}", "--max-steps", "6",
+               "--epochs", "1", "--optimizer", "sgd", "--no-tensorboard", "--output-dir", str(out_dir / "run"),
+               "--export-weights", str(out_dir / "w.npz")]
 
 
 @pytest.fixture(scope="module")
-def horovod_kinds(tokens, tmp_path_factory):
-    return _kinds_run("horovod", tokens, tmp_path_factory.mktemp("horovod_kinds"))
+def shared_job(tokens, tmp_path_factory):
+    """One 3-rank job that trains every kinds run but :data:`OWN_LAUNCH` and every half-precision
+    run (what :func:`_kinds_run` and a launch per case would do, without starting TensorFlow
+    each time). Returns the directory holding ``kinds/`` and ``half-<strategy>/``."""
+    d = tmp_path_factory.mktemp("shared_job")
+    runs = []
+    for strategy in RUNS:
+        if strategy not in OWN_LAUNCH:
+            n, args = _kinds_args(strategy, tokens, d / "kinds")
+            runs.append((f"kinds {strategy}", n, args))
+    for strategy, n, extra, model, _, _ in HALF_CASES:
+        n, args = _half_args(strategy, n, extra, model, d / f"half-{strategy}")
+        runs.append((f"half {strategy}", n, args))
+    train_many(3, runs, d, timeout=300)
+    return d
+
+
+@pytest.fixture(scope="module")
+def horovod_kinds(shared_job):
+    return _kinds_outcome("horovod", shared_job / "kinds")
 
 
 def test_every_averaging_path_sums_sparse_rows_and_keeps_dtypes():
@@ -64,8 +103,12 @@ def test_every_averaging_path_sums_sparse_rows_and_keeps_dtypes():
 
 
 @pytest.mark.parametrize("strategy", list(RUNS))
-def test_every_strategy_trains_sparse_float64_and_unreached_variables(strategy, tokens, tmp_path, horovod_kinds):
-    res, w = horovod_kinds if strategy == "horovod" else _kinds_run(strategy, tokens, tmp_path)
+def test_every_strategy_trains_sparse_float64_and_unreached_variables(strategy, tokens, tmp_path, horovod_kinds,
+                                                                      shared_job):
+    if strategy in OWN_LAUNCH:
+        res, w = _kinds_run(strategy, tokens, tmp_path)
+    else:
+        res, w = _kinds_outcome(strategy, shared_job / "kinds")
     final = res["final"]
     assert final["weights_identical_across_ranks"], res["ranks"]
     assert final["eval_accuracy"] >= 0.6, final                      # 4 classes: chance is 0.25
@@ -89,17 +132,18 @@ HALF_INSIDE = {"dense64units.kernel_0": "float32", "dense64units.bias_0": "float
                "dense16.bias_0": "float16", "logits.kernel_0": "float32", "logits.bias_0": "float32"}
 
 
-@pytest.mark.parametrize("strategy,n,extra,model,dtypes,kept", [
+#: (strategy, ranks, extra flags, model, exported dtypes, a dtype the checkpoint keeps): trained in shared_job
+HALF_CASES = [
     ("ring", 2, (), "half", HALF, "float16"),
     ("ps-sync", 2, ("--ps-colocated",), "half", HALF, "float32"),      # the servers' float32 master copies
     ("model-parallel", 2, (), "half_inside", HALF_INSIDE, "float16"),  # float16 weights and slots inside stage 1
-])
-def test_half_precision_variables_keep_their_dtype(strategy, n, extra, model, dtypes, kept, tmp_path):
+]
+
+
+@pytest.mark.parametrize("strategy,n,extra,model,dtypes,kept", HALF_CASES)
+def test_half_precision_variables_keep_their_dtype(strategy, n, extra, model, dtypes, kept, shared_job):
+    tmp_path = shared_job / f"half-{strategy}"
     w = tmp_path / "w.npz"
-    r = train(n, "--strategy", strategy, *extra, "--model", f"tests.models_for_tests:{model}", "--max-steps", "6",
-              "--epochs", "1", "--optimizer", "sgd", "--no-tensorboard", "--output-dir", str(tmp_path / "run"),
-              "--export-weights", str(w), timeout=180)
-    assert r.returncode == 0, r.output
     assert load_results(tmp_path / "run")["final"]["weights_identical_across_ranks"]
     # .npz has no bfloat16: NumPy stores ml_dtypes' bfloat16 as 2-byte void ("V2"), the bytes intact
     got = {k.split("_", 1)[1]: a.dtype.name.replace("void16", "bfloat16") for k, a in load_npz(str(w))[0].items()}

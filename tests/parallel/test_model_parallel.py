@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from hvdkit.results import load_npz
-from tests.conftest import load_results, train
+from tests.conftest import load_results, train, train_many
 
 pytestmark = pytest.mark.parallel
 
@@ -31,12 +31,29 @@ def assert_ranks_agree(res, n):
     assert [r["samples"] > 0 for r in ranks] == [False] * (n - 1) + [True]
 
 
-@pytest.mark.parametrize("micro_batches", [1, 4])
-def test_two_stages_train_to_the_weights_of_one_process(tmp_path, one_process, micro_batches):
-    out, w = tmp_path / "run", tmp_path / "w.npz"
-    r = train(2, *COMMON, "--strategy", "model-parallel", "--micro-batches", str(micro_batches),
-              "--output-dir", str(out), "--export-weights", str(w), timeout=150)
-    assert r.returncode == 0, r.output
+MICRO_BATCHES = (1, 4)
+LEARN = ["--strategy", "model-parallel", "--micro-batches", "2", "--optimizer", "adam", "--lr", "0.005",
+         "--no-tensorboard"]
+
+
+@pytest.fixture(scope="module")
+def mp_job(tmp_path_factory):
+    """Every successful model-parallel run below, in one 2-rank job (tests/parallel/train_many.py), in
+    order: ``mb1/`` and ``mb4/`` (with ``mb1.npz``, ``mb4.npz``), then ``learn/``: 1 epoch, then
+    ``--resume`` to 2. Returns (directory, the job's stdout)."""
+    d = tmp_path_factory.mktemp("mp_job")
+    runs = [(f"micro-batches {m}", 2, [*COMMON, "--strategy", "model-parallel", "--micro-batches", str(m),
+                                       "--output-dir", str(d / f"mb{m}"), "--export-weights", str(d / f"mb{m}.npz")])
+            for m in MICRO_BATCHES]
+    runs += [("learn epoch 1", 2, [*LEARN, "--output-dir", str(d / "learn"), "--epochs", "1"]),
+             ("learn resumed to epoch 2", 2, [*LEARN, "--output-dir", str(d / "learn"), "--epochs", "2", "--resume"])]
+    r = train_many(2, runs, d, timeout=300)
+    return d, r.stdout
+
+
+@pytest.mark.parametrize("micro_batches", MICRO_BATCHES)
+def test_two_stages_train_to_the_weights_of_one_process(mp_job, one_process, micro_batches):
+    out, w = mp_job[0] / f"mb{micro_batches}", mp_job[0] / f"mb{micro_batches}.npz"
     res = load_results(out)
     assert_ranks_agree(res, 2)
     assert res["num_workers"] == 1 and res["epochs"][-1]["samples"] == 10 * 32
@@ -53,16 +70,10 @@ def test_two_stages_train_to_the_weights_of_one_process(tmp_path, one_process, m
     assert res["timing"]["wait_s"] > 0 and res["timing"]["compute_s"] > 0
 
 
-def test_two_stages_learn_digits_and_resume(tmp_path):
+def test_two_stages_learn_digits_and_resume(mp_job):
     """2 epochs (1, then --resume to 2): eval accuracy far above chance (0.1), checkpoint restores the pipeline."""
-    out = tmp_path / "run"
-    args = ["--strategy", "model-parallel", "--micro-batches", "2", "--optimizer", "adam", "--lr", "0.005",
-            "--no-tensorboard", "--output-dir", str(out)]
-    r1 = train(2, *args, "--epochs", "1", timeout=150)
-    assert r1.returncode == 0, r1.output
-    r2 = train(2, *args, "--epochs", "2", "--resume", timeout=150)
-    assert r2.returncode == 0, r2.output
-    assert "resuming after epoch 1" in r2.stdout
+    out, stdout = mp_job[0] / "learn", mp_job[1]
+    assert "resuming after epoch 1" in stdout  # the job's one --resume run
     res = load_results(out)
     assert_ranks_agree(res, 2)
     assert [e["epoch"] for e in res["epochs"]] == [1, 2]

@@ -7,7 +7,7 @@ import pytest
 
 from hvdkit.results import load_npz
 from hvdkit.strategies.ps.rules import ssp_staleness_bound
-from tests.conftest import launch, load_results, mpirun_cmd, train
+from tests.conftest import launch, load_results, mpirun_cmd, train, train_many
 
 pytestmark = pytest.mark.parallel
 
@@ -41,37 +41,53 @@ def ps_section(out):
     return load_results(out)["ps"]
 
 
-def test_ps_sync_equals_horovod_and_single_process_sgd(tmp_path):
-    runs = {"ps-sync": (3, ["--strategy", "ps-sync"]),
-            "ps-sync-colocated": (2, ["--strategy", "ps-sync", "--ps-colocated"]),
-            "horovod": (2, ["--strategy", "horovod"])}
+#: the runs of the tests below but the failure cases: name -> (ranks, flags). They train in one
+#: 3-rank job (tests/parallel/train_many.py), each with its own --output-dir
+PS_RUNS = {
+    "horovod": (2, [*EXACT, "--strategy", "horovod"]),
+    "ps-sync": (3, [*EXACT, "--strategy", "ps-sync"]),
+    "ps-sync-colocated": (2, [*EXACT, "--strategy", "ps-sync", "--ps-colocated"]),
+    "ps-async": (3, ["--strategy", "ps-async", "--epochs", "8"]),
+    "ps-ssp": (3, ["--strategy", "ps-ssp", "--staleness", "1", "--straggler", "1:3", "--epochs", "2"]),
+    "ps-dcasgd": (3, ["--strategy", "ps-dcasgd", "--dc-lambda", "0.04", "--epochs", "4"]),
+}
+
+
+@pytest.fixture(scope="module")
+def ps_runs(tmp_path_factory):
+    """The directory holding each :data:`PS_RUNS` run's ``NAME/`` (output; the EXACT runs export
+    their weights to ``NAME.npz`` too)."""
+    d = tmp_path_factory.mktemp("ps_runs")
+    runs = []
+    for name, (n, args) in PS_RUNS.items():
+        export = ["--export-weights", str(d / f"{name}.npz")] if args[:len(EXACT)] == EXACT else []
+        runs.append((name, n, [*args, "--output-dir", str(d / name), *export]))
+    train_many(3, runs, d, timeout=400)
+    return d
+
+
+def test_ps_sync_equals_horovod_and_single_process_sgd(ps_runs):
     weights = {}
-    for name, (n, args) in runs.items():
-        out = tmp_path / name
-        r = train(n, *EXACT, *args, "--output-dir", str(out), "--export-weights", str(tmp_path / f"{name}.npz"))
-        assert r.returncode == 0, r.output
-        res = load_results(out)
+    for name in ("ps-sync", "ps-sync-colocated", "horovod"):
+        res = load_results(ps_runs / name)
         assert res["final"]["steps"] == STEPS and res["num_workers"] == 2
         assert res["final"]["weights_identical_across_ranks"], res["ranks"]
-        arrays, _ = load_npz(str(tmp_path / f"{name}.npz"))
+        arrays, _ = load_npz(str(ps_runs / f"{name}.npz"))
         weights[name] = [arrays[k] for k in sorted(arrays)]
     weights["single"] = single_process_sgd_on_concatenated_batches(2)
     for name in ("ps-sync", "ps-sync-colocated", "single"):
         for a, b in zip(weights[name], weights["horovod"]):
             np.testing.assert_allclose(a, b, rtol=0, atol=1e-5, err_msg=name)
-    assert ps_section(tmp_path / "ps-sync")["max_staleness"] == 0
+    assert ps_section(ps_runs / "ps-sync")["max_staleness"] == 0
     # bytes a worker moves per step: dedicated, all S each way; colocated (N = 2), the other
     # rank's half each way, 2 (N-1)/N x S as a ring
     for name, expected in (("ps-sync", 2.0), ("ps-sync-colocated", 1.0)):
-        ps = ps_section(tmp_path / name)
+        ps = ps_section(ps_runs / name)
         assert ps["bytes_per_step_per_worker"] == expected * ps["param_bytes"], (name, ps)
 
 
-def test_ps_async_applies_every_push_and_learns(tmp_path):
-    out = tmp_path / "run"
-    r = train(3, "--strategy", "ps-async", "--epochs", "8", "--output-dir", str(out))
-    assert r.returncode == 0, r.output
-    res = load_results(out)
+def test_ps_async_applies_every_push_and_learns(ps_runs):
+    res = load_results(ps_runs / "ps-async")
     ps = res["ps"]
     assert ps["updates_applied"] == ps["pushes"] > 0
     assert all(int(k) >= 0 for k in ps["staleness_histogram"])
@@ -81,12 +97,8 @@ def test_ps_async_applies_every_push_and_learns(tmp_path):
     assert res["final"]["weights_identical_across_ranks"]
 
 
-def test_ps_ssp_staleness_stays_within_the_bound_under_a_straggler(tmp_path):
-    out = tmp_path / "run"
-    r = train(3, "--strategy", "ps-ssp", "--staleness", "1", "--straggler", "1:3", "--epochs", "2",
-              "--output-dir", str(out))
-    assert r.returncode == 0, r.output
-    ps = ps_section(out)
+def test_ps_ssp_staleness_stays_within_the_bound_under_a_straggler(ps_runs):
+    ps = ps_section(ps_runs / "ps-ssp")
     bound = ssp_staleness_bound(2, 1)   # (W - 1)(2s + 1) = 3 for 2 workers, s = 1
     assert ps["staleness_bound"] == bound
     assert ps["max_staleness"] <= bound, ps["staleness_histogram"]
@@ -95,11 +107,8 @@ def test_ps_ssp_staleness_stays_within_the_bound_under_a_straggler(tmp_path):
     assert ps["updates_applied"] == ps["pushes"]
 
 
-def test_ps_dcasgd_trains_and_reports_lambda(tmp_path):
-    out = tmp_path / "run"
-    r = train(3, "--strategy", "ps-dcasgd", "--dc-lambda", "0.04", "--epochs", "4", "--output-dir", str(out))
-    assert r.returncode == 0, r.output
-    res = load_results(out)
+def test_ps_dcasgd_trains_and_reports_lambda(ps_runs):
+    res = load_results(ps_runs / "ps-dcasgd")
     assert res["ps"]["dc_lambda"] == 0.04 and res["ps"]["updates_applied"] == res["ps"]["pushes"]
     assert res["final"]["eval_accuracy"] >= 0.8
 
@@ -151,14 +160,13 @@ def test_ps_needs_a_worker():
 @pytest.mark.slow
 def test_ps_sync_resume_ends_like_an_uninterrupted_run(tmp_path):
     common = ["--strategy", "ps-sync", "--model", "linear", "--num-servers", "1"]
-    a = train(3, *common, "--epochs", "2", "--output-dir", str(tmp_path / "a"),
-              "--export-weights", str(tmp_path / "a.npz"))
-    assert a.returncode == 0, a.output
-    b1 = train(3, *common, "--epochs", "1", "--output-dir", str(tmp_path / "b"))
-    assert b1.returncode == 0, b1.output
-    b2 = train(3, *common, "--epochs", "2", "--output-dir", str(tmp_path / "b"), "--resume",
-               "--export-weights", str(tmp_path / "b.npz"))
-    assert b2.returncode == 0, b2.output
+    r = train_many(3, [  # in order, in one job: b2 resumes what b1 wrote
+        ("a", 3, [*common, "--epochs", "2", "--output-dir", str(tmp_path / "a"),
+                  "--export-weights", str(tmp_path / "a.npz")]),
+        ("b1", 3, [*common, "--epochs", "1", "--output-dir", str(tmp_path / "b")]),
+        ("b2", 3, [*common, "--epochs", "2", "--output-dir", str(tmp_path / "b"), "--resume",
+                   "--export-weights", str(tmp_path / "b.npz")])], tmp_path)
+    assert "resuming after epoch 1" in r.stdout
     wa, _ = load_npz(str(tmp_path / "a.npz"))
     wb, _ = load_npz(str(tmp_path / "b.npz"))
     for k in wa:

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from hvdkit.results import load_npz, save_npz
-from tests.conftest import load_results, train
+from tests.conftest import load_results, train, train_many
 
 pytestmark = pytest.mark.parallel
 
@@ -59,13 +59,30 @@ def test_bad_output_path_is_refused_before_training(tmp_path, case):
 
 # -- 8: resume at another topology --------------------------------------------------------------
 
+PS = ["--strategy", "ps-sync", *QUIET, "--optimizer", "momentum", "--seed", "3"]
+#: the first epochs the tests below resume (from copies), trained in one 3-rank job
+#: (tests/parallel/train_many.py, :func:`first_epochs`): name -> (ranks, flags)
+FIRST_EPOCHS = {
+    "horovod": (2, ["--strategy", "horovod", *QUIET, "--epochs", "1"]),   # momentum, the default optimizer
+    "ps-sync": (2, [*PS, "--ps-colocated", "--epochs", "1"]),             # K = 2 shards, W = 2 workers
+    "ps-dcasgd": (3, ["--strategy", "ps-dcasgd", "--model", "linear", "--no-tensorboard", "--epochs", "1"]),
+    "model-parallel": (2, ["--strategy", "model-parallel", "--model", "mlp", "--no-tensorboard", "--epochs", "1"]),
+}
+
+
 @pytest.fixture(scope="module")
-def horovod_ckpt(tmp_path_factory):
+def first_epochs(tmp_path_factory):
+    """Each :data:`FIRST_EPOCHS` run's output directory (checkpoint.npz, results.json): name -> path."""
+    d = tmp_path_factory.mktemp("first_epochs")
+    train_many(3, [(name, n, [*args, "--output-dir", str(d / name)]) for name, (n, args) in FIRST_EPOCHS.items()],
+               d, timeout=300)
+    return {name: d / name for name in FIRST_EPOCHS}
+
+
+@pytest.fixture(scope="module")
+def horovod_ckpt(first_epochs):
     """1 epoch of horovod on 2 ranks (momentum): the checkpoint the refusal cases start from."""
-    d = tmp_path_factory.mktemp("horovod_ckpt") / "run"
-    r = train(2, *QUIET, "--epochs", "1", "--output-dir", str(d))
-    assert r.returncode == 0, r.output
-    return d
+    return first_epochs["horovod"]
 
 
 def _copy(src, dst):
@@ -109,16 +126,10 @@ def test_resume_that_cannot_be_honoured_is_refused_before_loading(tmp_path, horo
     assert hashlib.sha256((d / "checkpoint.npz").read_bytes()).hexdigest() == before
 
 
-PS = ["--strategy", "ps-sync", *QUIET, "--optimizer", "momentum", "--seed", "3"]
-
-
 @pytest.fixture(scope="module")
-def ps_ckpt(tmp_path_factory):
+def ps_ckpt(first_epochs):
     """1 epoch of ps-sync on 2 colocated ranks: K = 2 shards, W = 2 workers."""
-    d = tmp_path_factory.mktemp("ps_ckpt") / "run"
-    r = train(2, *PS, "--ps-colocated", "--epochs", "1", "--output-dir", str(d))
-    assert r.returncode == 0, r.output
-    return d
+    return first_epochs["ps-sync"]
 
 
 def _ps_state(path):
@@ -155,13 +166,12 @@ def test_ps_resumed_at_another_shard_count_starts_from_exactly_the_checkpoint(tm
 def test_ps_sync_resumed_at_another_shard_count_ends_as_at_the_old_one(tmp_path, ps_ckpt):
     """The same 2 workers, resumed on 1 dedicated server or on the 2 colocated shards that wrote it."""
     runs = {"new-count": (3, ["--num-servers", "1"]), "old-count": (2, ["--ps-colocated"])}
+    train_many(3, [(name, n, [*PS, *extra, "--epochs", "2", "--resume", "--output-dir",  # each from its own copy
+                              str(_copy(ps_ckpt, tmp_path / name)), "--export-weights", str(tmp_path / f"{name}.npz")])
+                   for name, (n, extra) in runs.items()], tmp_path)
     w = {}
-    for name, (n, extra) in runs.items():
-        d = _copy(ps_ckpt, tmp_path / name)
-        r = train(n, *PS, *extra, "--epochs", "2", "--resume", "--output-dir", str(d),
-                  "--export-weights", str(tmp_path / f"{name}.npz"))
-        assert r.returncode == 0, r.output
-        assert load_results(d)["num_workers"] == 2
+    for name in runs:
+        assert load_results(tmp_path / name)["num_workers"] == 2
         w[name], _ = load_npz(str(tmp_path / f"{name}.npz"))
     for k in w["old-count"]:
         np.testing.assert_allclose(w["new-count"][k], w["old-count"][k], rtol=0, atol=1e-5, err_msg=k)
@@ -183,11 +193,11 @@ def test_ps_state_of_another_optimizer_is_refused_before_loading(tmp_path, ps_ck
 
 
 @pytest.mark.slow
-def test_model_parallel_resumed_at_another_world_size_is_refused(tmp_path):
+def test_model_parallel_resumed_at_another_world_size_is_refused(tmp_path, first_epochs):
     """Another world size is another stage split: one line, status 2, nothing trained."""
-    common = ["--strategy", "model-parallel", "--model", "mlp", "--no-tensorboard", "--output-dir", str(tmp_path)]
-    r = train(2, *common, "--epochs", "1")
-    assert r.returncode == 0, r.output
+    out = _copy(first_epochs["model-parallel"], tmp_path / "run")  # 1 epoch on 2 ranks
+    common = ["--strategy", "model-parallel", "--model", "mlp", "--no-tensorboard", "--output-dir", str(out)]
+    assert FIRST_EPOCHS["model-parallel"] == (2, [*common[:5], "--epochs", "1"])
     r = train(3, *common, "--epochs", "2", "--resume", timeout=90)
     assert_one_error_line(r, "--resume: the checkpoint's model-parallel stages (layer ranges [(0, 2), (2, 4)]) differ")
     assert "epoch 2" not in r.stdout
@@ -229,15 +239,19 @@ def _steps_per_epoch(workers: int, batch: int = 32) -> int:
 
 @pytest.mark.parametrize("np_,strategy,model,workers,bad", NON_FINITE)
 def test_training_that_turns_non_finite_stops_and_keeps_the_last_finite_checkpoint(tmp_path, np_, strategy, model,
-                                                                                    workers, bad):
+                                                                                    workers, bad, first_epochs):
     """A finite first epoch, then a non-finite second one: the job ends at a named step and
     tensor, status 1, one message; the checkpoint and results of epoch 1 untouched, no export."""
     out = tmp_path / "run"
     common = ["--strategy", strategy, "--model", model, "--no-tensorboard", "--output-dir", str(out)]
     steps_1 = _steps_per_epoch(workers)
     if bad is not None:  # a real cause: resume the finite first epoch with a huge --lr / --dc-lambda
-        r1 = train(np_, *common, "--epochs", "1", timeout=180)
-        assert r1.returncode == 0, r1.output
+        if strategy in FIRST_EPOCHS:  # that first epoch, the same flags, trained in first_epochs' job
+            assert FIRST_EPOCHS[strategy] == (np_, [*common[:4], "--no-tensorboard", "--epochs", "1"])
+            shutil.copytree(first_epochs[strategy], out)
+        else:
+            r1 = train(np_, *common, "--epochs", "1", timeout=180)
+            assert r1.returncode == 0, r1.output
         assert load_npz(str(out / "checkpoint.npz"))[1]["global_step"] == steps_1
         digest = {f: hashlib.sha256((out / f).read_bytes()).hexdigest() for f in ("checkpoint.npz", "results.json")}
         args = ["--epochs", "3", "--resume", *bad]

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from hvdkit.results import load_npz
-from tests.conftest import ROOT, SGD_20, launch, load_results, mpirun_cmd, train
+from tests.conftest import ROOT, SGD_20_RUNS, launch, load_results, mpirun_cmd
 
 pytestmark = pytest.mark.parallel
 
@@ -32,12 +32,11 @@ def test_ring_equals_mpi_allreduce_4_ranks():
     _run_check(4)
 
 
-def test_ring_trains_like_horovod_at_2_ranks(tmp_path, horovod_sgd_20):
-    """20 SGD steps of the mlp: ``--strategy ring`` (in 5 fusion buckets) == ``--strategy horovod``."""
-    out, w = tmp_path / "ring", tmp_path / "ring.npz"
-    r = train(2, "--strategy", "ring", *SGD_20, "--fusion-bytes", "16384", "--output-dir", str(out),
-              "--export-weights", str(w), timeout=180)
-    assert r.returncode == 0, r.output
+def test_ring_trains_like_horovod_at_2_ranks(sgd_20_job, horovod_sgd_20):
+    """20 SGD steps of the mlp: ``--strategy ring`` (in 5 fusion buckets) == ``--strategy horovod``;
+    both trained in ``sgd_20_job`` (tests/conftest.py: ``SGD_20_RUNS``)."""
+    assert SGD_20_RUNS["ring"] == ("--strategy", "ring", "--fusion-bytes", "16384")
+    out, w = sgd_20_job / "ring", sgd_20_job / "ring.npz"
     runs = {"ring": (load_results(out), load_npz(str(w))[0]), "horovod": horovod_sgd_20}
     for res, _ in runs.values():
         ranks = res["ranks"]

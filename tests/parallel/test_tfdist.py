@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from hvdkit.results import load_npz
-from tests.conftest import ROOT, SGD_20, load_results, train
+from tests.conftest import ROOT, SGD_20, load_results, train, train_many
 
 pytestmark = pytest.mark.parallel
 
@@ -29,12 +29,22 @@ def _check_trained(res, strategy, world_size, loop_ranks):
     return res["tf_distribute"]
 
 
-@pytest.mark.parametrize("strategy,cls", [("tf-mirrored", "MirroredStrategy"),
-                                          ("tf-central-storage", "CentralStorageStrategy")])
-def test_single_process_strategies_train(tmp_path, strategy, cls):
-    r = train(0, "--strategy", strategy, *QUICK, "--output-dir", str(tmp_path / "run"), timeout=120)
-    assert r.returncode == 0, r.output
-    td = _check_trained(load_results(tmp_path / "run"), strategy, 1, [0])
+SINGLE_PROCESS = [("tf-mirrored", "MirroredStrategy"), ("tf-central-storage", "CentralStorageStrategy")]
+
+
+@pytest.fixture(scope="module")
+def single_process_runs(tmp_path_factory):
+    """Each :data:`SINGLE_PROCESS` strategy trained in one plain process (no mpirun), one after the
+    other (tests/parallel/train_many.py). Returns the directory holding ``STRATEGY/``."""
+    d = tmp_path_factory.mktemp("single_process")
+    train_many(0, [(s, 1, ["--strategy", s, *QUICK, "--output-dir", str(d / s)]) for s, _ in SINGLE_PROCESS], d,
+               timeout=240)
+    return d
+
+
+@pytest.mark.parametrize("strategy,cls", SINGLE_PROCESS)
+def test_single_process_strategies_train(single_process_runs, strategy, cls):
+    td = _check_trained(load_results(single_process_runs / strategy), strategy, 1, [0])
     assert td["class"].endswith(cls) and td["num_replicas_in_sync"] >= 1 and td["devices"]
 
 

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from hvdkit.results import load_npz
-from tests.conftest import load_results, train
+from tests.conftest import load_results, train, train_many
 
 pytestmark = pytest.mark.parallel
 
@@ -35,10 +35,28 @@ def test_readme_main_job_horovodrun_4_ranks(tmp_path):
     assert r.stdout.count("final eval_accuracy") == 1, "only rank 0 logs"
 
 
-def test_cnn_2_ranks_exports_identical_weights(tmp_path):
-    out, w = tmp_path / "run", tmp_path / "w.npz"
-    r = train(2, "--model", "cnn", "--epochs", "6", "--export-weights", str(w), "--output-dir", str(out))
-    assert r.returncode == 0, r.output
+RESUME = ["--model", "linear", "--optimizer", "momentum"]
+
+
+@pytest.fixture(scope="module")
+def horovod_job(tmp_path_factory):
+    """The successful 2-rank horovod runs below in one job (tests/parallel/train_many.py), in order:
+    ``cnn/`` (+ ``cnn.npz``); ``a/`` 2 epochs (+ ``a.npz``); ``b/`` 1 epoch, then ``--resume`` to 2
+    (+ ``b.npz``). Returns (directory, the job's stdout)."""
+    d = tmp_path_factory.mktemp("horovod_job")
+    r = train_many(2, [
+        ("cnn", 2, ["--model", "cnn", "--epochs", "6", "--export-weights", str(d / "cnn.npz"),
+                    "--output-dir", str(d / "cnn")]),
+        ("a: 2 epochs", 2, [*RESUME, "--epochs", "2", "--output-dir", str(d / "a"),
+                            "--export-weights", str(d / "a.npz")]),
+        ("b1: 1 epoch", 2, [*RESUME, "--epochs", "1", "--output-dir", str(d / "b")]),
+        ("b2: resumed to 2", 2, [*RESUME, "--epochs", "2", "--output-dir", str(d / "b"), "--resume",
+                                 "--export-weights", str(d / "b.npz")])], d, timeout=300)
+    return d, r.stdout
+
+
+def test_cnn_2_ranks_exports_identical_weights(horovod_job):
+    out, w = horovod_job[0] / "cnn", horovod_job[0] / "cnn.npz"
     res = load_results(out)
     assert_all_ranks_agree(res, 2)
     assert res["final"]["eval_accuracy"] >= 0.95
@@ -81,17 +99,9 @@ def test_fewer_samples_than_ranks(tmp_path):
     assert r.output.count("hvdkit: error:") == 1
 
 
-def test_resume_ends_like_an_uninterrupted_run(tmp_path):
-    common = ["--model", "linear", "--optimizer", "momentum"]
-    a = train(2, *common, "--epochs", "2", "--output-dir", str(tmp_path / "a"),
-              "--export-weights", str(tmp_path / "a.npz"))
-    assert a.returncode == 0, a.output
-    b1 = train(2, *common, "--epochs", "1", "--output-dir", str(tmp_path / "b"))
-    assert b1.returncode == 0, b1.output
-    b2 = train(2, *common, "--epochs", "2", "--output-dir", str(tmp_path / "b"), "--resume",
-               "--export-weights", str(tmp_path / "b.npz"))
-    assert b2.returncode == 0, b2.output
-    assert "resuming after epoch 1" in b2.stdout
+def test_resume_ends_like_an_uninterrupted_run(horovod_job):
+    tmp_path, stdout = horovod_job
+    assert "resuming after epoch 1" in stdout  # the job's one --resume run
     wa, _ = load_npz(str(tmp_path / "a.npz"))
     wb, _ = load_npz(str(tmp_path / "b.npz"))
     for k in wa:

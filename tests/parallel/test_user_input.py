@@ -6,7 +6,7 @@ import struct
 import numpy as np
 import pytest
 
-from tests.conftest import load_results, train
+from tests.conftest import load_results, train, train_many
 
 pytestmark = pytest.mark.parallel
 
@@ -16,11 +16,11 @@ SUBCLASSED = ["--model", "tests.user_models:subclassed", "--epochs", "1", "--no-
 def test_a_subclassed_model_trains_under_horovod_ring_and_ps_sync(tmp_path):
     """TensorFlow's quickstart style (no Input, no output_shape) trains to the same figures in each row."""
     firsts = {}
-    for np_, strategy in ((2, "horovod"), (2, "ring"), (3, "ps-sync")):
-        out = tmp_path / strategy
-        r = train(np_, "--strategy", strategy, *SUBCLASSED, "--output-dir", str(out), timeout=150)
-        assert r.returncode == 0, r.output
-        res = load_results(out)
+    rows = ((2, "horovod"), (2, "ring"), (3, "ps-sync"))
+    train_many(3, [(strategy, np_, ["--strategy", strategy, *SUBCLASSED, "--output-dir", str(tmp_path / strategy)])
+                   for np_, strategy in rows], tmp_path, timeout=300)   # one job: TensorFlow starts once
+    for np_, strategy in rows:
+        res = load_results(tmp_path / strategy)
         assert [x["rank"] for x in res["ranks"]] == [0, 1], (strategy, res["ranks"])  # every worker reports
         assert all(x["measured_steps"] > 0 for x in res["ranks"]), res["ranks"]
         assert res["final"]["weights_identical_across_ranks"] is True

@@ -12,6 +12,7 @@ import yaml
 
 from hvdkit import launch as L
 from hvdkit.launch import templates as T
+from hvdkit.launch.command import multi_host_mpi_args
 from hvdkit.errors import UsageError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -260,6 +261,38 @@ def test_main_dry_run(capsys, monkeypatch):
     assert L.main(["-np", "2", "--mpi", "mpich", "--dry-run", "python", "my.py", "-v"]) == 0
     argv = shlex.split(capsys.readouterr().out)
     assert argv[:3] == ["mpiexec", "-n", "2"] and argv[-3:] == ["python", "my.py", "-v"]
+
+
+def test_multi_host_open_mpi_gets_the_ring_allreduce(capsys, monkeypatch):
+    """-H / --hostfile with Open MPI: the ring allreduce MCA flags (mpirun, and horovodrun's
+    --mpi-args); not on one host, not for MPICH, not when the user set any coll_tuned parameter."""
+    ring = ["--mca", "coll_tuned_use_dynamic_rules", "1", "--mca", "coll_tuned_allreduce_algorithm", "4"]
+    keep = ["--mca", "oob_tcp_keepalive_time", "5", "--mca", "oob_tcp_keepalive_intvl", "3",
+            "--mca", "oob_tcp_keepalive_probes", "3"]    # a lost host noticed within ~14 s
+    monkeypatch.delenv("OMPI_MCA_coll_tuned_allreduce_algorithm", raising=False)
+    assert multi_host_mpi_args(("-v",), {}) == ("-v", *ring, *keep)
+    assert multi_host_mpi_args(("--mca", "coll_tuned_allreduce_algorithm", "6"), {}) == \
+        ("--mca", "coll_tuned_allreduce_algorithm", "6", *keep)
+    assert multi_host_mpi_args((), {"OMPI_MCA_coll_tuned_use_dynamic_rules": "0"}) == tuple(keep)
+    assert multi_host_mpi_args(("--mca", "oob_tcp_keepalive_time", "60"), {"OMPI_MCA_coll_tuned_x": "1"}) == \
+        ("--mca", "oob_tcp_keepalive_time", "60")
+
+    def run(*args):
+        assert L.main([*args, "--dry-run", "--", "--epochs", "1"]) == 0
+        return shlex.split(capsys.readouterr().out)
+
+    argv = run("-np", "2", "-H", "a:1,b:1", "--mpi", "openmpi")
+    i = argv.index("--mca")
+    assert argv[i:i + 15] == ring + keep and argv[i + 15] == sys.executable
+    assert "--mca" not in run("-np", "2", "--mpi", "openmpi")
+    assert "--mca" not in " ".join(run("-np", "2", "-H", "a:1,b:1", "--mpi", "mpich"))
+    argv = run("-np", "2", "-H", "a:1,b:1", "--mpi", "openmpi", "--mpi-args=--mca coll_tuned_use_dynamic_rules 0")
+    assert argv.count("--mca") == 4 and "coll_tuned_allreduce_algorithm" not in argv
+    argv = run("-np", "2", "-H", "a:1,b:1", "--mpi", "openmpi", "--launcher", "horovodrun")
+    assert "--mpi-args=" + shlex.join(ring + keep) in argv
+    monkeypatch.setenv("OMPI_MCA_coll_tuned_allreduce_algorithm", "6")
+    argv = run("-np", "2", "-H", "a:1,b:1", "--mpi", "openmpi")
+    assert "coll_tuned_allreduce_algorithm" not in argv and argv.count("--mca") == 3
 
 
 @pytest.mark.parametrize("args,match", [

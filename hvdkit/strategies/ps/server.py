@@ -193,14 +193,20 @@ class ServerLoop:
         h = Header.unpack(self._hdr)
         payload = None
         if h.nelem:
-            comm.Probe(source=src, tag=TAG_REQ_DATA, status=st)
+            # The payload follows its header at once; if it never comes (the worker's host or
+            # link died in between), name the worker after ``timeout`` instead of blocking.
+            deadline = time.monotonic() + self.timeout
+            lost = (f"shard {server.shard}: worker rank {src} sent a request header but not its payload "
+                    f"within {self.timeout:.0f} s; its host or link may have failed (raise --ps-timeout for very slow links)")
+            poll(lambda: comm.Iprobe(source=src, tag=TAG_REQ_DATA, status=st), deadline, lost)
             nbytes = st.Get_count(self._byte)
             # One receive buffer per worker, reused: a worker's next request comes only after
             # the reply to this one, by which time the server is done with the payload.
             raw = self.recv_bufs.get(src)
             if raw is None or raw.size != nbytes:
                 raw = self.recv_bufs[src] = np.empty(nbytes, np.uint8)
-            comm.Recv(raw, source=src, tag=TAG_REQ_DATA)
+            req = comm.Irecv(raw, source=src, tag=TAG_REQ_DATA)
+            poll(req.Test, deadline, lost)
             dt = DTYPES.get(h.dtype, np.dtype(np.uint8))
             payload = raw.view(dt) if nbytes % dt.itemsize == 0 else raw
         if src not in self.worker_of:
