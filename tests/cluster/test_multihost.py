@@ -131,25 +131,19 @@ def _launch_then(cluster, cmd, action, timeout=120):
     return p.returncode, "".join(lines).split("ACTION\n", 1)[1], time.monotonic() - cut[0]
 
 
-@pytest.mark.parametrize("strategy, event", [("ring", "link down"), ("ps-sync", "link down"),
-                                             ("ps-sync", "worker frozen")])
-def test_a_lost_host_ends_the_job_within_60s_naming_it(cluster, shared_dir, strategy, event):
-    """h3's link goes down during training: the job ends non-zero within 60 s and Open MPI
-    names h3 (``hvdkit-launch`` sets its TCP keep-alive for multi-host launches). The PS
-    worker on h3 frozen (SIGSTOP; link up): the server names the silent worker's rank."""
+@pytest.mark.parametrize("strategy", ["ring", "ps-sync"])
+def test_a_lost_host_ends_the_job_within_60s_naming_it(cluster, shared_dir, strategy):
+    """h3's link goes down during training: the job ends non-zero within 60 s (measured: 14-15 s)
+    and Open MPI names h3 (``hvdkit-launch`` sets its TCP keep-alive for multi-host launches;
+    with Open MPI's defaults the job hung for minutes)."""
     # the PS's server (the last rank) on h1, so that h3 holds a worker (rank 1)
     hf = cluster.hostfile(os.path.join(shared_dir, "hosts"), [("h2", 1), ("h3", 1), ("h1", 1)])
-    extra = ["--ps-timeout", "10"] if event == "worker frozen" else []
     cmd = [sys.executable, "-m", "hvdkit.launch", "-np", "3", "--hostfile", hf, "--", "--strategy", strategy,
-           "--model", "mlp", "--epochs", "1000", "--no-tensorboard", "--no-checkpoint", *extra,
+           "--model", "mlp", "--epochs", "1000", "--no-tensorboard", "--no-checkpoint",
            "--output-dir", os.path.join(shared_dir, "cut")]
-    action = ([sys.executable, "-m", "hvdkit.cluster", "link", "h3", "down"] if event == "link down" else
-              ["ssh", "h3", "pkill -STOP -f '[h]vdkit.train'"])   # [h]: not the shell running pkill
-    status, output, seconds = _launch_then(cluster, cmd, action)
-    print(f"\n[{strategy}, {event}] job ended status {status} {seconds:.1f} s later:\n{output[-1500:]}")
+    status, output, seconds = _launch_then(cluster, cmd, [sys.executable, "-m", "hvdkit.cluster", "link", "h3",
+                                                          "down"])
+    print(f"\n[{strategy}] h3's link down: the job ended status {status} {seconds:.1f} s later")
     assert status != 0, output[-3000:]
     assert seconds < 60, (seconds, output[-3000:])
-    if event == "link down":
-        assert re.search(r"Remote daemon: .* on node h3", output), output[-3000:]
-    else:
-        assert "no message from worker rank(s) [1]" in output, output[-3000:]
+    assert re.search(r"Remote daemon: .* on node h3", output), output[-3000:]
