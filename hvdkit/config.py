@@ -102,7 +102,7 @@ FIELDS: tuple[Option, ...] = (
     # what to train
     Option("strategy", str, "horovod", "how replicas agree (the list below; README: the strategy table)",
            "what to train", metavar="NAME"),
-    Option("model", str, "mlp", "linear | mlp | cnn | resnet50 | MODULE:FUNCTION (a function "
+    Option("model", str, "mlp", "linear | mlp | mlp-wide | cnn | resnet50 | MODULE:FUNCTION (a function "
            "(input_shape, num_classes) -> tf.keras.Model returning logits)", "what to train", metavar="NAME"),
     Option("dataset", str, "digits", "digits (scikit-learn's 1,797 bundled 8x8 images) | synthetic | "
            "npz:PATH (arrays x, y) | idx:DIR (MNIST IDX files)", "what to train", metavar="SPEC"),

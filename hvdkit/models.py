@@ -13,6 +13,9 @@ linear     y = W.x + b on the flattened input (the notes' LinearRegressor,      
 mlp        flatten, Dense 128 ReLU, Dense 64 ReLU, Dense classes                 17,226
 cnn        LeNet-style: 2x (3x3 conv 'same' + ReLU + 2x2 max-pool), Dense 128    22,602
            (works on 8x8 and 28x28 and larger images)
+mlp-wide   flatten, Dense 1536 ReLU, Dense 1536 ReLU, Dense classes: a          7.1 M*
+           network-bound model for the cluster benchmarks (28.5 MB of float32
+           gradients per step, cheap compute)
 resnet50   ``tf.keras.applications.ResNet50(weights=None)`` for throughput;      25.6 M*
            needs images >= 32x32
 MOD:FUNC   a user's function ``FUNC(input_shape, num_classes) -> tf.keras.Model``:
@@ -20,7 +23,8 @@ MOD:FUNC   a user's function ``FUNC(input_shape, num_classes) -> tf.keras.Model`
            first call)
 =========  ==================================================================  =========
 
-\\* on digits (8x8x1, 10 classes), except resnet50 (224x224x3, 1000 classes).
+\\* on digits (8x8x1, 10 classes), except resnet50 (224x224x3, 1000 classes) and mlp-wide
+(32x32x3, 10 classes: 3072 x 1536 + 1536 x 1536 + 1536 x 10 weights plus biases = 7,096,330).
 
 The contract never reads ``model.input_shape``/``output_shape`` (a subclassed model has
 neither): :func:`build_model` calls the model on a dummy batch of zeros, which builds its
@@ -80,6 +84,18 @@ def _cnn(input_shape, num_classes):
     ], name="cnn")
 
 
+def _mlp_wide(input_shape, num_classes):
+    import tensorflow as tf
+
+    return tf.keras.Sequential([
+        tf.keras.Input(shape=input_shape),
+        tf.keras.layers.Flatten(),                      # (batch, H*W*C)
+        tf.keras.layers.Dense(1536, activation="relu"),  # (batch, 1536)
+        tf.keras.layers.Dense(1536, activation="relu"),  # (batch, 1536)
+        tf.keras.layers.Dense(num_classes),             # (batch, classes) logits
+    ], name="mlp_wide")
+
+
 def _resnet50(input_shape, num_classes):
     import tensorflow as tf
 
@@ -90,7 +106,7 @@ def _resnet50(input_shape, num_classes):
                                           classes=num_classes, classifier_activation=None)
 
 
-MODELS: dict[str, Callable] = {"linear": _linear, "mlp": _mlp, "cnn": _cnn, "resnet50": _resnet50}
+MODELS: dict[str, Callable] = {"linear": _linear, "mlp": _mlp, "cnn": _cnn, "mlp-wide": _mlp_wide, "resnet50": _resnet50}
 
 
 def _user_model(spec: str) -> Callable:

@@ -75,7 +75,7 @@ def test_a_rank_raising_ends_the_job_quickly(tmp_path):
 
 
 @pytest.mark.parametrize("args,message", [
-    (["--model", "vgg"], "hvdkit: error: unknown model 'vgg'; choose linear, mlp, cnn, resnet50 or MODULE:FUNCTION"),
+    (["--model", "vgg"], "hvdkit: error: unknown model 'vgg'; choose linear, mlp, cnn, mlp-wide, resnet50 or MODULE:FUNCTION"),
     (["--strategy", "nccl"], "hvdkit: error: unknown strategy 'nccl'"),
     (["--dataset", "npz:/no/such.npz"], "hvdkit: error: --dataset npz:/no/such.npz: no such file"),
     (["--batch-size", "0"], "hvdkit: error: --batch-size=0 must be > 0"),

@@ -15,7 +15,7 @@ def my_model(input_shape, num_classes):  # used as --model tests.unit.test_model
 
 
 @pytest.mark.parametrize("name,shape", [("linear", (8, 8, 1)), ("mlp", (8, 8, 1)), ("cnn", (8, 8, 1)),
-                                        ("cnn", (28, 28, 1)),
+                                        ("cnn", (28, 28, 1)), ("mlp-wide", (8, 8, 1)),
                                         ("tests.unit.test_models_results:my_model", (8, 8, 1))])
 def test_models_give_logits(name, shape):
     m = build_model(name, shape, 10)
@@ -41,6 +41,16 @@ def test_same_seed_same_weights():
 def test_bad_model_names(name, match):
     with pytest.raises(UsageError, match=match):
         build_model(name, (8, 8, 1), 10)
+
+
+def test_mlp_wide_is_network_bound_size():
+    """mlp-wide: 7,096,330 float32 parameters (28.4 MB of gradients) on 32x32x3, 10 classes:
+    3072x1536 + 1536x1536 + 1536x10 weights plus biases (hvdkit.models' table)."""
+    assert "mlp-wide" in MODELS
+    m = build_model("mlp-wide", (32, 32, 3), 10)
+    assert m.count_params() == 3072 * 1536 + 1536 + 1536 * 1536 + 1536 + 1536 * 10 + 10 == 7_096_330
+    assert all(w.dtype == np.float32 for w in m.get_weights())
+    assert m(np.zeros((2, 32, 32, 3), np.float32)).shape == (2, 10)
 
 
 def test_resnet50_refuses_tiny_images():
