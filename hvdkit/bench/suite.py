@@ -18,6 +18,8 @@ convergence.json/csv/txt    ``hvdkit.bench.convergence`` (mlp on digits, 4 worke
                             strategy, with and without a 2x straggler, 2 seeds)
 convergence_curves.csv      every run's per-epoch accuracy, time and samples
 *.png                       busbw, throughput, step_split, accuracy, staleness
+cluster/                    ``hvdkit.bench.cluster_collectives`` on an emulated cluster (3 hosts
+                            x 1 rank, 1gbit; root only, within the budget, not in --quick)
 summary.md                  the key ratios, load, durations, status of each step
 suite.json                  the same, machine-readable
 runs/                       every hvdkit.train job's directory (results.json, job.log)
@@ -43,7 +45,7 @@ from hvdkit.results import write_json
 
 __all__ = ["main", "build_parser", "summarize"]
 
-STEPS = ("collectives", "throughput", "convergence")
+STEPS = ("collectives", "throughput", "convergence", "cluster")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -63,6 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--throughput-args", default="", help="extra flags for hvdkit.bench.throughput")
     p.add_argument("--convergence-args", default="", help="extra flags for hvdkit.bench.convergence")
     p.add_argument("--collectives-args", default="", help="extra flags for hvdkit.bench.collectives")
+    p.add_argument("--cluster-args", default="", help="extra flags for hvdkit.bench.cluster_collectives (the cluster "
+                                                      "step: 3 hosts x 1 rank at 1gbit, 1-16 MiB, into cluster/; runs "
+                                                      "as root with network namespaces, within --budget, not in --quick)")
     return p
 
 
@@ -163,6 +168,18 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 s.skip(f"collectives_np{np_}", f"over budget ({s.elapsed():.0f}s elapsed of {a.budget:.0f}s)")
 
+    if "cluster" not in skip and not a.quick:
+        why = _cluster_unavailable()
+        if why:
+            s.skip("cluster_collectives", why)
+        elif s.elapsed() + 240 < a.budget:
+            s.run("cluster_collectives", _py("hvdkit.bench.cluster_collectives", "--configs", "3x1", "--rates", "1gbit",
+                                             "--min-bytes", "1M", "--max-bytes", "16M", "--variants", "main,ompi-ring",
+                                             "--out-dir", os.path.join(out, "cluster"), *a.cluster_args.split()),
+                  900, ["cluster/cluster_collectives.json", "cluster/cluster_collectives.csv"])
+        else:
+            s.skip("cluster_collectives", f"over budget ({s.elapsed():.0f}s elapsed of {a.budget:.0f}s)")
+
     def have(name: str) -> str | None:
         p = os.path.join(out, name)
         return p if os.path.isfile(p) else None
@@ -189,6 +206,18 @@ def main(argv: list[str] | None = None) -> int:
     print(summary["markdown"])
     print("OK" if ok else "FAILED")
     return 0 if ok else 1
+
+
+def _cluster_unavailable() -> str | None:
+    """Why the emulated-cluster step cannot run here (not root, no namespaces, a cluster already up), or None."""
+    try:
+        from hvdkit.cluster import control
+    except ImportError as e:
+        return f"hvdkit.cluster unavailable: {e}"
+    why = control.unavailable()
+    if why is None and (control.load() or {}).get("state") == "up":
+        why = "an emulated cluster is already up (one per machine)"
+    return why and f"no emulated cluster: {why}"
 
 
 def _stdout_table(out: str, name: str) -> None:

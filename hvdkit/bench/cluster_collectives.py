@@ -1,0 +1,371 @@
+"""Collectives on an emulated cluster: every host count, link rate and launch variant, merged.
+
+    python -m hvdkit.bench.cluster_collectives                       # 2,3,4 hosts x 1 and 2 x 2; 200mbit, 1gbit
+    python -m hvdkit.bench.cluster_collectives --configs 3x1 --rates 1gbit --variants main,ompi-ring,hvd-ring \\
+        --repeats 2 --out-dir results/cluster
+    python -m hvdkit.bench.cluster_collectives --configs 2x1 --rates 1gbit --min-bytes 64K --max-bytes 256K \\
+        --iters 2 --warmup 1 --variants main --methods mpi,ring      # smoke test (~20 s)
+
+For each configuration ``HxS`` (H hosts x S ranks each) and each link rate, one cluster is
+brought up (:func:`hvdkit.cluster.control.up`, torn down in ``finally`` whatever happens),
+its links are probed (:func:`hvdkit.cluster.probe.measure_pairs`, saved into
+``cluster.json``), then the launches run, alternated ``--repeats`` times (A B C A B C ...),
+each ``mpirun -np H*S -H h1:S,...`` (:func:`hvdkit.launch.build_command`) of
+``python -m hvdkit.bench.collectives --cluster-json <dir>/cluster.json --json ...`` with a
+hard ``--timeout``. Variants (``--variants``):
+
+==============  =====================================================================
+main            the default launch; methods mpi, horovod, ring, ps, ps2 (>= 3 ranks),
+                ps-colocated (or ``--methods``)
+ompi-ring       Open MPI's ring allreduce forced: ``--mca coll_tuned_use_dynamic_rules 1
+                --mca coll_tuned_allreduce_algorithm 4``; methods mpi, horovod
+ompi-segring    Open MPI's segmented ring (algorithm 5, 1 MiB segments); methods mpi, horovod
+yield           ompi-ring plus ``--mca mpi_yield_when_idle 1`` (waiting ranks call sched_yield
+                instead of only polling: the emulated hosts share this machine's cores);
+                methods mpi, horovod, ring
+ompi-default    the same methods with ``--mca coll_tuned_use_dynamic_rules 0`` (a
+                baseline for ompi-ring even when hvdkit-launch's defaults are on)
+hvd-fusion      Horovod with ring forced and ``HOROVOD_FUSION_THRESHOLD=0`` and
+                ``HOROVOD_CYCLE_TIME=0.1`` (ms); method horovod
+gloo            ``horovodrun --gloo``, run inside h1 (its rendezvous server must be on the
+                hosts' interface, eth0); method horovod. Fails so far on the emulator (a
+                rank's Gloo pair connects to 127.0.0.1)
+==============  =====================================================================
+
+Rows become ``METHOD[LABEL]`` (the variant's label; none for main). Outputs in ``--out-dir``
+(default ``results/cluster-<YYYY-MM-DD-HHMMSS>``): one ``<config>_<rate>_<variant>_<i>.json``
+/ ``.log`` per launch; ``cluster_collectives.json`` (meta, launches, rows) and ``.csv``
+(config, hosts, slots, ranks, rate, link_Bps, launch, method, bytes, time_us, p25_us, p75_us,
+busbw_GBps, link_frac = busbw / probed link, pred_time_us, pred_busbw_GBps, wrong, checked);
+``busbw_<config>_<rate>.png``: busbw vs size per method (median over repeats), the probed
+link as a dashed line. Exit 0 when every launch ended OK (every rank's result exact), 1
+otherwise, 2 on bad usage or where no cluster can run (not root, no namespaces).
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import re
+import shlex
+import signal
+import sys
+import time
+from datetime import datetime
+
+import numpy as np
+
+from hvdkit.bench._common import host_meta, launch, log
+from hvdkit.results import write_json
+
+__all__ = ["VARIANTS", "main", "build_parser", "parse_configs", "merge_rows", "summarize", "plot"]
+
+_RING = ("--mca", "coll_tuned_use_dynamic_rules", "1", "--mca", "coll_tuned_allreduce_algorithm", "4")
+#: variant -> (label, launcher, extra mpirun args, methods ("" = the main set), extra env)
+VARIANTS = {
+    "main": ("", "mpi", (), "", {}),
+    "ompi-ring": ("ompi-ring", "mpi", _RING, "mpi,horovod", {}),
+    "ompi-segring": ("ompi-segring", "mpi", ("--mca", "coll_tuned_use_dynamic_rules", "1", "--mca",
+                     "coll_tuned_allreduce_algorithm", "5", "--mca", "coll_tuned_allreduce_algorithm_segmentsize",
+                     "1048576"), "mpi,horovod", {}),
+    "yield": ("yield", "mpi", (*_RING, "--mca", "mpi_yield_when_idle", "1"), "mpi,horovod,ring", {}),
+    "ompi-default": ("ompi-default", "mpi", ("--mca", "coll_tuned_use_dynamic_rules", "0"), "mpi,horovod", {}),
+    "hvd-fusion": ("hvd-fusion", "mpi", _RING, "horovod",
+                   {"HOROVOD_FUSION_THRESHOLD": "0", "HOROVOD_CYCLE_TIME": "0.1"}),
+    "gloo": ("gloo", "horovodrun-gloo", (), "horovod", {}),
+}
+CSV_FIELDS = ("config", "hosts", "slots", "ranks", "rate", "link_Bps", "launch", "variant", "method", "bytes",
+              "time_us", "p25_us", "p75_us", "busbw_GBps", "link_frac", "pred_time_us", "pred_busbw_GBps",
+              "wrong", "checked")
+
+
+def parse_configs(text: str) -> list[tuple[int, int]]:
+    """``"2x1,3x1,2x2"`` -> ``[(2, 1), (3, 1), (2, 2)]`` (hosts, ranks per host).
+
+    Raises:
+        ValueError: an item is not ``HxS`` with H >= 2 and S >= 1.
+    """
+    out = []
+    for item in (t.strip() for t in text.split(",") if t.strip()):
+        m = re.fullmatch(r"(\d+)x(\d+)", item)
+        if not m or int(m.group(1)) < 2 or int(m.group(2)) < 1:
+            raise ValueError(f"--configs {item!r}: write HOSTSxSLOTS with HOSTS >= 2, e.g. 3x1")
+        out.append((int(m.group(1)), int(m.group(2))))
+    if not out:
+        raise ValueError("--configs: give at least one HOSTSxSLOTS")
+    return out
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command-line flags (see the module docstring)."""
+    p = argparse.ArgumentParser(prog="python -m hvdkit.bench.cluster_collectives",
+                                description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--configs", default="2x1,3x1,4x1,2x2", help="HOSTSxSLOTS list (default 2x1,3x1,4x1,2x2)")
+    p.add_argument("--rates", default="200mbit,1gbit", help="link rates, tc units (default 200mbit,1gbit)")
+    p.add_argument("--variants", default="main,ompi-ring", help=f"launch variants, from {', '.join(VARIANTS)} "
+                                                                "(default main,ompi-ring)")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="alternate the variants' launches this many times (default 1)")
+    p.add_argument("--methods", default="",
+                   help="methods of the main launch (default mpi,horovod,ring,ps,ps2,ps-colocated)")
+    p.add_argument("--mpi-args", default="", help="extra mpirun arguments for every launch, one quoted string "
+                                                  "(e.g. --mpi-args='--mca mpi_yield_when_idle 1')")
+    p.add_argument("--min-bytes", default="64K", help="smallest message (default 64K)")
+    p.add_argument("--max-bytes", default="64M", help="largest message (default 64M)")
+    p.add_argument("--step", default="4", help="size multiplier (default 4)")
+    p.add_argument("--iters", type=int, default=10, help="timed rounds per size (default 10)")
+    p.add_argument("--warmup", type=int, default=3, help="untimed rounds per size (default 3)")
+    p.add_argument("--timeout", type=float, default=600.0, help="hard timeout per launch, seconds (default 600)")
+    p.add_argument("--probe-seconds", type=float, default=1.5,
+                   help="seconds of streaming per probed pair (default 1.5)")
+    p.add_argument("--out-dir", default="", help="output directory (default results/cluster-<date-time>)")
+    p.add_argument("--no-plot", action="store_true", help="skip the PNGs")
+    p.add_argument("--merge", nargs="+", metavar="JSON", help="run nothing: merge these cluster_collectives.json "
+                                                             "files (separate runs) into --out-dir")
+    return p
+
+
+def _main_methods(ranks: int, given: str) -> str:
+    if given:
+        return given
+    return ",".join(["mpi", "horovod", "ring", "ps"] + (["ps2"] if ranks >= 3 else []) + ["ps-colocated"])
+
+
+def _command(variant: str, hosts: int, slots: int, bench_args: list[str], extra: tuple = ()) -> list[str]:
+    from hvdkit.launch.command import LaunchSpec, build_command
+
+    label, launcher, mpi_args, methods, env = VARIANTS[variant]
+    ranks = hosts * slots
+    where = ",".join(f"h{i + 1}:{slots}" for i in range(hosts))
+    args = [*bench_args, "--methods", methods or _main_methods(ranks, "")] + (["--label", label] if label else [])
+    prog = (sys.executable, "-m", "hvdkit.bench.collectives", *args)
+    if launcher == "horovodrun-gloo":
+        hvdrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
+        # from inside h1: horovodrun's rendezvous address and Gloo's interface are one name (eth0)
+        return ["ip", "netns", "exec", "hvdc-h1", "env", *(f"{k}={v}" for k, v in env.items()), hvdrun, "--gloo",
+                "-np", str(ranks), "-H", where,
+                "--network-interfaces", "eth0", *prog]
+    spec = LaunchSpec(np=ranks, program=prog, hosts=where, env_forward=("PATH", "PYTHONPATH", "TF_CPP_MIN_LOG_LEVEL"),
+                      env_set=tuple(env.items()), mpi_args=(*mpi_args, *extra), binary="mpirun")
+    return build_command(spec, mpi="openmpi", is_root=os.geteuid() == 0, slots=ranks)
+
+
+def merge_rows(doc: dict, common: dict) -> list[dict]:
+    """The rows of one ``hvdkit.bench.collectives --json`` document with ``common`` fields
+    (config, rate, link_Bps, launch, variant) and ``link_frac`` = busbw / probed link added.
+
+    Returns:
+        list of dicts with the keys of :data:`CSV_FIELDS` (``rounds_us`` too).
+    """
+    out = []
+    ranks = doc["meta"]["world_size"]
+    for r in doc.get("rows", []):
+        bps = common.get("link_Bps")
+        row = {**common, "ranks": ranks, "method": r["method"], "bytes": r["bytes"], "time_us": r["time_us"],
+               "p25_us": r["p25_us"], "p75_us": r["p75_us"], "busbw_GBps": r["busbw_GBps"],
+               "link_frac": r["busbw_GBps"] * 1e9 / bps if bps and r.get("link_pct") is not None else None,
+               "pred_time_us": r.get("pred_time_us"), "pred_busbw_GBps": r.get("pred_busbw_GBps"),
+               "wrong": r["wrong"], "checked": r["checked"], "rounds_us": r.get("rounds_us")}
+        out.append(row)
+    return out
+
+
+def _one_cluster(a, hosts: int, slots: int, rate: str, out: str, launches: list, rows: list) -> None:
+    from hvdkit.cluster import control, probe
+    from hvdkit.cluster.spec import ClusterSpec, parse_rate
+
+    config = f"{hosts}x{slots}"
+    spec = ClusterSpec(hosts=hosts, slots=slots, bandwidth_bps=parse_rate(rate)).check()
+    saved_env = dict(os.environ)
+    t0 = time.monotonic()
+    try:
+        state = control.up(spec, log=lambda *_: None)
+        os.environ.update(control.environment(state))
+        control.save_probe(probe.measure_pairs(state["hosts"], seconds=a.probe_seconds, log=lambda *_: None))
+        state = control.load()
+        cj = os.path.join(state["dir"], "cluster.json")
+        log(f"cluster_collectives: {config} at {rate}: up, probed {state['link_Bps'] * 8 / 1e9:.3f} Gbit/s, "
+            f"rtt {state['rtt_s'] * 1e6:.0f} us")
+        bench = ["--cluster-json", cj, "--min-bytes", a.min_bytes, "--max-bytes", a.max_bytes, "--step", a.step,
+                 "--iters", str(a.iters), "--warmup", str(a.warmup)]
+        for rep in range(a.repeats):
+            for v in a.variants:
+                name = f"{config}_{rate}_{v}_{rep}"
+                js = os.path.join(out, name + ".json")
+                cmd = _command(v, hosts, slots, [*bench, "--json", js], tuple(shlex.split(a.mpi_args)))
+                if v == "main" and a.methods:
+                    cmd[cmd.index("--methods") + 1] = a.methods
+                job = launch(cmd, a.timeout, os.path.join(out, name + ".log"))
+                ok = job.ok and os.path.isfile(js)
+                rec = {"name": name, "config": config, "rate": rate, "variant": v, "repeat": rep,
+                       "status": "OK" if ok else "FAILED", "seconds": round(job.seconds, 1), "cmd": cmd,
+                       "error": None if ok else job.why()}
+                launches.append(rec)
+                log(f"cluster_collectives: {name} {rec['status']} in {job.seconds:.0f}s"
+                    + ("" if ok else f": {rec['error']}"))
+                if os.path.isfile(js):
+                    with open(js) as fh:
+                        doc = json.load(fh)
+                    rows += merge_rows(doc, {"config": config, "hosts": hosts, "slots": slots, "rate": rate,
+                                             "link_Bps": state["link_Bps"], "launch": name, "variant": v})
+    except Exception as e:  # noqa: BLE001 - one cluster failing must not lose the others' numbers
+        launches.append({"name": f"{config}_{rate}", "config": config, "rate": rate, "variant": None,
+                         "status": "FAILED", "seconds": round(time.monotonic() - t0, 1),
+                         "error": f"{type(e).__name__}: {e}"})
+        log(f"cluster_collectives: {config} at {rate} FAILED: {type(e).__name__}: {e}")
+    finally:
+        os.environ.clear()
+        os.environ.update(saved_env)
+        control.down(log=lambda *_: None)
+
+
+def summarize(rows: list[dict], min_bytes: int = 4 << 20) -> list[dict]:
+    """Per (config, rate, method): the median over sizes >= ``min_bytes`` (and over repeated
+    launches) of busbw / probed link (``link_frac``) and of measured / predicted time
+    (``vs_pred``; the alpha-beta model of :mod:`hvdkit.costs`), with their min and max over
+    those rows. Returns a list of dicts (config, rate, method, n, link_frac, link_frac_min,
+    link_frac_max, vs_pred, vs_pred_min, vs_pred_max); None where a value is missing."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        if r["bytes"] >= min_bytes:
+            groups.setdefault((r["config"], r["rate"], r["method"]), []).append(r)
+    out = []
+    for (cfg, rate, m), rs in groups.items():
+        lf = [r["link_frac"] for r in rs if r.get("link_frac") is not None]
+        vp = [r["time_us"] / r["pred_time_us"] for r in rs if r.get("pred_time_us")]
+        stat = {}
+        for k, v in (("link_frac", lf), ("vs_pred", vp)):
+            stat[k], stat[k + "_min"], stat[k + "_max"] = ((float(np.median(v)), min(v), max(v)) if v
+                                                           else (None, None, None))
+        out.append({"config": cfg, "rate": rate, "method": m, "n": len(rs), **stat})
+    return out
+
+
+def _print_summary(summary: list[dict], min_bytes: int) -> None:
+    print(f"# per config, rate, method: median over sizes >= {min_bytes >> 20} MiB and launches [min, max]")
+    print(f"# {'config':<6} {'rate':<8} {'method':<22} {'n':>3}  {'busbw/link':<22} {'time/predicted':<22}")
+    f = (lambda d, k: "-" if d[k] is None else f"{d[k]:.3f} [{d[k + '_min']:.3f}, {d[k + '_max']:.3f}]")
+    for d in summary:
+        print(f"  {d['config']:<6} {d['rate']:<8} {d['method']:<22} {d['n']:>3}  {f(d, 'link_frac'):<22} "
+              f"{f(d, 'vs_pred'):<22}")
+
+
+def _write_csv(path: str, rows: list[dict]) -> None:
+    with open(path, "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=CSV_FIELDS, extrasaction="ignore")
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: ("" if r.get(k) is None else r.get(k)) for k in CSV_FIELDS})
+
+
+def plot(rows: list[dict], out: str) -> list[str]:
+    """``busbw_<config>_<rate>.png`` per (config, rate): busbw (GB/s) vs size per method
+    (median over repeated launches), log-log, the probed link dashed. Returns the paths."""
+    from hvdkit.bench.plots import _colors, _human_bytes, _save, plt
+
+    paths = []
+    for cfg, rate in dict.fromkeys((r["config"], r["rate"]) for r in rows):
+        sub = [r for r in rows if (r["config"], r["rate"]) == (cfg, rate) and r.get("busbw_GBps")]
+        if not sub:
+            continue
+        fig, ax = plt.subplots(figsize=(7.0, 4.8))
+        base = (lambda m: m.split("[")[0])   # colour: the method; line style: the launch variant
+        colors = _colors([base(r["method"]) for r in sub])
+        labels = list(dict.fromkeys(m.partition("[")[2] for m in (r["method"] for r in sub)))
+        styles = ["-", "--", ":", "-.", (0, (5, 1)), (0, (1, 3))]
+        for m in dict.fromkeys(r["method"] for r in sub):
+            sizes = sorted({r["bytes"] for r in sub if r["method"] == m})
+            ys = [float(np.median([r["busbw_GBps"] for r in sub if r["method"] == m and r["bytes"] == b]))
+                  for b in sizes]
+            ax.plot(sizes, ys, marker="o", ms=3, label=m, color=colors[base(m)],
+                    ls=styles[labels.index(m.partition("[")[2]) % len(styles)])
+        link = sub[0].get("link_Bps")
+        if link:
+            ax.axhline(link / 1e9, ls="--", color="grey", lw=1, label=f"probed link {link * 8 / 1e9:.2f} Gbit/s")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ticks = sorted({r["bytes"] for r in sub})
+        ax.set_xticks(ticks)
+        ax.set_xticklabels([_human_bytes(t) for t in ticks], rotation=45, fontsize=7)
+        ax.set_xlabel("message size per rank")
+        ax.set_ylabel("busbw (GB/s)")
+        ax.set_title(f"{cfg} (hosts x ranks) on {rate} links")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7, ncol=2)
+        paths.append(_save(fig, os.path.join(out, f"busbw_{cfg}_{rate}.png")))
+    return paths
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run every configuration and rate; returns 0 (every launch OK), 1 (some failed) or 2 (usage/unavailable)."""
+    a = build_parser().parse_args(argv)
+    try:
+        configs = parse_configs(a.configs)
+        from hvdkit.cluster.spec import parse_rate
+        rates = [r.strip() for r in a.rates.split(",") if r.strip()]
+        for r in rates:
+            parse_rate(r)
+        a.variants = [v.strip() for v in a.variants.split(",") if v.strip()]
+        bad = [v for v in a.variants if v not in VARIANTS]
+        if bad or not a.variants:
+            raise ValueError(f"--variants {bad or a.variants}: choose from {', '.join(VARIANTS)}")
+        if a.repeats < 1 or a.iters < 1 or a.warmup < 0 or a.timeout <= 0:
+            raise ValueError("need --repeats >= 1, --iters >= 1, --warmup >= 0, --timeout > 0")
+    except Exception as e:  # noqa: BLE001 - bad input: one line, status 2
+        print(f"hvdkit: error: {e}", file=sys.stderr)
+        return 2
+    try:
+        from hvdkit.cluster import control
+        reason = None if a.merge else control.unavailable()
+    except ImportError as e:
+        reason = None if a.merge else f"hvdkit.cluster unavailable: {e}"
+    if reason:
+        print(f"hvdkit: error: no emulated cluster here: {reason}", file=sys.stderr)
+        return 2
+    out = a.out_dir or os.path.join("results", f"cluster-{datetime.now():%Y-%m-%d-%H%M%S}")
+    os.makedirs(out, exist_ok=True)
+    if a.merge:
+        return _finish(out, *_merged(a.merge), a.no_plot)
+    meta = {**host_meta(), "benchmark": "cluster_collectives", "parameters": {
+        k: getattr(a, k) for k in ("configs", "rates", "variants", "repeats", "methods", "mpi_args", "min_bytes",
+                                   "max_bytes",
+                                   "step", "iters", "warmup", "timeout", "probe_seconds")}}
+    launches: list[dict] = []
+    rows: list[dict] = []
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(SystemExit(143)))   # -> finally: down
+    for hosts, slots in configs:
+        for rate in rates:
+            _one_cluster(a, hosts, slots, rate, out, launches, rows)
+    meta["loadavg_after"] = host_meta()["loadavg"]
+    return _finish(out, meta, launches, rows, a.no_plot)
+
+
+def _merged(paths: list[str]) -> tuple[dict, list, list]:
+    docs = []
+    for p in paths:
+        with open(p) as fh:
+            docs.append(json.load(fh))
+    meta = {**host_meta(), "benchmark": "cluster_collectives", "merged": [os.path.abspath(p) for p in paths],
+            "runs": [d["meta"] for d in docs]}
+    return meta, [x for d in docs for x in d["launches"]], [r for d in docs for r in d["rows"]]
+
+
+def _finish(out: str, meta: dict, launches: list, rows: list, no_plot: bool) -> int:
+    ok = bool(launches) and all(x["status"] == "OK" for x in launches) and all(r["wrong"] == 0 for r in rows)
+    summary = summarize(rows)
+    _print_summary(summary, 4 << 20)
+    write_json(os.path.join(out, "cluster_collectives.json"), {"meta": meta, "launches": launches, "rows": rows,
+                                                               "summary": summary, "ok": ok})
+    _write_csv(os.path.join(out, "cluster_collectives.csv"), rows)
+    if not no_plot and rows:
+        for p in plot(rows, out):
+            log(f"cluster_collectives: wrote {p}")
+    log(f"cluster_collectives: {len(launches)} launches, {len(rows)} rows -> {out}")
+    print("OK" if ok else "FAILED")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
