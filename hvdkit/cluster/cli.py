@@ -9,7 +9,7 @@
     hvdkit-cluster run --hosts 2 --slots 2 -- horovodrun -np 4 -H h1:2,h2:2 python -m hvdkit.train
 
 Each host ``hI`` is a Linux network namespace with its own hostname, address 198.18.0.I (a
-block reserved for benchmarking, never routed), a private /tmp, an sshd on its address and a
+block reserved for benchmarking, never routed), its own TMPDIR, an sshd on its address and a
 link to a switch shaped to ``--bandwidth`` in each direction. This machine is 198.18.0.254 on
 the same switch; ``h1``..``hH`` resolve here and in every host. ``run`` gives the command
 ``HVDKIT_CLUSTER_HOSTS`` (``h1:S,h2:S,...``), ``HVDKIT_CLUSTER_HOSTFILE`` and a PATH whose ``ssh`` reaches the

@@ -9,11 +9,12 @@ Files under the cluster's directory ``D``::
     D/bin/ssh                 ``exec /usr/bin/ssh -F D/ssh/config "$@"``: first on PATH, it is the
                               ssh that horovodrun and mpirun call (nothing in ~/.ssh changes)
     D/hosts/hI/sshd_config    the host's sshd: ListenAddress its address, keys above, no PAM
-    D/hosts/hI/tmp            the host's private /tmp (bind-mounted over /tmp inside the host)
+    D/hosts/hI/tmp            the host's private temporary directory (its sessions' TMPDIR)
 
 Each sshd starts in its host's network namespace with a UTS namespace of its own (so
-``hostname`` prints ``hI`` there) and a private ``/tmp``, like a real host's; every session
-inherits those, and its PATH starts with this Python's ``bin`` directory (sshd's SetEnv), so
+``hostname`` prints ``hI`` there) and its own ``TMPDIR`` (Open MPI's session directory and
+Python's tempfile go there, so two hosts' daemons never share one); every session inherits
+those, and its PATH starts with this Python's ``bin`` directory (sshd's SetEnv), so
 ``python``, ``horovodrun`` and ``orted`` resolve as on a cluster with one shared software tree.
 """
 from __future__ import annotations
@@ -99,7 +100,7 @@ StrictModes no
 PrintMotd no
 MaxStartups 200
 MaxSessions 200
-SetEnv PATH={path}
+SetEnv PATH={path} TMPDIR={hd}/tmp
 LogLevel ERROR
 """)
     return {"config": config, "bin": bindir, "key": os.path.join(sshdir, "id_ed25519")}
@@ -107,16 +108,16 @@ LogLevel ERROR
 
 def start(d: str, host: Host, hostname: str | None = None) -> None:
     """Start ``host``'s sshd (it daemonizes once listening) with hostname ``hostname``
-    (default: the host's name) and the host's private /tmp.
+    (default: the host's name).
 
     Raises:
         RuntimeError: sshd refused its configuration or did not start (its log is quoted).
     """
     os.makedirs("/run/sshd", mode=0o755, exist_ok=True)   # sshd's privilege-separation directory
     hd = os.path.join(d, "hosts", host.name)
-    script = 'hostname "$1" && mount --bind "$2" /tmp && exec "$3" -f "$4" -E "$5"'
+    script = 'hostname "$1" && exec "$2" -f "$3" -E "$4"'
     cmd = host_exec(host, ["unshare", "--uts", "--", "sh", "-c", script, "sh", hostname or host.name,
-                           os.path.join(hd, "tmp"), SSHD, os.path.join(hd, "sshd_config"),
+                           SSHD, os.path.join(hd, "sshd_config"),
                            os.path.join(hd, "sshd.log")])
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
     if res.returncode != 0:

@@ -1,8 +1,8 @@
 """Fixtures of the multi-host tests: an emulated cluster (``hvdkit-cluster``) and a directory
 every host shares.
 
-Each emulated host has a private /tmp, as real hosts do, so pytest's ``tmp_path`` (under
-/tmp) is not seen by the ranks: outputs go to :func:`shared_dir` (under /var/tmp). The tests
+Each emulated host has its own TMPDIR, as real hosts have their own /tmp, so outputs that the
+test reads go to :func:`shared_dir` (under /var/tmp), a path every host sees. The tests
 skip, with the reason printed by ``-ra``, where namespaces are unavailable (not root).
 """
 from __future__ import annotations
@@ -72,7 +72,7 @@ def cluster():
 
 @pytest.fixture
 def shared_dir():
-    """A directory every emulated host sees at the same path (not /tmp, which is per host)."""
+    """A directory every emulated host sees at the same path (not a host's TMPDIR)."""
     d = tempfile.mkdtemp(prefix="hvdkit-cluster-test-", dir="/var/tmp")
     yield d
     shutil.rmtree(d, ignore_errors=True)

@@ -35,7 +35,7 @@ def _ssh(c, host, command: str) -> str:
 
 def test_racks_hosts_names_tmp_and_measured_links():
     """4 hosts on 2 racks, 400 Mbit/s host links, 100 Mbit/s uplinks: each host has its own
-    hostname and /tmp, every name resolves here and there, and the probe measures the rates."""
+    hostname and TMPDIR, every name resolves here and there, and the probe measures the rates."""
     from hvdkit.cluster import control, probe
     c = start_cluster(hosts=4, slots=1, bandwidth_bps=4 * 10**8, topology="racks", racks=2, uplink_bps=10**8)
     try:
@@ -43,10 +43,10 @@ def test_racks_hosts_names_tmp_and_measured_links():
         assert [_ssh(c, h, "hostname") for h in c.hosts] == c.hosts
         assert _ssh(c, "h1", "getent hosts h4").split() == ["198.18.0.4", "h4"]
         assert _ssh(c, "h2", "ip -4 -o addr show eth0").split()[3] == "198.18.0.2/24"
-        _ssh(c, "h1", "touch /tmp/only-on-h1")
-        assert _ssh(c, "h1", "ls /tmp") == "only-on-h1"
-        assert _ssh(c, "h2", "ls /tmp") == ""                       # a private /tmp per host
-        assert not os.path.exists("/tmp/only-on-h1")
+        _ssh(c, "h1", 'touch "$TMPDIR/only-on-h1"')
+        assert _ssh(c, "h1", 'ls "$TMPDIR"') == "only-on-h1"
+        assert _ssh(c, "h2", 'ls "$TMPDIR"') == ""                    # a temporary directory per host
+        assert _ssh(c, "h1", 'python -c "import tempfile; print(tempfile.gettempdir())"').endswith("/hosts/h1/tmp")
         result = probe.measure_pairs(c.state["hosts"], seconds=1.0, pings=10, log=lambda *_: None)
         control.save_probe(result)
         same = [p["Bps"] * 8 for p in result["pairs"] if p["same_rack"]]
