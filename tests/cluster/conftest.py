@@ -60,9 +60,10 @@ def stop_cluster() -> None:
     assert not net.leftovers(), net.leftovers()
 
 
-@pytest.fixture(scope="package")
+@pytest.fixture(scope="module")
 def cluster():
-    """3 hosts x 2 slots, 1 Gbit/s links, for the multi-host training tests."""
+    """3 hosts x 2 slots, 1 Gbit/s links, for the multi-host training tests; one per module
+    (up takes about 1 s), so modules that bring up clusters of their own never meet it."""
     if REASON:
         pytest.skip(f"emulated cluster: {REASON}")
     c = start_cluster(hosts=3, slots=2, bandwidth_bps=10**9)
