@@ -24,7 +24,10 @@ def test_driver_two_hosts_merged_json_csv(shared_dir):
            "--variants", "main,ompi-ring", "--methods", "mpi,ring,ps-colocated", "--min-bytes", "64K",
            "--max-bytes", "256K", "--iters", "2", "--warmup", "1", "--probe-seconds", "0.3", "--timeout", "60",
            "--out-dir", out]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    # env given explicitly: with env=None the child would inherit the C environment, where test modules
+    # that import mpi4py made this pytest process an MPI singleton (PMIX_/OMPI_ variables), and an
+    # mpirun started under those exits 1 at once without a word
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=dict(os.environ))
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     assert r.stdout.strip().splitlines()[-1] == "OK"
     assert not net.leftovers(), net.leftovers()
