@@ -138,9 +138,12 @@ def main(argv=None) -> int:
         elif a.command == "run":
             return control.run(spec, cmd, a.dir, before=(lambda _: _probe(a.dir, 2.0)) if a.probe else None)
         return 0
-    except (UsageError, Exception) as e:   # one line, never a traceback
-        from hvdkit.cluster import control
-        if isinstance(e, (UsageError, control.Unavailable)):
+    except ImportError as e:   # pyroute2 missing: the venv predates requirements.txt's pin
+        print(f"{PROG}: error: needs the Python package pyroute2 ({e}); pip install -r requirements.txt",
+              file=sys.stderr)
+        return 2
+    except Exception as e:   # one line, never a traceback
+        if isinstance(e, UsageError) or type(e).__name__ == "Unavailable":
             print(f"{PROG}: error: {e}", file=sys.stderr)
             return 2
         print(f"{PROG}: error: {type(e).__name__}: {e}", file=sys.stderr)
