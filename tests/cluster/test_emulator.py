@@ -52,8 +52,10 @@ def test_racks_hosts_names_tmp_and_measured_links():
         same = [p["Bps"] * 8 for p in result["pairs"] if p["same_rack"]]
         across = [p["Bps"] * 8 for p in result["pairs"] if not p["same_rack"]]
         assert same and across
-        assert all(0.8 * 4e8 < r < 1.05 * 4e8 for r in same), same        # the host links' rate
-        assert all(0.8 * 1e8 < r < 1.05 * 1e8 for r in across), across    # the uplink is the bottleneck
+        # the shaper caps each path at its rate (upper bounds: the check); the lower bounds only say the
+        # link carries traffic at all, loose because a loaded 2-core machine may not fill it
+        assert all(0.5 * 4e8 < r < 1.05 * 4e8 for r in same), same        # the host links' rate
+        assert all(0.5 * 1e8 < r < 1.05 * 1e8 for r in across), across    # the uplink is the bottleneck
         saved = control.load()
         assert saved["link_Bps"] == pytest.approx(result["link_Bps"]) and saved["rtt_s"] > 0
         status = subprocess.run([*CLI, "status"], capture_output=True, text=True, timeout=30)
