@@ -48,7 +48,12 @@ class World:
         size: world size (number of ranks).
         local_rank: rank among the processes on this host (for GPU pinning).
         local_size: number of ranks on this host.
-        host: this host's name.
+        host: this host's name (``socket.gethostname()``; for messages only: two hosts may
+            report one name).
+        node: index of this host among the job's hosts, 0 <= node < nodes, decided by MPI's
+            shared-memory split (``MPI_COMM_TYPE_SHARED``), not by names; hosts are numbered
+            in the order of their lowest rank.
+        nodes: number of hosts the job runs on.
     """
 
     comm: MPI.Comm
@@ -57,6 +62,8 @@ class World:
     local_rank: int
     local_size: int
     host: str
+    node: int = 0
+    nodes: int = 1
 
     @property
     def is_rank0(self) -> bool:
@@ -78,8 +85,10 @@ def world(comm: MPI.Comm | None = None) -> World:
         return _WORLD
     comm = comm or MPI.COMM_WORLD
     local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
+    leader = local.allreduce(comm.Get_rank(), op=MPI.MIN)   # lowest rank on this host names it
+    leaders = sorted(set(comm.allgather(leader)))
     w = World(comm, comm.Get_rank(), comm.Get_size(), local.Get_rank(), local.Get_size(),
-              socket.gethostname())
+              socket.gethostname(), leaders.index(leader), len(leaders))
     local.Free()
     if comm is MPI.COMM_WORLD:
         _WORLD = w

@@ -137,6 +137,11 @@ FIELDS: tuple[Option, ...] = (
     # system
     Option("threads", int, 0, "TensorFlow intra-op threads per rank (0: cores / ranks on this host, "
            "at least 1; inter-op is 1 when ranks >= cores)", "system", check=at_least(0)),
+    Option("network_interface", str, "", "the network between hosts for the servers hvdkit starts (TensorFlow's): "
+           "interface names or CIDR networks, comma-separated (default: the first network that joins every "
+           "host and is checked to connect them; README: Addresses)", "system", metavar="NAME"),
+    Option("startup_timeout", float, 120.0, "end the job with one line if start-up (strategy creation to "
+           "the first step) takes longer (seconds; 0: no limit)", "system", check=at_least(0)),
     Option("fail_at", str, "", "on RANK at STEP raise an error (RANK:STEP), exit at once as if "
            "killed (RANK:STEP:exit), hang (RANK:STEP:hang) or set this rank's first weight to NaN "
            "(RANK:STEP:nan), to exercise failure handling", "testing",

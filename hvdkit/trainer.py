@@ -28,6 +28,7 @@ from hvdkit.config import Config
 from hvdkit.data import Dataset, batches, epoch_shard, load_dataset
 from hvdkit.errors import UsageError
 from hvdkit.models import build_model, check_model_name
+from hvdkit.startup import StartupDeadline, phase
 from hvdkit.steps import configure_threads, make_optimizer
 from hvdkit.strategies import get_strategy
 from hvdkit.timing import StepTimer
@@ -162,17 +163,23 @@ def run(cfg: Config, w: World | None = None) -> dict[str, Any] | None:
     ckpt_path = os.path.join(out_dir, CHECKPOINT)
 
     err, built, loaded = None, None, (None, None)
+    deadline = StartupDeadline(w, cfg.startup_timeout, f"creating the {cfg.strategy} strategy")  # no silent hang
     try:
         built = _build(cfg, w, cls, data)
         if cfg.resume and w.is_rank0:
             loaded = _read_checkpoint(cfg, ckpt_path, built[0], built[1])
     except Exception as e:  # noqa: BLE001
         err = e
-    agree(err, w)
+    try:
+        agree(err, w)
+    except SystemExit:
+        deadline.done()
+        raise
     strategy, model, optimizer, part = built
 
     # -- resume ---------------------------------------------------------------------------
     start_epoch, history, global_step = 0, [], 0
+    phase("the first training step (its first collective or exchange with the other ranks)")  # setup may say more
     strategy.setup(model, optimizer)
     if cfg.resume:
         arrays, meta = bcast_arrays(*loaded, w.comm)
@@ -180,6 +187,7 @@ def run(cfg: Config, w: World | None = None) -> dict[str, Any] | None:
         start_epoch, history, global_step = meta["epoch"], meta["history"], meta["global_step"]
 
     if part is None:  # a rank without data (parameter server): serve until the workers finish
+        deadline.done()  # servers wait for workers under their own deadlines (--ps-timeout)
         strategy.serve()
         strategy.finish()
         return None
@@ -206,6 +214,7 @@ def run(cfg: Config, w: World | None = None) -> dict[str, Any] | None:
             with timer.phase("data"):
                 x, y = x_all[b], y_all[b]                        # (batch, *input_shape), (batch,)
             loss_sum, correct, counted = strategy.train_step(x, y, timer)
+            deadline.done()  # start-up ends with this rank's first step
             if not math.isfinite(loss_sum):  # free: the loss is a Python float on every loop rank
                 _diverged(cfg, w, model, global_step + 1, epoch, f"the training loss on rank {w.rank} is {loss_sum}",
                           kept)
@@ -249,6 +258,7 @@ def run(cfg: Config, w: World | None = None) -> dict[str, Any] | None:
             break
     else:  # no epoch left to run (a resumed, finished run): the end of training all the same
         strategy.epoch_end(final=True)
+    deadline.done()
     result = _finish(cfg, w, mc, data, model, strategy, timer, history, out_dir, t_start)
     strategy.finish()
     return result
@@ -322,7 +332,7 @@ def _reduce_epoch(comm, sums: np.ndarray, train_s: float) -> dict[str, float]:
 def _finish(cfg, w, mc, data, model, strategy, timer, history, out_dir, t_start):
     """Gather every loop rank's outcome; rank 0 writes results.json, epochs.csv and the export."""
     summary = timer.summary()
-    mine = {"rank": w.rank, "host": w.host, "local_rank": w.local_rank, "local_size": w.local_size,
+    mine = {"rank": w.rank, "host": w.host, "node": w.node, "local_rank": w.local_rank, "local_size": w.local_size,
             "pid": os.getpid(), **strategy.rank_info(), "weights_crc32": _weights_crc(model),
             "measured_steps": summary["measured_steps"], "samples": summary["samples"],
             "seconds": summary["seconds"], **{k: summary[k] for k in ("step_s", "compute_s", "comm_s",

@@ -63,7 +63,8 @@ def train(np_: int, *args: str, timeout: float = 240, launcher: str = "mpirun", 
     return launch(cmd, timeout, env=env)
 
 
-def train_many(np_: int, runs: list[tuple[str, int, list[str]]], work_dir, timeout: float = 600) -> Launch:
+def train_many(np_: int, runs: list[tuple[str, int, list[str]]], work_dir, timeout: float = 600,
+               mpi_args: tuple[str, ...] = (), env: dict | None = None) -> Launch:
     """Train several ``hvdkit.train`` command lines in one MPI job of ``np_`` ranks
     (``tests/parallel/train_many.py``: TensorFlow starts once, not once per run; ``np_=0``: one
     plain process, no mpirun, as ``train(0, ...)``).
@@ -71,12 +72,15 @@ def train_many(np_: int, runs: list[tuple[str, int, list[str]]], work_dir, timeo
     ``runs``: (name, ranks, flags) in order, each on ranks 0..ranks-1. Asserts that the job
     ended with status 0 and that every rank of every run printed its OK line; the tests then
     read each run's ``--output-dir`` / ``--export-weights`` files as after a launch of its own.
+    ``mpi_args`` go to mpirun (e.g. ``-H h1:2,h2:1`` on an emulated cluster, with its ``env``).
     """
     spec = os.path.join(str(work_dir), "runs.json")
     with open(spec, "w") as fh:
         json.dump([{"name": name, "ranks": n, "args": list(args)} for name, n, args in runs], fh)
     driver = os.path.join(ROOT, "tests", "parallel", "train_many.py")
-    r = launch([sys.executable, driver, spec] if np_ == 0 else mpirun_cmd(np_, driver, spec), timeout)
+    cmd = [sys.executable, driver, spec] if np_ == 0 else \
+        local_command(np_, [sys.executable, driver, spec], mpi_args=mpi_args)
+    r = launch(cmd, timeout, env=env)
     assert r.returncode == 0, r.output
     for name, n, _ in runs:
         for rank in range(n):

@@ -38,7 +38,8 @@ def _spec(a):
                        bandwidth_bps=None if a.bandwidth.lower() == "none" else parse_rate(a.bandwidth),
                        topology=topology, racks=racks,
                        uplink_bps=parse_rate(a.uplink) if a.uplink else None,
-                       delay_s=parse_duration(a.delay) if a.delay else 0.0).check()
+                       delay_s=parse_duration(a.delay) if a.delay else 0.0, hostname=a.hostname or "",
+                       hostname_loopback=a.hostname_loopback, isolated_interface=a.isolated_interface or "").check()
 
 
 def _up_options(p: argparse.ArgumentParser) -> None:
@@ -54,6 +55,15 @@ def _up_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--uplink", metavar="RATE", help="rate of each rack's uplink (racks only)")
     g.add_argument("--delay", metavar="TIME",
                    help="one-way delay per host link, e.g. 1ms (needs the kernel's netem; refused without it)")
+    g = p.add_argument_group("conditions that break clusters (to test against)")
+    g.add_argument("--hostname", metavar="NAME",
+                   help="every host reports this one hostname (as containers and cloned VM images do); they are "
+                        "still reached as h1..hH")
+    g.add_argument("--hostname-loopback", action="store_true",
+                   help="each host's own hostname resolves to 127.0.1.1 on it (Debian's /etc/hosts line)")
+    g.add_argument("--isolated-interface", metavar="NAME",
+                   help="give every host a second interface NAME (198.18.1.I/24) on a network that joins "
+                        "nothing: the wrong interface to choose")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -166,15 +166,17 @@ def up(spec: ClusterSpec, d: str | None = None, owner_pid: int | None = None, lo
              "created": datetime.now(timezone.utc).isoformat(timespec="seconds"), "dir": d,
              "spec": spec.to_json(), "machine_address": MACHINE_ADDRESS, "interface": "eth0",
              "hosts": [{"name": h.name, "address": h.address, "slots": h.slots, "rack": h.rack,
-                        "netns": h.netns} for h in hosts]}
+                        "netns": h.netns, "hostname": spec.hostname_of(h)} for h in hosts]}
     _save(d, state)
     try:
         t0 = time.monotonic()
         net.create(spec, hosts)
         names.write(hosts)
+        for h in hosts if spec.hostname_loopback else ():
+            names.write_own(h, spec.hostname_of(h))
         files = ssh.prepare(d, hosts)
         for h in hosts:
-            ssh.start(d, h)
+            ssh.start(d, h, spec.hostname_of(h))
         ssh.wait_ready(hosts)
         files["hostfile"] = os.path.join(d, "hostfile")
         with open(files["hostfile"], "w", encoding="utf-8") as f:
@@ -195,7 +197,7 @@ def down(d: str | None = None, log=print) -> list[str]:
     d = cluster_dir(d)
     removed = net.destroy()
     if names.remove():
-        removed.append("/etc/hosts block")
+        removed.append("/etc/hosts block and hosts' own files")
     if os.path.isdir(d):
         if os.path.exists(os.path.join(d, _MARK)) or not os.listdir(d):
             shutil.rmtree(d, ignore_errors=True)

@@ -4,17 +4,26 @@ The emulated hosts share this machine's file system (as hosts of a cluster share
 block makes ``h1``..``hH`` resolve here and inside every host alike. The file is edited in
 place (it is often a bind mount, which a rename cannot replace); :func:`remove` deletes the
 block and nothing else.
+
+A host whose names must differ from the machine's (``--hostname-loopback``: its own
+hostname at 127.0.1.1, as Debian writes it) gets a hosts file of its own,
+``/etc/netns/hvdc-hI/hosts``, which ``ip netns exec`` mounts over ``/etc/hosts`` for every
+process started in it (its sshd, hence every session); :func:`remove` deletes those too.
 """
 from __future__ import annotations
 
+import glob
+import os
 import re
+import shutil
 
 from hvdkit.cluster.spec import Host
 from hvdkit.errors import UsageError
 
-__all__ = ["HOSTS_FILE", "write", "remove", "BEGIN", "END"]
+__all__ = ["HOSTS_FILE", "NETNS_ETC", "write", "write_own", "remove", "BEGIN", "END"]
 
 HOSTS_FILE = "/etc/hosts"
+NETNS_ETC = "/etc/netns"   # ip netns exec mounts NETNS_ETC/NS/FILE over /etc/FILE
 BEGIN = "# >>> hvdkit-cluster (removed by `hvdkit-cluster down`)"
 END = "# <<< hvdkit-cluster"
 _BLOCK = re.compile(rf"\n?{re.escape(BEGIN)}\n.*?{re.escape(END)}\n?", re.S)
@@ -49,11 +58,28 @@ def write(hosts: list[Host], aliases: dict[str, str] | None = None, path: str = 
     _rewrite(base + "\n".join([BEGIN, *lines, END]) + "\n", path)
 
 
+def write_own(host: Host, hostname: str, path: str = HOSTS_FILE) -> str:
+    """Give ``host`` a hosts file of its own: ``path`` (with the block) plus
+    ``127.0.1.1 HOSTNAME``; returns its path, ``/etc/netns/<host's netns>/hosts``.
+    Call before anything is started in the host."""
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    d = os.path.join(NETNS_ETC, host.netns)
+    os.makedirs(d, exist_ok=True)
+    own = os.path.join(d, "hosts")
+    with open(own, "w", encoding="utf-8") as f:
+        f.write(text.rstrip("\n") + f"\n127.0.1.1\t{hostname}\t# this host's own name on loopback (Debian)\n")
+    return own
+
+
 def remove(path: str = HOSTS_FILE) -> bool:
-    """Delete the block if present; True when there was one."""
+    """Delete the block and the hosts' own files if present; True when there was any."""
+    own = glob.glob(os.path.join(NETNS_ETC, "hvdc-*"))
+    for d in own:
+        shutil.rmtree(d, ignore_errors=True)
     with open(path, encoding="utf-8") as f:
         text = f.read()
     if BEGIN not in text:
-        return False
+        return bool(own)
     _rewrite(_strip(text), path)
     return True

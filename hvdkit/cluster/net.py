@@ -30,7 +30,7 @@ import time
 from pyroute2 import IPRoute, NetNS, netns
 from pyroute2.netlink.exceptions import NetlinkError
 
-from hvdkit.cluster.spec import MACHINE_ADDRESS, PREFIXLEN, ClusterSpec, Host
+from hvdkit.cluster.spec import ISOLATED_SUBNET, MACHINE_ADDRESS, PREFIXLEN, ClusterSpec, Host
 
 __all__ = ["PREFIX", "SWITCH_NS", "ROOT_IF", "create", "destroy", "leftovers", "netem_available",
            "namespace_pids", "set_link"]
@@ -147,6 +147,12 @@ def create(spec: ClusterSpec, hosts: list[Host]) -> None:
         ip.addr("add", index=_index(ip, ROOT_IF), address=MACHINE_ADDRESS, prefixlen=PREFIXLEN)
     for h in hosts:
         netns.create(h.netns)
+        if spec.isolated_interface:  # a veth pair with both ends in the host: it reaches nothing; made
+            iso = spec.isolated_interface  # first, so it is listed before eth0 (the first candidate)
+            b.veth((h.netns, iso), (h.netns, iso + "p"))
+            with _ns(h.netns) as ipr:
+                ipr.addr("add", index=_index(ipr, iso), address=f"{ISOLATED_SUBNET}.{h.address.rsplit('.', 1)[1]}",
+                         prefixlen=PREFIXLEN)
         b.veth((SWITCH_NS, h.name), (h.netns, "eth0"))
         _attach(SWITCH_NS, h.name, f"tor{h.rack}" if spec.topology == "racks" else "core")
         with _ns(h.netns) as ipr:

@@ -15,10 +15,11 @@ from dataclasses import asdict, dataclass
 
 from hvdkit.errors import UsageError
 
-__all__ = ["ClusterSpec", "Host", "MACHINE_ADDRESS", "PREFIXLEN", "MAX_HOSTS",
+__all__ = ["ClusterSpec", "Host", "MACHINE_ADDRESS", "PREFIXLEN", "MAX_HOSTS", "ISOLATED_SUBNET",
            "parse_rate", "format_rate", "parse_topology", "parse_duration", "plan"]
 
 SUBNET = "198.18.0"
+ISOLATED_SUBNET = "198.18.1"        # --isolated-interface: host hI is 198.18.1.I, joined to nothing
 PREFIXLEN = 24
 MACHINE_ADDRESS = f"{SUBNET}.254"   # this machine's end of the emulated network
 MAX_HOSTS = 200
@@ -105,6 +106,13 @@ class ClusterSpec:
         racks: number of top-of-rack switches (1 for star).
         uplink_bps: rate of each rack's uplink to the core switch, bits/s (racks only).
         delay_s: one-way delay added on each host link, seconds (needs the kernel's netem).
+        hostname: one hostname for every host ("" : each host is named as it is reached,
+            ``h1``..), as containers and cloned VM images often have.
+        hostname_loopback: each host's own hostname resolves to 127.0.1.1 there (Debian's
+            and Ubuntu's ``/etc/hosts`` line), through a hosts file of its own.
+        isolated_interface: also give every host this interface, with address
+            198.18.1.I/24, on a network that joins nothing (a second NIC whose switch has
+            no other host: a wrong interface to choose). "" : none.
     """
     hosts: int = 2
     slots: int = 1
@@ -113,6 +121,9 @@ class ClusterSpec:
     racks: int = 1
     uplink_bps: int | None = None
     delay_s: float = 0.0
+    hostname: str = ""
+    hostname_loopback: bool = False
+    isolated_interface: str = ""
 
     def check(self) -> "ClusterSpec":
         """Return self, or raise :class:`UsageError` naming the option to change."""
@@ -130,7 +141,17 @@ class ClusterSpec:
             raise UsageError("--uplink applies to --topology racks:R only")
         if self.delay_s < 0:
             raise UsageError("--delay must not be negative")
+        if self.hostname and not re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?", self.hostname):
+            raise UsageError(f"--hostname {self.hostname!r}: letters, digits and inner hyphens, at most 63")
+        if self.isolated_interface and (self.isolated_interface in ("eth0", "lo") or not re.fullmatch(
+                r"[A-Za-z][A-Za-z0-9]{0,12}", self.isolated_interface)):
+            raise UsageError(f"--isolated-interface {self.isolated_interface!r}: a name of letters and digits "
+                             "(at most 13), not eth0 or lo, e.g. eth1")
         return self
+
+    def hostname_of(self, host: "Host") -> str:
+        """The hostname ``host`` reports (``hostname``): :attr:`hostname` or the host's name."""
+        return self.hostname or host.name
 
     def to_json(self) -> dict:
         return asdict(self)

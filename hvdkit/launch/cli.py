@@ -74,6 +74,9 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--mpi-args", default="", metavar="'ARGS'",
                    help="extra arguments for the launcher, one quoted string "
                         "(e.g. --mpi-args=\"--mca btl tcp,self\")")
+    g.add_argument("--network-interface", default="", metavar="IF[,IF]",
+                   help="the network between hosts, for MPI's TCP transport and for the servers hvdkit.train "
+                        "starts (HVDKIT_NETWORK_INTERFACE); default: each chooses (README: Addresses)")
     g.add_argument("--dry-run", action="store_true", help="print the command instead of running it")
     g = p.add_argument_group("environment")
     g.add_argument("--env", action="append", default=[], metavar="NAME[=VALUE]",
@@ -157,7 +160,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             np=ns.np, program=tuple(program), launcher=ns.launcher, hosts=ns.hosts, hostfile=ns.hostfile,
             env_forward=forwarded_env_names(os.environ, names), env_set=tuple(pairs),
             mpi_args=tuple(shlex.split(ns.mpi_args)), cpu_ranks=ns.cpu_ranks, python=sys.executable,
-            binary=ns.mpi_exec if ns.launcher == MPI else _horovodrun())
+            binary=ns.mpi_exec if ns.launcher == MPI else _horovodrun(), network_interface=ns.network_interface)
         mpi = ns.mpi
         needs_mpi = ns.launcher == MPI or bool(ns.hosts or ns.hostfile)
         if ns.launcher == MPI and mpi == "auto":

@@ -75,6 +75,12 @@ class LaunchSpec:
         cpu_ranks: ranks to run without GPUs (``"0"``, ``"0,1"``, ``"0-3"``), "" for none.
         python: interpreter for the ``--rank-exec`` wrapper that ``cpu_ranks`` adds.
         binary: the launcher executable ("" for mpirun / mpiexec / horovodrun by flavour).
+        network_interface: the network between hosts, interface names (or, for Open MPI,
+            CIDR networks), comma-separated, "" to let each side choose: given to MPI's TCP
+            transport (Open MPI ``btl_tcp_if_include`` and ``oob_tcp_if_include``; MPICH
+            ``-iface``; horovodrun ``--network-interface``) and to hvdkit.train
+            (``HVDKIT_NETWORK_INTERFACE``: the address of TensorFlow's servers), so both use
+            one network.
 
     Raises:
         UsageError: (on construction) fewer than 1 rank, no program, an unknown launcher,
@@ -92,6 +98,7 @@ class LaunchSpec:
     cpu_ranks: str = ""
     python: str = "python"
     binary: str = ""
+    network_interface: str = ""
 
     def __post_init__(self) -> None:
         if self.np < 1:
@@ -120,11 +127,13 @@ def build_command(spec: LaunchSpec, *, mpi: str, is_root: bool, slots: int) -> l
     """The argv that launches ``spec`` (pure: no environment, file or PATH is consulted).
 
     * Open MPI: ``mpirun -np N [-H HOSTS | --hostfile FILE] --bind-to none --map-by slot
-      [--allow-run-as-root] [--oversubscribe] -x VAR ... [MPI_ARGS] PROGRAM``.
-    * MPICH / Hydra: ``mpiexec -n N [-hosts HOSTS | -f FILE] [-genvlist VAR,...]
+      [--allow-run-as-root] [--oversubscribe] [--mca btl_tcp_if_include IF --mca
+      oob_tcp_if_include IF] -x VAR ... [MPI_ARGS] PROGRAM``.
+    * MPICH / Hydra: ``mpiexec -n N [-hosts HOSTS | -f FILE] [-iface IF] [-genvlist VAR,...]
       [-genv NAME VALUE ...] [MPI_ARGS] PROGRAM`` (none of the Open MPI-only flags).
-    * horovodrun: ``[env NAME=VALUE ...] horovodrun -np N [-H HOSTS | --hostfile FILE]
-      [--mpi-args=--oversubscribe ...] PROGRAM``.
+    * horovodrun: ``[env NAME=VALUE ...] horovodrun -np N [--network-interface IF]
+      [-H HOSTS | --hostfile FILE] [--mpi-args=--oversubscribe ...] PROGRAM``.
+    With an interface, ``HVDKIT_NETWORK_INTERFACE=IF`` is set on every rank too.
 
     Args:
         spec: what to launch.
@@ -144,9 +153,13 @@ def build_command(spec: LaunchSpec, *, mpi: str, is_root: bool, slots: int) -> l
         raise UsageError(f"--mpi {mpi!r}: choose openmpi or mpich")
     oversubscribed = spec.np > slots
     np_ = str(spec.np)
+    iface = spec.network_interface
+    env_set = list(spec.env_set) + ([("HVDKIT_NETWORK_INTERFACE", iface)] if iface else [])
     if spec.launcher == HOROVODRUN:
-        cmd = ["env", *(f"{k}={v}" for k, v in spec.env_set)] if spec.env_set else []
+        cmd = ["env", *(f"{k}={v}" for k, v in env_set)] if env_set else []
         cmd += [spec.binary or "horovodrun", "-np", np_]
+        if iface:
+            cmd += ["--network-interface", iface]
         if spec.hosts:
             if any(s is None for _, s in parse_hosts(spec.hosts)):
                 raise UsageError(f"-H {spec.hosts!r}: horovodrun needs a slot count for every host "
@@ -169,9 +182,11 @@ def build_command(spec: LaunchSpec, *, mpi: str, is_root: bool, slots: int) -> l
             cmd.append("--allow-run-as-root")
         if oversubscribed:
             cmd.append("--oversubscribe")
+        if iface:
+            cmd += ["--mca", "btl_tcp_if_include", iface, "--mca", "oob_tcp_if_include", iface]
         for name in spec.env_forward:
             cmd += ["-x", name]
-        for k, v in spec.env_set:
+        for k, v in env_set:
             cmd += ["-x", f"{k}={v}"]
         return cmd + list(spec.mpi_args) + _program(spec)
     # MPICH / Hydra
@@ -180,9 +195,11 @@ def build_command(spec: LaunchSpec, *, mpi: str, is_root: bool, slots: int) -> l
         cmd += ["-hosts", spec.hosts]
     elif spec.hostfile:
         cmd += ["-f", spec.hostfile]
+    if iface:
+        cmd += ["-iface", iface]
     if spec.env_forward:
         cmd += ["-genvlist", ",".join(spec.env_forward)]
-    for k, v in spec.env_set:
+    for k, v in env_set:
         cmd += ["-genv", k, v]
     return cmd + list(spec.mpi_args) + _program(spec)
 

@@ -25,6 +25,7 @@ import os
 
 from hvdkit.comm import agree
 from hvdkit.errors import UsageError
+from hvdkit.startup import phase
 from hvdkit.strategies.base import ReplicaStrategy
 
 __all__ = ["HorovodStrategy", "init_horovod", "HOROVOD_DTYPES"]
@@ -43,6 +44,7 @@ def init_horovod(world):
     import horovod.tensorflow as hvd
 
     if not hvd.is_initialized():
+        phase("Horovod's init (hvd.init over MPI)")
         hvd.init(comm=world.comm)
     if hvd.size() != world.size or hvd.rank() != world.rank:
         raise RuntimeError(f"Horovod sees rank {hvd.rank()}/{hvd.size()} but MPI sees {world.rank}/{world.size}; "

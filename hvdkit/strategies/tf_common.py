@@ -11,20 +11,27 @@ from typing import Any
 
 from hvdkit.comm import exchange, free_port
 from hvdkit.models import model_input_shape
+from hvdkit.startup import addresses
 from hvdkit.strategies.base import Strategy
 
 __all__ = ["TFDistribute", "make_tf_step", "on_write_scope", "tf_addresses", "local_gpus"]
 
 
-def tf_addresses(world) -> list[str]:
-    """Every rank's ``host:port`` for a TensorFlow server, by rank (set-up exchange).
+def tf_addresses(world, cfg) -> list[str]:
+    """Every rank's ``ADDRESS:PORT`` for a TensorFlow server, by rank (set-up exchanges).
 
-    Each rank picks a free port on its own host; ``localhost`` when the whole world is on
-    one host, else the host name.
+    The address is the host's IPv4 address on the network that joins the hosts, chosen and
+    checked by :func:`hvdkit.startup.addresses` (``127.0.0.1`` when MPI puts every rank on
+    one host; ``--network-interface`` to choose), never a host name: hosts that share a
+    name, or whose name resolves to loopback, would each dial themselves. Each rank picks a
+    free port on its own host.
+
+    Raises:
+        UsageError: no address every host can reach (see :func:`hvdkit.startup.addresses`).
     """
-    got = exchange(world.comm, (world.host, free_port()))
-    one_host = len({h for h, _ in got}) == 1
-    return [f"{'localhost' if one_host else h}:{p}" for h, p in got]
+    ips = addresses(world, cfg.network_interface, cfg.startup_timeout or 3600.0)
+    ports = exchange(world.comm, free_port(), timeout=cfg.startup_timeout or 3600.0)
+    return [f"{ip}:{port}" for ip, port in zip(ips, ports)]
 
 
 def local_gpus():

@@ -29,6 +29,7 @@ from __future__ import annotations
 from hvdkit.comm import exchange
 from hvdkit.config import option_values
 from hvdkit.errors import UsageError
+from hvdkit.startup import phase
 from hvdkit.strategies.base import NUM_SERVERS
 from hvdkit.strategies.tf_common import TFDistribute, tf_addresses
 
@@ -72,7 +73,7 @@ class TFParameterServerStrategy(TFDistribute):
         import tensorflow as tf
 
         self.num_servers = k
-        addrs = tf_addresses(world)
+        addrs = tf_addresses(world, cfg)
         self.cluster = {"chief": addrs[:1], "ps": addrs[1:k + 1], "worker": addrs[k + 1:]}
         if world.rank == 0:
             self.role = ("chief", 0)
@@ -98,6 +99,7 @@ class TFParameterServerStrategy(TFDistribute):
                              f"failed to start: {m}")
         self.coordinator = None
         if world.rank == 0:
+            phase(f"connecting to the ps and worker servers at {', '.join(addrs[1:])}")
             resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(spec, task_type="chief", task_id=0,
                                                                             rpc_layer="grpc")
             self.tf = tf.distribute.experimental.ParameterServerStrategy(resolver)
@@ -125,6 +127,7 @@ class TFParameterServerStrategy(TFDistribute):
             self.model, self.optimizer = model, optimizer
             return
         super().setup(model, optimizer)
+        phase(f"the first step scheduled on the workers at {', '.join(self.cluster['worker'])}")
 
     def train_step(self, x, y, timer):
         import tensorflow as tf

@@ -46,9 +46,16 @@ import json
 import os
 
 from hvdkit.errors import UsageError
+from hvdkit.startup import phase
 from hvdkit.strategies.tf_common import TFDistribute, local_gpus, on_write_scope, tf_addresses
 
 __all__ = ["TFMirroredStrategy", "TFCentralStorageStrategy", "TFMultiWorkerStrategy"]
+
+
+def _others(addresses: list[str], rank: int, most: int = 4) -> str:
+    """The addresses of the other ranks, for a start-up phase message (at most ``most`` named)."""
+    rest = [a for r, a in enumerate(addresses) if r != rank]
+    return ", ".join(rest[:most]) + (f" and {len(rest) - most} more" if len(rest) > most else "")
 
 
 class _SingleProcess(TFDistribute):
@@ -143,16 +150,21 @@ class TFMultiWorkerStrategy(TFDistribute):
         import tensorflow as tf
 
         self.processes = world.size
-        self.cluster = {"worker": tf_addresses(world)}
+        self.cluster = {"worker": tf_addresses(world, cfg)}
         self.tf_config = {"cluster": self.cluster, "task": {"type": "worker", "index": world.rank}}
         os.environ["TF_CONFIG"] = json.dumps(self.tf_config)
         impl = tf.distribute.experimental.CommunicationImplementation
         self.implementation = impl.NCCL if local_gpus() else impl.RING
+        phase(f"creating MultiWorkerMirroredStrategy with the workers at {_others(self.cluster['worker'], world.rank)}")
         self.tf = tf.distribute.MultiWorkerMirroredStrategy(
             communication_options=tf.distribute.experimental.CommunicationOptions(implementation=self.implementation))
 
     def scope(self):
         return on_write_scope(self.tf)
+
+    def setup(self, model, optimizer) -> None:
+        super().setup(model, optimizer)
+        phase(f"TensorFlow's first collective with the workers at {_others(self.cluster['worker'], self.world.rank)}")
 
     def _describe(self):
         return {**super()._describe(), "cluster": self.cluster, "communication": self.implementation.name,

@@ -53,7 +53,9 @@ def test_plan_names_addresses_and_racks():
     (ClusterSpec(hosts=0), "--hosts"), (ClusterSpec(hosts=201), "--hosts"), (ClusterSpec(slots=0), "--slots"),
     (ClusterSpec(topology="racks", racks=2), "--uplink"), (ClusterSpec(uplink_bps=10**8), "--uplink"),
     (ClusterSpec(hosts=2, topology="racks", racks=3, uplink_bps=10**8), "one rack per host"),
-    (ClusterSpec(delay_s=-1.0), "--delay")])
+    (ClusterSpec(delay_s=-1.0), "--delay"), (ClusterSpec(hostname="no_underscores"), "--hostname"),
+    (ClusterSpec(hostname="-x"), "--hostname"), (ClusterSpec(isolated_interface="eth0"), "--isolated-interface"),
+    (ClusterSpec(isolated_interface="a-very-long-name"), "--isolated-interface")])
 def test_bad_specs_name_the_option(spec, message):
     with pytest.raises(UsageError, match=message):
         spec.check()
@@ -79,3 +81,22 @@ def test_hosts_block_refuses_names_already_taken(tmp_path):
     with pytest.raises(UsageError, match="already defines h2"):
         names.write(plan(ClusterSpec(hosts=2)), path=str(f))
     assert f.read_text() == "10.0.0.7 h2 h2.example\n"
+
+
+def test_hostnames_and_own_hosts_files(tmp_path, monkeypatch):
+    """--hostname gives every host one name; --hostname-loopback writes each host a hosts file of its
+    own (mounted by ip netns exec) mapping that name to 127.0.1.1; remove() deletes those files too."""
+    from hvdkit.cluster import names
+    h1, h2 = plan(ClusterSpec(hosts=2))
+    assert [ClusterSpec(hostname="node").hostname_of(h) for h in (h1, h2)] == ["node", "node"]
+    assert [ClusterSpec().hostname_of(h) for h in (h1, h2)] == ["h1", "h2"]
+    hosts = tmp_path / "hosts"
+    hosts.write_text("127.0.0.1 localhost\n")
+    monkeypatch.setattr(names, "NETNS_ETC", str(tmp_path / "netns"))
+    names.write([h1, h2], path=str(hosts))
+    own = names.write_own(h2, "node", path=str(hosts))
+    assert own == str(tmp_path / "netns" / "hvdc-h2" / "hosts")
+    lines = open(own).read().splitlines()
+    assert "198.18.0.1\th1" in lines and lines[-1].startswith("127.0.1.1\tnode\t#"), lines
+    assert names.remove(str(hosts)) and not (tmp_path / "netns" / "hvdc-h2").exists()
+    assert hosts.read_text() == "127.0.0.1 localhost\n"

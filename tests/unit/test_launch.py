@@ -435,3 +435,15 @@ def test_benchmark_outputs_are_checked_before_any_job_runs(tmp_path):
                             "--json", str(tmp_path / "f" / "x.json")], capture_output=True, text=True, timeout=60)
         assert r.returncode != 0 and f"hvdkit.bench.{name}: error: {tmp_path}/f/x.json: {tmp_path}/f is a file" \
             in r.stderr, r.stderr
+
+
+def test_network_interface_goes_to_mpi_and_to_the_ranks():
+    """--network-interface: MPI's TCP transport and hvdkit.train (HVDKIT_NETWORK_INTERFACE) use one network."""
+    got = {m: _plan(m, False, 4, "hostfile", network_interface="eth1") for m in ("openmpi", "mpich")}
+    assert ("--mca btl_tcp_if_include eth1 --mca oob_tcp_if_include eth1 -x HOROVOD_FUSION_THRESHOLD -x NCCL_DEBUG "
+            "-x PATH -x HVDKIT_NETWORK_INTERFACE=eth1 python") in got["openmpi"], got["openmpi"]
+    assert "-iface eth1 -genvlist HOROVOD_FUSION_THRESHOLD,NCCL_DEBUG,PATH -genv HVDKIT_NETWORK_INTERFACE eth1 " \
+        "python" in got["mpich"], got["mpich"]
+    hvd = _plan("openmpi", False, 4, "hostfile", launcher="horovodrun", network_interface="eth1")
+    assert hvd.startswith("env HVDKIT_NETWORK_INTERFACE=eth1 horovodrun -np 4 --network-interface eth1 "), hvd
+    assert "if_include" not in _plan("openmpi", False, 4, "hostfile")
