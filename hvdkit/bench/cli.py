@@ -25,10 +25,10 @@ __all__ = ["main", "COMMANDS"]
 COMMANDS = {"throughput": "hvdkit.bench.throughput", "convergence": "hvdkit.bench.convergence",
             "plots": "hvdkit.bench.plots", "suite": "hvdkit.bench.suite", "collectives": "hvdkit.bench.collectives",
             "cluster-training": "hvdkit.bench.cluster_training",
-            "cluster-collectives": "hvdkit.bench.cluster_collectives"}
+            "cluster-collectives": "hvdkit.bench.cluster_collectives", "advise-check": "hvdkit.bench.advise_check"}
 
 _USAGE = ("usage: hvdkit-bench {collectives,throughput,convergence,plots,suite,cluster-collectives,"
-          "cluster-training} [args]\n"
+          "cluster-training,advise-check} [args]\n"
           "  collectives [-np N] [--] [ARGS]  bandwidth of every allreduce method under mpirun -np N (default 2)\n"
           "  throughput [ARGS]                samples/s and scaling per strategy; harness overhead\n"
           "  convergence [ARGS]               accuracy vs time per strategy, with and without a straggler\n"
@@ -36,6 +36,7 @@ _USAGE = ("usage: hvdkit-bench {collectives,throughput,convergence,plots,suite,c
           "  suite [ARGS]                     all of them at small sizes into results/<date>/\n"
           "  cluster-collectives [ARGS]       collectives on emulated clusters (hvdkit-cluster; root)\n"
           "  cluster-training [ARGS]          training scaling on emulated clusters (hvdkit-cluster; root)\n"
+          "  advise-check [ARGS]              hvdkit advise's predictions vs the measured and published figures\n"
           "hvdkit-bench NAME --help lists NAME's flags.")
 
 

@@ -106,6 +106,7 @@ def test_imports_come_from_the_new_environment(wheel_env):
     (["hvdkit-bench", "--help"], ["collectives", "throughput", "convergence", "suite"]),
     (["python", "-m", "hvdkit.bench", "--help"], ["collectives", "suite"]),
     (["python", "-m", "hvdkit.train", "--help"], ["--strategy", "--model"]),
+    (["hvdkit", "advise", "--model", "resnet50", "--cluster", "16x8:nvlink,25gbit"], ["horovod", "recommendation:"]),
 ])
 def test_entry_points_run_outside_the_checkout(wheel_env, argv, expect):
     _, vbin, env, away = wheel_env

@@ -1,0 +1,257 @@
+"""``hvdkit advise``: which strategy, and how well it scales, for a model on a cluster (predicted).
+
+    hvdkit advise --model resnet50 --cluster 16x8:nvlink,25gbit             # P100 throughput table
+    hvdkit advise --model vgg16 --gpu v100 --cluster 8x8:nvlink,20gbit --overlap --json
+    hvdkit advise --model mlp-wide --measure --cluster /run/hvdkit-cluster/cluster.json
+    hvdkit advise --model cnn --compute-ms 7 --batch 32 --cluster 4x1:shm,1gbit --plot eff.png
+    hvdkit advise --model mlp-wide --compute-ms 44 --batch 32 --cluster cluster.json --hosts 4 \
+        --shared-cores 2 --calibrate cluster_collectives.json     # measured collectives, not formulas
+
+The model: a known ImageNet model (resnet50, resnet101, inception3, vgg16: sizes from their
+architectures, throughput from published runs; see :mod:`hvdkit.advise.presets`), an hvdkit
+registry model or MODULE:FUNCTION (built once with TensorFlow to read its gradient tensors).
+Compute per step: --compute-ms, --images-per-s (per accelerator), --measure (times a few local
+forward + backward steps here), or the known model's published figure for --gpu.
+
+Columns: step (ms per step: one batch on every worker), comm (communication seconds of a step),
+exposed (the part not hidden behind compute), eff (scaling efficiency: throughput / (N x one
+accelerator's)), link MB (bytes one step puts on the busiest link, per direction), and the
+limiting resource. Formulas and their sources: :mod:`hvdkit.advise.model`.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from hvdkit.advise import presets
+from hvdkit.advise.model import Cluster, Options, Workload
+from hvdkit.advise.predict import STRATEGIES, predict, recommend
+from hvdkit.errors import UsageError
+
+__all__ = ["main", "build_parser", "workload_from_args", "render_table"]
+
+PROG = "hvdkit advise"
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        raise UsageError(f"{message} (see {self.prog} --help)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The flags (module docstring)."""
+    p = _Parser(prog=PROG, description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
+                formatter_class=argparse.RawDescriptionHelpFormatter)
+    g = p.add_argument_group("the model and its compute")
+    g.add_argument("--model", required=True,
+                   help=f"{', '.join(presets.KNOWN_MODELS)}, an hvdkit registry model, or MODULE:FUNCTION")
+    g.add_argument("--batch", type=int, default=64, help="samples per accelerator per step (default 64)")
+    g.add_argument("--gpu", default="p100", choices=sorted({k for m in presets.KNOWN_MODELS.values()
+                                                             for k in m["images_per_s"]}),
+                   help="accelerator of a known model's published throughput (default p100)")
+    c = g.add_mutually_exclusive_group()
+    c.add_argument("--compute-ms", type=float, help="forward + backward of one batch on one accelerator, ms")
+    c.add_argument("--images-per-s", type=float, help="one accelerator's training throughput, samples/s")
+    c.add_argument("--measure", action="store_true", help="time a few forward + backward steps on this machine")
+    g.add_argument("--image-size", type=int, default=32, help="registry/user models: SIZE x SIZE x 3 input (default 32)")
+    g.add_argument("--num-classes", type=int, default=10, help="registry/user models: classes (default 10)")
+    g = p.add_argument_group("the cluster")
+    g.add_argument("--cluster", required=True,
+                   help="HxG[:INTRA[,INTER[,LATENCY]]] (e.g. 16x8:nvlink,25gbit, 4x1:shm,1gbit+rdma) or the "
+                        "cluster.json of `hvdkit-cluster probe`")
+    g.add_argument("--cpu", action="store_true", help="the accelerators are CPU processes (reduction at 2 GB/s)")
+    g.add_argument("--hosts", type=int, help="with a cluster.json: predict for this many hosts")
+    g.add_argument("--shared-cores", type=int,
+                   help="all ranks share this many cores (an emulated cluster on one machine)")
+    g = p.add_argument_group("strategy options")
+    g.add_argument("--strategies", default=",".join(STRATEGIES), help="comma-separated rows (default all)")
+    g.add_argument("--fusion-bytes", type=int, default=Options.fusion_bytes,
+                   help="fusion threshold / bucket size (default 64 MiB, Horovod's)")
+    g.add_argument("--servers", type=int, default=0, help="K dedicated PS server hosts (default 0: one per host)")
+    g.add_argument("--staleness", type=int, default=Options.staleness, help="SSP bound (default 3)")
+    g.add_argument("--overlap", action="store_true",
+                   help="Horovod overlaps fused buckets with the backward pass (its DistributedOptimizer in a "
+                        "TF1 graph); hvdkit's horovod row allreduces after the backward pass (default off)")
+    g.add_argument("--jitter", type=float, default=Options.jitter_cv,
+                   help="coefficient of variation of a worker's step time (straggler term, default 0.02)")
+    g.add_argument("--calibrate", metavar="JSON",
+                   help="use the collectives measured by `hvdkit-bench cluster-collectives --json JSON` on this cluster "
+                        "(Hockney fits per strategy and rank count) instead of the formulas")
+    g.add_argument("--max-staleness", type=float,
+                   help="recommend an asynchronous row only when its mean staleness is at most this")
+    g = p.add_argument_group("output")
+    g.add_argument("--json", action="store_true", help="print JSON (inputs, one object per strategy, the recommendation)")
+    g.add_argument("--plot", metavar="PNG", help="draw scaling efficiency against the number of hosts per strategy")
+    return p
+
+
+def _registry_tensors(name: str, image_size: int, classes: int):
+    """(model, gradient tensor bytes) of an hvdkit registry model or MODULE:FUNCTION (needs TensorFlow)."""
+    from hvdkit.models import build_model, check_model_name
+    check_model_name(name)
+    model = build_model(name, (image_size, image_size, 3), classes)
+    return model, tuple(int(v.shape.num_elements()) * v.dtype.size for v in model.trainable_variables)
+
+
+def _measure(model, batch: int, image_size: int, classes: int, steps: int = 5) -> float:
+    """Median seconds of a forward + backward step of ``batch`` random images (2 warm-up steps)."""
+    import numpy as np
+    import tensorflow as tf
+    x = tf.constant(np.random.default_rng(0).random((batch, image_size, image_size, 3), dtype=np.float32))
+    y = tf.constant(np.random.default_rng(1).integers(0, classes, batch))
+    loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+    @tf.function
+    def step():
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x, training=True))
+        return tape.gradient(loss, model.trainable_variables)
+
+    times = []
+    for i in range(steps + 2):
+        t0 = time.perf_counter()
+        [g.numpy() for g in step() if g is not None]
+        if i >= 2:
+            times.append(time.perf_counter() - t0)
+    return sorted(times)[len(times) // 2]
+
+
+def workload_from_args(a) -> Workload:
+    """The :class:`Workload` of the flags. Raises UsageError (a missing compute figure, a bad value)."""
+    if a.batch < 1:
+        raise UsageError(f"--batch {a.batch}: must be >= 1")
+    for f in ("compute_ms", "images_per_s"):
+        v = getattr(a, f)
+        if v is not None and not v > 0:
+            raise UsageError(f"--{f.replace('_', '-')} {v}: must be > 0")
+    if a.model in presets.KNOWN_MODELS:
+        if a.measure:
+            raise UsageError(f"--measure: {a.model} is described, not built here; give --images-per-s or --compute-ms")
+        tensors = presets.known_tensors(a.model)
+        rate = a.images_per_s or presets.KNOWN_MODELS[a.model]["images_per_s"][a.gpu]
+        compute = a.compute_ms / 1e3 if a.compute_ms else a.batch / rate
+    else:
+        if not (a.measure or a.compute_ms or a.images_per_s):
+            raise UsageError(f"--model {a.model}: give its compute with --compute-ms, --images-per-s or --measure")
+        model, tensors = _registry_tensors(a.model, a.image_size, a.num_classes)
+        if a.measure:
+            compute = _measure(model, a.batch, a.image_size, a.num_classes)
+        else:
+            compute = a.compute_ms / 1e3 if a.compute_ms else a.batch / a.images_per_s
+    return Workload(name=a.model, tensor_bytes=tensors, compute_s=compute, batch=a.batch)
+
+
+def _cluster(a, hosts: int | None = None) -> Cluster:
+    from dataclasses import replace
+    try:
+        if a.cluster.endswith(".json"):
+            cl = presets.cluster_from_json(a.cluster, hosts=a.hosts, shared_cores=a.shared_cores)
+        else:
+            cl = presets.parse_cluster(a.cluster, "cpu" if a.cpu else "gpu")
+            if a.shared_cores:
+                cl = replace(cl, shared_cores=a.shared_cores)
+        return replace(cl, hosts=hosts) if hosts else cl
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+
+
+def _calibrated(path: str, cl: Cluster, opt: Options, names) -> Options:
+    """``opt`` with the fitted collectives of ``path`` for this cluster (one rank per host only)."""
+    from dataclasses import replace
+
+    from hvdkit.advise.calibrate import fit_collectives, fitted_options
+    if cl.gpus_per_host != 1:
+        raise UsageError(f"--calibrate {path}: fits are per rank count with one rank per host; this cluster has "
+                         f"{cl.gpus_per_host} per host")
+    try:
+        with open(path, encoding="utf-8") as fh:
+            fits = fit_collectives(json.load(fh), cl.inter_Bps)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise UsageError(f"--calibrate {path}: {e}") from None
+    return replace(opt, fitted=fitted_options(fits, names, cl.hosts, opt.servers))
+
+
+def render_table(preds, wl: Workload, cl: Cluster, why: str) -> str:
+    """The text table: ``#`` metadata lines, a header row and a units row, one row per strategy."""
+    lines = [f"# model {wl.name}: {wl.nbytes / 1e6:.1f} MB of gradients in {len(wl.tensor_bytes)} tensors, "
+             f"compute {wl.compute_s * 1e3:.1f} ms per batch of {wl.batch}",
+             f"# cluster {cl.name}: {cl.hosts} hosts x {cl.gpus_per_host} = {cl.workers} workers; intra "
+             f"{cl.intra_Bps * 8 / 1e9:g} Gbit/s, inter {cl.inter_Bps * 8 / 1e9:g} Gbit/s, latency "
+             f"{cl.inter_latency_s * 1e6:g} us" + (f"; {cl.shared_cores} shared cores" if cl.shared_cores else ""),
+             f"{'strategy':<13} {'step':>9} {'comm':>9} {'exposed':>9} {'eff':>5} {'link':>9}  limiting",
+             f"{'':<13} {'ms':>9} {'ms':>9} {'ms':>9} {'%':>5} {'MB':>9}"]
+    for p in preds:
+        lines.append(f"{p.strategy + ('' if p.hvdkit else '*'):<13} {p.step_s * 1e3:9.1f} {p.comm_s * 1e3:9.1f} "
+                     f"{p.exposed_s * 1e3:9.1f} {p.efficiency * 100:5.0f} {p.link_bytes / 1e6:9.1f}  {p.limiting}"
+                     + (f" (staleness {p.staleness:.0f})" if p.staleness else ""))
+    if any(not p.hvdkit for p in preds):
+        lines.append("* not in hvdkit, for comparison")
+    lines.append(f"recommendation: {why}")
+    return "\n".join(lines)
+
+
+def _plot(path: str, a, wl: Workload, opt: Options, names) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    base = _cluster(a)
+    hosts = sorted({1, 2, 4, 8, 16, 32, 64, 128, base.hosts} | ({2 * base.hosts} if base.hosts < 128 else set()))
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for name in names:
+        eff = [predict(wl, _cluster(a, h), opt, [name])[0].efficiency * 100 for h in hosts]
+        ax.plot(hosts, eff, marker="o", label=name + ("" if STRATEGIES[name][1] else " (not in hvdkit)"))
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel(f"hosts (x {base.gpus_per_host} accelerators)")
+    ax.set_ylabel("predicted scaling efficiency, %")
+    ax.set_ylim(0, 105)
+    ax.set_title(f"hvdkit advise: {wl.name}, batch {wl.batch}, {base.name}", fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Print the table (or ``--json``); 0 on success, 2 on bad input (one line on stderr)."""
+    try:
+        a = build_parser().parse_args(argv)
+        names = [s.strip() for s in a.strategies.split(",") if s.strip()]
+        bad = [s for s in names if s not in STRATEGIES]
+        if bad or not names:
+            raise UsageError(f"--strategies {a.strategies!r}: choose from {', '.join(STRATEGIES)}")
+        if a.hosts is not None and a.hosts < 1 or a.shared_cores is not None and a.shared_cores < 1:
+            raise UsageError("--hosts and --shared-cores must be >= 1")
+        try:
+            opt = Options(fusion_bytes=a.fusion_bytes, servers=a.servers, staleness=a.staleness,
+                          overlap=a.overlap, jitter_cv=a.jitter)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+        cl = _cluster(a)
+        if a.calibrate:
+            opt = _calibrated(a.calibrate, cl, opt, names)
+        wl = workload_from_args(a)
+    except UsageError as e:
+        print(f"hvdkit: error: {e}", file=sys.stderr)
+        return 2
+    preds = predict(wl, cl, opt, names)
+    best, why = recommend(preds, a.max_staleness) if any(p.hvdkit for p in preds) else (None, "no hvdkit row chosen")
+    if a.json:
+        print(json.dumps({"model": {"name": wl.name, "gradient_bytes": wl.nbytes, "tensors": len(wl.tensor_bytes),
+                                    "compute_s": wl.compute_s, "batch": wl.batch},
+                          "cluster": {k: v for k, v in vars(cl).items()}, "options": vars(opt),
+                          "strategies": [vars(p) for p in preds],
+                          "recommendation": {"strategy": best.strategy if best else None, "reason": why}}, indent=1))
+    else:
+        print(render_table(preds, wl, cl, why))
+    if a.plot:
+        _plot(a.plot, a, wl, opt, names)
+        if not a.json:
+            print(f"# plot: {a.plot}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

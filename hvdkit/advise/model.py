@@ -1,0 +1,295 @@
+"""The cost model of ``hvdkit advise``: one training step per strategy, as an alpha-beta-gamma account.
+
+Pure arithmetic (no TensorFlow, no MPI): a :class:`Workload` (gradient bytes, their tensors,
+compute seconds per step), a :class:`Cluster` (H hosts x G accelerators, intra- and inter-host
+bandwidth and latency, reduction speed) and :class:`Options` go in; :func:`hvdkit.advise.predict.predict`
+returns one :class:`Prediction` per strategy. Units: bytes, seconds, bytes per second. Every accelerator is
+one worker rank, N = W = H x G.
+
+The terms of one synchronous step (each function below cites its source):
+
+* compute: forward + backward of one batch, ``compute_s``; the backward pass is
+  ``backward_fraction`` of it (2/3 by default: a backward pass costs about twice the forward's
+  FLOPs, e.g. Kaplan et al. 2020, sec. 2.1); on an emulated cluster whose R ranks share C
+  cores, compute stretches by R / C when R > C (``Cluster.shared_cores``);
+* communication: the collective or push/pull of the strategy, alpha (per message) + beta
+  (bytes / bandwidth on the busiest link) + gamma (bytes / reduction speed);
+* overlap: with ``overlap`` the gradients go out in fusion buckets while the backward pass still
+  runs (:func:`overlapped_step`); otherwise (hvdkit's rows: one grouped allreduce or one push
+  after the backward pass) all communication is exposed;
+* straggler and barrier: a synchronous step waits for the slowest of W workers
+  (:func:`straggler_factor`); SSP with staleness s amortises the wait over s + 1 clocks;
+  asynchronous PS waits for nobody, its throughput is bounded by the servers
+  (:func:`async_throughput`).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from hvdkit import costs
+
+__all__ = ["Workload", "Cluster", "Options", "Prediction", "ring_time", "flat_ring_time", "hierarchical_time",
+           "ps_sync_time", "colocated_time", "overlapped_step", "straggler_factor", "async_throughput"]
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One model at one batch size on one accelerator.
+
+    Attributes:
+        name: label.
+        tensor_bytes: bytes of each gradient tensor, in the model's forward (layer) order;
+            S = their sum (float32: 4 bytes per parameter).
+        compute_s: seconds of forward + backward of one batch on one accelerator, > 0.
+        batch: samples per worker per step.
+        backward_fraction: share of ``compute_s`` spent in the backward pass, in (0, 1].
+    """
+    name: str
+    tensor_bytes: tuple[int, ...]
+    compute_s: float
+    batch: int = 32
+    backward_fraction: float = 2 / 3
+
+    def __post_init__(self):
+        if not self.tensor_bytes or min(self.tensor_bytes) < 0:
+            raise ValueError(f"workload {self.name!r}: tensor_bytes must be a non-empty list of sizes >= 0")
+        if not self.compute_s > 0:
+            raise ValueError(f"compute_s={self.compute_s} must be > 0")
+        if self.batch < 1 or not 0 < self.backward_fraction <= 1:
+            raise ValueError(f"batch={self.batch} must be >= 1 and backward_fraction={self.backward_fraction} in (0, 1]")
+
+    @property
+    def nbytes(self) -> int:
+        """S: gradient bytes per worker per step."""
+        return int(sum(self.tensor_bytes))
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """H hosts of G accelerators; one NIC per host shared by its accelerators.
+
+    Attributes:
+        hosts: H >= 1. gpus_per_host: G >= 1.
+        intra_Bps, intra_latency_s: between accelerators of one host (NVLink, PCIe, shared memory).
+        inter_Bps, inter_latency_s: each host's NIC to a non-blocking switch, per direction.
+        reduce_Bps: gamma, bytes per second one rank sums (GPU: ~1e11; one CPU core: ~2e9).
+        server_Bps: bytes per second a PS server host sums pushes and applies updates (CPU), default 5e9.
+        shared_cores: None on a real cluster; on an emulated one (namespaces on one machine),
+            the cores every rank shares: compute stretches by ranks / cores when ranks > cores.
+    """
+    hosts: int
+    gpus_per_host: int
+    intra_Bps: float
+    inter_Bps: float
+    intra_latency_s: float = 5e-6
+    inter_latency_s: float = 25e-6
+    reduce_Bps: float = 1e11
+    server_Bps: float = 5e9
+    shared_cores: int | None = None
+    name: str = ""
+
+    def __post_init__(self):
+        if self.hosts < 1 or self.gpus_per_host < 1:
+            raise ValueError(f"cluster {self.hosts}x{self.gpus_per_host}: hosts and accelerators per host must be >= 1")
+        for f in ("intra_Bps", "inter_Bps", "reduce_Bps", "server_Bps"):
+            if not getattr(self, f) > 0:
+                raise ValueError(f"{f}={getattr(self, f)} must be > 0")
+        if self.intra_latency_s < 0 or self.inter_latency_s < 0:
+            raise ValueError("latencies must be >= 0")
+
+    @property
+    def workers(self) -> int:
+        """N = H x G worker ranks."""
+        return self.hosts * self.gpus_per_host
+
+
+@dataclass(frozen=True)
+class Options:
+    """Strategy options (the flags of ``hvdkit-train`` they stand for).
+
+    Attributes:
+        fusion_bytes: fusion threshold (``--fusion-bytes``; Horovod's HOROVOD_FUSION_THRESHOLD, 64 MiB).
+        servers: K dedicated PS server hosts (``--num-servers``); 0 = one per worker host (K = H).
+        staleness: SSP bound s (``--staleness``).
+        overlap: communicate fused buckets during the backward pass (Horovod's DistributedOptimizer
+            in a TF1 graph); hvdkit's rows send after the backward pass, so False by default.
+        jitter_cv: coefficient of variation of one worker's step compute time (the straggler term).
+        ps_local_aggregation: sum the G gradients of a host before pushing (BytePS); hvdkit's PS
+            pushes every worker's gradient (False).
+        fitted: ``((strategy, alpha_s, s_per_byte), ...)``: a measured Hockney fit ``t = a + b x bytes``
+            of that strategy's allreduce-equivalent on this cluster (e.g. from ``hvdkit-bench
+            cluster-collectives``), used per bucket instead of the formula.
+    """
+    fusion_bytes: int = 64 * 1024 * 1024
+    servers: int = 0
+    staleness: int = 3
+    overlap: bool = False
+    jitter_cv: float = 0.02
+    ps_local_aggregation: bool = False
+    fitted: tuple = ()
+
+    def __post_init__(self):
+        if self.fusion_bytes < 0 or self.servers < 0 or self.staleness < 0 or self.jitter_cv < 0:
+            raise ValueError(f"options {self}: fusion_bytes, servers, staleness and jitter_cv must be >= 0")
+
+
+@dataclass
+class Prediction:
+    """One strategy's predicted step (seconds; a "step" = one batch on every worker)."""
+    strategy: str
+    step_s: float
+    compute_s: float
+    comm_s: float
+    exposed_s: float
+    efficiency: float
+    samples_per_s: float
+    link_bytes: float
+    link: str
+    limiting: str
+    staleness: float = 0.0
+    hvdkit: bool = True
+    terms: dict = field(default_factory=dict)
+
+
+# ---------------------------------------------------------------- the formulas
+
+
+def ring_time(nbytes: float, ranks: int, link_Bps: float, latency_s: float = 0.0, reduce_Bps: float = math.inf) -> float:
+    """Ring allreduce with the reduction: ``2 (N-1) alpha + 2 (N-1)/N S / B + (N-1)/N S / gamma``.
+
+    Patarasuk & Yuan 2009 (JPDC 69(2)), :func:`hvdkit.costs.ring_allreduce_time`, plus the
+    gamma term of Thakur, Rabenseifner & Gropp 2005: in the reduce-scatter each rank sums
+    N-1 chunks of S/N bytes. One rank: 0.
+    """
+    if ranks == 1:
+        return 0.0
+    return costs.ring_allreduce_time(nbytes, ranks, link_Bps, latency_s) + (ranks - 1) / ranks * nbytes / reduce_Bps
+
+
+def flat_ring_time(nbytes: float, cl: Cluster) -> float:
+    """One ring over all H x G ranks (Horovod/NCCL's default; hvdkit's ``ring``).
+
+    Every ring step moves S/N over every edge at once, so a step lasts as long as its slowest
+    edge: with H > 1 the ring crosses each NIC once each way, so B = min(intra, inter) and
+    alpha = the inter-host latency (Patarasuk & Yuan 2009; Sergeev & Del Balso 2018, sec. 3).
+    """
+    if cl.hosts == 1:
+        return ring_time(nbytes, cl.workers, cl.intra_Bps, cl.intra_latency_s, cl.reduce_Bps)
+    return ring_time(nbytes, cl.workers, min(cl.intra_Bps, cl.inter_Bps), cl.inter_latency_s, cl.reduce_Bps)
+
+
+def hierarchical_time(nbytes: float, cl: Cluster) -> float:
+    """Hierarchical allreduce (HOROVOD_HIERARCHICAL_ALLREDUCE): intra-host reduce-scatter, an
+    inter-host ring of S/G per accelerator, intra-host allgather.
+
+    ``2 [(G-1) a_i + (G-1)/G S/B_i] + (G-1)/G S/gamma`` inside hosts, plus ``2 (H-1) a_e +
+    2 (H-1)/H S / B_e`` across them: G rings of S/G bytes run at once through one NIC, so the
+    NIC carries 2 (H-1)/H S each way (Sergeev & Del Balso 2018 (Horovod's hierarchical
+    allreduce); the two-level analysis of Jiang et al., OSDI 2020, sec. 3).
+    """
+    g, h = cl.gpus_per_host, cl.hosts
+    intra = 0.0 if g == 1 else 2 * ((g - 1) * cl.intra_latency_s + (g - 1) / g * nbytes / cl.intra_Bps) \
+        + (g - 1) / g * nbytes / cl.reduce_Bps
+    inter = 0.0 if h == 1 else (2 * (h - 1) * cl.inter_latency_s + 2 * (h - 1) / h * nbytes / cl.inter_Bps
+                                + (h - 1) / h * nbytes / g / cl.reduce_Bps)
+    return intra + inter
+
+
+def _local(nbytes: float, cl: Cluster, aggregate: bool) -> tuple[float, float]:
+    """(bytes each host pushes, seconds of the intra-host reduce + broadcast, BytePS) for a PS."""
+    g = cl.gpus_per_host
+    if not aggregate or g == 1:
+        return g * nbytes, 0.0
+    return nbytes, 2 * ((g - 1) * cl.intra_latency_s + (g - 1) / g * nbytes / cl.intra_Bps)
+
+
+def ps_sync_time(nbytes: float, cl: Cluster, servers: int, aggregate: bool = False, pipelined: bool = False) -> float:
+    """Synchronous push + pull through K dedicated server hosts, plus the servers' sum and update.
+
+    Per direction ``alpha + max(S_h, H S_h / K) / B_e`` (:func:`hvdkit.costs.ps_time`; Jiang et al.
+    OSDI 2020, sec. 3.1: a worker link carries S_h, a server link H S_h / K), S_h = G S without
+    local aggregation (every worker pushes), S with it; gamma: each server sums ``H S_h / K`` bytes and
+    applies ``S / K`` at ``server_Bps``. ``pipelined`` (BytePS, sec. 4: tensors cut into small
+    partitions that flow through the stages one after another; full-duplex links): the stages
+    overlap, so the time is the slowest stage's: ``max(local, one direction, servers)``.
+    """
+    sh, local = _local(nbytes, cl, aggregate)
+    wire = costs.ps_time(sh, cl.hosts, servers, cl.inter_Bps, cl.inter_latency_s)
+    server = (cl.hosts * sh + nbytes) / servers / cl.server_Bps
+    if pipelined:
+        return max(local, wire / 2, server)
+    return local + wire + server
+
+
+def colocated_time(nbytes: float, cl: Cluster, aggregate: bool = False) -> float:
+    """Colocated PS: every host serves S/H: ``2 alpha + 2 (H-1)/H S_h / B_e`` plus the sum and update.
+
+    :func:`hvdkit.costs.colocated_ps_time` (BytePS's colocated mode, Jiang et al. OSDI 2020: the same
+    bytes per NIC as a ring); gamma: a host sums H shards of S_h/H and applies S/H at ``server_Bps``.
+    """
+    sh, local = _local(nbytes, cl, aggregate)
+    if cl.hosts == 1:
+        return local + (0.0 if aggregate or cl.gpus_per_host == 1 else
+                        ring_time(nbytes, cl.gpus_per_host, cl.intra_Bps, cl.intra_latency_s, cl.reduce_Bps))
+    return (local + costs.colocated_ps_time(sh, cl.hosts, cl.inter_Bps, cl.inter_latency_s)
+            + (sh + nbytes / cl.hosts) / cl.server_Bps)
+
+
+def overlapped_step(forward_s: float, backward_s: float, tensor_bytes, fusion_bytes: int, comm) -> tuple[float, float, int]:
+    """Tensor fusion overlapped with the backward pass: ``(step_s, comm_s, buckets)``.
+
+    Horovod (Sergeev & Del Balso 2018, sec. 4 "Tensor Fusion"; the wait-free backpropagation of
+    Zhang et al., Poseidon, ATC 2017): gradients become ready in reverse layer order during the
+    backward pass (assumed: each tensor takes ``backward_s / n``); whenever the network is free,
+    every ready tensor not yet sent goes out in one bucket of at most ``fusion_bytes`` (0: no cap);
+    a bucket of b bytes takes ``comm(b)`` seconds and buckets go one after another. The step ends
+    when the last bucket and the backward pass have both finished.
+
+    Args:
+        forward_s, backward_s: seconds, >= 0.
+        tensor_bytes: sizes in forward order (the backward pass produces them reversed).
+        fusion_bytes: bucket cap in bytes, 0 = none.
+        comm: callable bytes -> seconds of one allreduce.
+    """
+    sizes = list(tensor_bytes)[::-1]
+    n = len(sizes)
+    ready = [forward_s + backward_s * (i + 1) / n for i in range(n)]
+    t_net, comm_s, i, buckets = 0.0, 0.0, 0, 0
+    while i < n:
+        start = max(t_net, ready[i])
+        size = 0
+        while i < n and ready[i] <= start + 1e-15 and (size == 0 or not fusion_bytes or size + sizes[i] <= fusion_bytes):
+            size += sizes[i]
+            i += 1
+        dt = comm(size)
+        t_net, comm_s, buckets = start + dt, comm_s + dt, buckets + 1
+    return max(forward_s + backward_s, t_net), comm_s, buckets
+
+
+def straggler_factor(workers: int, jitter_cv: float, staleness: int = 0) -> float:
+    """Expected slowdown of a barrier over W workers whose step times have mean 1 and std ``cv``.
+
+    ``1 + cv sqrt(2 ln W) / sqrt(s + 1)``: the expected maximum of W independent normal step
+    times is at most ``mu + sigma sqrt(2 ln W)`` (the Gaussian maximal inequality, e.g. Boucheron,
+    Lugosi & Massart 2013, sec. 2.5); a synchronous step (s = 0) waits for that maximum every
+    step. With SSP (Ho et al., NIPS 2013) the fastest worker may run s clocks ahead, so the
+    barrier bites once per s + 1 clocks on a sum of s + 1 step times, whose spread grows as
+    sqrt(s + 1). One worker: 1.
+    """
+    if workers <= 1 or jitter_cv == 0:
+        return 1.0
+    return 1.0 + jitter_cv * math.sqrt(2 * math.log(workers)) / math.sqrt(staleness + 1)
+
+
+def async_throughput(cycle_s: float, workers: int, server_steps_per_s: float) -> tuple[float, float]:
+    """Asynchronous PS: ``(worker steps per second, mean staleness)``.
+
+    Each worker repeats compute + push + pull on its own (``cycle_s``), so W workers offer
+    W / cycle_s steps/s; the servers accept at most ``server_steps_per_s`` (their links or
+    CPUs). Throughput = the smaller. The staleness of an update = the updates applied by others
+    while its worker computed (Dean et al. 2012; Ho et al. 2013): throughput x cycle_s - 1,
+    which is W - 1 when the servers keep up.
+    """
+    rate = min(workers / cycle_s, server_steps_per_s)
+    return rate, max(0.0, rate * cycle_s - 1)

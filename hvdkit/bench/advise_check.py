@@ -1,0 +1,266 @@
+"""How far to trust ``hvdkit advise``: its predictions next to measurements and to published results.
+
+Runs nothing on a cluster: it reads what the cluster benchmarks measured and writes two
+comparisons (markdown tables, ``--json``)::
+
+    python -m hvdkit.bench.advise_check                    # = hvdkit-bench advise-check
+    python -m hvdkit.bench.advise_check --markdown benchmarks/figures/advise_check.md --json advise_check.json
+
+1. Emulated cluster (``--training``, default ``benchmarks/figures/cluster_training.json``;
+   ``--collectives``, ``cluster_collectives.json``): every (model, strategy, workers) point,
+   measured step time (median over repeats) against two predictions:
+   ``probe``: the formulas with the probed link (B = link_Bps, alpha = rtt/2) and nothing else;
+   ``fit``: the same step with each strategy's communication replaced by a Hockney fit
+   ``t = a + b x bytes`` of the same collective measured alone by ``cluster_collectives``
+   (1 Gbit/s, one rank per host, the default variant, sizes >= 1 MiB; a rank count it did not
+   measure takes the largest measured one's ``a`` and its ``b`` scaled by the formula's bytes
+   ratio). Both use the 1-worker Horovod step as the compute and stretch it by workers / cores
+   when more ranks than cores share the machine (hvdkit's rows: no overlap). Reported: the
+   median absolute relative error, and per (model, workers) whether the predicted order of the
+   strategies equals the measured one.
+2. Published (:data:`PUBLISHED`): the Horovod paper's 512-GPU scaling efficiencies and BytePS's
+   speed-ups over Horovod, projected from the known models of :mod:`hvdkit.advise.presets`
+   with the assumptions stated in each row.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from dataclasses import replace
+
+from hvdkit.advise import presets
+from hvdkit.advise.calibrate import fit_collectives, fit_for
+from hvdkit.advise.model import Cluster, Options, Workload
+from hvdkit.advise.predict import predict_one
+from hvdkit.errors import UsageError
+from hvdkit.results import write_json
+
+__all__ = ["main", "measured_comparison", "published_comparison", "LABELS", "PUBLISHED"]
+
+PROG = "python -m hvdkit.bench.advise_check"
+
+#: cluster_training label -> (advise strategy, K dedicated servers, cluster_collectives method)
+LABELS = {"horovod": ("horovod", 0, "horovod"), "ring": ("ring", 0, "ring"), "ps-sync-k1": ("ps-sync", 1, "ps"),
+          "ps-sync-k2": ("ps-sync", 2, "ps2"), "ps-sync-coloc": ("ps-colocated", 0, "ps-colocated"),
+          "ps-async-k1": ("ps-async", 1, "ps")}
+
+
+def measured_comparison(training: dict, fits: dict) -> tuple[list[dict], dict]:
+    """One row per (model, label, workers) of ``training``'s summary, and the summary statistics."""
+    meta = training["meta"]
+    cores = int(meta.get("cores") or 0) or None
+    summ = {(s["model"], s["label"], s["workers"]): s for s in training["summary"] if s.get("repeats_ok")}
+    rows = []
+    for (model, label, w), s in sorted(summ.items()):
+        if label not in LABELS or (model, "horovod", 1) not in summ:
+            continue
+        strategy, k, method = LABELS[label]
+        wl = Workload(model, (int(s["gradient_bytes"]),), compute_s=summ[(model, "horovod", 1)]["step_ms"] / 1e3,
+                      batch=int(meta.get("batch_size", 32)))
+        cl = Cluster(hosts=w, gpus_per_host=1, intra_Bps=presets.INTRA["shm"][0], inter_Bps=s["link_Bps"],
+                     intra_latency_s=presets.INTRA["shm"][1], inter_latency_s=meta["rtt_s"] / 2,
+                     reduce_Bps=2e9, server_Bps=2e9, shared_cores=cores)
+        opt = Options(servers=k, jitter_cv=0.0)
+        probe = predict_one(strategy, wl, cl, opt)
+        fit = fit_for(fits, method, w + k)
+        fitted = predict_one(strategy, wl, cl, replace(opt, fitted=((strategy, *fit),))) if fit else None
+        meas = s["step_ms"] / 1e3
+        lo, hi = (wl.batch * w / s[f"samples_per_s_{m}"] * 1e3 for m in ("max", "min"))   # step range over repeats
+        rows.append({"model": model, "label": label, "workers": w, "hosts": s["hosts"], "measured_ms": meas * 1e3,
+                     "measured_min_ms": lo, "measured_max_ms": hi, "oversubscribed": s["hosts"] > (cores or 1e9),
+                     "probe_ms": probe.step_s * 1e3, "fit_ms": fitted.step_s * 1e3 if fitted else None,
+                     "probe_err": probe.step_s / meas - 1, "fit_err": fitted.step_s / meas - 1 if fitted else None,
+                     "fit_ranks_measured": (method, w + k) in fits or (w == 1 and k == 0)})
+    stats = {}
+    for col in ("probe", "fit"):
+        errs = [abs(r[f"{col}_err"]) for r in rows if r[f"{col}_err"] is not None]
+        part = {k: [abs(r[f"{col}_err"]) for r in rows if r[f"{col}_err"] is not None and r["oversubscribed"] == v]
+                for k, v in (("ranks_le_cores", False), ("ranks_gt_cores", True))}
+        agree, distinct = 0, 0   # strategy pairs whose measured min-max ranges do not overlap
+        for i, x in enumerate(rows):
+            for y in rows[i + 1:]:
+                if (x["model"], x["workers"]) != (y["model"], y["workers"]) or x[f"{col}_ms"] is None \
+                        or y[f"{col}_ms"] is None:
+                    continue
+                if x["measured_max_ms"] < y["measured_min_ms"] or y["measured_max_ms"] < x["measured_min_ms"]:
+                    distinct += 1
+                    agree += (x["measured_ms"] < y["measured_ms"]) == (x[f"{col}_ms"] < y[f"{col}_ms"])
+        same, best, total = 0, 0, 0
+        for model, w in sorted({(r["model"], r["workers"]) for r in rows}):
+            grp = [r for r in rows if r["model"] == model and r["workers"] == w and r[f"{col}_ms"] is not None]
+            if len(grp) < 2:
+                continue
+            total += 1
+            meas = [r["label"] for r in sorted(grp, key=lambda r: r["measured_ms"])]
+            pred = [r["label"] for r in sorted(grp, key=lambda r: r[f"{col}_ms"])]
+            same += meas == pred
+            best += meas[0] == pred[0]
+        stats[col] = {"median_abs_err": statistics.median(errs) if errs else None, "points": len(errs),
+                      "rankings_equal": same, "best_equal": best, "rankings": total,
+                      "within_15pct": sum(e <= 0.15 for e in errs), "pairs_distinct": distinct, "pairs_agree": agree,
+                      **{f"median_abs_err_{k}": statistics.median(v) if v else None for k, v in part.items()},
+                      **{f"points_{k}": len(v) for k, v in part.items()}}
+    return rows, stats
+
+
+_HVD = "Sergeev & Del Balso 2018 (arXiv:1802.05799) and Horovod's benchmarks page"
+_BPS = "BytePS docs/performance.md (Jiang et al., OSDI 2020)"
+#: published figure -> how to project it. kind "efficiency": the strategy's scaling efficiency;
+#: "speedup": BytePS's step-time ratio over Horovod (both overlapped with the backward pass).
+PUBLISHED = [
+    {"source": _HVD, "model": m, "kind": "efficiency", "strategy": "horovod", "published": pub,
+     "cluster": "128x4:pcie,25gbit+rdma", "gpu": "p100", "what": "Horovod, 128 hosts x 4 Pascal, 25 Gbit/s RoCE"}
+    for m, pub in (("inception3", 0.90), ("resnet101", 0.90), ("vgg16", 0.68))
+] + [
+    {"source": _HVD + " (Fig. 1)", "model": m, "kind": "efficiency", "strategy": "ps-colocated", "published": 0.50,
+     "cluster": "32x4:pcie,25gbit", "gpu": "p100", "what": "standard distributed TF (PS on every host), 128 GPUs"}
+    for m in ("inception3", "resnet101")
+] + [
+    {"source": _BPS, "model": m, "kind": "speedup", "strategy": "byteps", "published": pub, "cluster": cl,
+     "gpu": "v100", "what": what}
+    for m, pub, cl, what in (
+        ("resnet50", 1.44, "8x8:nvlink,20gbit", "BytePS vs Horovod, 8 x 8 V100 NVLink, 20 Gbit/s TCP"),
+        ("vgg16", 2.00, "8x8:nvlink,20gbit", "BytePS vs Horovod, 8 x 8 V100 NVLink, 20 Gbit/s TCP"),
+        ("resnet50", 1.07, "8x8:pcie,100gbit+rdma", "BytePS vs Horovod, 8 x 8 V100 PCIe, 100 Gbit/s RoCE"),
+        ("vgg16", 1.17, "8x8:pcie,100gbit+rdma", "BytePS vs Horovod, 8 x 8 V100 PCIe, 100 Gbit/s RoCE"))
+]
+
+ASSUMPTIONS = ("batch 64 per GPU; per-GPU images/s and gradient tensors of hvdkit.advise.presets (P100: "
+               "tf_cnn_benchmarks; V100 fp32: assumed); Horovod and BytePS overlap fused 64 MiB buckets with "
+               "the backward pass (2/3 of a step); the PS rows do not; NCCL's flat ring over all GPUs; TCP "
+               "latency 30 us, RDMA 5 us; links reach their line rate; straggler jitter 2%; BytePS: local "
+               "aggregation, K = H CPU server hosts, pipelined push/pull; standard TF PS: every GPU pushes its "
+               "own gradients to a PS shard on every host.")
+
+
+def _figure(p: dict, wl: Workload, cl: Cluster, eta: float = 1.0):
+    """(the projected figure, the row's prediction, Horovod's) with the links of the row's subject
+    (efficiency rows: its strategy; speed-up rows: Horovod) at ``eta`` x their rate."""
+    opt = Options(overlap=True)
+    slow = replace(cl, intra_Bps=cl.intra_Bps * eta, inter_Bps=cl.inter_Bps * eta)
+    if p["kind"] == "speedup":
+        mine, hvd = predict_one(p["strategy"], wl, cl, opt), predict_one("horovod", wl, slow, opt)
+        return hvd.step_s / mine.step_s, mine, hvd
+    mine = predict_one(p["strategy"], wl, slow, opt)
+    return mine.efficiency, mine, None
+
+
+def _implied_eta(p: dict, wl: Workload, cl: Cluster) -> float | None:
+    """The fraction of the link rates the subject must reach for the projection to equal the
+    publication (bisection; the figure is monotone in it), or None if no fraction <= 1 does."""
+    f = lambda eta: _figure(p, wl, cl, eta)[0] - p["published"]   # noqa: E731
+    lo, hi = 0.01, 1.0
+    sign = 1 if p["kind"] == "efficiency" else -1                  # efficiency rises with eta, speed-up falls
+    if sign * f(hi) < 0 or sign * f(lo) > 0:
+        return None
+    for _ in range(40):
+        mid = (lo + hi) / 2
+        lo, hi = (lo, mid) if sign * f(mid) > 0 else (mid, hi)
+    return (lo + hi) / 2
+
+
+def published_comparison() -> list[dict]:
+    """One row per :data:`PUBLISHED` figure: the projection, the difference in percentage points, what
+    limits the prediction, and ``implied_eta``: the fraction of its links' rates the subject (the
+    strategy; for speed-ups, Horovod) would have to reach to give the published figure."""
+    rows = []
+    for p in PUBLISHED:
+        tensors = presets.known_tensors(p["model"])
+        wl = Workload(p["model"], tensors, compute_s=64 / presets.KNOWN_MODELS[p["model"]]["images_per_s"][p["gpu"]],
+                      batch=64)
+        cl = presets.parse_cluster(p["cluster"])
+        pred, mine, hvd = _figure(p, wl, cl)
+        if hvd:
+            detail = {"horovod_eff": hvd.efficiency, "byteps_eff": mine.efficiency, "horovod_limit": hvd.limiting}
+        else:
+            detail = {"limiting": mine.limiting}
+        rows.append({**p, "predicted": pred, "diff_points": (pred - p["published"]) * 100, **detail,
+                     "implied_eta": _implied_eta(p, wl, cl), "exposed_ms": mine.exposed_s * 1e3,
+                     "step_ms": mine.step_s * 1e3})
+    return rows
+
+
+def _pct(x):
+    return "-" if x is None else f"{x * 100:+.0f}%"
+
+
+def markdown(rows: list[dict], stats: dict, pub: list[dict], meta: dict) -> str:
+    """The two tables (and the summary lines) as markdown."""
+    out = [f"### Predicted vs measured on the emulated cluster ({meta.get('bandwidth', '?')} links, probed "
+           f"{(meta.get('link_Bps') or 0) * 8 / 1e9:.2f} Gbit/s, {meta.get('cores')} shared cores, batch "
+           f"{meta.get('batch_size')})", "",
+           "| model | strategy | workers | measured ms | probe ms | err | fit ms | err |",
+           "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for r in rows:
+        fit = "-" if r["fit_ms"] is None else f"{r['fit_ms']:.1f}" + ("" if r["fit_ranks_measured"] else "†")
+        out.append(f"| {r['model']} | {r['label']} | {r['workers']} | {r['measured_ms']:.1f} | {r['probe_ms']:.1f} | "
+                   f"{_pct(r['probe_err'])} | {fit} | {_pct(r['fit_err'])} |")
+    out.append("")
+    for col, what in (("probe", "probe only (formulas + probed link)"), ("fit", "fitted collectives")):
+        s = stats[col]
+        out.append(f"- {what}: median |error| {s['median_abs_err'] * 100:.0f}% over {s['points']} points "
+                   f"({s['within_15pct']} within 15%): {s['median_abs_err_ranks_le_cores'] * 100:.0f}% over the "
+                   f"{s['points_ranks_le_cores']} with ranks <= cores, {s['median_abs_err_ranks_gt_cores'] * 100:.0f}% "
+                   f"over the {s['points_ranks_gt_cores']} with more ranks than cores; predicted ranking = measured "
+                   f"in {s['rankings_equal']} of {s['rankings']} (model, workers) groups, the fastest in "
+                   f"{s['best_equal']}; of the {s['pairs_distinct']} strategy pairs whose measured ranges do not "
+                   f"overlap, {s['pairs_agree']} are ordered as measured")
+    out.append("- † the collectives benchmark did not measure that rank count: the largest measured one, scaled")
+    out += ["", "### Projected vs published", "",
+            "| source | model | setting | published | predicted | diff (points) | what limits the prediction | "
+            "links needed ‡ |",
+            "| --- | --- | --- | ---: | ---: | ---: | --- | ---: |"]
+    for r in pub:
+        fmt = (lambda v: f"{v * 100:.0f}%") if r["kind"] == "efficiency" else (lambda v: f"x{v:.2f}")
+        lim = r.get("limiting") or (f"Horovod eff {r['horovod_eff'] * 100:.0f}%, BytePS eff "
+                                    f"{r['byteps_eff'] * 100:.0f}%")
+        out.append(f"| {r['source'].split(' (')[0].split(' and ')[0]} | {r['model']} | {r['what']} | "
+                   f"{fmt(r['published'])} | {fmt(r['predicted'])} | {r['diff_points']:+.0f} | {lim} | "
+                   + ("none <= 100%" if r["implied_eta"] is None else f"{r['implied_eta'] * 100:.0f}%") + " |")
+    out += ["", f"Assumptions: {ASSUMPTIONS}", "",
+            "‡ the fraction of its link rates the row's subject (the strategy; for a speed-up, Horovod) would have "
+            "to reach for the projection to equal the publication; \"none <= 100%\": no bandwidth does, the "
+            "miss is in another term (compute, overlap, the other system).", ""]
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Print the markdown tables; ``--markdown``/``--json`` write them. 0, or 2 on bad input."""
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--training", default="benchmarks/figures/cluster_training.json",
+                   help="cluster_training --json output (default benchmarks/figures/cluster_training.json)")
+    p.add_argument("--collectives", default="benchmarks/figures/cluster_collectives.json",
+                   help="cluster_collectives --json output (default benchmarks/figures/cluster_collectives.json)")
+    p.add_argument("--markdown", metavar="FILE", help="write the tables as markdown")
+    p.add_argument("--json", metavar="FILE", help="write every row and the statistics as JSON")
+    a = p.parse_args(argv)
+    try:
+        docs = []
+        for path in (a.training, a.collectives):
+            try:
+                with open(path) as fh:
+                    docs.append(json.load(fh))
+            except (OSError, ValueError) as e:
+                raise UsageError(f"{path}: {e}") from None
+    except UsageError as e:
+        print(f"hvdkit: error: {e}", file=sys.stderr)
+        return 2
+    training, coll = docs
+    rows, stats = measured_comparison(training, fit_collectives(coll, training["meta"].get("link_Bps")))
+    pub = published_comparison()
+    md = markdown(rows, stats, pub, training["meta"])
+    print(md)
+    if a.markdown:
+        with open(a.markdown, "w") as fh:
+            fh.write(md)
+    if a.json:
+        write_json(a.json, {"measured": rows, "stats": stats, "published": pub, "assumptions": ASSUMPTIONS,
+                            "inputs": [a.training, a.collectives]})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
