@@ -230,7 +230,8 @@ def addresses(w: World, interface: str, timeout: float) -> list[str]:
         if local == 0:
             leaders[node], hosts[node] = r, (host, [Interface(*i) for i in ifs])
     names = [h for h, _ in hosts]
-    rows = candidates(hosts, interface, os.environ.get("OMPI_MCA_btl_tcp_if_include", ""))
+    labelled = [(f"{h} (rank {leaders[k]})", ifs) for k, (h, ifs) in enumerate(hosts)]   # names may repeat
+    rows = candidates(labelled, interface, os.environ.get("OMPI_MCA_btl_tcp_if_include", ""))
     failures = []
     for row in rows:
         why = _check(w, leaders, names, row, deadline)
