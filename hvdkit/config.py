@@ -25,7 +25,7 @@ __all__ = ["Config", "Option", "FIELDS", "at_least", "above", "option_values", "
 
 ENV_PREFIX = "HVDKIT_"
 # Environment variables with this prefix that are not Config fields but are known.
-_ENV_RESERVED = {"HVDKIT_PYTHON", "HVDKIT_VENV"}
+_ENV_RESERVED = {"HVDKIT_PYTHON", "HVDKIT_VENV", "HVDKIT_RESTART"}   # HVDKIT_RESTART: hvdkit-launch --max-restarts
 _ENV_RESERVED_PREFIX = "HVDKIT_CLUSTER_"   # set by hvdkit-cluster for the commands it runs
 
 

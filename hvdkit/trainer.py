@@ -350,6 +350,7 @@ def _finish(cfg, w, mc, data, model, strategy, timer, history, out_dir, t_start)
     last = history[-1] if history else {}
     result = {
         "strategy": cfg.strategy, "world_size": w.size, "num_workers": strategy.num_workers,
+        "restarts": int(os.environ.get("HVDKIT_RESTART", "0") or 0),  # set by hvdkit-launch --max-restarts
         "config": cfg.to_dict(), "versions": R.versions(),
         "dataset": {"name": data.name, "train_samples": len(data.x_train), "eval_samples": len(data.x_eval),
                     "input_shape": list(data.input_shape), "num_classes": data.num_classes},

@@ -20,6 +20,7 @@ from hvdkit.launch.command import (FORWARD_NAMES, FORWARD_PREFIXES, LaunchSpec, 
                                    multi_host_mpi_args, plan_command)
 from hvdkit.launch.mpi import HOROVODRUN, MPI, MPICH, OPENMPI, detect_mpi, local_cores
 from hvdkit.launch.rankexec import rank_exec_env
+from hvdkit.launch.restart import RESTART_ENV, run_with_restarts
 from hvdkit.launch.templates import TEMPLATES, render
 
 __all__ = ["main"]
@@ -77,6 +78,9 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--network-interface", default="", metavar="IF[,IF]",
                    help="the network between hosts, for MPI's TCP transport and for the servers hvdkit.train "
                         "starts (HVDKIT_NETWORK_INTERFACE); default: each chooses (README: Addresses)")
+    g.add_argument("--max-restarts", type=int, default=0, metavar="N",
+                   help="relaunch a job that fails (not on bad input) up to N times, with --resume from the "
+                        "checkpoint in its --output-dir; a --hostfile is read again each time (default 0)")
     g.add_argument("--dry-run", action="store_true", help="print the command instead of running it")
     g = p.add_argument_group("environment")
     g.add_argument("--env", action="append", default=[], metavar="NAME[=VALUE]",
@@ -170,8 +174,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             mpi = detect_mpi()[0] if needs_mpi else OPENMPI
         if mpi == OPENMPI and (ns.hosts or ns.hostfile):   # ring allreduce across hosts (see the epilog)
             spec = replace(spec, mpi_args=multi_host_mpi_args(spec.mpi_args, os.environ))
-        cmd = plan_command(spec, mpi=mpi, is_root=os.geteuid() == 0, cores=local_cores())
-        return _exec(cmd, dict(os.environ), ns.dry_run)
+        def build(args: list[str]) -> list[str]:
+            return plan_command(replace(spec, program=tuple(args)), mpi=mpi, is_root=os.geteuid() == 0,
+                                cores=local_cores())
+
+        if ns.max_restarts:   # every attempt's ranks see HVDKIT_RESTART (results.json: restarts)
+            spec = replace(spec, env_forward=tuple(sorted({*spec.env_forward, RESTART_ENV})))
+        if ns.max_restarts and not ns.dry_run:
+            _exec(build(list(spec.program)), dict(os.environ), dry_run=True, check_only=True)
+            return run_with_restarts(build, spec.program, ns.max_restarts, dict(os.environ))
+        return _exec(build(list(spec.program)), dict(os.environ), ns.dry_run)
     except UsageError as e:
         print(f"hvdkit-launch: error: {e}", file=sys.stderr)
         return 2
@@ -184,14 +196,16 @@ def _horovodrun() -> str:
     return beside if os.path.exists(beside) else "horovodrun"
 
 
-def _exec(cmd: list[str], env: dict[str, str], dry_run: bool) -> int:
-    if dry_run:
+def _exec(cmd: list[str], env: dict[str, str], dry_run: bool, check_only: bool = False) -> int:
+    if dry_run and not check_only:
         print(shlex.join(cmd), flush=True)
         return 0
     exe = cmd[0] if os.sep in cmd[0] else shutil.which(cmd[0], path=env.get("PATH"))
     if not exe or not os.path.exists(exe):
         raise UsageError(f"{cmd[0]!r} not found on PATH; install it (bash launch/install.sh), activate the "
                          f"venv, or choose another --launcher / --mpi-exec")
+    if check_only:
+        return 0
     sys.stdout.flush()
     sys.stderr.flush()
     os.execvpe(exe, cmd, env)

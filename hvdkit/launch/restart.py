@@ -1,0 +1,147 @@
+"""``hvdkit-launch --max-restarts N``: relaunch a failed job from its last checkpoint.
+
+A job that ends with a failure status (a rank raised, a rank or host was lost: mpirun exits
+non-zero) is launched again, up to N times, with ``--resume`` added when its output
+directory holds a checkpoint (``checkpoint.npz``, written atomically by rank 0 at every
+epoch end), so a restart repeats at most the steps since the last epoch end. The command
+is rebuilt for every attempt, so a ``--hostfile`` is read again: a host removed from it
+(by the user, or by the emulator's tests) is not used by the next attempt. Bad input
+(status 2) is never retried: it would fail the same way. Each attempt's ranks see
+``HVDKIT_RESTART=K`` (0 for the first launch), which ``results.json`` records as
+``restarts``.
+
+The job's output passes through unchanged; the launcher watches stderr for the cause to
+report (the last ``hvdkit: FAILED``/``hvdkit: error`` line, or Open MPI's line naming a lost
+host or a killed rank). Ctrl-C or SIGTERM of the launcher is passed to the job and ends the
+loop (no restart). Like torchrun's ``--max-restarts``.
+"""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import Callable, Sequence
+
+from hvdkit.errors import UsageError
+
+__all__ = ["RESTART_ENV", "CHECKPOINT", "output_dir_of", "with_resume", "cause_of", "run_with_restarts"]
+
+RESTART_ENV = "HVDKIT_RESTART"
+CHECKPOINT = "checkpoint.npz"   # hvdkit.trainer's checkpoint file name in --output-dir
+EXIT_USAGE = 2
+_CAUSES = re.compile(r"^hvdkit: (FAILED|error)|Remote daemon|exited on signal|returned\s*$|"
+                     r"non-zero (exit|status)|noticed that process rank", re.I)
+
+
+def output_dir_of(program: Sequence[str], environ: dict[str, str]) -> str:
+    """The ``--output-dir`` of an ``hvdkit.train`` command line (or ``HVDKIT_OUTPUT_DIR``).
+
+    Raises:
+        UsageError: none given: a restart could not find the checkpoint.
+    """
+    args = list(program)
+    for i, a in enumerate(args):
+        if a == "--output-dir" and i + 1 < len(args):
+            return args[i + 1]
+        if a.startswith("--output-dir="):
+            return a.split("=", 1)[1]
+    if environ.get("HVDKIT_OUTPUT_DIR"):
+        return environ["HVDKIT_OUTPUT_DIR"]
+    raise UsageError("--max-restarts needs the job's --output-dir DIR (where its checkpoints are), so that a "
+                     "restart can --resume from it; give it after '--'")
+
+
+def with_resume(program: Sequence[str], out_dir: str) -> list[str]:
+    """``program`` plus ``--resume`` when ``out_dir`` holds a checkpoint (and it is not there yet)."""
+    args = list(program)
+    if os.path.exists(os.path.join(out_dir, CHECKPOINT)) and "--resume" not in args:
+        args.append("--resume")
+    return args
+
+
+def cause_of(lines: Sequence[str]) -> str:
+    """The most telling of a failed attempt's stderr lines (the last matching one), or ""."""
+    found = [ln.strip() for ln in lines if _CAUSES.search(ln.strip())]
+    hvd = [ln for ln in found if ln.startswith("hvdkit:")]
+    return (hvd or found or [""])[-1][:300]
+
+
+def _run_once(cmd: list[str], env: dict[str, str]) -> tuple[int, str]:
+    """Run ``cmd`` in its own session, passing its stdout/stderr through; forward SIGINT/SIGTERM.
+    Returns (status, cause). A signal received ends the loop: status 128 + signal."""
+    p = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True, errors="replace", start_new_session=True)
+    tail: list[str] = []
+    got: list[int] = []
+
+    def pump():
+        for line in p.stderr:
+            sys.stderr.write(line)
+            sys.stderr.flush()
+            tail.append(line)
+            del tail[:-200]
+
+    def forward(signum, _frame):
+        got.append(signum)
+        try:
+            os.killpg(p.pid, signum)
+        except ProcessLookupError:
+            pass
+
+    old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    reader = threading.Thread(target=pump, daemon=True)
+    reader.start()
+    try:
+        rc = p.wait()
+        reader.join(timeout=5)
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+    if got:
+        return 128 + got[0], f"interrupted ({signal.Signals(got[0]).name})"
+    return rc, cause_of(tail)
+
+
+def run_with_restarts(build: Callable[[list[str]], list[str]], program: Sequence[str], max_restarts: int,
+                      environ: dict[str, str], log=None, runner=_run_once) -> int:
+    """Launch, and relaunch on failure up to ``max_restarts`` times; returns the last status.
+
+    Args:
+        build: program argv -> the full launch command (rebuilt per attempt: a hostfile is read again).
+        program: the ``hvdkit.train`` command line (it must name ``--output-dir``).
+        max_restarts: N >= 0.
+        environ: the environment of every attempt (``HVDKIT_RESTART`` is set per attempt).
+        log: where the launcher's own lines go (default: stderr).
+        runner: (cmd, env) -> (status, cause); injected by tests.
+
+    Raises:
+        UsageError: no ``--output-dir`` in ``program``, or ``max_restarts`` < 0.
+    """
+    if max_restarts < 0:
+        raise UsageError(f"--max-restarts {max_restarts}: must be >= 0")
+    log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
+    out_dir = output_dir_of(program, environ)
+    status, cause = 0, ""
+    for attempt in range(max_restarts + 1):
+        args = with_resume(program, out_dir) if attempt else list(program)
+        env = {**environ, RESTART_ENV: str(attempt)}
+        t0 = time.monotonic()
+        status, cause = runner(build(args), env)
+        took = time.monotonic() - t0
+        if status == 0:
+            if attempt:
+                log(f"hvdkit-launch: the job finished after {attempt} restart(s)")
+            return 0
+        if status == EXIT_USAGE or cause.startswith("interrupted"):
+            return status   # bad input fails the same way again; an interrupt is the user's
+        why = f"status {status}" + (f": {cause}" if cause else "")
+        if attempt == max_restarts:
+            log(f"hvdkit-launch: giving up after {max_restarts} restart(s); the last attempt ended with {why}")
+            return status
+        resume = "--resume" in with_resume(program, out_dir)
+        log(f"hvdkit-launch: attempt {attempt + 1} ended after {took:.0f} s with {why}; restart {attempt + 1}/"
+            f"{max_restarts} " + (f"from the checkpoint in {out_dir}" if resume else "from the start (no checkpoint yet)"))
+    return status
