@@ -134,6 +134,11 @@ FIELDS: tuple[Option, ...] = (
     Option("checkpoint", bool, True, "write OUTPUT_DIR/checkpoint.npz after every epoch (rank 0, atomic)", "output"),
     Option("tensorboard", bool, True, "write TensorBoard scalars to OUTPUT_DIR/tensorboard", "output"),
     Option("progress_seconds", float, 10.0, "print a progress line inside an epoch at most this often", "output", check=above(0)),
+    Option("timeline", str, "", "write a Chrome trace (chrome://tracing, ui.perfetto.dev) of every rank's steps to "
+           "this JSON file (rank 0, at the end; with --strategy horovod also Horovod's own timeline next to it: "
+           "trace.json -> trace.horovod.json)", "output", metavar="PATH"),
+    Option("timeline_steps", str, "", "trace only global steps A..B-1 (0-based; A: or :B leave one end open)",
+           "output", metavar="A:B"),
     # system
     Option("threads", int, 0, "TensorFlow intra-op threads per rank (0: cores / ranks on this host, "
            "at least 1; inter-op is 1 when ranks >= cores)", "system", check=at_least(0)),
@@ -176,6 +181,14 @@ class _ConfigMethods:
         return int(rank), float(factor)
 
     @property
+    def timeline_window(self) -> tuple[int, int | None]:
+        """``--timeline-steps A:B`` as (A, B): steps A <= step < B are traced; B None: no end."""
+        if not self.timeline_steps:
+            return 0, None
+        a, _, b = self.timeline_steps.partition(":")
+        return int(a or 0), (int(b) if b else None)
+
+    @property
     def fail_rank_step(self) -> tuple[int, int, str] | None:
         """``--fail-at RANK:STEP[:HOW]`` as (rank, step, how), how in raise/exit/hang/nan; or None."""
         if not self.fail_at:
@@ -211,6 +224,12 @@ def _check(c) -> None:
             ok = False
         if not ok:
             raise UsageError(f"--straggler={c.straggler!r} must be RANK:FACTOR with FACTOR >= 1, e.g. 1:3")
+    if c.timeline_steps:
+        a, sep, b = c.timeline_steps.partition(":")
+        ok = bool(sep) and (a or "0").strip().isdigit() and (not b or b.strip().isdigit())
+        if not ok or (b and int(b) <= int(a or 0)):
+            raise UsageError(f"--timeline-steps={c.timeline_steps!r} must be A:B with 0 <= A < B (steps A..B-1), "
+                             "A: or :B, e.g. 10:60")
     if c.resume and not c.output_dir:
         raise UsageError("--resume needs --output-dir DIR (the directory holding checkpoint.npz)")
 

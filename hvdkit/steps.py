@@ -110,7 +110,8 @@ def straggle(cfg: Config, rank: int, compute_s: float, timer: StepTimer | None =
     """``--straggler RANK:FACTOR``: on RANK, sleep (FACTOR - 1) x this step's compute seconds.
 
     Makes one rank FACTOR times slower at computing, for experiments and tests. The sleep
-    is timed as compute. Returns the seconds slept (0 on every other rank).
+    is timed as compute (and, with a trace, is its own ``straggler sleep`` span of category
+    ``wait``, counted in ``timer.straggler_s``). Returns the seconds slept (0 on every other rank).
     """
     target = cfg.straggler_rank_factor
     if target is None or target[0] != rank or target[1] <= 1.0:
@@ -118,7 +119,8 @@ def straggle(cfg: Config, rank: int, compute_s: float, timer: StepTimer | None =
     extra = (target[1] - 1.0) * compute_s
     time.sleep(extra)
     if timer is not None:
-        timer.add("compute", extra)
+        timer.add("compute", extra, "straggler sleep", cat="wait")
+        timer.straggler_s += extra
     return extra
 
 
@@ -219,8 +221,9 @@ def make_fused_step(model, optimizer, allreduce):
     one allreduce of 2 (N-1)/N x S bytes per rank instead of allgathers that grow with N.
 
     Returns:
-        ``step(x, y) -> (loss_sum, correct, comm_seconds)``, float32 (the logits' dtype) /
-        int32 / float64 scalars.
+        ``step(x, y) -> (loss_sum, correct, comm_seconds, comm_start)``, float32 (the logits'
+        dtype) / int32 / float64 / float64 scalars; ``comm_start`` is when the allreduce began,
+        in seconds since the epoch (``tf.timestamp``, as ``time.time()``).
     """
     import tensorflow as tf
 
@@ -237,7 +240,7 @@ def make_fused_step(model, optimizer, allreduce):
         with tf.control_dependencies(reduced):
             t1 = tf.timestamp()
         optimizer.apply_gradients(zip(reduced, variables))
-        return loss_sum, correct, t1 - t0
+        return loss_sum, correct, t1 - t0, t0
 
     return step
 

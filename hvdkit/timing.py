@@ -26,8 +26,10 @@ PHASES = ("compute", "comm", "wait", "data")
 class StepTimer:
     """Accumulates per-phase seconds and samples over steps, skipping the first ``warmup``."""
 
-    def __init__(self, warmup: int = 1):
+    def __init__(self, warmup: int = 1, trace=None):
         self.warmup = warmup
+        self.trace = trace      # a hvdkit.timeline.Timeline (--timeline), or None
+        self.straggler_s = 0.0  # seconds of this step slept by --straggler (counted as compute)
         self.steps_seen = 0
         self.steps = 0          # measured steps (after warm-up)
         self.samples = 0        # samples in measured steps
@@ -36,27 +38,51 @@ class StepTimer:
         self._cur: dict[str, float] = defaultdict(float)
         self._t0 = 0.0
 
-    def start_step(self) -> None:
-        """Mark the start of a step."""
+    def start_step(self, step: int | None = None) -> None:
+        """Mark the start of a step (``step``: its 0-based global index, for the trace's window)."""
         self._cur.clear()
+        self.straggler_s = 0.0
+        if self.trace is not None and step is not None:
+            self.trace.set_step(step)
         self._t0 = time.perf_counter()
 
     @contextmanager
-    def phase(self, name: str):
-        """Time the enclosed block as phase ``name`` (one of :data:`PHASES`)."""
+    def phase(self, name: str, label: str | None = None):
+        """Time the enclosed block as phase ``name`` (one of :data:`PHASES`).
+
+        With a trace, the block is also one span named ``label`` (default ``name``).
+        """
         t = time.perf_counter()
         try:
             yield
         finally:
-            self._cur[name] += time.perf_counter() - t
+            t1 = time.perf_counter()
+            self._cur[name] += t1 - t
+            if self.trace is not None:
+                self.trace.span(label or name, name, int(t * 1e9), int(t1 * 1e9))
 
-    def add(self, name: str, seconds: float) -> None:
-        """Add ``seconds`` measured elsewhere to phase ``name`` of the current step."""
+    def add(self, name: str, seconds: float, label: str | None = None, start: float | None = None,
+            args: dict | None = None, cat: str | None = None, span_seconds: float | None = None) -> None:
+        """Add ``seconds`` measured elsewhere to phase ``name`` of the current step.
+
+        With a trace, also one span named ``label`` (default ``name``), of category ``cat``
+        (default ``name``), from ``start`` (``time.perf_counter`` seconds; default: it ended
+        just now), lasting ``span_seconds`` (default ``seconds``; longer for a round trip whose
+        wait is added separately), with ``args``.
+        """
         self._cur[name] += seconds
+        if self.trace is not None:
+            dur = seconds if span_seconds is None else span_seconds
+            t0 = time.perf_counter() - dur if start is None else start
+            self.trace.span(label or name, cat or name, int(t0 * 1e9), int((t0 + dur) * 1e9), args=args)
 
     def end_step(self, samples: int) -> float:
         """Mark the end of a step of ``samples`` samples; returns the step's wall seconds."""
         dt = time.perf_counter() - self._t0
+        if self.trace is not None:
+            self.trace.span(f"step {self.trace.step}", "step", int(self._t0 * 1e9), int((self._t0 + dt) * 1e9),
+                            args={"samples": samples, "straggler_s": self.straggler_s,
+                                  **{f"{k}_s": self._cur.get(k, 0.0) for k in PHASES}})
         self.steps_seen += 1
         if self.steps_seen > self.warmup:
             self.steps += 1

@@ -31,6 +31,7 @@ from hvdkit.models import build_model, check_model_name
 from hvdkit.startup import StartupDeadline, phase
 from hvdkit.steps import configure_threads, make_optimizer
 from hvdkit.strategies import get_strategy
+from hvdkit.timeline import Timeline, gather_and_write
 from hvdkit.timing import StepTimer
 
 __all__ = ["run", "prepare_outputs", "CHECKPOINT", "OUTPUT_FILES"]
@@ -72,6 +73,11 @@ def prepare_outputs(cfg: Config) -> str:
         if os.path.isdir(path):
             raise UsageError(f"--export-weights {path} is a directory; name a file, e.g. {os.path.join(path, 'w.npz')}")
         R.make_writable_dir(os.path.dirname(path) or ".", f"--export-weights {path}")
+    if cfg.timeline:
+        if os.path.isdir(cfg.timeline):
+            raise UsageError(f"--timeline {cfg.timeline} is a directory; name a file, e.g. "
+                             f"{os.path.join(cfg.timeline, 'trace.json')}")
+        R.make_writable_dir(os.path.dirname(cfg.timeline) or ".", f"--timeline {cfg.timeline}")
     return name
 
 
@@ -140,6 +146,10 @@ def _read_checkpoint(cfg: Config, ckpt_path: str, strategy, model) -> tuple[dict
 def run(cfg: Config, w: World | None = None) -> dict[str, Any] | None:
     """Train under ``cfg`` on every rank of the world; rank 0 returns the results dict.
 
+    With ``--timeline PATH`` every rank records its spans (:mod:`hvdkit.timeline`) and rank 0
+    writes the one trace file: every rank's spans at the end; only its own when it fails
+    (an exception here, or SIGTERM/SIGINT while another rank fails or the job is interrupted).
+
     Collective: every rank calls it. Bad input (names, data, output paths, a checkpoint that
     does not fit) ends every rank with SystemExit(2) after one message from rank 0, before
     anything trains (see :func:`hvdkit.comm.agree`). Training that turns non-finite raises
@@ -151,6 +161,15 @@ def run(cfg: Config, w: World | None = None) -> dict[str, Any] | None:
         The results.json content on rank 0, None elsewhere.
     """
     w = w or get_world()
+    if not cfg.timeline:
+        return _run(cfg, w, None)
+    tl = Timeline(w.rank, cfg.timeline_window, host=w.host)
+    with tl.recording(cfg.timeline if w.is_rank0 else None):  # rank 0's own spans if it fails or is interrupted
+        return _run(cfg, w, tl)
+
+
+def _run(cfg: Config, w: World, tl: Timeline | None) -> dict[str, Any] | None:
+    """:func:`run`'s body; ``tl`` is this rank's trace (None without ``--timeline``)."""
     t_start = time.perf_counter()
     err, inputs = None, None
     try:
@@ -180,6 +199,9 @@ def run(cfg: Config, w: World | None = None) -> dict[str, Any] | None:
     # -- resume ---------------------------------------------------------------------------
     start_epoch, history, global_step = 0, [], 0
     phase("the first training step (its first collective or exchange with the other ranks)")  # setup may say more
+    if tl is not None:
+        tl.role = "server" if part is None else "worker"
+        strategy.trace = tl  # finer spans (buckets, pushes, a server's updates) where the strategy has them
     strategy.setup(model, optimizer)
     if cfg.resume:
         arrays, meta = bcast_arrays(*loaded, w.comm)
@@ -190,12 +212,13 @@ def run(cfg: Config, w: World | None = None) -> dict[str, Any] | None:
         deadline.done()  # servers wait for workers under their own deadlines (--ps-timeout)
         strategy.serve()
         strategy.finish()
+        _write_timeline(cfg, w, tl)
         return None
     mc = strategy.metrics_comm
     _log_header(cfg, w, mc, data, model, optimizer, strategy, out_dir, start_epoch)
     writer = _tensorboard(cfg, w, out_dir)
 
-    timer = StepTimer(warmup=1)
+    timer = StepTimer(warmup=1, trace=tl)
     fail = cfg.fail_rank_step
     kept = (start_epoch, ckpt_path) if cfg.resume else None  # the last checkpoint written: (epoch, path)
     x_all, y_all = data.x_train, data.y_train
@@ -210,7 +233,7 @@ def run(cfg: Config, w: World | None = None) -> dict[str, Any] | None:
                 break
             if fail and fail[:2] == (w.rank, global_step):
                 _inject_failure(fail[2], global_step, cfg.fail_at, model)
-            timer.start_step()
+            timer.start_step(global_step)
             with timer.phase("data"):
                 x, y = x_all[b], y_all[b]                        # (batch, *input_shape), (batch,)
             loss_sum, correct, counted = strategy.train_step(x, y, timer)
@@ -228,7 +251,10 @@ def run(cfg: Config, w: World | None = None) -> dict[str, Any] | None:
                      f"rank-0 samples/s {sums[2] / (now - t_epoch):.0f}  elapsed {now - t_start:.0f}s")
         train_s = time.perf_counter() - t_epoch
         final = epoch + 1 == cfg.epochs or bool(cfg.max_steps and global_step >= cfg.max_steps)
+        t_end = time.perf_counter_ns()
         row = _end_epoch(strategy, data, mc, sums, train_s, final)
+        if tl is not None:
+            tl.span("epoch end (metrics, evaluation)", "epoch", t_end, time.perf_counter_ns())
         if row is not None:  # this rank took part in the epoch's metrics (rank 0 always does)
             row = {"epoch": epoch + 1, "step": global_step, **row, "elapsed_s": time.perf_counter() - t_start}
             history.append(row)
@@ -261,7 +287,16 @@ def run(cfg: Config, w: World | None = None) -> dict[str, Any] | None:
     deadline.done()
     result = _finish(cfg, w, mc, data, model, strategy, timer, history, out_dir, t_start)
     strategy.finish()
+    _write_timeline(cfg, w, tl)
     return result
+
+
+def _write_timeline(cfg: Config, w: World, tl: Timeline | None) -> None:
+    """``--timeline``: collective over the run's world; rank 0 writes every rank's spans."""
+    if tl is not None:
+        gather_and_write(tl, w.comm, cfg.timeline, {"strategy": cfg.strategy, "world_size": w.size,
+                                                    "timeline_steps": cfg.timeline_steps or "all"})
+        log0(f"timeline: {cfg.timeline}")
 
 
 def _end_epoch(strategy, data: Dataset, mc, sums: np.ndarray, train_s: float, final: bool) -> dict | None:

@@ -12,6 +12,15 @@ the same order, so the collective ones line up):
 * ``predict(S, B, alpha)``: the alpha-beta time of one operation (:mod:`hvdkit.costs`), or
   None where no network is involved.
 
+The ``-fp16`` rows (``--compression fp16``, :mod:`hvdkit.compression`) reduce the same float32
+buffer with float16 on the wire, exactly as the strategies do: ``ring-fp16``
+(:class:`~hvdkit.collectives.compressed.Fp16RingAllreduce`), ``horovod-fp16``
+(:func:`~hvdkit.strategies.horovod.fp16_grouped_allreduce`: scales agreed by a Max allreduce, then
+Horovod's ``Compression.fp16``), ``ps-fp16`` / ``ps-colocated-fp16`` (push and pull float16) and
+``ps-fp16-push`` (push float16, pull float32). Their busbw is computed from the *float32* bytes,
+so it is the busbw-equivalent (original bytes / time) to compare with the uncompressed rows;
+their prediction is the uncompressed one for the bytes that travel (``wire_fraction`` of S).
+
 The benchmark's own barriers and reductions go through a world: :class:`MPIWorld` (an
 mpi4py communicator) or, under ``horovodrun --gloo`` where there is no MPI world,
 :class:`HorovodWorld` (small Horovod allreduces; only horovod and memcpy run there).
@@ -25,7 +34,7 @@ from mpi4py import MPI
 
 from hvdkit import costs
 
-__all__ = ["METHODS", "data", "MPIWorld", "HorovodWorld"]
+__all__ = ["METHODS", "COMPRESSED", "data", "MPIWorld", "HorovodWorld"]
 
 
 def data(rank: int, n: int) -> np.ndarray:
@@ -39,6 +48,7 @@ class _Method:
     servers = 0            # dedicated server ranks needed besides the workers
     needs_mpi = True       # False: runs in a Horovod-only world too (horovodrun --gloo)
     park = True            # a PS parks its server threads between its operations
+    wire_fraction = 1.0    # bytes on the wire / float32 bytes (the prediction's S)
 
     def __init__(self, comm, rank: int, size: int):
         self.comm = comm   # an mpi4py communicator, or None in a Horovod-only world
@@ -66,7 +76,7 @@ class _Method:
 
     def predict(self, nbytes: int, link_Bps: float, latency_s: float) -> float | None:
         """Seconds one operation should take on links of ``link_Bps`` bytes/s: a bandwidth-optimal (ring) allreduce."""
-        return costs.ring_allreduce_time(nbytes, self.size, link_Bps, latency_s)
+        return costs.ring_allreduce_time(nbytes * self.wire_fraction, self.size, link_Bps, latency_s)
 
 
 class Mpi(_Method):
@@ -108,15 +118,37 @@ class Horovod(_Method):
         self.tensor = self.out = None
 
 
+class HorovodFp16(Horovod):
+    """``hvd.Compression.fp16`` after a power-of-two scale agreed by every rank (headroom N)."""
+
+    tolerance = 1e-3
+    wire_fraction = 0.5
+
+    def run(self):
+        from hvdkit.strategies.horovod import fp16_grouped_allreduce
+
+        self.out = fp16_grouped_allreduce(self.hvd, [self.tensor], average=False)[0]
+
+
 class Ring(_Method):
+    ring_class = "RingAllreduce"
+
     def __init__(self, comm, rank, size):
         super().__init__(comm, rank, size)
-        from hvdkit.collectives.ring import RingAllreduce
+        from hvdkit import collectives
 
-        self.ring = RingAllreduce(comm)
+        self.ring = getattr(collectives, self.ring_class)(comm)
 
     def run(self):
         self.ring.allreduce(self.send, self.recv)
+
+
+class RingFp16(Ring):
+    """float16 messages (scaled per chunk), float32 sums on the receiving rank."""
+
+    ring_class = "Fp16RingAllreduce"
+    tolerance = 1e-3
+    wire_fraction = 0.5
 
 
 class _PS(_Method):
@@ -129,6 +161,7 @@ class _PS(_Method):
     """
 
     tolerance = 1e-6
+    compression, pull = "none", "float32"
 
     def prepare(self, n):
         from hvdkit.strategies.ps import rules
@@ -146,7 +179,8 @@ class _PS(_Method):
         # thread covers the rest; a dedicated server rank polls (spin, yield, sleep), here in
         # a thread, as its main thread takes part in the barriers and the timing reduction
         self.group = PSGroup(self.comm, layout, np.zeros(n, np.float32), server_ranks, self.workers, "sync",
-                             lambda size: rules.Optimizer("sgd", 1.0, size), timeout=60.0, serve_in_thread=True)
+                             lambda size: rules.Optimizer("sgd", 1.0, size), timeout=60.0, serve_in_thread=True,
+                             compression=self.compression, pull=self.pull)
         self.pause()   # parked until its first timed operation (resume)
         self.client = self.group.client
         self.send = data(self.rank, n)
@@ -184,6 +218,7 @@ class _PS(_Method):
         super().close()
 
     def predict(self, nbytes, link_Bps, latency_s):
+        nbytes = nbytes * self.wire_fraction
         if not self.servers:
             return costs.colocated_ps_time(nbytes, self.size, link_Bps, latency_s)
         return costs.ps_time(nbytes, self.size - self.servers, self.servers, link_Bps, latency_s)
@@ -199,6 +234,22 @@ class PS2(_PS):
 
 class PSColocated(_PS):
     servers = 0
+
+
+class PSFp16(PS):
+    """Push and pull float16 (the ps-* default with ``--compression fp16``)."""
+
+    compression, pull, tolerance, wire_fraction = "fp16", "fp16", 1e-3, 0.5
+
+
+class PSFp16Push(PS):
+    """Push float16, pull float32 (``--ps-pull float32``)."""
+
+    compression, pull, tolerance, wire_fraction = "fp16", "float32", 1e-3, 0.75
+
+
+class PSColocatedFp16(PSColocated):
+    compression, pull, tolerance, wire_fraction = "fp16", "fp16", 1e-3, 0.5
 
 
 class Memcpy(_Method):
@@ -265,4 +316,7 @@ class HorovodWorld:
 
 #: name -> class, in the table's order
 METHODS = {"mpi": Mpi, "mpi-pickle": MpiPickle, "horovod": Horovod, "ring": Ring, "ps": PS, "ps2": PS2,
-           "ps-colocated": PSColocated, "memcpy": Memcpy}
+           "ps-colocated": PSColocated, "memcpy": Memcpy, "horovod-fp16": HorovodFp16, "ring-fp16": RingFp16,
+           "ps-fp16": PSFp16, "ps-fp16-push": PSFp16Push, "ps-colocated-fp16": PSColocatedFp16}
+#: the compressed rows, left out of the default set (``--methods`` names them)
+COMPRESSED = ("horovod-fp16", "ring-fp16", "ps-fp16", "ps-fp16-push", "ps-colocated-fp16")

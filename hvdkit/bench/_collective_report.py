@@ -1,9 +1,12 @@
-"""What :mod:`hvdkit.bench.collectives` prints: its header and rows, and the ratios with their intervals."""
+"""What :mod:`hvdkit.bench.collectives` prints: its header and rows, and the ratios with their intervals;
+and the compression gains :mod:`hvdkit.bench.cluster_collectives` reports."""
 from __future__ import annotations
+
+import numpy as np
 
 from hvdkit.bench._common import paired_ratio_ci
 
-__all__ = ["PAIRS", "header", "format_row", "ratios"]
+__all__ = ["PAIRS", "header", "format_row", "ratios", "compression_gains", "print_gains"]
 
 
 def header(out, meta: dict, hosts: list, link: dict | None, w: int) -> list[int]:
@@ -65,7 +68,11 @@ PAIRS = [("ps-colocated", "mpi", lambda b: b >= 1 << 20, "colocated PS / MPI All
          ("ps-colocated", "horovod", lambda b: b < 256 << 10, "colocated PS / Horovod time, < 256 KiB"),
          ("ring", "mpi", lambda b: b >= 1 << 20, "hvdkit ring / MPI Allreduce time, >= 1 MiB"),
          ("horovod", "mpi", lambda b: True, "Horovod / MPI Allreduce time"),
-         ("ps2", "ps", lambda b: b >= 1 << 20, "PS with 2 servers / with 1 server time, >= 1 MiB")]
+         ("ps2", "ps", lambda b: b >= 1 << 20, "PS with 2 servers / with 1 server time, >= 1 MiB"),
+         # --compression fp16: uncompressed / compressed time = the gain in busbw-equivalent
+         *((m, f"{m}-fp16", lambda b: b >= 1 << 20, f"{m} / {m}-fp16 time (fp16's busbw gain), >= 1 MiB")
+           for m in ("ring", "horovod", "ps", "ps-colocated")),
+         ("ps", "ps-fp16-push", lambda b: b >= 1 << 20, "ps / ps-fp16-push time (fp16 push only), >= 1 MiB")]
 
 
 def ratios(times: dict, lab) -> dict:
@@ -92,6 +99,52 @@ def ratios(times: dict, lab) -> dict:
         lines.append(f"{label} [95% CI]: " + "  ".join(f"{_human(nb)} {r:.2f}x [{lo:.2f}, {hi:.2f}]"
                                                        for nb, (r, lo, hi) in cis.items()))
     return {"table": table, "lines": lines}
+
+
+def compression_gains(rows: list[dict], min_bytes: int = 4 << 20) -> list[dict]:
+    """The busbw-equivalent gain of ``--compression fp16``: per (config, rate, bytes >= ``min_bytes``,
+    float32 method M), rows ``M-fp16`` and ``ps-fp16-push`` against M (``ps`` for the latter) from
+    the same launches, round i against round i (interleaved, so one ran right after the other).
+
+    Returns:
+        dicts (config, rate, bytes, method, compressed, rounds, gain, gain_p25, gain_p75,
+        ratio_of_medians): ``gain`` is the median over rounds of time(M) / time(M-fp16), i.e.
+        busbw-equivalent(M-fp16) / busbw(M); p25/p75 its interquartile range.
+    """
+    by = {(r["config"], r["rate"], r["launch"], r["method"], r["bytes"]): r for r in rows}
+    pairs: dict[tuple, list] = {}
+    for (cfg, rate, launch, m, nbytes), r in by.items():
+        base, _, label = m.partition("[")
+        if nbytes < min_bytes or not (base.endswith("-fp16") or base.endswith("-fp16-push")):
+            continue
+        ref = base[:-len("-fp16")] if base.endswith("-fp16") else base[:-len("-fp16-push")]
+        other = by.get((cfg, rate, launch, ref + ("[" + label if label else ""), nbytes))
+        if other is None or not r.get("rounds_us") or not other.get("rounds_us"):
+            continue
+        a, b = np.asarray(other["rounds_us"]), np.asarray(r["rounds_us"])
+        k = min(len(a), len(b))
+        slot = pairs.setdefault((cfg, rate, nbytes, other["method"], m), [[], [], []])
+        slot[0] += list(a[:k] / b[:k])
+        slot[1] += list(a)
+        slot[2] += list(b)
+    out = []
+    for (cfg, rate, nbytes, ref, m), (gains, ta, tb) in sorted(pairs.items()):
+        p25, med, p75 = np.percentile(gains, [25, 50, 75])
+        out.append({"config": cfg, "rate": rate, "bytes": nbytes, "method": ref, "compressed": m,
+                    "rounds": len(gains), "gain": float(med), "gain_p25": float(p25), "gain_p75": float(p75),
+                    "ratio_of_medians": float(np.median(ta) / np.median(tb))})
+    return out
+
+
+def print_gains(gains: list[dict]) -> None:
+    """Print :func:`compression_gains` as a table (nothing when empty)."""
+    if not gains:
+        return
+    print("# --compression fp16: busbw-equivalent gain = time(float32) / time(fp16), per round; median [IQR]")
+    for g in gains:
+        print(f"  {g['config']:<6} {g['rate']:<8} {g['bytes'] >> 20:>4} MiB  {g['compressed']:<22} vs "
+              f"{g['method']:<16} {g['gain']:.2f}x [{g['gain_p25']:.2f}, {g['gain_p75']:.2f}]  "
+              f"(ratio of medians {g['ratio_of_medians']:.2f}, {g['rounds']} rounds)")
 
 
 def _human(n: int) -> str:

@@ -4,6 +4,8 @@
     hvdkit-bench throughput [ARGS]                 # python -m hvdkit.bench.throughput ARGS (launches mpirun itself)
     hvdkit-bench convergence [ARGS]                # python -m hvdkit.bench.convergence ARGS
     hvdkit-bench plots [ARGS]                      # python -m hvdkit.bench.plots ARGS
+    hvdkit-bench plot-timeline TRACE -o PNG        # share of each phase per step, per rank, of a --timeline trace
+    hvdkit-bench timeline-cost [-np N] [--] [ARGS] # mpirun -np N (default 2): step time with and without --timeline
     hvdkit-bench suite [ARGS]                      # python -m hvdkit.bench.suite ARGS (= benchmarks/run_suite.sh)
 
 ``hvdkit-bench <name> --help`` shows that benchmark's flags. ``collectives`` run inside an
@@ -23,16 +25,20 @@ __all__ = ["main", "COMMANDS"]
 
 #: name -> module run in this process
 COMMANDS = {"throughput": "hvdkit.bench.throughput", "convergence": "hvdkit.bench.convergence",
-            "plots": "hvdkit.bench.plots", "suite": "hvdkit.bench.suite", "collectives": "hvdkit.bench.collectives",
+            "plots": "hvdkit.bench.plots", "plot-timeline": "hvdkit.bench.plot_timeline",
+            "timeline-cost": "hvdkit.bench.timeline_cost",
+            "suite": "hvdkit.bench.suite", "collectives": "hvdkit.bench.collectives",
             "cluster-training": "hvdkit.bench.cluster_training",
             "cluster-collectives": "hvdkit.bench.cluster_collectives", "advise-check": "hvdkit.bench.advise_check"}
 
-_USAGE = ("usage: hvdkit-bench {collectives,throughput,convergence,plots,suite,cluster-collectives,"
-          "cluster-training,advise-check} [args]\n"
+_USAGE = ("usage: hvdkit-bench {collectives,throughput,convergence,plots,plot-timeline,timeline-cost,suite,"
+          "cluster-collectives,cluster-training,advise-check} [args]\n"
           "  collectives [-np N] [--] [ARGS]  bandwidth of every allreduce method under mpirun -np N (default 2)\n"
           "  throughput [ARGS]                samples/s and scaling per strategy; harness overhead\n"
           "  convergence [ARGS]               accuracy vs time per strategy, with and without a straggler\n"
           "  plots [ARGS]                     PNGs from the JSON files\n"
+          "  plot-timeline TRACE -o PNG       per rank, the share of each phase per step of a --timeline trace\n"
+          "  timeline-cost [-np N] [--] [ARGS] step time with and without --timeline, interleaved (mpirun -np N)\n"
           "  suite [ARGS]                     all of them at small sizes into results/<date>/\n"
           "  cluster-collectives [ARGS]       collectives on emulated clusters (hvdkit-cluster; root)\n"
           "  cluster-training [ARGS]          training scaling on emulated clusters (hvdkit-cluster; root)\n"
@@ -44,23 +50,21 @@ def _in_mpi_job() -> bool:
     return any(v in os.environ for v in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "HOROVOD_RANK"))
 
 
-def _collectives(args: list[str]) -> int:
+def _collectives(args: list[str], name: str = "collectives") -> int:
     np_ = 2
     if len(args) >= 2 and args[0] in ("-np", "-n", "--np"):
         try:
             np_ = int(args[1])
         except ValueError:
-            print(f"hvdkit-bench collectives: error: {args[0]} {args[1]!r} must be an integer rank count",
+            print(f"hvdkit-bench {name}: error: {args[0]} {args[1]!r} must be an integer rank count",
                   file=sys.stderr)
             return 2
         args = args[2:]
     if args[:1] == ["--"]:
         args = args[1:]
-    if _in_mpi_job():
-        from hvdkit.bench.collectives import main as coll_main  # imports mpi4py.MPI: initialises MPI, so here only
-
-        return coll_main(args)
-    return subprocess.call(mpirun_cmd(np_, COMMANDS["collectives"], args))
+    if _in_mpi_job():  # the module imports mpi4py.MPI (initialises MPI), so here only
+        return int(importlib.import_module(COMMANDS[name]).main(args) or 0)
+    return subprocess.call(mpirun_cmd(np_, COMMANDS[name], args))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -75,8 +79,8 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # forwarded to every rank by mpirun -x
-    if name == "collectives":
-        return _collectives(args)
+    if name in ("collectives", "timeline-cost"):  # run under mpirun
+        return _collectives(args, name)
     try:
         return int(importlib.import_module(COMMANDS[name]).main(args) or 0)
     except SystemExit as e:  # argparse --help / usage errors; a string is a message to show

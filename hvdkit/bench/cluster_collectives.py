@@ -30,7 +30,16 @@ hvd-fusion      Horovod with ring forced and ``HOROVOD_FUSION_THRESHOLD=0`` and
 gloo            ``horovodrun --gloo``, run inside h1 (its rendezvous server must be on the
                 hosts' interface, eth0); method horovod. Fails so far on the emulator (a
                 rank's Gloo pair connects to 127.0.0.1)
+fp16            the default launch; ``--compression fp16`` against float32: methods ring,
+                ring-fp16, horovod, horovod-fp16, ps, ps-fp16, ps-fp16-push, ps-colocated,
+                ps-colocated-fp16 (rows as in main, interleaved round by round)
+fp16-yield      the same methods under the yield variant's launch (rows ``METHOD[yield]``)
 ==============  =====================================================================
+
+``compression`` in the JSON (and a table on stdout): per config, rate, size >= 4 MiB and pair
+(float32 method, its ``-fp16`` row from the same launch), the gain in busbw-equivalent
+(float32 bytes / time): median and IQR of the per-round ratios (round i of both ran one after
+the other) and the ratio of the median times (:func:`hvdkit.bench._collective_report.compression_gains`).
 
 Rows become ``METHOD[LABEL]`` (the variant's label; none for main). Outputs in ``--out-dir``
 (default ``results/cluster-<YYYY-MM-DD-HHMMSS>``): one ``<config>_<rate>_<variant>_<i>.json``
@@ -56,12 +65,14 @@ from datetime import datetime
 
 import numpy as np
 
+from hvdkit.bench._collective_report import compression_gains, print_gains
 from hvdkit.bench._common import host_meta, launch, log
 from hvdkit.results import write_json
 
 __all__ = ["VARIANTS", "main", "build_parser", "parse_configs", "merge_rows", "summarize", "plot"]
 
 _RING = ("--mca", "coll_tuned_use_dynamic_rules", "1", "--mca", "coll_tuned_allreduce_algorithm", "4")
+_FP16 = "ring,ring-fp16,horovod,horovod-fp16,ps,ps-fp16,ps-fp16-push,ps-colocated,ps-colocated-fp16"
 #: variant -> (label, launcher, extra mpirun args, methods ("" = the main set), extra env)
 VARIANTS = {
     "main": ("", "mpi", (), "", {}),
@@ -74,6 +85,8 @@ VARIANTS = {
     "hvd-fusion": ("hvd-fusion", "mpi", _RING, "horovod",
                    {"HOROVOD_FUSION_THRESHOLD": "0", "HOROVOD_CYCLE_TIME": "0.1"}),
     "gloo": ("gloo", "horovodrun-gloo", (), "horovod", {}),
+    "fp16": ("", "mpi", (), _FP16, {}),
+    "fp16-yield": ("yield", "mpi", (*_RING, "--mca", "mpi_yield_when_idle", "1"), _FP16, {}),
 }
 CSV_FIELDS = ("config", "hosts", "slots", "ranks", "rate", "link_Bps", "launch", "variant", "method", "bytes",
               "time_us", "p25_us", "p75_us", "busbw_GBps", "link_frac", "pred_time_us", "pred_busbw_GBps",
@@ -356,8 +369,10 @@ def _finish(out: str, meta: dict, launches: list, rows: list, no_plot: bool) -> 
     ok = bool(launches) and all(x["status"] == "OK" for x in launches) and all(r["wrong"] == 0 for r in rows)
     summary = summarize(rows)
     _print_summary(summary, 4 << 20)
+    gains = compression_gains(rows)
+    print_gains(gains)
     write_json(os.path.join(out, "cluster_collectives.json"), {"meta": meta, "launches": launches, "rows": rows,
-                                                               "summary": summary, "ok": ok})
+                                                               "summary": summary, "compression": gains, "ok": ok})
     _write_csv(os.path.join(out, "cluster_collectives.csv"), rows)
     if not no_plot and rows:
         for p in plot(rows, out):

@@ -22,9 +22,15 @@ ps, ps2         push + pull through K = 1 or 2 dedicated server ranks (the last 
 ps-colocated    push + pull through N shard servers, one thread per rank (BytePS-style),
                 synchronous, update applied; per rank 2 (N-1)/N x S bytes, as a ring
 memcpy          ``np.copyto`` of S bytes on each rank alone: the physical limit of one host
+horovod-fp16,   ``--compression fp16`` (:mod:`hvdkit.compression`): the same reductions with float16
+ring-fp16,      on the wire (scaled by powers of two), as the strategies run them; ps-fp16-push
+ps-fp16,        pushes float16 and pulls float32. busbw from the float32 bytes: the
+ps-fp16-push,   busbw-equivalent (original bytes / time). Results checked to 1e-3 relative.
+ps-colocated-
+fp16
 ==============  =============================================================================
 
-The default is every method this world can run (ps needs 2 ranks, ps2 3). Under
+The default is every uncompressed method this world can run (ps needs 2 ranks, ps2 3). Under
 ``horovodrun --gloo`` (MPI sees one rank, Horovod several) only horovod and memcpy run and
 the benchmark's barriers and reductions go through Horovod; under ``mpirun``,
 ``HOROVOD_CPU_OPERATIONS=gloo`` crashes Horovod 0.28.1, so Gloo needs that launch.
@@ -92,7 +98,7 @@ import numpy as np
 from mpi4py import MPI
 
 from hvdkit import costs
-from hvdkit.bench._collective_methods import METHODS, HorovodWorld, MPIWorld
+from hvdkit.bench._collective_methods import COMPRESSED, METHODS, HorovodWorld, MPIWorld
 from hvdkit.bench._collective_report import format_row, header, ratios as ratio_table
 from hvdkit.bench._common import quartiles
 
@@ -227,8 +233,8 @@ def main(argv=None) -> int:
         sys.stdout = open(os.devnull, "w")
     a = build_parser().parse_args(argv)
     if not a.methods:
-        a.methods = ",".join(m for m, c in METHODS.items()
-                             if size > c.servers and (world.comm is not None or not c.needs_mpi))
+        a.methods = ",".join(m for m, c in METHODS.items() if m not in COMPRESSED
+                             and size > c.servers and (world.comm is not None or not c.needs_mpi))
     err = _check_args(a, size, world.comm is not None)   # the same verdict on every rank
     link = None
     if not err:   # rank 0 reads the cluster JSON (it may exist on rank 0's host only) and tells the others

@@ -60,6 +60,7 @@ Example (every rank runs it; ``mpirun -np 4 python script.py``)::
 """
 from __future__ import annotations
 
+import time
 from typing import Sequence
 
 import numpy as np
@@ -216,7 +217,10 @@ class RingAllreduce:
             every message's size, not the formula).
         messages_sent: messages this rank has sent (empty chunks are skipped).
         calls: number of allreduce calls.
+        trace: a :class:`hvdkit.timeline.Timeline` that gets one span per bucket, or None.
     """
+
+    trace = None
 
     def __init__(self, comm: MPI.Comm, fusion_bytes: int = 0):
         if fusion_bytes < 0:
@@ -267,8 +271,13 @@ class RingAllreduce:
         fb = self.fusion_bytes if fusion_bytes is None else fusion_bytes
         self.calls += 1
         if self.size > 1:
-            for start, stop in bucket_bounds(flat.size, flat.itemsize, fb):
+            for i, (start, stop) in enumerate(bucket_bounds(flat.size, flat.itemsize, fb)):
+                t = time.perf_counter_ns()
                 self._ring(flat[start:stop], average)
+                if self.trace is not None:  # --timeline: one span per bucket (its 2 (N-1) steps)
+                    self.trace.span(f"ring bucket {i}", "comm", t, time.perf_counter_ns(),
+                                    args={"bytes": (stop - start) * flat.itemsize, "dtype": flat.dtype.name,
+                                          "elements": stop - start})
         return buf
 
     def allreduce_arrays(self, arrays: Sequence[np.ndarray], *, average: bool = False, dtype=None,

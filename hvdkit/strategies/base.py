@@ -78,17 +78,25 @@ from typing import Any, ClassVar, Sequence
 import numpy as np
 
 from hvdkit.comm import World
+from hvdkit.compression import COMPRESSIONS
 from hvdkit.config import Config, Option, at_least, option_values
 from hvdkit.errors import UsageError
 from hvdkit.steps import eval_fn, evaluate, make_fused_step, make_step_functions, straggle
 from hvdkit.timing import StepTimer
 
-__all__ = ["Strategy", "ReplicaStrategy", "average_statistics", "check_model_arrays", "NUM_SERVERS"]
+__all__ = ["Strategy", "ReplicaStrategy", "average_statistics", "check_model_arrays", "NUM_SERVERS", "COMPRESSION"]
 
 #: ``--num-servers K``, shared by hvdkit's parameter server and tf-ps (one declaration).
 NUM_SERVERS = Option("num_servers", int, 1, "parameter-server ranks: ps-* serve on the last K ranks (unless "
                      "--ps-colocated), tf-ps on ranks 1..K (rank 0 is its chief)", "parameter server",
                      metavar="K", check=at_least(1))
+
+#: ``--compression none|fp16``, shared by horovod, ring and the ps-* rows (one declaration;
+#: the numerics, scaling and error bound: :mod:`hvdkit.compression`).
+COMPRESSION = Option("compression", str, "none", "gradients on the wire: none (their own dtype) | fp16 (float32/"
+                     "float64 gradients scaled by a power of two and sent as float16, half the bytes; summed in "
+                     "float32 by ring and ps-*, in float16 by Horovod): horovod, ring and ps-* only",
+                     "gradient compression", choices=COMPRESSIONS)
 
 
 def average_statistics(model, comm) -> None:
@@ -154,6 +162,9 @@ class Strategy(abc.ABC):
     name: ClassVar[str]
     summary: ClassVar[str] = ""
     options: ClassVar[tuple[Option, ...]] = ()
+    #: ``--timeline``: this rank's :class:`hvdkit.timeline.Timeline`, set by the trainer before
+    #: :meth:`setup` (None: no tracing); a strategy may record finer spans into it
+    trace = None
 
     def __init__(self, cfg: Config, world: World):
         self.check(cfg, world)
@@ -317,18 +328,36 @@ class ReplicaStrategy(Strategy):
     def train_step(self, x, y, timer):
         t0 = time.perf_counter()
         if self._fused is not None:
-            loss_sum, correct, comm_s = self._fused(x, y)
+            loss_sum, correct, comm_s, comm_t0 = self._fused(x, y)
             loss_sum, correct, comm_s = float(loss_sum), int(correct), float(comm_s)
             total = time.perf_counter() - t0
-            timer.add("comm", comm_s)
-            timer.add("compute", max(0.0, total - comm_s))
+            if timer.trace is None:
+                timer.add("comm", comm_s)
+                timer.add("compute", max(0.0, total - comm_s))
+            else:
+                self._trace_fused(timer, t0, total, comm_s, float(comm_t0))
             straggle(self.cfg, self.world.rank, total - comm_s, timer)
             return loss_sum, correct, len(y)
-        with timer.phase("compute"):
+        with timer.phase("compute", "forward/backward"):
             loss_sum, correct, grads = self._grads_fn(x, y)
         straggle(self.cfg, self.world.rank, time.perf_counter() - t0, timer)
-        with timer.phase("comm"):
+        with timer.phase("comm", "allreduce"):
             grads = self.allreduce(grads)
-        with timer.phase("compute"):
+        with timer.phase("compute", "apply"):
             self._apply_fn(grads)
         return float(loss_sum), int(correct), len(y)
+
+    def _trace_fused(self, timer, t0: float, total: float, comm_s: float, comm_start: float) -> None:
+        """The phases of one fused step (``total`` seconds from ``t0``, ``time.perf_counter``) as
+        three spans: forward/backward, the allreduce (placed by the graph's ``tf.timestamp``,
+        wall-clock seconds ``comm_start``, moved onto perf_counter's clock) and apply. Adds the
+        same seconds to the timer as the untraced path."""
+        c0 = comm_start - (time.time() - time.perf_counter())
+        c0 = min(max(c0, t0), t0 + max(0.0, total - comm_s))
+        if not hasattr(self, "_trace_args"):  # once: reading trainable_variables costs ~0.1 ms
+            variables = self.model.trainable_variables
+            self._trace_args = {"tensors": len(variables),
+                                "bytes": sum(int(np.prod(v.shape)) * v.dtype.size for v in variables)}
+        timer.add("compute", c0 - t0, "forward/backward", start=t0)
+        timer.add("comm", comm_s, "allreduce (in the graph)", start=c0, args=self._trace_args)
+        timer.add("compute", max(0.0, t0 + total - c0 - comm_s), "apply", start=c0 + comm_s)

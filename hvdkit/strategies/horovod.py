@@ -16,6 +16,12 @@ gradients keep their dtype (one grouped allreduce per dtype). Horovod 0.28 has n
 (neither allreduce nor broadcast): a model with a bfloat16 variable is refused at set-up.
 
 Bytes per step per rank: 2 (N-1)/N x S for S bytes of gradients (ring allreduce).
+
+``--compression fp16`` (:func:`fp16_grouped_allreduce`): Horovod's own
+``hvd.Compression.fp16`` on the float32/float64 gradients, each first scaled by a power of two
+agreed by every rank (one small Max allreduce per step) so that the float16 *sum* over the N
+ranks, which Horovod computes in float16, cannot overflow; S is then halved (float32). Error
+bound and range: :mod:`hvdkit.compression`.
 Reference: Sergeev & Del Balso, "Horovod: fast and easy distributed deep learning in
 TensorFlow", arXiv:1802.05799 (2018).
 """
@@ -23,12 +29,15 @@ from __future__ import annotations
 
 import os
 
+from hvdkit.collectives.ring import ring_bytes_per_rank
 from hvdkit.comm import agree
+from hvdkit.compression import FP16_MAX, wire_itemsize
 from hvdkit.errors import UsageError
 from hvdkit.startup import phase
-from hvdkit.strategies.base import ReplicaStrategy
+from hvdkit.strategies.base import COMPRESSION, ReplicaStrategy
+from hvdkit.timeline import horovod_timeline_path
 
-__all__ = ["HorovodStrategy", "init_horovod", "HOROVOD_DTYPES"]
+__all__ = ["HorovodStrategy", "init_horovod", "HOROVOD_DTYPES", "fp16_grouped_allreduce"]
 
 #: dtypes Horovod 0.28's TensorFlow ops accept (``horovod_broadcast``; allreduce takes the floats)
 HOROVOD_DTYPES = ("uint8", "int8", "uint16", "int16", "int32", "int64", "float16", "float32", "float64", "bool")
@@ -58,6 +67,7 @@ class HorovodStrategy(ReplicaStrategy):
     name = "horovod"
     summary = "Horovod ring allreduce of gradients (NCCL on GPU, MPI/Gloo on CPU), synchronous"
     graph_allreduce = True  # one compiled step: gradients, grouped allreduce, update
+    options = (COMPRESSION,)
 
     @classmethod
     def check(cls, cfg, world) -> None:
@@ -76,6 +86,8 @@ class HorovodStrategy(ReplicaStrategy):
 
     def __init__(self, cfg, world):
         super().__init__(cfg, world)
+        if cfg.timeline:  # Horovod's own timeline (each tensor's negotiation and allreduce), read by hvd.init;
+            os.environ.setdefault("HOROVOD_TIMELINE", horovod_timeline_path(cfg.timeline))  # a user's own wins
         self.hvd = init_horovod(world)
 
     def setup(self, model, optimizer) -> None:
@@ -106,10 +118,82 @@ class HorovodStrategy(ReplicaStrategy):
         for i, g in enumerate(grads):
             by_dtype.setdefault(g.dtype, []).append(i)
         out = [None] * len(grads)
-        for idx in by_dtype.values():
-            for i, r in zip(idx, self.hvd.grouped_allreduce([grads[i] for i in idx], op=self.hvd.Average)):
+        fp16 = self.opts.compression == "fp16"
+        for dt, idx in by_dtype.items():
+            group = [grads[i] for i in idx]
+            if fp16 and dt.name in ("float32", "float64"):   # --compression fp16: scaled, float16 on the wire
+                reduced = fp16_grouped_allreduce(self.hvd, group, average=True)
+            else:
+                reduced = self.hvd.grouped_allreduce(group, op=self.hvd.Average)
+            for i, r in zip(idx, reduced):
                 out[i] = r
         return out
 
+    def report(self) -> dict:
+        """``{"horovod": {...}}``: compression, gradient and wire bytes, and the ring's bytes per step
+        per rank for them (a formula: Horovod does not count its bytes). Local."""
+        n = self.world.size
+        comp = self.opts.compression
+        grad = sum(int(v.shape.num_elements()) * v.dtype.size for v in self.model.trainable_variables)
+        wire = sum(int(v.shape.num_elements()) * wire_itemsize(comp, v.dtype.size)
+                   for v in self.model.trainable_variables)
+        scales = 8 * sum(1 for v in self.model.trainable_variables if comp == "fp16" and v.dtype.size > 2)
+        return {"horovod": {"compression": comp, "gradient_bytes": grad, "wire_bytes": wire,
+                            "bytes_per_step_per_rank_formula": ring_bytes_per_rank(wire + scales, n),
+                            "formula": "2 (N-1)/N x S, S = wire_bytes (gradient_bytes, or 2 bytes per float32/"
+                                       "float64 element with --compression fp16, plus the 8-byte scale of each "
+                                       "such tensor in a Max allreduce)"}}
+
     def broadcast(self, variables):
         self.hvd.broadcast_variables(list(variables), root_rank=0)
+
+
+def fp16_grouped_allreduce(hvd, tensors, average: bool = True) -> list:
+    """Sum (or average) float32/float64 ``tensors`` over Horovod's ranks with float16 on the wire.
+
+    1. Every rank agrees on each tensor's largest ``|x|`` over all ranks: one ``hvd.allreduce``
+       (``op=hvd.Max``) of a float64 vector, one element per tensor.
+    2. Tensor i is multiplied by ``2**k_i``, ``k_i`` the largest integer with
+       ``max_i 2**k_i <= 65504 / N`` (headroom N: Horovod adds the N float16 values in float16,
+       so their sum cannot overflow either); 0 when ``max_i`` is 0, inf or NaN (a non-finite
+       gradient stays non-finite, as uncompressed); clipped to [-120, 120] for float32.
+    3. ``hvd.grouped_allreduce(op=hvd.Sum, compression=hvd.Compression.fp16)``: Horovod casts to
+       float16, sums in float16 and casts back to the tensor's dtype.
+    4. Tensor i is multiplied by ``2**-k_i`` (and ``1/N`` when ``average``).
+
+    Error (:func:`hvdkit.compression.error_bound`): each element of the sum is within
+    ``N 2**-11 A + N**2 2**-39 M`` of the exact sum (``A`` the sum over ranks of ``|x|``, ``M``
+    the tensor's largest ``|x|`` over ranks), to first order; divide by N for the average.
+
+    Args:
+        hvd: ``horovod.tensorflow``, initialised.
+        tensors: float32/float64 tensors (eager or in a ``tf.function``), the same shapes,
+            dtypes and order on every rank.
+        average: divide the sums by the number of ranks.
+
+    Returns:
+        The reduced tensors, in order, each of its input's shape and dtype.
+    """
+    import tensorflow as tf
+
+    tensors = list(tensors)
+    if not tensors:
+        return []
+    n = float(hvd.size())
+    local = tf.stack([tf.cast(tf.reduce_max(tf.abs(t)), tf.float64) if t.shape.num_elements() else
+                      tf.constant(0.0, tf.float64) for t in tensors])
+    largest = hvd.allreduce(local, op=hvd.Max)
+    ok = tf.logical_and(tf.math.is_finite(largest), largest > 0.0)
+    safe = tf.where(ok, largest, tf.ones_like(largest))
+    two = tf.constant(2.0, tf.float64)
+    k = tf.floor(tf.math.log(FP16_MAX / (n * safe)) / tf.math.log(two))
+    k = tf.where(safe * tf.pow(two, k) * n > FP16_MAX, k - 1.0, k)          # log's rounding, either way
+    k = tf.where(safe * tf.pow(two, k + 1.0) * n <= FP16_MAX, k + 1.0, k)
+    k = tf.where(ok, k, tf.zeros_like(k))
+    scaled, back = [], []
+    for i, t in enumerate(tensors):
+        ki = tf.clip_by_value(k[i], -120.0, 120.0) if t.dtype == tf.float32 else k[i]
+        scaled.append(t * tf.cast(tf.pow(two, ki), t.dtype))
+        back.append(tf.cast(tf.pow(two, -ki) / (n if average else 1.0), t.dtype))
+    reduced = hvd.grouped_allreduce(scaled, op=hvd.Sum, compression=hvd.Compression.fp16)
+    return [r * b for r, b in zip(reduced, back)]

@@ -36,12 +36,10 @@ when every rank passed. An exception on any rank ends the whole job (``run_guard
 """
 from __future__ import annotations
 
-import sys
 
 import numpy as np
-from mpi4py import MPI
 
-from hvdkit.comm import run_guarded, world
+from tests.parallel.verdict import script
 
 TINY = 2.0 ** -40  # 1 + TINY is a float64 that float32 rounds to 1
 
@@ -207,22 +205,5 @@ def check(w) -> list[str]:
     return failures
 
 
-def main() -> int:
-    w = world()
-    failures = check(w)
-    every = w.comm.allgather(failures)
-    bad = {r: f for r, f in enumerate(every) if f}
-    verdict = "OK" if not bad else "FAILED"
-    print(f"gradients_check rank {w.rank}/{w.size}: {verdict}", flush=True)
-    if bad and w.rank == 0:
-        for r, fs in bad.items():
-            for f in fs:
-                print(f"  rank {r}: {f}", flush=True)
-    return 0 if not bad else 1
-
-
 if __name__ == "__main__":
-    if MPI.COMM_WORLD.Get_size() < 2:
-        print("gradients_check: run with mpirun -np 2 (or more)", file=sys.stderr)
-        sys.exit(2)
-    sys.exit(run_guarded(main))
+    script("gradients_check", check)

@@ -133,11 +133,17 @@ def test_100MB_parameter_roundtrips_bit_exact_and_mismatched_push_is_refused(n):
 @pytest.mark.parametrize("how", ["raise", "exit"])
 def test_a_failing_worker_ends_the_job(tmp_path, how):
     r = train(3, "--strategy", "ps-async", "--fail-at", f"1:2:{how}", "--output-dir", str(tmp_path / "r"),
-              timeout=120)
+              "--timeline", str(tmp_path / "t.json"), timeout=120)
     assert r.returncode != 0
     if how == "raise":
         assert "hvdkit: FAILED on rank 1/3" in r.output and r.output.count("Traceback") == 1
     assert r.seconds < 60, f"took {r.seconds:.0f}s"
+    # --timeline: the job was ended by a worker's failure (raise) or death (exit); rank 0 wrote its own spans
+    from tests.parallel.test_timeline import load_trace
+
+    doc = load_trace(tmp_path / "t.json")
+    assert doc["otherData"]["complete"] is False and doc["otherData"]["ranks"] == [0], doc["otherData"]
+    assert any(e.get("cat") == "step" for e in doc["traceEvents"])
 
 
 @pytest.mark.parametrize("strategy", ["ps-sync", "ps-async"])

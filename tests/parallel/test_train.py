@@ -65,13 +65,20 @@ def test_cnn_2_ranks_exports_identical_weights(horovod_job):
 
 
 def test_a_rank_raising_ends_the_job_quickly(tmp_path):
-    r = train(2, "--fail-at", "1:2", "--output-dir", str(tmp_path / "run"), timeout=120)
+    r = train(2, "--fail-at", "1:2", "--output-dir", str(tmp_path / "run"), "--timeline", str(tmp_path / "t.json"),
+              timeout=120)
     assert r.returncode != 0
     assert "hvdkit: FAILED on rank 1/2" in r.output
     assert r.output.count("Traceback") == 1, "only the failing rank prints a traceback"
     assert "injected failure at step 2" in r.output
     # start-up (~10 s for 2 TensorFlow processes on 2 cores) + the abort; a hang would hit 120 s
     assert r.seconds < 60, f"took {r.seconds:.0f}s"
+    # --timeline: rank 0, blocked in Horovod's allreduce when MPI_Abort's SIGTERM came, wrote its own spans
+    from tests.parallel.test_timeline import load_trace
+
+    doc = load_trace(tmp_path / "t.json")
+    assert doc["otherData"]["complete"] is False and doc["otherData"]["ranks"] == [0], doc["otherData"]
+    assert [e["name"] for e in doc["traceEvents"] if e.get("cat") == "step"] == ["step 0", "step 1"]
 
 
 @pytest.mark.parametrize("args,message", [

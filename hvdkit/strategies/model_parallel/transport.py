@@ -78,8 +78,8 @@ class StageLink:
         msg.Recv(buf)
         t2 = time.perf_counter()
         if timer is not None:
-            timer.add("wait", t1 - t0)
-            timer.add("comm", t2 - t1)
+            timer.add("wait", t1 - t0, "wait (pipeline)", start=t0)
+            timer.add("comm", t2 - t1, "recv", start=t1, args={"bytes": buf.nbytes, "from": source})
             self.bytes += buf.nbytes
             self.messages += 1
         return buf

@@ -63,6 +63,9 @@ class PSGroup:
         serve_in_thread: a dedicated server rank serves in a background thread (started
             here) instead of in :meth:`serve`; for callers whose main thread has other work,
             such as the benchmark's barriers. Colocated ranks always serve in a thread.
+        compression, pull: the workers' :class:`~hvdkit.strategies.ps.worker.PSClient` settings
+            (``"fp16"``: push float16 gradients; ``pull="fp16"``: their replies in float16 too).
+            The servers need none: the wire says what each message carries.
 
     Attributes:
         comm: the group's own communicator (a ``Dup`` of ``comm``; freed by :meth:`close`).
@@ -79,7 +82,7 @@ class PSGroup:
     def __init__(self, comm, layout: Layout, weights: np.ndarray, server_ranks: Sequence[int],
                  worker_ranks: Sequence[int], mode: str, optimizer: Callable[[int], rules.Optimizer], *,
                  timeout: float, staleness: int = 0, dc_lambda: float = 0.0, dc_adaptive: bool = False,
-                 serve_in_thread: bool = False):
+                 serve_in_thread: bool = False, compression: str = "none", pull: str = "float32"):
         if layout.num_shards != len(server_ranks):
             raise ValueError(f"layout has {layout.num_shards} shards but {len(server_ranks)} server ranks were given")
         self.server_ranks, self.worker_ranks = list(server_ranks), list(worker_ranks)
@@ -105,7 +108,8 @@ class PSGroup:
             # The HELLO (variable-table check) goes out with the first request, not here: the
             # caller may still hold dedicated servers in a collective (a --resume broadcast).
             self.client = PSClient(self.comm, layout, self.server_ranks, self.worker_ranks.index(rank), 2 * timeout,
-                                   local_server=self.loop if self.colocated else None)
+                                   local_server=self.loop if self.colocated else None, compression=compression,
+                                   pull=pull)
 
     def serve(self) -> dict:
         """Serve this rank's shard in the calling thread until every worker has sent DONE.

@@ -1,4 +1,4 @@
-"""The parameter-server wire format: a fixed int64[10] header, then a raw NumPy buffer.
+"""The parameter-server wire format: a fixed int64[12] header, then a raw NumPy buffer.
 
 No pickle: every message is an mpi4py buffer call. A request is two messages from the
 same source on the PS communicator, a header (tag ``TAG_REQ``) then, if ``nelem > 0``, the
@@ -24,7 +24,11 @@ DONE         none: has finished                   (none)
 ===========  ===================================  ==========  ===============================
 
 Gradients, weights and slots travel in the layout's dtype (:attr:`Layout.dtype`: float32,
-or float64 when the model has a float64 variable).
+or float64 when the model has a float64 variable), or, with ``--compression fp16``, gradients
+(and, by request, WEIGHTS replies) as float16: the values times ``2**scale``, cast
+(:func:`hvdkit.compression.encode`; ``scale`` in the header, ``dtype`` = 5). The receiver
+decodes into the layout's dtype (:func:`decode_payload`): a server keeps float32 (float64)
+master weights and optimizer slots, and sums a synchronous step in them.
 
 Header fields (int64 each, in :data:`HEADER_FIELDS` order); each has one meaning, and a
 field a message does not use is 0:
@@ -43,6 +47,9 @@ layout_crc  request: CRC-32 of the worker's variable table and shard count
 waited_us   WEIGHTS: microseconds the request waited in the server's gate (SSP) or
             barrier (sync) before this reply
 iterations  STATE: the shard optimizer's update count (Adam's bias-correction step t)
+scale       float16 payloads: the exponent k, payload = fp16(values x 2**k) (else 0)
+reply_dtype PUSH, PULL: the dtype code the WEIGHTS reply should carry (0: the layout's dtype;
+            5: float16, scaled)
 ==========  ================================================================================
 """
 from __future__ import annotations
@@ -56,16 +63,19 @@ from typing import Sequence
 
 import numpy as np
 
+from hvdkit.compression import decode, encode
 from hvdkit.errors import ProtocolError
 
 __all__ = ["Kind", "Header", "Layout", "DTYPES", "TAG_REQ", "TAG_REQ_DATA", "TAG_REP", "TAG_REP_DATA",
-           "HEADER_FIELDS", "REPLY_TO"]
+           "HEADER_FIELDS", "REPLY_TO", "FLOAT16", "encode_payload", "decode_payload"]
 
 TAG_REQ, TAG_REQ_DATA, TAG_REP, TAG_REP_DATA = 701, 702, 703, 704
 HEADER_FIELDS = ("kind", "worker", "shard", "clock", "version", "nelem", "dtype", "layout_crc", "waited_us",
-                 "iterations")
-DTYPES = {1: np.dtype(np.float32), 2: np.dtype(np.float64), 3: np.dtype(np.uint8), 4: np.dtype(np.int64)}
+                 "iterations", "scale", "reply_dtype")
+DTYPES = {1: np.dtype(np.float32), 2: np.dtype(np.float64), 3: np.dtype(np.uint8), 4: np.dtype(np.int64),
+          5: np.dtype(np.float16)}
 DTYPE_CODES = {v: k for k, v in DTYPES.items()}
+FLOAT16 = np.dtype(np.float16)
 _FLOATS = ("float16", "bfloat16", "float32", "float64")  # variable dtypes a layout carries
 
 
@@ -94,7 +104,7 @@ REPLY_TO = {Kind.HELLO: Kind.WELCOME, Kind.PUSH: Kind.WEIGHTS, Kind.PULL: Kind.W
 
 @dataclass
 class Header:
-    """One message header; :meth:`pack`/:meth:`unpack` convert to/from an int64[10] buffer
+    """One message header; :meth:`pack`/:meth:`unpack` convert to/from an int64[12] buffer
     (fields as :data:`HEADER_FIELDS`, described in the module docstring)."""
 
     kind: int
@@ -107,6 +117,8 @@ class Header:
     layout_crc: int = 0
     waited_us: int = 0
     iterations: int = 0
+    scale: int = 0
+    reply_dtype: int = 0
 
     def pack(self) -> np.ndarray:
         """The header as an int64[10] buffer, ready to send."""
@@ -128,8 +140,36 @@ class Header:
 
 
 def empty_header() -> np.ndarray:
-    """A receive buffer for one header (int64[10])."""
+    """A receive buffer for one header (int64[12])."""
     return np.zeros(len(HEADER_FIELDS), np.int64)
+
+
+def encode_payload(values: np.ndarray, out: np.ndarray) -> int:
+    """``out = fp16(values x 2**k)`` (:func:`hvdkit.compression.encode`, headroom 1: the receiver
+    sums in its own dtype); returns ``k``, for the header's ``scale``. ``out``: float16[values.size]."""
+    return encode(values, out)[1]
+
+
+def decode_payload(h: Header, payload: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """A received payload in ``out``'s dtype: float16 payloads are decoded (``payload / 2**h.scale``),
+    others returned as they are.
+
+    Args:
+        h: its header (``dtype``, ``scale``).
+        payload: the received array (``DTYPES[h.dtype]``).
+        out: float32/float64 array of ``payload.size`` elements for a float16 payload (allocated
+            as float32 if None); ignored for other dtypes.
+
+    Raises:
+        ProtocolError: ``out`` has another size than the float16 payload.
+    """
+    if payload.dtype != FLOAT16:
+        return payload
+    if out is None:
+        out = np.empty(payload.size, np.float32)
+    if out.size != payload.size:
+        raise ProtocolError(f"a float16 payload of {payload.size} elements for a buffer of {out.size}")
+    return decode(payload, h.scale, out)
 
 
 def json_bytes(obj) -> np.ndarray:

@@ -15,8 +15,9 @@ import numpy as np
 
 from hvdkit.comm import poll
 from hvdkit.errors import ProtocolError
-from hvdkit.strategies.ps.protocol import (DTYPE_CODES, DTYPES, TAG_REP, TAG_REP_DATA, TAG_REQ, TAG_REQ_DATA,
-                                           Header, Kind, empty_header, from_json_bytes, json_bytes)
+from hvdkit.strategies.ps.protocol import (DTYPE_CODES, DTYPES, FLOAT16, TAG_REP, TAG_REP_DATA, TAG_REQ,
+                                           TAG_REQ_DATA, Header, Kind, decode_payload, empty_header,
+                                           encode_payload, from_json_bytes, json_bytes)
 from hvdkit.strategies.ps.shard import Reply, ShardServer
 
 __all__ = ["ServerLoop", "serve"]
@@ -32,13 +33,26 @@ class ServerLoop:
     shard is served without a thread switch; a lock keeps the two from handling one
     request twice.
 
+    Compression: a float16 PUSH payload is decoded into a float32 (the layout's dtype)
+    buffer of its worker before the shard sees it, so the shard's weights, optimizer slots
+    and synchronous sums stay in the layout's dtype (master weights). A WEIGHTS reply is
+    float16 (scaled: :func:`~hvdkit.strategies.ps.protocol.encode_payload`, encoded once per
+    version) when the worker's latest PUSH or PULL asked for it (header ``reply_dtype``).
+
     Args:
         comm: the PS communicator (a Dup of the world: PS traffic never mixes with other messages).
         server: the shard's state.
         worker_ranks: rank in ``comm`` of worker id i, for i in 0..W-1.
         timeout: seconds a waiting worker may wait for the others (a sync step, an SSP gate)
             before the server gives up on the missing workers as dead or hung.
+
+    Attributes:
+        trace: a :class:`hvdkit.timeline.Timeline` (``--timeline``), or None. It gets a span
+            per push (``apply`` when the push led to an update), per pull, and per reply held
+            by the sync barrier or the SSP gate (on row ``waiting worker W``).
     """
+
+    trace = None
 
     def __init__(self, comm, server: ShardServer, worker_ranks: list[int], timeout: float):
         from mpi4py import MPI
@@ -56,11 +70,16 @@ class ServerLoop:
         # all completed goes back to the pool, so steady state allocates nothing.
         self.pool: list[np.ndarray] = []
         self.snapshot: list = [None, -1]  # [buffer, version]
+        self.pool16: list[np.ndarray] = []      # the same for float16 replies
+        self.snapshot16: list = [None, -1, 0]  # [buffer, version, scale]
+        self.reply_code = [0] * len(self.worker_ranks)  # per worker: the WEIGHTS dtype it asked for
+        self.grad_bufs: dict[int, np.ndarray] = {}       # per worker: its decoded float16 push
         self.last_msg = time.monotonic()
         self.last_from = [self.last_msg] * len(self.worker_ranks)  # per worker: its latest message
         self.helped = False  # True while the colocated worker thread serves (see run)
         self.awake = threading.Event()  # cleared by pause(): run() blocks instead of polling
         self.awake.set()
+        self._last = None  # (header, worker, payload bytes) of the request handled last, for the trace
 
     @property
     def finished(self) -> bool:
@@ -78,7 +97,10 @@ class ServerLoop:
         try:
             handled = False
             while self.comm.Iprobe(source=self._any, tag=TAG_REQ, status=self._probe_st):
+                t0, version = time.perf_counter_ns(), self.server.version
                 self._handle(self._probe_st.Get_source())
+                if self.trace is not None:  # --timeline
+                    self._trace_request(t0, version)
                 handled = True
             self._reap()
             return handled
@@ -155,20 +177,32 @@ class ServerLoop:
 
     # -- one request ---------------------------------------------------------------------------
     def _reply(self, worker: int, kind: Kind, payload: np.ndarray | None, *, version: int = 0, waited_us: int = 0,
-               iterations: int = 0) -> None:
+               iterations: int = 0, scale: int = 0) -> None:
         dest = self.worker_ranks[worker]
         n = 0 if payload is None else payload.size
         code = 1 if payload is None else DTYPE_CODES[payload.dtype]
         h = Header(kind, worker, self.server.shard, version=version, nelem=n, dtype=code, waited_us=waited_us,
-                   iterations=iterations).pack()
+                   iterations=iterations, scale=scale).pack()
         self.sends.append((self.comm.Isend(h, dest=dest, tag=TAG_REP), h))
         if n:
-            self.sends.append((self.comm.Isend(payload, dest=dest, tag=TAG_REP_DATA), payload))
+            wire = payload.view(np.uint8) if payload.dtype == FLOAT16 else payload   # MPI has no float16
+            self.sends.append((self.comm.Isend(wire, dest=dest, tag=TAG_REP_DATA), payload))
 
     def _send_weights(self, replies: list[Reply]) -> None:
         server, snap = self.server, self.snapshot
+        if self.trace is not None:
+            self._trace_waits(replies)
         for r in replies:
-            live = server.sent(r.worker)
+            fp16 = self.reply_code[r.worker] == DTYPE_CODES[FLOAT16]   # --compression fp16, pull fp16
+            live = server.sent(r.worker, wire_bytes=2 * server.weights.size if fp16 else None)
+            if fp16:
+                snap16 = self.snapshot16
+                if snap16[1] != server.version:
+                    buf = self.pool16.pop() if self.pool16 else np.empty(live.size, FLOAT16)
+                    snap16[:] = [buf, server.version, encode_payload(live, buf)]
+                self._reply(r.worker, Kind.WEIGHTS, snap16[0], version=server.version,
+                            waited_us=int(r.waited_s * 1e6), scale=snap16[2])
+                continue
             if snap[1] != server.version:
                 buf = self.pool.pop() if self.pool else np.empty_like(live)
                 np.copyto(buf, live)
@@ -182,10 +216,35 @@ class ServerLoop:
         live_ids = {id(b) for _, b in still}
         shape = self.server.weights.shape
         for _, b in self.sends:
-            if b is not self.snapshot[0] and id(b) not in live_ids and b.dtype == self.server.weights.dtype \
-                    and b.shape == shape and all(p is not b for p in self.pool):
-                self.pool.append(b)
+            if b is self.snapshot[0] or b is self.snapshot16[0] or id(b) in live_ids or b.shape != shape:
+                continue
+            pool = self.pool if b.dtype == self.server.weights.dtype else self.pool16 if b.dtype == FLOAT16 else None
+            if pool is not None and all(p is not b for p in pool):
+                pool.append(b)
         self.sends[:] = still
+
+    def _trace_waits(self, replies: list[Reply]) -> None:
+        """One span per reply that was held (sync barrier, SSP gate), ending now, on its worker's row."""
+        end = time.perf_counter_ns()
+        what = "sync barrier" if self.server.mode == "sync" else "SSP gate"
+        for r in replies:
+            if r.waited_s > 0:
+                self.trace.span(f"{what} (worker {r.worker})", "wait", end - int(r.waited_s * 1e9), end,
+                                f"waiting worker {r.worker}", {"worker": r.worker, "shard": self.server.shard},
+                                step=self.server.clocks[r.worker] - 1)
+
+    def _trace_request(self, t0: int, version: int) -> None:
+        """One span for the request just handled (from its receive to its replies), on row ``server``;
+        ``version``: the shard's version before it."""
+        server, (h, worker, nbytes) = self.server, self._last
+        if h.kind == Kind.PUSH:
+            name = f"apply (worker {worker})" if server.version != version else f"push held (worker {worker})"
+            step = h.clock - 1
+        else:
+            name, step = f"{Kind(h.kind).name.lower()} (worker {worker})", server.clocks[worker] - 1
+        self.trace.span(name, "server", t0, time.perf_counter_ns(), "server",
+                        {"worker": worker, "shard": server.shard, "bytes": nbytes, "version": server.version},
+                        step=max(step, 0))
 
     def _handle(self, src: int) -> None:
         comm, server, layout, st = self.comm, self.server, self.server.layout, self._st
@@ -212,6 +271,15 @@ class ServerLoop:
         if src not in self.worker_of:
             raise ProtocolError(f"shard {server.shard}: message kind {h.kind} from rank {src}, which is not a worker")
         worker = self.worker_of[src]
+        self._last = (h, worker, 0 if payload is None else payload.nbytes)
+        if h.kind in (Kind.PUSH, Kind.PULL):
+            self.reply_code[worker] = h.reply_dtype
+        wire_bytes = 0 if payload is None else payload.nbytes
+        if payload is not None and payload.dtype == FLOAT16 and h.kind == Kind.PUSH:
+            out = self.grad_bufs.get(src)   # decoded into the layout's dtype: the shard sums and applies in it
+            if out is None or out.size != payload.size:
+                out = self.grad_bufs[src] = np.empty(payload.size, server.weights.dtype)
+            payload = decode_payload(h, payload, out)
         now = time.monotonic()
         self.last_msg = self.last_from[worker] = now
         if h.kind == Kind.PUSH:
@@ -221,7 +289,7 @@ class ServerLoop:
             except ProtocolError as e:
                 self._reply(worker, Kind.ERROR, json_bytes(str(e)))
             else:
-                self._send_weights(server.on_push(worker, h.clock, h.version, grad, now))
+                self._send_weights(server.on_push(worker, h.clock, h.version, grad, now, wire_bytes=wire_bytes))
         elif h.kind == Kind.PULL:
             if h.layout_crc != layout.crc:
                 self._reply(worker, Kind.ERROR, json_bytes(

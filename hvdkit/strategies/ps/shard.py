@@ -109,10 +109,14 @@ class ShardServer:
                 f"for tensor(s) {', '.join(self.layout.tensors_in(self.shard))}, which hold {n} {self.weights.dtype}")
 
     # -- events ------------------------------------------------------------------------------
-    def on_push(self, worker: int, clock: int, version: int, g: np.ndarray, now: float) -> list[Reply]:
-        """Handle a gradient ``g`` (the weights' dtype, shard size) computed on ``version``; return replies due."""
+    def on_push(self, worker: int, clock: int, version: int, g: np.ndarray, now: float,
+                wire_bytes: int | None = None) -> list[Reply]:
+        """Handle a gradient ``g`` (the weights' dtype, shard size) computed on ``version``; return replies due.
+
+        ``wire_bytes``: the payload's size as received (a float16 push decoded into ``g``), for
+        ``bytes_in``; default ``g.nbytes``."""
         self.pushes += 1
-        self.bytes_in += g.nbytes
+        self.bytes_in += g.nbytes if wire_bytes is None else wire_bytes
         if version > self.version or version < 0:
             raise ProtocolError(f"push from worker {worker} to shard {self.shard}: computed on version {version}, "
                                 f"but the shard is at version {self.version}")
@@ -148,10 +152,11 @@ class ShardServer:
             return self._release_gated(now)
         return []
 
-    def sent(self, worker: int) -> np.ndarray:
-        """Record that the current weights go to ``worker``; returns them (no copy)."""
+    def sent(self, worker: int, wire_bytes: int | None = None) -> np.ndarray:
+        """Record that the current weights go to ``worker`` (``wire_bytes`` of payload, default their
+        nbytes: a float16 reply is smaller); returns them (no copy)."""
         self.pulls += 1
-        self.bytes_out += self.weights.nbytes
+        self.bytes_out += self.weights.nbytes if wire_bytes is None else wire_bytes
         if self.mode == "dcasgd" and self.dc is not None and self.dc.lam:
             b = self.dc.backups.get(worker)
             if b is None:

@@ -34,6 +34,17 @@ evaluation sharded over them). The asynchronous modes do not (see ``epoch_end``)
 a fast worker goes on to its next epoch without waiting for a straggler; rank 0 logs its
 own loss and samples/s and evaluates the servers' current weights alone, so an epoch
 line is a snapshot in time. Final results gather every worker, after all have finished.
+
+``--compression fp16``: workers push float16 gradients (scaled by a power of two per shard
+message, the exponent in the header: :mod:`hvdkit.compression`); the servers decode them and
+keep float32 (float64) master weights and optimizer slots, and sum a synchronous step in
+them. ``--ps-pull fp16`` (the default) brings the weights back as float16 too, so a step
+moves half the bytes both ways: the worker computes its next gradient on a float16 rounding
+of the masters (relative error <= 2**-11, the fp16 copy of mixed-precision training,
+Micikevicius et al., ICLR 2018), while every update is applied to the float32 masters, so
+small updates are never lost. ``--ps-pull float32`` returns exact weights (the push alone
+is compressed: 3/4 of the bytes). Evaluation, the final weights, exports and checkpoints
+always pull the masters in float32.
 """
 from __future__ import annotations
 
@@ -44,7 +55,7 @@ import numpy as np
 from hvdkit.config import Option, above, at_least, option_values
 from hvdkit.errors import UsageError
 from hvdkit.steps import dense_gradients, make_step_functions, straggle
-from hvdkit.strategies.base import NUM_SERVERS, Strategy, average_statistics
+from hvdkit.strategies.base import COMPRESSION, NUM_SERVERS, Strategy, average_statistics
 from hvdkit.strategies.ps import rules
 from hvdkit.strategies.ps.group import PSGroup
 from hvdkit.strategies.ps.protocol import Layout
@@ -64,6 +75,10 @@ PS_FIELDS = (
     Option("dc_adaptive", bool, False, "ps-dcasgd: lambda_t = lambda_0 / sqrt(meansquare(g) + eps) (DC-ASGD-a)", _G),
     Option("ps_timeout", float, 120.0, "seconds a server waits for a missing worker (a worker waits twice as "
            "long for a server) before declaring it dead or hung", _G, metavar="SECONDS", check=above(0)),
+    COMPRESSION,
+    Option("ps_pull", str, "fp16", "with --compression fp16: the dtype of the weights a push brings back (fp16: "
+           "half the bytes, the workers compute on a float16 rounding of the servers' float32 masters; float32: "
+           "exact); evaluation and the final weights are always float32", _G, choices=("fp16", "float32")),
 )
 
 
@@ -140,9 +155,11 @@ class PSStrategy(Strategy):
                              lambda size: rules.Optimizer(cfg.optimizer, lr, size, momentum=cfg.momentum,
                                                           dtype=self.layout.dtype.type),
                              timeout=self.timeout, staleness=self.staleness, dc_lambda=self.dc_lambda,
-                             dc_adaptive=self.dc_adaptive)
+                             dc_adaptive=self.dc_adaptive, compression=self.opts.compression, pull=self.opts.ps_pull)
         self._workers_comm = w.comm.Split(0 if self.is_worker else MPI.UNDEFINED, w.rank)
         self.client = self.group.client
+        if self.group.loop is not None:
+            self.group.loop.trace = self.trace  # --timeline: the server's spans (pushes, updates, gate waits)
         if self.is_worker:
             self._grads_fn = make_step_functions(model, optimizer)[0]
 
@@ -153,16 +170,22 @@ class PSStrategy(Strategy):
     # -- the step --------------------------------------------------------------------------
     def train_step(self, x, y, timer):
         t0 = time.perf_counter()
-        with timer.phase("compute"):
+        with timer.phase("compute", "forward/backward"):
             loss_sum, correct, grads = self._grads_fn(x, y)
             self._flatten(grads)
         straggle(self.cfg, self.world.rank, time.perf_counter() - t0, timer)
         t1 = time.perf_counter()
         waited = self.client.push_pull(self.flat_g, self.flat_w)     # push gradient, pull new weights
         total = time.perf_counter() - t1
-        timer.add("wait", min(waited, total))
-        timer.add("comm", max(0.0, total - waited))
-        with timer.phase("compute"):
+        wait_s = min(waited, total)
+        # traced: one push+pull span for the round trip, the servers' wait inside it (centred: the
+        # servers measure how long, not when on this clock)
+        timer.add("comm", max(0.0, total - waited), "push+pull", start=t1, span_seconds=total,
+                  args=None if timer.trace is None else {"bytes": self.client.step_bytes, "shards": len(
+                      self.server_ranks), "waited_s": waited})
+        timer.add("wait", wait_s, "sync barrier" if self.mode == "sync" else "SSP gate" if self.mode == "ssp"
+                  else "wait in server", start=t1 + (total - wait_s) / 2)
+        with timer.phase("compute", "assign weights"):
             self._assign()
         return float(loss_sum), int(correct), len(y)
 
@@ -232,6 +255,8 @@ class PSStrategy(Strategy):
               "worker_clocks": shards[0]["clocks"], "worker_wait_s": wait,
               "param_bytes": int(self.layout.size * self.layout.itemsize),
               "bytes_per_step_per_worker": self.client.step_bytes,
+              "compression": self.opts.compression,
+              "pull_dtype": "float16" if self.client.pull_code else self.layout.dtype.name,
               "shards": shards}
         if self.mode == "ssp":
             ps["staleness"] = self.staleness

@@ -3,6 +3,12 @@
 One :class:`PSClient` per worker. ``push_pull`` sends every shard its slice of the flat
 gradient with non-blocking sends (all shards at once, so K servers work in parallel) and
 receives each shard's new weights straight into the caller's flat weight vector.
+
+``compression="fp16"``: each shard's gradient slice is pushed as float16, scaled by a power of
+two (:func:`~hvdkit.strategies.ps.protocol.encode_payload`, exponent in the header), and the
+WEIGHTS reply is asked for as float16 too when ``pull="fp16"``; a float16 reply is decoded
+into the float32 (float64) weight vector. :meth:`PSClient.pull` asks for the layout's dtype
+unless told otherwise: the weights a worker evaluates or exports are the servers' masters.
 """
 from __future__ import annotations
 
@@ -12,8 +18,10 @@ import numpy as np
 
 from hvdkit.comm import poll
 from hvdkit.errors import ProtocolError
-from hvdkit.strategies.ps.protocol import (DTYPE_CODES, DTYPES, TAG_REP, TAG_REP_DATA, TAG_REQ, TAG_REQ_DATA,
-                                           Header, Kind, Layout, empty_header, from_json_bytes, json_bytes)
+from hvdkit.compression import wire_itemsize
+from hvdkit.strategies.ps.protocol import (DTYPE_CODES, DTYPES, FLOAT16, TAG_REP, TAG_REP_DATA, TAG_REQ,
+                                           TAG_REQ_DATA, Header, Kind, Layout, decode_payload, empty_header,
+                                           encode_payload, from_json_bytes, json_bytes)
 
 __all__ = ["PSClient"]
 
@@ -30,16 +38,20 @@ class PSClient:
         local_server: in colocated mode, this process's :class:`~.server.ServerLoop`; while the
             worker waits for replies it serves that shard itself (no thread switch on the
             critical path).
+        compression: ``"none"`` or ``"fp16"`` (push float16 gradients).
+        pull: with ``fp16``, the dtype of the weights a push brings back: ``"fp16"`` or
+            ``"float32"`` (the layout's dtype, float64 for a float64 layout).
 
     Attributes:
         versions: per shard, the server version of the weights this worker holds.
         clock: completed pushes (iterations) of this worker.
         bytes_sent, bytes_received: payload bytes moved by this worker (all requests).
-        step_bytes: bytes one push_pull moves over the network, sent + received.
+        step_bytes: payload bytes one push_pull moves over the network, sent + received (the
+            wire's dtypes: 2 bytes per element for float16).
     """
 
     def __init__(self, comm, layout: Layout, server_ranks: list[int], worker: int, timeout: float,
-                 local_server=None):
+                 local_server=None, compression: str = "none", pull: str = "float32"):
         self.comm, self.layout, self.server_ranks = comm, layout, list(server_ranks)
         self.local_server = local_server  # a colocated ServerLoop this thread serves while it waits
         self.worker, self.timeout = worker, timeout
@@ -49,20 +61,29 @@ class PSClient:
         self.bytes_received = 0
         self._slices = [layout.shard_slice(k) for k in range(layout.num_shards)]
         self._greeted = False
+        self.compression = compression
+        self.pull_code = DTYPE_CODES[FLOAT16] if compression == "fp16" and pull == "fp16" else 0
+        fp16 = compression == "fp16"
+        self._push16 = [np.empty(sl.stop - sl.start, FLOAT16) for sl in self._slices] if fp16 else None
+        self._wire16: dict[int, np.ndarray] = {}   # per shard: a float16 reply's receive buffer
         me = comm.Get_rank()
         # bytes one push_pull moves over the network: its slices for the other ranks' shards,
         # each way (a colocated worker's own shard stays in the process)
-        self.step_bytes = 2 * layout.itemsize * sum(sl.stop - sl.start for k, sl in enumerate(self._slices)
-                                      if self.server_ranks[k] != me)
+        remote = sum(sl.stop - sl.start for k, sl in enumerate(self._slices) if self.server_ranks[k] != me)
+        push = wire_itemsize(compression, layout.itemsize)
+        self.step_bytes = remote * (push + (2 if self.pull_code else layout.itemsize))
 
     # -- plumbing ------------------------------------------------------------------------------
-    def _send(self, k: int, kind: Kind, payload: np.ndarray | None = None, clock: int = 0, version: int = 0):
+    def _send(self, k: int, kind: Kind, payload: np.ndarray | None = None, clock: int = 0, version: int = 0,
+              scale: int = 0, reply_dtype: int = 0):
         n = 0 if payload is None else payload.size
         code = 1 if payload is None else DTYPE_CODES[payload.dtype]
-        h = Header(kind, self.worker, k, clock, version, n, code, layout_crc=self.layout.crc).pack()
+        h = Header(kind, self.worker, k, clock, version, n, code, layout_crc=self.layout.crc, scale=scale,
+                   reply_dtype=reply_dtype).pack()
         reqs = [(self.comm.Isend(h, dest=self.server_ranks[k], tag=TAG_REQ), h)]
         if n:
-            reqs.append((self.comm.Isend(payload, dest=self.server_ranks[k], tag=TAG_REQ_DATA), payload))
+            wire = payload.view(np.uint8) if payload.dtype == FLOAT16 else payload   # MPI has no float16
+            reqs.append((self.comm.Isend(wire, dest=self.server_ranks[k], tag=TAG_REQ_DATA), payload))
             self.bytes_sent += payload.nbytes
         return reqs
 
@@ -115,7 +136,17 @@ class PSClient:
                     raise ProtocolError(f"server rank {src}: {from_json_bytes(msg)}")
                 if h.kind != expect:
                     raise ProtocolError(f"server rank {src} replied {Kind(h.kind).name} to {what}")
-                if h.nelem:
+                if h.nelem and DTYPES.get(h.dtype) == FLOAT16 and into[k] is not None:
+                    wire = self._wire16.get(k)              # a float16 reply: receive, then decode
+                    if wire is None or wire.size != h.nelem:
+                        wire = self._wire16[k] = np.empty(h.nelem, FLOAT16)
+                    self.comm.Recv(wire.view(np.uint8), source=src, tag=TAG_REP_DATA)
+                    self.bytes_received += wire.nbytes
+                    try:
+                        decode_payload(h, wire, into[k])
+                    except ProtocolError as e:
+                        raise ProtocolError(f"server rank {src}, shard {k}: {e}") from None
+                elif h.nelem:
                     buf = into[k]
                     dt = DTYPES[h.dtype]
                     if buf is None or buf.size != h.nelem or buf.dtype != dt:
@@ -161,8 +192,14 @@ class PSClient:
             raise ProtocolError(f"push: gradient must be {self.layout.dtype}[{self.layout.size}], got "
                                 f"{grad.dtype}{list(grad.shape)}")
         self.clock += 1
-        sends = [s for k, sl in enumerate(self._slices)
-                 for s in self._send(k, Kind.PUSH, grad[sl], clock=self.clock, version=self.versions[k])]
+        sends = []
+        for k, sl in enumerate(self._slices):
+            payload, scale = grad[sl], 0
+            if self._push16 is not None:                # --compression fp16: scaled float16
+                payload = self._push16[k]
+                scale = encode_payload(grad[sl], payload)
+            sends += self._send(k, Kind.PUSH, payload, clock=self.clock, version=self.versions[k], scale=scale,
+                                reply_dtype=self.pull_code)
         hdrs = self._receive(Kind.WEIGHTS, {k: weights[sl] for k, sl in enumerate(self._slices)}, "push")
         self._complete(sends)
         for k, h in hdrs.items():
@@ -175,10 +212,13 @@ class PSClient:
         self._receive(Kind.WEIGHTS, {k: np.empty(self._slices[k].stop - self._slices[k].start, self.layout.dtype)},
                       "push")
 
-    def pull(self, weights: np.ndarray) -> None:
-        """Pull every shard's current weights into ``weights`` (``layout.dtype``, layout.size)."""
+    def pull(self, weights: np.ndarray, compressed: bool = False) -> None:
+        """Pull every shard's current weights into ``weights`` (``layout.dtype``, layout.size): exactly
+        the servers' master weights, or, with ``compressed`` and ``pull="fp16"``, as float16 (scaled,
+        decoded into ``weights``)."""
         self.hello()
-        sends = [s for k in range(self.layout.num_shards) for s in self._send(k, Kind.PULL)]
+        code = self.pull_code if compressed else 0
+        sends = [s for k in range(self.layout.num_shards) for s in self._send(k, Kind.PULL, reply_dtype=code)]
         hdrs = self._receive(Kind.WEIGHTS, {k: weights[sl] for k, sl in enumerate(self._slices)}, "pull")
         self._complete(sends)
         for k, h in hdrs.items():
