@@ -132,6 +132,8 @@ FIELDS: tuple[Option, ...] = (
            "identical on every rank)", "output", metavar="PATH"),
     Option("resume", bool, False, "continue from the checkpoint in --output-dir", "output"),
     Option("checkpoint", bool, True, "write OUTPUT_DIR/checkpoint.npz after every epoch (rank 0, atomic)", "output"),
+    Option("checkpoint_every", int, 0, "also checkpoint every STEPS steps inside an epoch, so a restart repeats at "
+           "most STEPS steps (0: at epoch ends only; not model-parallel)", "output", check=at_least(0), metavar="STEPS"),
     Option("tensorboard", bool, True, "write TensorBoard scalars to OUTPUT_DIR/tensorboard", "output"),
     Option("progress_seconds", float, 10.0, "print a progress line inside an epoch at most this often", "output", check=above(0)),
     Option("timeline", str, "", "write a Chrome trace (chrome://tracing, ui.perfetto.dev) of every rank's steps to "

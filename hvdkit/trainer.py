@@ -198,6 +198,7 @@ def _run(cfg: Config, w: World, tl: Timeline | None) -> dict[str, Any] | None:
 
     # -- resume ---------------------------------------------------------------------------
     start_epoch, history, global_step = 0, [], 0
+    skip = 0
     phase("the first training step (its first collective or exchange with the other ranks)")  # setup may say more
     if tl is not None:
         tl.role = "server" if part is None else "worker"
@@ -207,6 +208,7 @@ def _run(cfg: Config, w: World, tl: Timeline | None) -> dict[str, Any] | None:
         arrays, meta = bcast_arrays(*loaded, w.comm)
         strategy.load_state(arrays)
         start_epoch, history, global_step = meta["epoch"], meta["history"], meta["global_step"]
+        skip = meta.get("step_in_epoch", 0)  # a mid-epoch checkpoint: batches of the epoch already trained
 
     if part is None:  # a rank without data (parameter server): serve until the workers finish
         deadline.done()  # servers wait for workers under their own deadlines (--ps-timeout)
@@ -220,15 +222,17 @@ def _run(cfg: Config, w: World, tl: Timeline | None) -> dict[str, Any] | None:
 
     timer = StepTimer(warmup=1, trace=tl)
     fail = cfg.fail_rank_step
-    kept = (start_epoch, ckpt_path) if cfg.resume else None  # the last checkpoint written: (epoch, path)
+    kept = (_at(start_epoch, skip, global_step), ckpt_path) if cfg.resume else None  # the last checkpoint: (where, path)
     x_all, y_all = data.x_train, data.y_train
     for epoch in range(start_epoch, cfg.epochs):
         idx = epoch_shard(len(x_all), part[0], part[1], epoch, cfg.seed)
         t_epoch = time.perf_counter()
         t_log = t_epoch
-        sums = np.zeros(4, np.float64)  # loss_sum, correct, samples, steps
+        sums = np.zeros(4, np.float64)  # loss_sum, correct, samples, steps (after `skip` on a mid-epoch resume)
         all_batches = list(batches(idx, cfg.batch_size))
         for i, b in enumerate(all_batches):
+            if i < skip:
+                continue
             if cfg.max_steps and global_step >= cfg.max_steps:
                 break
             if fail and fail[:2] == (w.rank, global_step):
@@ -244,11 +248,16 @@ def _run(cfg: Config, w: World, tl: Timeline | None) -> dict[str, Any] | None:
             timer.end_step(counted)
             sums += (loss_sum, correct, counted, 1)
             global_step += 1
+            if cfg.checkpoint and cfg.checkpoint_every and global_step % cfg.checkpoint_every == 0 \
+                    and i + 1 < len(all_batches) and not (cfg.max_steps and global_step >= cfg.max_steps):
+                kept = _checkpoint(cfg, w, strategy, model, ckpt_path, kept, epoch, global_step, history,
+                                   step_in_epoch=i + 1)
             now = time.perf_counter()
             if w.is_rank0 and now - t_log >= cfg.progress_seconds and i + 1 < len(all_batches):
                 t_log = now
                 log0(f"  epoch {epoch + 1} step {i + 1}/{len(all_batches)}  loss {sums[0] / max(sums[2], 1):.4f}  "
                      f"rank-0 samples/s {sums[2] / (now - t_epoch):.0f}  elapsed {now - t_start:.0f}s")
+        skip = 0
         train_s = time.perf_counter() - t_epoch
         final = epoch + 1 == cfg.epochs or bool(cfg.max_steps and global_step >= cfg.max_steps)
         t_end = time.perf_counter_ns()
@@ -271,15 +280,7 @@ def _run(cfg: Config, w: World, tl: Timeline | None) -> dict[str, Any] | None:
                 _diverged(cfg, w, model, global_step, epoch, "the weights at the end of the epoch are not all "
                           "finite" if bad else f"the evaluation loss is {row['eval_loss']}", kept, bad)
         if cfg.checkpoint:
-            state = strategy.state()
-            if w.is_rank0:
-                bad = R.first_nonfinite((f"checkpoint array {k}", a) for k, a in state.items())
-                if bad:  # a checkpoint is written only from finite state
-                    _diverged(cfg, w, model, global_step, epoch, "the state to checkpoint is not all finite", kept, bad)
-                R.save_npz(ckpt_path, state, {"epoch": epoch + 1, "global_step": global_step, "history": history,
-                                              "model": cfg.model, "dataset": cfg.dataset, "strategy": cfg.strategy,
-                                              "optimizer": cfg.optimizer, "world_size": w.size})
-            kept = (epoch + 1, ckpt_path)
+            kept = _checkpoint(cfg, w, strategy, model, ckpt_path, kept, epoch + 1, global_step, history)
         if final:
             break
     else:  # no epoch left to run (a resumed, finished run): the end of training all the same
@@ -289,6 +290,33 @@ def _run(cfg: Config, w: World, tl: Timeline | None) -> dict[str, Any] | None:
     strategy.finish()
     _write_timeline(cfg, w, tl)
     return result
+
+
+def _at(epochs_done: int, step_in_epoch: int, global_step: int) -> str:
+    """Where a checkpoint was taken, for messages: ``epoch 2`` or ``step 30 (in epoch 3)``."""
+    return f"step {global_step} (in epoch {epochs_done + 1})" if step_in_epoch else f"epoch {epochs_done}"
+
+
+def _checkpoint(cfg, w: World, strategy, model, path: str, kept, epochs_done: int, global_step: int, history,
+                step_in_epoch: int = 0) -> tuple[str, str]:
+    """Rank 0 writes ``checkpoint.npz`` atomically, only from finite state (``strategy.state()``, which
+    involves no other loop rank except at epoch ends under model-parallel). At an epoch end
+    ``epochs_done`` epochs are complete; with ``--checkpoint-every``, mid-epoch, ``step_in_epoch``
+    batches of the next one are done too: a resumed run skips them (the batch order is a function of
+    seed and epoch), and its row for that epoch counts the training loss and accuracy of the steps
+    after the checkpoint only. Returns the new ``kept`` (where, path)."""
+    state = strategy.state()
+    if w.is_rank0:
+        bad = R.first_nonfinite((f"checkpoint array {k}", a) for k, a in state.items())
+        if bad:  # a checkpoint is written only from finite state
+            _diverged(cfg, w, model, global_step, epochs_done - (0 if step_in_epoch else 1),
+                      "the state to checkpoint is not all finite", kept, bad)
+        meta = {"epoch": epochs_done, "global_step": global_step, "history": history, "model": cfg.model,
+                "dataset": cfg.dataset, "strategy": cfg.strategy, "optimizer": cfg.optimizer, "world_size": w.size}
+        if step_in_epoch:
+            meta["step_in_epoch"] = step_in_epoch
+        R.save_npz(path, state, meta)
+    return _at(epochs_done, step_in_epoch, global_step), path
 
 
 def _write_timeline(cfg: Config, w: World, tl: Timeline | None) -> None:
@@ -316,7 +344,7 @@ def _named_weights(model):
     return zip((f"weight {v.name}" for v in model.weights), model.get_weights())
 
 
-def _diverged(cfg: Config, w: World, model, step: int, epoch: int, what: str, kept: tuple[int, str] | None,
+def _diverged(cfg: Config, w: World, model, step: int, epoch: int, what: str, kept: tuple[str, str] | None,
               tensor: str | None = None) -> None:
     """Raise FloatingPointError: training turned non-finite. One line: the step, what was seen,
     the first non-finite tensor (``tensor``, else the first non-finite weight of ``model``,
@@ -329,10 +357,10 @@ def _diverged(cfg: Config, w: World, model, step: int, epoch: int, what: str, ke
     tensor = tensor or R.first_nonfinite(_named_weights(model)) or f"the loss (every weight on rank {w.rank} is finite)"
     if not w.is_rank0:
         time.sleep(2.0)
-    if not (kept and kept[0]):
+    if not kept or kept[0] == "epoch 0":
         ckpt = "no checkpoint was written" + ("" if cfg.checkpoint else " (--no-checkpoint)")
     elif w.is_rank0:
-        ckpt = f"the checkpoint of epoch {kept[0]} is kept: {kept[1]}"
+        ckpt = f"the checkpoint of {kept[0]} is kept: {kept[1]}"
     else:  # an asynchronous rank 0 may lag behind this rank's epochs
         ckpt = f"the last checkpoint rank 0 wrote is kept: {kept[1]}"
     raise FloatingPointError(f"training diverged at step {step} (epoch {epoch + 1}): {what}; first non-finite "

@@ -77,6 +77,9 @@ class ModelParallelStrategy(Strategy):
         if m > cfg.batch_size:
             raise UsageError(f"--micro-batches={m} is larger than --batch-size={cfg.batch_size}; "
                              "every micro-batch needs at least one sample")
+        if cfg.checkpoint_every:  # the full model on rank 0 is refreshed from the stages at epoch ends only
+            raise UsageError("--checkpoint-every: model-parallel checkpoints at epoch ends only (rank 0's full "
+                             "model is gathered from the stages there); leave it out")
 
     def __init__(self, cfg, world):
         super().__init__(cfg, world)
