@@ -95,6 +95,14 @@ def _matches(iface: Interface, wanted: str) -> bool:
                          "such as 10.0.0.0/24") from None
 
 
+def _is_cidr(text: str) -> bool:
+    try:
+        ipaddress.ip_network(text, strict=False)
+        return True
+    except ValueError:
+        return False
+
+
 def candidates(hosts: list[tuple[str, list[Interface]]], interface: str = "",
                preferred: str = "") -> list[list[Interface]]:
     """The networks to try, in order, each as one :class:`Interface` per host (pure).
@@ -138,7 +146,7 @@ def candidates(hosts: list[tuple[str, list[Interface]]], interface: str = "",
         raise UsageError(f"no IPv4 network joins every host with an address of its own ({have}); "
                          "name the interface to use with --network-interface")
     order = [i.network for i in hosts[0][1]]
-    first = [w.strip() for w in preferred.split(",") if w.strip()]
+    first = [w.strip() for w in preferred.split(",") if w.strip() and ("/" not in w or _is_cidr(w.strip()))]
     usable.sort(key=lambda row: (not any(_matches(row[0], w) for w in first), order.index(row[0].network)))
     return usable
 

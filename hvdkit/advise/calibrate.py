@@ -14,8 +14,9 @@ from hvdkit import costs
 
 __all__ = ["fit_collectives", "fit_for", "fitted_options", "METHOD"]
 
-#: advise strategy -> cluster_collectives method ("ps": K = 1 dedicated server, "ps2": K = 2)
-METHOD = {"horovod": "horovod", "ring": "ring", "ps-colocated": "ps-colocated",
+#: advise strategy -> cluster_collectives method ("ps": K = 1 dedicated server, "ps2": K = 2); with one
+#: rank per host (the only calibrated case) Horovod's hierarchical allreduce is its flat ring
+METHOD = {"horovod": "horovod", "horovod-hier": "horovod", "ring": "ring", "ps-colocated": "ps-colocated",
           "ps-sync": "ps", "ps-async": "ps", "ps-ssp": "ps"}
 
 

@@ -3,7 +3,10 @@
 A job that ends with a failure status (a rank raised, a rank or host was lost: mpirun exits
 non-zero) is launched again, up to N times, with ``--resume`` added when its output
 directory holds a checkpoint (``checkpoint.npz``, written atomically by rank 0 at every
-epoch end), so a restart repeats at most the steps since the last epoch end. The command
+epoch end and every ``--checkpoint-every`` steps), so a restart repeats at most the steps
+since the last checkpoint. The launcher looks for that file itself, so the output directory
+must be on a file system the launching host shares with rank 0's host (as ``runs/`` under a
+shared checkout is). The command
 is rebuilt for every attempt, so a ``--hostfile`` is read again: a host removed from it
 (by the user, or by the emulator's tests) is not used by the next attempt. Bad input
 (status 2) is never retried: it would fail the same way. Each attempt's ranks see

@@ -7,14 +7,16 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import threading
 import time
 
 import numpy as np
+import pytest
 
 from hvdkit.results import load_npz
 from tests.conftest import ROOT, VENV_BIN, load_results, train
+
+pytestmark = pytest.mark.parallel
 
 #: ps-sync, 3 ranks (2 workers, the server last), 3 epochs of ~1 s: checkpoints at every epoch end
 FLAGS = ["--strategy", "ps-sync", "--epochs", "3", "--batch-size", "4", "--optimizer", "sgd", "--seed", "0",

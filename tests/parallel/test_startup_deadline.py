@@ -6,6 +6,8 @@ import pytest
 
 from tests.conftest import SGD_20, train
 
+pytestmark = pytest.mark.parallel
+
 
 @pytest.mark.parametrize("strategy", ["tf-multiworker"])
 def test_a_rank_hung_before_its_first_step_ends_the_job_in_one_line(strategy, tmp_path):
