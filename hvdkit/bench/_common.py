@@ -61,6 +61,17 @@ class Job:
         """True when the job exited with status 0 before its timeout."""
         return self.returncode == 0
 
+    def results(self, out_dir: str) -> dict[str, Any] | None:
+        """The job's ``results.json`` when it ended OK and the file reads, else None; an unreadable
+        file turns the job into a failure (``returncode`` -1) that :meth:`why` explains."""
+        if not self.ok:
+            return None
+        try:
+            return load_results(out_dir)
+        except (OSError, ValueError) as e:
+            self.returncode, self.output = -1, f"results.json unreadable: {e}"
+            return None
+
     def why(self) -> str:
         """One line saying how the job ended, for a FAILED row."""
         if self.returncode is None:

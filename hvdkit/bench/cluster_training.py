@@ -43,7 +43,7 @@ from datetime import datetime
 from typing import Any
 
 from hvdkit.bench import _cluster_training_report as rep
-from hvdkit.bench._common import check_outputs, host_meta, launch, load_results, log, mean_conf
+from hvdkit.bench._common import check_outputs, host_meta, launch, log, mean_conf
 from hvdkit.errors import UsageError
 from hvdkit.results import write_json
 
@@ -134,12 +134,7 @@ def run_job(label: str, model: str, workers: int, a, out_dir: str, link_Bps: flo
     row: dict[str, Any] = {"model": model, "label": label, "strategy": strategy, "layout": layout,
                            "servers": servers, "workers": workers, "hosts": hosts, "batch": a.batch_size,
                            "job_seconds": round(job.seconds, 2), "output_dir": out_dir, "link_Bps": link_Bps}
-    res = None
-    if job.ok:
-        try:
-            res = load_results(out_dir)
-        except (OSError, ValueError) as e:
-            job.returncode, job.output = -1, f"results.json unreadable: {e}"
+    res = job.results(out_dir)
     if res is None:
         row.update(status="FAILED", error=job.why())
         return row

@@ -50,7 +50,7 @@ from typing import Any
 import numpy as np
 
 from hvdkit.bench._common import (check_outputs, emit, fmt, format_table, host_meta, launch,
-                                  load_results, log, meta_lines, mpirun_cmd)
+                                  log, meta_lines, mpirun_cmd)
 from hvdkit.results import write_csv, write_json
 
 __all__ = ["main", "build_parser", "COLUMNS", "train_clock", "curve", "aggregate", "parse_strategy"]
@@ -166,12 +166,7 @@ def _run(a, spec: str, straggler: str, seed: int, out_dir: str) -> dict:
     run: dict[str, Any] = {"label": label, "strategy": name, "straggler": straggler or "none", "seed": seed,
                            "workers": a.workers, "ranks": ranks, "layout": a.ps_layout if is_ps else "replicas",
                            "job_seconds": round(job.seconds, 2), "output_dir": out_dir}
-    res = None
-    if job.ok:
-        try:
-            res = load_results(out_dir)
-        except (OSError, ValueError) as e:
-            job.returncode, job.output = -1, f"results.json unreadable: {e}"
+    res = job.results(out_dir)
     if res is None:
         run.update(status="FAILED", error=job.why())
         return run

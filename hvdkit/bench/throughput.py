@@ -50,7 +50,7 @@ from typing import Any
 import numpy as np
 
 from hvdkit.bench._common import (check_outputs, emit, fmt, format_table, host_meta, launch,
-                                  load_results, log, mean_conf, meta_lines, mpirun_cmd)
+                                  log, mean_conf, meta_lines, mpirun_cmd)
 from hvdkit.results import write_csv, write_json
 
 __all__ = ["main", "build_parser", "COLUMNS", "run_train", "efficiency"]
@@ -146,12 +146,7 @@ def run_train(strategy: str, workers: int, a, model: str, out_dir: str, ps_layou
     row: dict[str, Any] = {"model": model, "strategy": strategy, "layout": layout, "ranks": ranks,
                            "workers": workers, "batch": a.batch_size, "steps_per_iter": k, "iters": iters,
                            "steps": f"{iters}x{k}", "job_seconds": round(job.seconds, 2), "output_dir": out_dir}
-    res = None
-    if job.ok:
-        try:
-            res = load_results(out_dir)
-        except (OSError, ValueError) as e:
-            job.returncode, job.output = -1, f"results.json unreadable: {e}"
+    res = job.results(out_dir)
     if res is None:
         row.update(status="FAILED", error=job.why())
         return row, None
