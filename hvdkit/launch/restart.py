@@ -15,8 +15,9 @@ is rebuilt for every attempt, so a ``--hostfile`` is read again: a host removed 
 
 The job's output passes through unchanged; the launcher watches stderr for the cause to
 report (the last ``hvdkit: FAILED``/``hvdkit: error`` line, or Open MPI's line naming a lost
-host or a killed rank). Ctrl-C or SIGTERM of the launcher is passed to the job and ends the
-loop (no restart). Like torchrun's ``--max-restarts``.
+host or a killed rank, or ssh's ``Connection to HOST closed`` when a host's processes died).
+Ctrl-C or SIGTERM of the launcher is passed to the job and ends the loop (no restart).
+Like torchrun's ``--max-restarts``.
 """
 from __future__ import annotations
 
@@ -37,7 +38,8 @@ RESTART_ENV = "HVDKIT_RESTART"
 CHECKPOINT = "checkpoint.npz"   # hvdkit.trainer's checkpoint file name in --output-dir
 EXIT_USAGE = 2
 _CAUSES = re.compile(r"^hvdkit: (FAILED|error)|Remote daemon|exited on signal|returned\s*$|"
-                     r"non-zero (exit|status)|noticed that process rank", re.I)
+                     r"non-zero (exit|status)|noticed that process rank|"
+                     r"^Connection to \S+ closed", re.I)   # ssh's line when a host's processes die
 
 
 def output_dir_of(program: Sequence[str], environ: dict[str, str]) -> str:

@@ -70,3 +70,6 @@ def test_the_cause_is_hvdkits_line_else_mpiruns():
     assert cause_of(["mpirun noticed that process rank 1 with PID 7 on node vm exited on signal 9 (Killed).\n"]) \
         .startswith("mpirun noticed that process rank 1")
     assert cause_of(["nothing\n"]) == ""
+    # every process of an emulated host killed (tests/cluster/test_restarts_cluster.py): ssh names the host
+    assert cause_of(["Connection to h3 closed by remote host.\n", "ORTE was unable to reliably start one or more "
+                     "daemons.\n", "  Peer host:  h3\n"]) == "Connection to h3 closed by remote host."
