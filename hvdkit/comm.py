@@ -31,7 +31,7 @@ from mpi4py import MPI
 
 from hvdkit.errors import UsageError
 
-__all__ = ["World", "world", "log0", "agree", "run_guarded", "poll", "exchange", "free_port", "bcast_arrays",
+__all__ = ["World", "world", "set_world", "log0", "agree", "run_guarded", "poll", "exchange", "free_port", "bcast_arrays",
            "EXIT_USAGE", "EXIT_FAILURE"]
 
 EXIT_USAGE = 2  # bad input: flags, model, data
@@ -93,6 +93,13 @@ def world(comm: MPI.Comm | None = None) -> World:
     if comm is MPI.COMM_WORLD:
         _WORLD = w
     return w
+
+
+def set_world(w: World) -> None:
+    """Make ``w`` this process's world (what :func:`world` and :func:`log0` see): an elastic
+    Horovod job's world, over Horovod's collectives, changes when ranks leave or join."""
+    global _WORLD
+    _WORLD = w
 
 
 def log0(*parts: object, file=None) -> None:

@@ -305,18 +305,27 @@ def load_dataset(spec: str, *, seed: int = 0, eval_fraction: float = 0.2, image_
     raise UsageError(f"unknown dataset {spec!r}; choose digits, synthetic, npz:PATH or idx:DIR")
 
 
-def epoch_shard(n: int, rank: int, size: int, epoch: int, seed: int, shuffle: bool = True) -> np.ndarray:
-    """Indices of this rank's training samples for one epoch.
+def epoch_shard(n: int, rank: int, size: int, epoch: int, seed: int, shuffle: bool = True,
+                start: int = 0) -> np.ndarray:
+    """Indices of this rank's training samples for one epoch (or for its rest, from ``start``).
+
+    The epoch's order is one permutation of the ``n`` samples; rank r takes every ``size``-th
+    sample of it from position ``start + r``. Step k (batches of B) thus trains the block
+    ``[start + k B size, start + (k+1) B size)`` of the permutation across the ranks, so after k
+    steps ``start + k B size`` samples are trained whatever ``size`` was: a run resumed there
+    (a mid-epoch checkpoint, an elastic job after ranks left or joined) shares out the rest of
+    the same permutation among its own ranks, and every sample is trained once per epoch.
 
     Args:
         n: number of training samples.
         rank, size: this rank and the number of ranks sharing the data (0 <= rank < size).
         epoch: epoch number; with ``seed`` it picks the permutation.
         shuffle: False keeps the natural order (for exact-equality tests).
+        start: samples of the permutation already trained this epoch (0 <= start <= n).
 
     Returns:
-        int64 array of length ``n // size``: disjoint across ranks; together the shards
-        cover all but at most ``size - 1`` samples of the epoch.
+        int64 array of length ``(n - start) // size``: disjoint across ranks; together the
+        shards cover all but at most ``size - 1`` of the samples from ``start`` on.
 
     Raises:
         UsageError: fewer samples than ranks.
@@ -325,7 +334,8 @@ def epoch_shard(n: int, rank: int, size: int, epoch: int, seed: int, shuffle: bo
         raise UsageError(f"the training set has {n} samples, fewer than the {size} ranks that share it; "
                          "use fewer ranks or more data")
     order = np.random.default_rng([seed, epoch]).permutation(n) if shuffle else np.arange(n)
-    return order[rank::size][: n // size]
+    rest = order[min(max(start, 0), n):]
+    return rest[rank::size][: len(rest) // size]
 
 
 def batches(indices: np.ndarray, batch_size: int):

@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from hvdkit.comm import EXIT_FAILURE, World, exchange
 from hvdkit.errors import UsageError
 
-__all__ = ["Interface", "local_interfaces", "candidates", "addresses", "StartupDeadline", "phase", "PROBE_S"]
+__all__ = ["Interface", "local_interfaces", "name_mismatch", "candidates", "addresses", "StartupDeadline", "phase", "PROBE_S"]
 
 #: seconds the reachability check waits for one network's connections
 PROBE_S = 5.0
@@ -83,6 +83,36 @@ def local_interfaces() -> list[Interface]:
             if a.family == socket.AF_INET and a.netmask:
                 out.append(Interface(name, a.address, ipaddress.ip_network(f"0.0.0.0/{a.netmask}").prefixlen))
     return out
+
+
+def name_mismatch(interface: str) -> str | None:
+    """Why this host's name is unusable by Horovod's Gloo on ``interface``, or None if it is fine.
+
+    Horovod 0.28's Gloo process sets (every allreduce uses one) take this host's address from
+    its name (``gethostname`` resolved), not from ``HOROVOD_GLOO_IFACE``: a name that resolves
+    to another address (Debian's /etc/hosts maps it to 127.0.1.1) makes this host's ranks
+    unreachable from the others (seen on the emulated cluster: ``connect [127.0.0.1]``).
+    Not checked on loopback (``lo``: one host).
+
+    Returns:
+        One sentence naming the host, what its name resolves to and the fix; None if it
+        resolves to one of its addresses on ``interface`` (names or CIDRs, comma-separated).
+    """
+    wanted = [x.strip() for x in interface.split(",") if x.strip()]
+    if not wanted or wanted == ["lo"]:
+        return None
+    name = socket.gethostname()
+    mine = sorted({i.address for i in local_interfaces() if any(_matches(i, x) for x in wanted)})
+    try:
+        resolved = socket.gethostbyname(name)
+    except OSError:
+        resolved = "nothing"
+    if resolved in mine:
+        return None
+    loop = resolved != "nothing" and ipaddress.ip_address(resolved).is_loopback
+    return (f"this host's name {name!r} resolves to {resolved}{' (loopback)' if loop else ''}, not to its address on "
+            f"{interface} ({', '.join(mine) or 'none'}); Horovod's Gloo connects by host name: map {name} to that "
+            "address in /etc/hosts on every host")
 
 
 def _matches(iface: Interface, wanted: str) -> bool:

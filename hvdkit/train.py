@@ -26,15 +26,29 @@ def main(argv: list[str] | None = None) -> int:
     from hvdkit.config import parse_config
     from hvdkit.strategies import extra_fields, summaries
 
+    elastic = os.environ.get("HOROVOD_ELASTIC") == "1"   # an elastic horovodrun: no MPI world (hvdkit.elastic)
     w = world()
+    first = os.environ.get("HOROVOD_RANK", "0") == "0" if elastic else w.is_rank0
     cfg, err = None, None
     args = sys.argv[1:] if argv is None else argv
-    if not w.is_rank0 and ("-h" in args or "--help" in args):
+    if not first and ("-h" in args or "--help" in args):
         sys.stdout = open(os.devnull, "w")  # --help is printed once, by rank 0
     try:
         cfg = parse_config(args, extra_fields=extra_fields(), strategies=summaries())
     except Exception as e:  # noqa: BLE001 - bad flags too: agreed on, printed once by rank 0
         err = e
+    if elastic:   # every rank checks alone (no collective before Horovod's elastic state is synchronised)
+        if err is None and cfg.strategy != "horovod":
+            err = ValueError(f"this is an elastic horovodrun launch (HOROVOD_ELASTIC=1): it runs --strategy horovod "
+                             f"--elastic only, not --strategy {cfg.strategy}")
+        if err is not None:
+            if first:
+                print(f"hvdkit: error: {err}", file=sys.stderr, flush=True)
+            return 2
+        from hvdkit.elastic import run as run_elastic
+
+        run_guarded(run_elastic, cfg)
+        return 0
     agree(err, w)
 
     from hvdkit.trainer import run

@@ -16,6 +16,7 @@ import math
 import os
 import time
 import zlib
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -34,7 +35,7 @@ from hvdkit.strategies import get_strategy
 from hvdkit.timeline import Timeline, gather_and_write
 from hvdkit.timing import StepTimer
 
-__all__ = ["run", "prepare_outputs", "CHECKPOINT", "OUTPUT_FILES"]
+__all__ = ["run", "prepare_outputs", "train_epochs", "finish", "Loop", "Progress", "CHECKPOINT", "OUTPUT_FILES"]
 
 CHECKPOINT = "checkpoint.npz"
 #: files rank 0 writes into the output directory (and ``CHECKPOINT`` with ``--checkpoint``)
@@ -197,8 +198,7 @@ def _run(cfg: Config, w: World, tl: Timeline | None) -> dict[str, Any] | None:
     strategy, model, optimizer, part = built
 
     # -- resume ---------------------------------------------------------------------------
-    start_epoch, history, global_step = 0, [], 0
-    skip = 0
+    prog = Progress()
     phase("the first training step (its first collective or exchange with the other ranks)")  # setup may say more
     if tl is not None:
         tl.role = "server" if part is None else "worker"
@@ -207,8 +207,7 @@ def _run(cfg: Config, w: World, tl: Timeline | None) -> dict[str, Any] | None:
     if cfg.resume:
         arrays, meta = bcast_arrays(*loaded, w.comm)
         strategy.load_state(arrays)
-        start_epoch, history, global_step = meta["epoch"], meta["history"], meta["global_step"]
-        skip = meta.get("step_in_epoch", 0)  # a mid-epoch checkpoint: batches of the epoch already trained
+        prog = Progress.of_checkpoint(meta, part, cfg.batch_size)
 
     if part is None:  # a rank without data (parameter server): serve until the workers finish
         deadline.done()  # servers wait for workers under their own deadlines (--ps-timeout)
@@ -216,107 +215,167 @@ def _run(cfg: Config, w: World, tl: Timeline | None) -> dict[str, Any] | None:
         strategy.finish()
         _write_timeline(cfg, w, tl)
         return None
-    mc = strategy.metrics_comm
-    _log_header(cfg, w, mc, data, model, optimizer, strategy, out_dir, start_epoch)
-    writer = _tensorboard(cfg, w, out_dir)
-
-    timer = StepTimer(warmup=1, trace=tl)
-    fail = cfg.fail_rank_step
-    kept = (_at(start_epoch, skip, global_step), ckpt_path) if cfg.resume else None  # the last checkpoint: (where, path)
-    x_all, y_all = data.x_train, data.y_train
-    for epoch in range(start_epoch, cfg.epochs):
-        idx = epoch_shard(len(x_all), part[0], part[1], epoch, cfg.seed)
-        t_epoch = time.perf_counter()
-        t_log = t_epoch
-        sums = np.zeros(4, np.float64)  # loss_sum, correct, samples, steps (after `skip` on a mid-epoch resume)
-        all_batches = list(batches(idx, cfg.batch_size))
-        for i, b in enumerate(all_batches):
-            if i < skip:
-                continue
-            if cfg.max_steps and global_step >= cfg.max_steps:
-                break
-            if fail and fail[:2] == (w.rank, global_step):
-                _inject_failure(fail[2], global_step, cfg.fail_at, model)
-            timer.start_step(global_step)
-            with timer.phase("data"):
-                x, y = x_all[b], y_all[b]                        # (batch, *input_shape), (batch,)
-            loss_sum, correct, counted = strategy.train_step(x, y, timer)
-            deadline.done()  # start-up ends with this rank's first step
-            if not math.isfinite(loss_sum):  # free: the loss is a Python float on every loop rank
-                _diverged(cfg, w, model, global_step + 1, epoch, f"the training loss on rank {w.rank} is {loss_sum}",
-                          kept)
-            timer.end_step(counted)
-            sums += (loss_sum, correct, counted, 1)
-            global_step += 1
-            if cfg.checkpoint and cfg.checkpoint_every and global_step % cfg.checkpoint_every == 0 \
-                    and i + 1 < len(all_batches) and not (cfg.max_steps and global_step >= cfg.max_steps):
-                kept = _checkpoint(cfg, w, strategy, model, ckpt_path, kept, epoch, global_step, history,
-                                   step_in_epoch=i + 1)
-            now = time.perf_counter()
-            if w.is_rank0 and now - t_log >= cfg.progress_seconds and i + 1 < len(all_batches):
-                t_log = now
-                log0(f"  epoch {epoch + 1} step {i + 1}/{len(all_batches)}  loss {sums[0] / max(sums[2], 1):.4f}  "
-                     f"rank-0 samples/s {sums[2] / (now - t_epoch):.0f}  elapsed {now - t_start:.0f}s")
-        skip = 0
-        train_s = time.perf_counter() - t_epoch
-        final = epoch + 1 == cfg.epochs or bool(cfg.max_steps and global_step >= cfg.max_steps)
-        t_end = time.perf_counter_ns()
-        row = _end_epoch(strategy, data, mc, sums, train_s, final)
-        if tl is not None:
-            tl.span("epoch end (metrics, evaluation)", "epoch", t_end, time.perf_counter_ns())
-        if row is not None:  # this rank took part in the epoch's metrics (rank 0 always does)
-            row = {"epoch": epoch + 1, "step": global_step, **row, "elapsed_s": time.perf_counter() - t_start}
-            history.append(row)
-            log0(f"epoch {epoch + 1:>{len(str(cfg.epochs))}}/{cfg.epochs}  "
-                 f"{'(rank 0) ' if row['metrics_from'] == 'rank 0' else ''}loss {row['loss']:.4f}  "
-                 f"train_acc {row['train_accuracy']:.3f}  eval_loss {row['eval_loss']:.4f}  "
-                 f"eval_acc {row['eval_accuracy']:.3f}  samples/s {row['samples_per_s']:.0f}  "
-                 f"time {train_s:.1f}s  elapsed {row['elapsed_s']:.1f}s")
-            if writer is not None:
-                _write_scalars(writer, row)
-        if w.is_rank0 and row is not None:  # rank 0 holds the weights just evaluated (and to be checkpointed)
-            bad = R.first_nonfinite(_named_weights(model))
-            if bad or not math.isfinite(row["eval_loss"]):  # finite logits give a finite loss
-                _diverged(cfg, w, model, global_step, epoch, "the weights at the end of the epoch are not all "
-                          "finite" if bad else f"the evaluation loss is {row['eval_loss']}", kept, bad)
-        if cfg.checkpoint:
-            kept = _checkpoint(cfg, w, strategy, model, ckpt_path, kept, epoch + 1, global_step, history)
-        if final:
-            break
-    else:  # no epoch left to run (a resumed, finished run): the end of training all the same
-        strategy.epoch_end(final=True)
+    _log_header(cfg, w, strategy.metrics_comm, data, model, optimizer, strategy, out_dir, prog.epoch)
+    loop = Loop(cfg, w, strategy, model, data, part, StepTimer(warmup=1, trace=tl), ckpt_path, t_start, deadline,
+                _tensorboard(cfg, w, out_dir),
+                kept=(_at(prog.epoch, prog.start, prog.global_step), ckpt_path) if cfg.resume else None)
+    train_epochs(loop, prog)
     deadline.done()
-    result = _finish(cfg, w, mc, data, model, strategy, timer, history, out_dir, t_start)
+    result = finish(loop, prog.history, out_dir)
     strategy.finish()
     _write_timeline(cfg, w, tl)
     return result
 
 
-def _at(epochs_done: int, step_in_epoch: int, global_step: int) -> str:
+@dataclass
+class Progress:
+    """Where training stands; what a checkpoint (and an elastic commit) restores.
+
+    Attributes:
+        epoch: epochs complete.
+        start: samples of epoch ``epoch`` already trained, by all ranks together (a mid-epoch
+            checkpoint or commit); the rest of that epoch's permutation is shared out anew
+            (:func:`hvdkit.data.epoch_shard`), so a resumed run, on any number of ranks, trains
+            every sample of the epoch once.
+        global_step: steps trained (a step: every rank trains one batch).
+        history: one dict per epoch complete, as results.json's ``epochs``.
+    """
+
+    epoch: int = 0
+    start: int = 0
+    global_step: int = 0
+    history: list = field(default_factory=list)
+
+    @classmethod
+    def of_checkpoint(cls, meta: dict, part: tuple[int, int] | None, batch_size: int) -> "Progress":
+        """The progress a checkpoint's ``meta`` records (a checkpoint without ``samples_in_epoch``
+        counts ``step_in_epoch`` full batches of every data rank)."""
+        start = meta.get("samples_in_epoch", meta.get("step_in_epoch", 0) * (part[1] if part else 1) * batch_size)
+        return cls(meta["epoch"], start, meta["global_step"], meta["history"])
+
+
+@dataclass
+class Loop:
+    """What :func:`train_epochs` works with, built once by :func:`run` (an elastic run refreshes
+    ``world`` and ``part`` after each change of membership)."""
+
+    cfg: Config
+    world: World
+    strategy: Any
+    model: Any
+    data: Dataset
+    part: tuple[int, int]
+    timer: StepTimer
+    ckpt_path: str
+    t_start: float
+    deadline: Any
+    writer: Any = None
+    kept: tuple[str, str] | None = None   # the last checkpoint: (where, path)
+
+
+def train_epochs(loop: Loop, p: Progress, commit=None) -> None:
+    """THE loop: the epochs from ``p`` on; updates ``p`` as it trains.
+
+    Collective over the strategy's communicators on every loop rank. After each step,
+    ``commit(p, end_of_epoch=False)`` when given (an elastic run: :mod:`hvdkit.elastic`), else a
+    ``--checkpoint-every`` checkpoint when due; after each epoch's evaluation, the epoch-end
+    checkpoint, then ``commit(p, end_of_epoch=True)``.
+    """
+    cfg, w, strategy, model, part, timer = loop.cfg, loop.world, loop.strategy, loop.model, loop.part, loop.timer
+    mc = strategy.metrics_comm
+    fail = cfg.fail_rank_step
+    x_all, y_all = loop.data.x_train, loop.data.y_train
+    for epoch in range(p.epoch, cfg.epochs):
+        idx = epoch_shard(len(x_all), part[0], part[1], epoch, cfg.seed, start=p.start)
+        t_epoch = time.perf_counter()
+        t_log = t_epoch
+        sums = np.zeros(4, np.float64)  # loss_sum, correct, samples, steps (after p.start on a mid-epoch resume)
+        all_batches = list(batches(idx, cfg.batch_size))
+        for i, b in enumerate(all_batches):
+            if cfg.max_steps and p.global_step >= cfg.max_steps:
+                break
+            if fail and fail[:2] == (w.rank, p.global_step):
+                _inject_failure(fail[2], p.global_step, cfg.fail_at, model)
+            timer.start_step(p.global_step)
+            with timer.phase("data"):
+                x, y = x_all[b], y_all[b]                        # (batch, *input_shape), (batch,)
+            loss_sum, correct, counted = strategy.train_step(x, y, timer)
+            loop.deadline.done()  # start-up ends with this rank's first step
+            if not math.isfinite(loss_sum):  # free: the loss is a Python float on every loop rank
+                _diverged(cfg, w, model, p.global_step + 1, epoch, f"the training loss on rank {w.rank} is {loss_sum}",
+                          loop.kept)
+            timer.end_step(counted)
+            sums += (loss_sum, correct, counted, 1)
+            p.global_step += 1
+            p.start += part[1] * len(b)   # every data rank trained one batch of this length
+            last = i + 1 == len(all_batches) or bool(cfg.max_steps and p.global_step >= cfg.max_steps)
+            if commit is not None:
+                if not last:
+                    commit(p, end_of_epoch=False)
+            elif cfg.checkpoint and cfg.checkpoint_every and p.global_step % cfg.checkpoint_every == 0 and not last:
+                loop.kept = _checkpoint(cfg, w, strategy, model, loop.ckpt_path, loop.kept, epoch, p, in_epoch=True)
+            now = time.perf_counter()
+            if w.is_rank0 and now - t_log >= cfg.progress_seconds and i + 1 < len(all_batches):
+                t_log = now
+                log0(f"  epoch {epoch + 1} step {i + 1}/{len(all_batches)}  loss {sums[0] / max(sums[2], 1):.4f}  "
+                     f"rank-0 samples/s {sums[2] / (now - t_epoch):.0f}  elapsed {now - loop.t_start:.0f}s")
+        train_s = time.perf_counter() - t_epoch
+        final = epoch + 1 == cfg.epochs or bool(cfg.max_steps and p.global_step >= cfg.max_steps)
+        t_end = time.perf_counter_ns()
+        row = _end_epoch(strategy, loop.data, mc, sums, train_s, final)
+        if timer.trace is not None:
+            timer.trace.span("epoch end (metrics, evaluation)", "epoch", t_end, time.perf_counter_ns())
+        if row is not None:  # this rank took part in the epoch's metrics (rank 0 always does)
+            row = {"epoch": epoch + 1, "step": p.global_step, **row, "elapsed_s": time.perf_counter() - loop.t_start}
+            p.history.append(row)
+            log0(f"epoch {epoch + 1:>{len(str(cfg.epochs))}}/{cfg.epochs}  "
+                 f"{'(rank 0) ' if row['metrics_from'] == 'rank 0' else ''}loss {row['loss']:.4f}  "
+                 f"train_acc {row['train_accuracy']:.3f}  eval_loss {row['eval_loss']:.4f}  "
+                 f"eval_acc {row['eval_accuracy']:.3f}  samples/s {row['samples_per_s']:.0f}  "
+                 f"time {train_s:.1f}s  elapsed {row['elapsed_s']:.1f}s")
+            if loop.writer is not None:
+                _write_scalars(loop.writer, row)
+        if w.is_rank0 and row is not None:  # rank 0 holds the weights just evaluated (and to be checkpointed)
+            bad = R.first_nonfinite(_named_weights(model))
+            if bad or not math.isfinite(row["eval_loss"]):  # finite logits give a finite loss
+                _diverged(cfg, w, model, p.global_step, epoch, "the weights at the end of the epoch are not all "
+                          "finite" if bad else f"the evaluation loss is {row['eval_loss']}", loop.kept, bad)
+        p.epoch, p.start = epoch + 1, 0
+        if cfg.checkpoint:
+            loop.kept = _checkpoint(cfg, w, strategy, model, loop.ckpt_path, loop.kept, epoch, p)
+        if commit is not None:
+            commit(p, end_of_epoch=True)
+        if final:
+            break
+    else:  # no epoch left to run (a resumed, finished run): the end of training all the same
+        strategy.epoch_end(final=True)
+
+
+def _at(epochs_done: int, samples_in_epoch: int, global_step: int) -> str:
     """Where a checkpoint was taken, for messages: ``epoch 2`` or ``step 30 (in epoch 3)``."""
-    return f"step {global_step} (in epoch {epochs_done + 1})" if step_in_epoch else f"epoch {epochs_done}"
+    return f"step {global_step} (in epoch {epochs_done + 1})" if samples_in_epoch else f"epoch {epochs_done}"
 
 
-def _checkpoint(cfg, w: World, strategy, model, path: str, kept, epochs_done: int, global_step: int, history,
-                step_in_epoch: int = 0) -> tuple[str, str]:
+def _checkpoint(cfg, w: World, strategy, model, path: str, kept, epoch: int, p: Progress,
+                in_epoch: bool = False) -> tuple[str, str]:
     """Rank 0 writes ``checkpoint.npz`` atomically, only from finite state (``strategy.state()``, which
-    involves no other loop rank except at epoch ends under model-parallel). At an epoch end
-    ``epochs_done`` epochs are complete; with ``--checkpoint-every``, mid-epoch, ``step_in_epoch``
-    batches of the next one are done too: a resumed run skips them (the batch order is a function of
-    seed and epoch), and its row for that epoch counts the training loss and accuracy of the steps
-    after the checkpoint only. Returns the new ``kept`` (where, path)."""
+    involves no other loop rank except at epoch ends under model-parallel), at ``p``: at an epoch end
+    ``p.epoch`` epochs are complete; with ``--checkpoint-every`` (``in_epoch``) ``p.start`` samples of
+    epoch ``epoch`` are trained too: a resumed run trains the rest of that epoch's permutation (the
+    order is a function of seed and epoch), and its row for that epoch counts the training loss and
+    accuracy of the steps after the checkpoint only. Returns the new ``kept`` (where, path)."""
     state = strategy.state()
     if w.is_rank0:
         bad = R.first_nonfinite((f"checkpoint array {k}", a) for k, a in state.items())
         if bad:  # a checkpoint is written only from finite state
-            _diverged(cfg, w, model, global_step, epochs_done - (0 if step_in_epoch else 1),
-                      "the state to checkpoint is not all finite", kept, bad)
-        meta = {"epoch": epochs_done, "global_step": global_step, "history": history, "model": cfg.model,
+            _diverged(cfg, w, model, p.global_step, epoch, "the state to checkpoint is not all finite", kept, bad)
+        meta = {"epoch": p.epoch, "global_step": p.global_step, "history": p.history, "model": cfg.model,
                 "dataset": cfg.dataset, "strategy": cfg.strategy, "optimizer": cfg.optimizer, "world_size": w.size}
-        if step_in_epoch:
-            meta["step_in_epoch"] = step_in_epoch
+        if in_epoch:
+            meta["samples_in_epoch"] = p.start
+            meta["step_in_epoch"] = p.start // max(1, strategy.num_workers * cfg.batch_size)  # full batches so far
         R.save_npz(path, state, meta)
-    return _at(epochs_done, step_in_epoch, global_step), path
+    return _at(p.epoch, p.start, p.global_step), path
 
 
 def _write_timeline(cfg: Config, w: World, tl: Timeline | None) -> None:
@@ -392,8 +451,11 @@ def _reduce_epoch(comm, sums: np.ndarray, train_s: float) -> dict[str, float]:
             "samples": int(tot[2]), "samples_per_s": tot[2] / max(slowest, 1e-9), "train_s": slowest}
 
 
-def _finish(cfg, w, mc, data, model, strategy, timer, history, out_dir, t_start):
-    """Gather every loop rank's outcome; rank 0 writes results.json, epochs.csv and the export."""
+def finish(loop: Loop, history: list, out_dir: str, extra: dict | None = None) -> dict | None:
+    """Gather every loop rank's outcome over ``metrics_comm``; rank 0 writes results.json (with
+    ``extra`` merged in), epochs.csv and the export, and returns the results; None elsewhere."""
+    cfg, w, data, model, strategy, timer = loop.cfg, loop.world, loop.data, loop.model, loop.strategy, loop.timer
+    mc, t_start = strategy.metrics_comm, loop.t_start
     summary = timer.summary()
     mine = {"rank": w.rank, "host": w.host, "node": w.node, "local_rank": w.local_rank, "local_size": w.local_size,
             "pid": os.getpid(), **strategy.rank_info(), "weights_crc32": _weights_crc(model),
@@ -430,6 +492,7 @@ def _finish(cfg, w, mc, data, model, strategy, timer, history, out_dir, t_start)
         "ranks": ranks,
         "wall_s": time.perf_counter() - t_start,
         **report,
+        **(extra or {}),
     }
     os.makedirs(out_dir, exist_ok=True)
     R.write_json(os.path.join(out_dir, "results.json"), result)

@@ -82,6 +82,18 @@ def _parser() -> argparse.ArgumentParser:
                    help="relaunch a job that fails (not on bad input) up to N times, with --resume from the "
                         "checkpoint in its --output-dir; a --hostfile is read again each time (default 0)")
     g.add_argument("--dry-run", action="store_true", help="print the command instead of running it")
+    g = p.add_argument_group("elastic training (--strategy horovod --elastic)")
+    g.add_argument("--elastic", action="store_true",
+                   help="an elastic Horovod job: horovodrun (Gloo) asks a discovery script, written into the job's "
+                        "--output-dir, for the hosts of --hostfile every second; edit the file while the job runs "
+                        "(remove a host, add it back). Needs --hostfile, --output-dir and, across hosts, "
+                        "--network-interface")
+    g.add_argument("--min-np", type=int, default=1, metavar="A", help="--elastic: fewest ranks to train with (default 1)")
+    g.add_argument("--max-np", type=int, default=None, metavar="B",
+                   help="--elastic: most ranks (default: -np, which defaults to the hostfile's slots)")
+    g.add_argument("--gloo-timeout", type=int, default=30, metavar="SECONDS",
+                   help="--elastic: how long a collective waits for a silent peer before the job re-forms without "
+                        "it (HOROVOD_GLOO_TIMEOUT_SECONDS; default 30, Horovod's)")
     g = p.add_argument_group("environment")
     g.add_argument("--env", action="append", default=[], metavar="NAME[=VALUE]",
                    help="also forward NAME (or set NAME=VALUE) on every rank; repeatable. Always "
@@ -152,6 +164,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 raise UsageError("--rank-exec needs a program after '--'")
             env = rank_exec_env(os.environ, ns.cpu_ranks)
             return _exec(program, env, ns.dry_run)
+        if ns.elastic:
+            return _elastic(ns, program)
         if ns.np is None:
             raise UsageError("-np N is required: the number of ranks to launch")
         default = [sys.executable, "-m", "hvdkit.train"]
@@ -187,6 +201,43 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as e:
         print(f"hvdkit-launch: error: {e}", file=sys.stderr)
         return 2
+
+
+def _elastic(ns, program: list[str]) -> int:
+    """``--elastic``: check the training flags here (ranks check them alone, without a collective),
+    write the discovery script and run horovodrun's elastic mode (:mod:`hvdkit.launch.elastic`)."""
+    from hvdkit.config import parse_config
+    from hvdkit.launch.elastic import LOCAL_NAMES, check_own_name, discovered, elastic_command, slots_of, \
+        write_discovery_script
+    from hvdkit.strategies import extra_fields, summaries
+
+    if not ns.hostfile:
+        raise UsageError("--elastic needs --hostfile FILE: the hosts are read from it every second, so that it can "
+                         "be edited while the job runs")
+    if ns.max_restarts:
+        raise UsageError("--elastic with --max-restarts: an elastic job goes on by itself when hosts fail; choose one")
+    if program and not program[0].startswith("-"):
+        raise UsageError("--elastic runs hvdkit.train: give its flags after '--', not a program")
+    flags = list(program) + ([] if "--elastic" in program else ["--elastic"])
+    cfg = parse_config(flags, extra_fields=extra_fields(), strategies=summaries())
+    if cfg.strategy != "horovod":
+        raise UsageError(f"--elastic runs --strategy horovod only, not --strategy {cfg.strategy}")
+    if not cfg.output_dir:
+        raise UsageError("--elastic needs --output-dir DIR (after '--') on a file system every host shares")
+    hosts = [h.rpartition(":")[0] for h in discovered(ns.hostfile)]
+    interface = ns.network_interface or ("lo" if all(h in LOCAL_NAMES for h in hosts) else "")
+    if not interface:
+        raise UsageError("--elastic across hosts needs --network-interface IF (the network between the hosts; "
+                         "horovodrun's elastic mode otherwise stalls choosing one)")
+    check_own_name(interface, hosts)
+    np_ = ns.np or slots_of(ns.hostfile)
+    if ns.gloo_timeout < 1:
+        raise UsageError(f"--gloo-timeout {ns.gloo_timeout}: must be at least 1 second")
+    script = write_discovery_script(cfg.output_dir, ns.hostfile, sys.executable) if not ns.dry_run else \
+        os.path.join(cfg.output_dir, "discover_hosts.sh")
+    cmd = elastic_command(_horovodrun(), np_, ns.min_np, ns.max_np or np_, script, interface,
+                          [sys.executable, "-m", "hvdkit.train", *flags], ns.gloo_timeout, shlex.split(ns.mpi_args))
+    return _exec(cmd, dict(os.environ), ns.dry_run)
 
 
 def _horovodrun() -> str:

@@ -32,12 +32,28 @@ import os
 from hvdkit.collectives.ring import ring_bytes_per_rank
 from hvdkit.comm import agree
 from hvdkit.compression import FP16_MAX, wire_itemsize
+from hvdkit.config import Option, at_least
 from hvdkit.errors import UsageError
 from hvdkit.startup import phase
+from hvdkit.steps import make_fused_step, make_step_functions
 from hvdkit.strategies.base import COMPRESSION, ReplicaStrategy
 from hvdkit.timeline import horovod_timeline_path
 
-__all__ = ["HorovodStrategy", "init_horovod", "HOROVOD_DTYPES", "fp16_grouped_allreduce"]
+__all__ = ["HorovodStrategy", "init_horovod", "elastic_launch", "HOROVOD_DTYPES", "fp16_grouped_allreduce"]
+
+#: ``--elastic``: train under an elastic ``horovodrun`` (ranks may leave and join; :mod:`hvdkit.elastic`)
+ELASTIC = Option("elastic", bool, False, "elastic training (hvdkit-launch --elastic: horovodrun --min-np/--max-np "
+                 "with a host discovery script, Gloo): hosts may fail, leave and join; training goes on from the "
+                 "last commit with the ranks there are", "elastic training")
+#: ``--commit-every STEPS``: how many steps a lost host can cost an elastic run
+COMMIT_EVERY = Option("commit_every", int, 10, "--elastic: commit the training state (in memory) every STEPS steps "
+                      "and at each epoch end; a failure repeats at most STEPS steps", "elastic training",
+                      metavar="STEPS", check=at_least(1))
+
+
+def elastic_launch() -> bool:
+    """True in a process started by an elastic ``horovodrun`` (``HOROVOD_ELASTIC=1``)."""
+    return os.environ.get("HOROVOD_ELASTIC") == "1"
 
 #: dtypes Horovod 0.28's TensorFlow ops accept (``horovod_broadcast``; allreduce takes the floats)
 HOROVOD_DTYPES = ("uint8", "int8", "uint16", "int16", "int32", "int64", "float16", "float32", "float64", "bool")
@@ -67,7 +83,7 @@ class HorovodStrategy(ReplicaStrategy):
     name = "horovod"
     summary = "Horovod ring allreduce of gradients (NCCL on GPU, MPI/Gloo on CPU), synchronous"
     graph_allreduce = True  # one compiled step: gradients, grouped allreduce, update
-    options = (COMPRESSION,)
+    options = (COMPRESSION, ELASTIC, COMMIT_EVERY)
 
     @classmethod
     def check(cls, cfg, world) -> None:
@@ -80,6 +96,16 @@ class HorovodStrategy(ReplicaStrategy):
             UsageError: that variable set, on more than one rank.
         """
         super().check(cfg, world)
+        elastic = bool(cfg.extra.get("elastic"))
+        if elastic != elastic_launch():
+            raise UsageError("--elastic needs an elastic launch: hvdkit-launch --elastic --hostfile FILE --min-np A "
+                             "--max-np B (horovodrun with --host-discovery-script)" if elastic else
+                             "this is an elastic horovodrun launch (HOROVOD_ELASTIC=1): add --elastic")
+        if elastic and not cfg.output_dir:
+            raise UsageError("--elastic needs --output-dir DIR on a file system every host shares (ranks come "
+                             "and go; whichever is rank 0 at the end writes the results there)")
+        if elastic:
+            return
         if world.size > 1 and os.environ.get("HOROVOD_CPU_OPERATIONS", "").lower() == "gloo":
             raise UsageError("HOROVOD_CPU_OPERATIONS=gloo under mpirun crashes Horovod 0.28.1 (no Gloo context "
                              "without horovodrun --gloo, and hvdkit needs an MPI world); unset it or set it to mpi")
@@ -98,10 +124,23 @@ class HorovodStrategy(ReplicaStrategy):
         """
         optimizer.build(model.trainable_variables)
         bad = [v for v in [*model.variables, *optimizer.variables] if v.dtype.name not in HOROVOD_DTYPES]
-        agree(UsageError(f"--strategy horovod: variable {bad[0].name} is {bad[0].dtype.name}, which Horovod "
+        err = UsageError(f"--strategy horovod: variable {bad[0].name} is {bad[0].dtype.name}, which Horovod "
                          f"0.28 cannot allreduce or broadcast; use --strategy ring (it carries bfloat16), or "
-                         "float16/float32 variables") if bad else None, self.world)
+                         "float16/float32 variables") if bad else None
+        if self.opts.elastic:  # no collective before hvd.elastic.run: its sync broadcasts rank 0's state
+            if err:
+                raise err
+            self.model, self.optimizer = model, optimizer
+            self.rebuild()
+            return
+        agree(err, self.world)
         super().setup(model, optimizer)
+
+    def rebuild(self) -> None:
+        """--elastic, after a change of membership: trace the step functions again, so that nothing
+        traced for the previous world size (the fp16 scaling's N) is reused. Local."""
+        self._grads_fn, self._apply_fn = make_step_functions(self.model, self.optimizer)
+        self._fused = make_fused_step(self.model, self.optimizer, self.allreduce)
 
     def rank_info(self) -> dict:
         """Horovod's own view of this rank's place: local rank/size (within a host) and cross

@@ -104,3 +104,22 @@ def test_synthetic_is_seeded():
     b = load_dataset("synthetic", image_size=8, synthetic_samples=16, num_classes=5, seed=3)
     np.testing.assert_array_equal(a.x_train, b.x_train)
     assert a.input_shape == (8, 8, 3) and a.y_train.max() < 5
+
+
+@pytest.mark.parametrize("old,new", [(3, 3), (3, 2), (2, 5)])
+def test_a_shard_from_a_position_trains_the_rest_of_the_epoch_once(old, new):
+    """k steps of batch B on `old` ranks train the first k B old samples of the epoch's permutation;
+    the shards from there on `new` ranks cover the rest once (all but < new samples), and with
+    new == old they are the old shards' tails (a mid-epoch resume trains the same batches)."""
+    n, b, k = 1437, 4, 7
+    start = k * b * old
+    before = np.concatenate([np.concatenate(list(batches(epoch_shard(n, r, old, 3, 0), b))[:k]) for r in range(old)])
+    rest = [epoch_shard(n, r, new, 3, 0, start=start) for r in range(new)]
+    seen = np.concatenate([before, *rest])
+    assert len(set(seen.tolist())) == len(seen)                      # nothing twice
+    assert n - len(seen) < new                                        # everything but < new samples
+    order = np.random.default_rng([0, 3]).permutation(n)
+    assert set(before.tolist()) == set(order[:start].tolist())
+    if new == old:
+        for r in range(old):
+            np.testing.assert_array_equal(rest[r], epoch_shard(n, r, old, 3, 0)[k * b:])

@@ -1,0 +1,131 @@
+"""``hvdkit-launch --elastic``: an elastic Horovod job (``--strategy horovod --elastic``).
+
+horovodrun's elastic mode (Gloo controller) asks a *host discovery script* every second
+which hosts are there (``HOST:SLOTS`` lines); hosts that fail are blacklisted for a cooldown,
+then tried again if the script still lists them. hvdkit-launch writes that script from a
+hostfile, which the user (or a cluster manager, or the emulator's tests) edits while the job
+runs: remove a host to take it out, add it back to let it rejoin. The script is
+``python -m hvdkit.launch.elastic HOSTFILE``: it prints the file's hosts (either hostfile
+syntax) as ``HOST:SLOTS``.
+
+The command (run by the launching host, which must be one of the cluster's)::
+
+    [env HOROVOD_GLOO_TIMEOUT_SECONDS=T] horovodrun -np N --min-np A --max-np B
+        --host-discovery-script OUT/discover_hosts.sh --network-interface IF
+        --blacklist-cooldown-range 10 60 [ARGS] python -m hvdkit.train ... --elastic
+
+``--network-interface`` is required across hosts: without it horovodrun's elastic mode was
+seen to stall for minutes choosing one. Every host's name must resolve to its address on that
+interface: Horovod 0.28's Gloo process sets (which every allreduce uses) take their address
+from the host name, not from the interface (a name resolving to 127.0.1.1, as Debian's
+/etc/hosts does, makes the ranks of that host unreachable); :func:`check_own_name` checks
+the launching host, :mod:`hvdkit.elastic` every rank's.
+"""
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+from typing import Sequence
+
+from hvdkit.errors import UsageError
+from hvdkit.launch.hosts import parse_hostfile, total_slots
+
+__all__ = ["discovered", "slots_of", "write_discovery_script", "elastic_command", "check_own_name", "LOCAL_NAMES"]
+
+LOCAL_NAMES = ("localhost", "127.0.0.1")
+#: seconds a failed host stays out before horovodrun tries it again (if the script lists it)
+COOLDOWN = (10, 60)
+
+
+def discovered(path: str) -> list[str]:
+    """The hostfile at ``path`` as horovodrun's discovery output: ``HOST:SLOTS`` lines (a host
+    without a slot count has one slot).
+
+    Raises:
+        UsageError: the file cannot be read or parsed (:func:`hvdkit.launch.hosts.parse_hostfile`).
+    """
+    try:
+        with open(path) as f:
+            text = f.read()
+    except OSError as e:
+        raise UsageError(f"--hostfile {path}: {e.strerror}") from None
+    if not any(ln.split("#")[0].strip() for ln in text.splitlines()):
+        return []   # every host removed: horovodrun waits (up to its --start-timeout) for one to come back
+    entries, _ = parse_hostfile(text, path)
+    return [f"{h}:{s or 1}" for h, s in entries]
+
+
+def write_discovery_script(out_dir: str, hostfile: str, python: str) -> str:
+    """Write ``OUT_DIR/discover_hosts.sh`` (mode 0755) that prints ``hostfile``'s hosts; returns its path.
+
+    Raises:
+        UsageError: ``out_dir`` cannot be created or written.
+    """
+    path = os.path.join(out_dir, "discover_hosts.sh")
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+        with open(path + ".tmp", "w") as f:
+            f.write("#!/bin/sh\n# hvdkit-launch --elastic: the hosts of this job, read from the hostfile on every call\n"
+                    f"exec {shlex.quote(python)} -m hvdkit.launch.elastic {shlex.quote(os.path.abspath(hostfile))}\n")
+        os.chmod(path + ".tmp", 0o755)
+        os.replace(path + ".tmp", path)
+    except OSError as e:
+        raise UsageError(f"--output-dir {out_dir}: cannot write the discovery script there: {e.strerror}") from None
+    return path
+
+
+def elastic_command(binary: str, np_: int, min_np: int, max_np: int, script: str, interface: str,
+                    program: Sequence[str], gloo_timeout: int, extra: Sequence[str] = ()) -> list[str]:
+    """The horovodrun command of an elastic job (see the module docstring).
+
+    Raises:
+        UsageError: ``min_np <= np <= max_np`` does not hold.
+    """
+    if not 1 <= min_np <= np_ <= max_np:
+        raise UsageError(f"--elastic: need 1 <= --min-np ({min_np}) <= -np ({np_}) <= --max-np ({max_np})")
+    return ["env", f"HOROVOD_GLOO_TIMEOUT_SECONDS={gloo_timeout}", binary, "-np", str(np_), "--min-np", str(min_np),
+            "--max-np", str(max_np), "--host-discovery-script", script, "--network-interface", interface,
+            "--blacklist-cooldown-range", str(COOLDOWN[0]), str(COOLDOWN[1]), *extra, *program]
+
+
+def check_own_name(interface: str, hosts: Sequence[str]) -> None:
+    """Refuse to launch across hosts from a host whose name does not resolve to one of its
+    addresses on ``interface`` (:func:`hvdkit.startup.name_mismatch`). Not checked when every
+    host is local.
+
+    Raises:
+        UsageError: one line naming the host, what its name resolves to and the fix.
+    """
+    if all(h in LOCAL_NAMES for h in hosts):
+        return
+    from hvdkit.startup import name_mismatch
+
+    why = name_mismatch(interface)
+    if why:
+        raise UsageError(f"--elastic: {why}, or launch from a host whose name does")
+
+
+def slots_of(hostfile: str) -> int:
+    """Slots the hostfile lists now (the default ``-np`` and ``--max-np``)."""
+    return total_slots([(h.rpartition(":")[0], int(h.rpartition(":")[2])) for h in discovered(hostfile)])
+
+
+def _main(argv: Sequence[str]) -> int:
+    """``python -m hvdkit.launch.elastic HOSTFILE``: print its hosts as ``HOST:SLOTS`` (the
+    discovery script's body). Status 1 and one line on stderr when the file is unreadable."""
+    if len(argv) != 1:
+        print("usage: python -m hvdkit.launch.elastic HOSTFILE", file=sys.stderr)
+        return 2
+    try:
+        lines = discovered(argv[0])
+    except UsageError as e:
+        print(f"hvdkit discovery: {e}", file=sys.stderr)
+        return 1
+    sys.stdout.write("".join(ln + "\n" for ln in lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))
+

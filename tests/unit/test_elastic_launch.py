@@ -1,0 +1,108 @@
+"""``hvdkit-launch --elastic`` without running anything: the discovery output, the command, the
+checks that refuse a launch in one line (status 2), and the rank-side refusals of hvdkit.train."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from hvdkit.errors import UsageError
+from hvdkit.launch import cli
+from hvdkit.launch.elastic import discovered, elastic_command, write_discovery_script
+from hvdkit.startup import name_mismatch
+
+
+def test_discovery_reads_either_hostfile_syntax_and_an_empty_file(tmp_path):
+    f = tmp_path / "hosts"
+    f.write_text("# the job's hosts\nh1 slots=2\nh2 slots=1\n")
+    assert discovered(str(f)) == ["h1:2", "h2:1"]
+    f.write_text("h1:4\nh3:1  # back\n")
+    assert discovered(str(f)) == ["h1:4", "h3:1"]
+    f.write_text("# every host removed\n")
+    assert discovered(str(f)) == []
+    with pytest.raises(UsageError, match="no such file|No such file"):
+        discovered(str(tmp_path / "missing"))
+
+
+def test_the_discovery_script_prints_the_file_as_it_is_when_called(tmp_path):
+    f = tmp_path / "hosts"
+    f.write_text("h1 slots=1\nh2 slots=1\n")
+    script = write_discovery_script(str(tmp_path / "out"), str(f), sys.executable)
+    env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))}
+    assert subprocess.run([script], capture_output=True, text=True, env=env, timeout=60).stdout == "h1:1\nh2:1\n"
+    f.write_text("h1 slots=1\n")
+    assert subprocess.run([script], capture_output=True, text=True, env=env, timeout=60).stdout == "h1:1\n"
+
+
+def test_elastic_command():
+    cmd = elastic_command("horovodrun", 3, 2, 4, "/o/discover_hosts.sh", "eth0", ["python", "-m", "hvdkit.train"], 10,
+                          ["--verbose"])
+    assert cmd == ["env", "HOROVOD_GLOO_TIMEOUT_SECONDS=10", "horovodrun", "-np", "3", "--min-np", "2", "--max-np",
+                   "4", "--host-discovery-script", "/o/discover_hosts.sh", "--network-interface", "eth0",
+                   "--blacklist-cooldown-range", "10", "60", "--verbose", "python", "-m", "hvdkit.train"]
+    with pytest.raises(UsageError, match="--min-np"):
+        elastic_command("horovodrun", 2, 3, 4, "s", "eth0", ["p"], 10)
+
+
+def _launch(argv, capsys) -> tuple[int, str, str]:
+    rc = cli.main(argv)
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_dry_run_adds_elastic_and_defaults_np_to_the_slots(tmp_path, capsys):
+    f = tmp_path / "hosts"
+    f.write_text("localhost slots=2\n")
+    rc, out, err = _launch(["--elastic", "--hostfile", str(f), "--dry-run", "--", "--output-dir", str(tmp_path / "o")],
+                           capsys)
+    assert rc == 0, err
+    assert "-np 2 --min-np 1 --max-np 2 " in out and "--network-interface lo " in out
+    assert out.rstrip().endswith("-m hvdkit.train --output-dir " + str(tmp_path / "o") + " --elastic")
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--elastic", "--", "--output-dir", "o"], "--elastic needs --hostfile"),
+    (["--elastic", "--hostfile", "H", "--", "--strategy", "ring", "--output-dir", "o"], "--strategy horovod only"),
+    (["--elastic", "--hostfile", "H", "--", "--epochs", "2"], "needs --output-dir"),
+    (["--elastic", "--hostfile", "H", "--max-restarts", "2", "--", "--output-dir", "o"], "choose one"),
+    (["--elastic", "--hostfile", "H", "--", "--epochs", "0", "--output-dir", "o"], "--epochs"),
+    (["--elastic", "--hostfile", "R", "--", "--output-dir", "o"], "needs --network-interface"),
+])
+def test_bad_elastic_launches_are_refused_in_one_line(tmp_path, capsys, argv, message):
+    (tmp_path / "H").write_text("localhost slots=2\n")
+    (tmp_path / "R").write_text("h1 slots=1\nh2 slots=1\n")
+    argv = [str(tmp_path / a) if a in ("H", "R") else a for a in argv]
+    rc, out, err = _launch(argv, capsys)
+    assert rc == 2 and out == ""
+    assert err.count("\n") == 1 and err.startswith("hvdkit-launch: error: ") and message in err, err
+
+
+def test_a_host_name_on_loopback_is_named(monkeypatch):
+    """Horovod's Gloo process sets connect by host name: a name that resolves to loopback is refused
+    (the emulated hosts resolve theirs: tests/cluster/test_elastic.py)."""
+    import socket
+
+    from hvdkit import startup
+    monkeypatch.setattr(socket, "gethostname", lambda: "node7")
+    monkeypatch.setattr(socket, "gethostbyname", lambda name: "127.0.1.1")
+    monkeypatch.setattr(startup, "local_interfaces", lambda: [startup.Interface("eth0", "10.0.0.7", 24),
+                                                              startup.Interface("lo", "127.0.0.1", 8)])
+    why = name_mismatch("eth0")
+    assert why.startswith("this host's name 'node7' resolves to 127.0.1.1 (loopback), not to its address on eth0 "
+                          "(10.0.0.7)"), why
+    monkeypatch.setattr(socket, "gethostbyname", lambda name: "10.0.0.7")
+    assert name_mismatch("eth0") is None and name_mismatch("lo") is None
+
+
+@pytest.mark.parametrize("env,argv,message", [
+    ({}, ["--strategy", "horovod", "--elastic", "--output-dir", "o"], "--elastic needs an elastic launch"),
+    ({"HOROVOD_ELASTIC": "1"}, ["--strategy", "ring"], "runs --strategy horovod --elastic only"),
+])
+def test_ranks_refuse_elastic_mismatches(tmp_path, env, argv, message):
+    from tests.conftest import ROOT
+    r = subprocess.run([sys.executable, "-m", "hvdkit.train", *argv], capture_output=True, text=True, cwd=tmp_path,
+                       env={**os.environ, **env, "PYTHONPATH": ROOT, "TF_CPP_MIN_LOG_LEVEL": "3"}, timeout=120)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.count("hvdkit: error:") == 1 and message in r.stderr, r.stderr
