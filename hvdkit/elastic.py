@@ -192,10 +192,17 @@ def run(cfg: Config) -> dict | None:
     state = TrainingState(model, optimizer, epoch=prog.epoch, start=prog.start, global_step=prog.global_step,
                           history=prog.history, membership=[])
     state.reached, state.last_step_t = prog.global_step, None   # not state: what this process last did
+    state.pending = None   # (membership entry, rank 0's last step time before the change) until the first step
     commit_every = strategy.opts.commit_every
 
     def commit(p, end_of_epoch: bool) -> None:
         state.reached, state.last_step_t = p.global_step, time.time()
+        if state.pending is not None:   # the first step after a change of membership
+            entry, before = state.pending
+            state.pending = None
+            entry["seconds_without_training"] = round(state.last_step_t - before, 3)
+            log0(f"# training again with world size {entry['world_size']}, {entry['seconds_without_training']:.1f} s "
+                 f"after the last step before the change; {entry['steps_repeated']} steps repeated")
         if end_of_epoch or p.global_step % commit_every == 0:
             state.commit()
 
@@ -229,12 +236,11 @@ def _enter(loop: Loop, state, hvd, t_start: float) -> None:
     lost = w.comm.bcast((state.reached - state.global_step, state.last_step_t), root=0)
     entry = {"step": state.global_step, "epoch": state.epoch + 1, "world_size": w.size, "hosts": hosts,
              "steps_repeated": max(0, int(lost[0])) if state.membership else 0,
-             "seconds_without_training": round(time.time() - lost[1], 3) if state.membership and lost[1] else None,
+             "seconds_without_training": None,   # set at the first step: from rank 0's last step before the change
              "elapsed_s": round(time.perf_counter() - t_start, 3)}
+    state.pending = (entry, lost[1]) if state.membership and lost[1] else None
     state.membership.append(entry)
     if len(state.membership) == 1:
         _log_header(cfg, w, w.comm, loop.data, loop.model, strategy.optimizer, strategy, cfg.output_dir, state.epoch)
     log0(f"# membership: world size {w.size} on {', '.join(sorted(set(hosts)))} from step {state.global_step} "
-         f"(epoch {state.epoch + 1}); lr {cfg.lr * scale:g}"
-         + (f"; {entry['steps_repeated']} steps repeated, {entry['seconds_without_training']:.1f} s without "
-            "training" if len(state.membership) > 1 and entry["seconds_without_training"] is not None else ""))
+         f"(epoch {state.epoch + 1}); lr {cfg.lr * scale:g}")

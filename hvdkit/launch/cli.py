@@ -44,6 +44,7 @@ def _parser() -> argparse.ArgumentParser:
                "  hvdkit-launch -np 8 -H a:4,b:4 -- --model resnet50 --dataset synthetic\n"
                "  hvdkit-launch -np 16 --hostfile hosts --launcher horovodrun\n"
                "  hvdkit-launch -np 5 --cpu-ranks 4 -- --strategy ps-sync   # PS server (last rank) on CPU\n"
+               "  hvdkit-launch --elastic --hostfile hosts --network-interface eth0 -- --output-dir runs/el\n"
                "  hvdkit-launch --render k8s --set workers=4 --set image=registry/hvdkit:gpu > job.yaml\n"
                "Open MPI gets --bind-to none --map-by slot, -x for forwarded variables, "
                "--allow-run-as-root only as root and --oversubscribe only when ranks exceed slots; "
@@ -208,7 +209,7 @@ def _elastic(ns, program: list[str]) -> int:
     write the discovery script and run horovodrun's elastic mode (:mod:`hvdkit.launch.elastic`)."""
     from hvdkit.config import parse_config
     from hvdkit.launch.elastic import LOCAL_NAMES, check_own_name, discovered, elastic_command, slots_of, \
-        write_discovery_script
+        write_discovery_script, write_ssh_keepalive
     from hvdkit.strategies import extra_fields, summaries
 
     if not ns.hostfile:
@@ -237,7 +238,11 @@ def _elastic(ns, program: list[str]) -> int:
         os.path.join(cfg.output_dir, "discover_hosts.sh")
     cmd = elastic_command(_horovodrun(), np_, ns.min_np, ns.max_np or np_, script, interface,
                           [sys.executable, "-m", "hvdkit.train", *flags], ns.gloo_timeout, shlex.split(ns.mpi_args))
-    return _exec(cmd, dict(os.environ), ns.dry_run)
+    env = dict(os.environ)
+    keepalive = None if ns.dry_run else write_ssh_keepalive(cfg.output_dir, ns.gloo_timeout, env.get("PATH", ""))
+    if keepalive:   # a host whose link fails must end its ssh session, else the job waits for it
+        env["PATH"] = keepalive + os.pathsep + env.get("PATH", "")
+    return _exec(cmd, env, ns.dry_run)
 
 
 def _horovodrun() -> str:

@@ -20,6 +20,15 @@ interface: Horovod 0.28's Gloo process sets (which every allreduce uses) take th
 from the host name, not from the interface (a name resolving to 127.0.1.1, as Debian's
 /etc/hosts does, makes the ranks of that host unreachable); :func:`check_own_name` checks
 the launching host, :mod:`hvdkit.elastic` every rank's.
+
+horovodrun's driver learns that a host is lost only when the ssh session running its worker
+ends; ssh's defaults send no keep-alives, so a host whose link goes down (rather than whose
+processes die) stalled the whole job for as long as the link stayed down (the survivors wait
+in the driver's rendezvous for every worker of the old membership to report), forever if it
+never came back. :func:`write_ssh_keepalive` therefore puts an ``ssh`` first on horovodrun's
+PATH that adds ``-o ServerAliveInterval=I -o ServerAliveCountMax=3`` (I = ``--gloo-timeout``
+/ 3, rounded up): a silent host's session ends about as soon as the survivors' collectives
+time out (measured on the emulated cluster: tests/cluster/test_elastic.py).
 """
 from __future__ import annotations
 
@@ -31,7 +40,8 @@ from typing import Sequence
 from hvdkit.errors import UsageError
 from hvdkit.launch.hosts import parse_hostfile, total_slots
 
-__all__ = ["discovered", "slots_of", "write_discovery_script", "elastic_command", "check_own_name", "LOCAL_NAMES"]
+__all__ = ["discovered", "slots_of", "write_discovery_script", "elastic_command", "check_own_name", "LOCAL_NAMES",
+           "write_ssh_keepalive"]
 
 LOCAL_NAMES = ("localhost", "127.0.0.1")
 #: seconds a failed host stays out before horovodrun tries it again (if the script lists it)
@@ -73,6 +83,36 @@ def write_discovery_script(out_dir: str, hostfile: str, python: str) -> str:
     except OSError as e:
         raise UsageError(f"--output-dir {out_dir}: cannot write the discovery script there: {e.strerror}") from None
     return path
+
+
+def write_ssh_keepalive(out_dir: str, gloo_timeout: int, path: str) -> str | None:
+    """Write ``OUT_DIR/ssh-keepalive/ssh`` (mode 0755): the ``ssh`` that ``path`` (a PATH value)
+    finds now, with ``-o ServerAliveInterval=I -o ServerAliveCountMax=3``, I = ceil(gloo_timeout / 3)
+    seconds, so that a session to a silent host ends after 3 unanswered probes (module docstring).
+    Returns the directory, to go first on horovodrun's PATH; None when ``path`` has no ssh.
+
+    Raises:
+        UsageError: ``out_dir`` cannot be written.
+    """
+    import shutil
+
+    d = os.path.join(out_dir, "ssh-keepalive")
+    real = shutil.which("ssh", path=os.pathsep.join(p for p in path.split(os.pathsep)
+                                                     if p and os.path.abspath(p) != os.path.abspath(d)))
+    if not real:
+        return None
+    every = -(-gloo_timeout // 3)
+    try:
+        os.makedirs(d, exist_ok=True)
+        with open(os.path.join(d, "ssh.tmp"), "w") as f:
+            f.write("#!/bin/sh\n# hvdkit-launch --elastic: horovodrun's ssh, with keep-alives "
+                    "(a host that falls silent ends its session)\n"
+                    f'exec {shlex.quote(real)} -o ServerAliveInterval={every} -o ServerAliveCountMax=3 "$@"\n')
+        os.chmod(os.path.join(d, "ssh.tmp"), 0o755)
+        os.replace(os.path.join(d, "ssh.tmp"), os.path.join(d, "ssh"))
+    except OSError as e:
+        raise UsageError(f"--output-dir {out_dir}: cannot write the ssh wrapper there: {e.strerror}") from None
+    return d
 
 
 def elastic_command(binary: str, np_: int, min_np: int, max_np: int, script: str, interface: str,

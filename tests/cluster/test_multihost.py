@@ -131,11 +131,13 @@ def _launch_then(cluster, cmd, action, timeout=120):
     return p.returncode, "".join(lines).split("ACTION\n", 1)[1], time.monotonic() - cut[0]
 
 
-@pytest.mark.parametrize("strategy", ["ring", "ps-sync"])
+@pytest.mark.parametrize("strategy", ["ring"])
 def test_a_lost_host_ends_the_job_within_60s_naming_it(cluster, shared_dir, strategy):
     """h3's link goes down during training: the job ends non-zero within 60 s (measured: 14-15 s)
     and Open MPI names h3 (``hvdkit-launch`` sets its TCP keep-alive for multi-host launches;
-    with Open MPI's defaults the job hung for minutes)."""
+    with Open MPI's defaults the job hung for minutes). Open MPI's daemons notice, whatever the
+    strategy (ps-sync was a second case here, 17 s; a ps-sync host lost is now
+    tests/cluster/test_restarts_cluster.py's, which also restarts it)."""
     # the PS's server (the last rank) on h1, so that h3 holds a worker (rank 1)
     hf = cluster.hostfile(os.path.join(shared_dir, "hosts"), [("h2", 1), ("h3", 1), ("h1", 1)])
     cmd = [sys.executable, "-m", "hvdkit.launch", "-np", "3", "--hostfile", hf, "--", "--strategy", strategy,

@@ -106,3 +106,22 @@ def test_ranks_refuse_elastic_mismatches(tmp_path, env, argv, message):
                        env={**os.environ, **env, "PYTHONPATH": ROOT, "TF_CPP_MIN_LOG_LEVEL": "3"}, timeout=120)
     assert r.returncode == 2, r.stderr
     assert r.stderr.count("hvdkit: error:") == 1 and message in r.stderr, r.stderr
+
+
+def test_the_ssh_wrapper_adds_keepalives_to_the_ssh_on_path(tmp_path):
+    """horovodrun's ssh gets keep-alives (a host whose link is down ends its session: the driver
+    waits for that, tests/cluster/test_elastic.py), with every argument passed on unchanged."""
+    from hvdkit.launch.elastic import write_ssh_keepalive
+
+    real = tmp_path / "bin"
+    real.mkdir()
+    (real / "ssh").write_text('#!/bin/sh\nfor a in "$@"; do echo "$a"; done\n')
+    (real / "ssh").chmod(0o755)
+    out = str(tmp_path / "o")
+    d = write_ssh_keepalive(out, 5, f"{out}/ssh-keepalive:{real}")   # its own directory is skipped
+    assert d == os.path.join(out, "ssh-keepalive")
+    args = subprocess.run([os.path.join(d, "ssh"), "-o", "X=1", "h3", "cd /x && run 'a b'"], capture_output=True,
+                          text=True, timeout=30).stdout.splitlines()
+    assert args == ["-o", "ServerAliveInterval=2", "-o", "ServerAliveCountMax=3",
+                    "-o", "X=1", "h3", "cd /x && run 'a b'"]
+    assert write_ssh_keepalive(out, 30, str(tmp_path / "empty")) is None
