@@ -35,7 +35,6 @@ happened. The cases alternate round by round.
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import os
@@ -49,7 +48,7 @@ from datetime import datetime
 
 import pytest
 
-from tests.cluster.restart_kill import _stats
+from tests.cluster.restart_kill import _stats, parse_cases, report
 from tests.cluster.test_elastic import FLAGS, GLOO_TIMEOUT, Job, _pids, _write
 
 #: case -> (horovodrun's PYTHONHASHSEED, the host whose link goes down) (module docstring)
@@ -191,25 +190,12 @@ def measure(repeats: int, cases: list[str], log=print) -> dict:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m tests.cluster.elastic_kill", description=__doc__.split("\n\n")[0])
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, of {', '.join(CASES)}")
-    p.add_argument("--json", default="", help="write the figures here")
-    ns = p.parse_args(argv)
-    cases = [c for c in ns.cases.split(",") if c]
-    bad = [c for c in cases if c not in CASES]
-    if bad:
-        print(f"hvdkit: error: unknown case(s) {', '.join(bad)}; choose from {', '.join(CASES)}", file=sys.stderr)
+    args = parse_cases("python -m tests.cluster.elastic_kill", __doc__, CASES, argv)
+    if args is None:
         return 2
-    doc = measure(ns.repeats, cases)
-    for s in doc["summary"]:
-        print(json.dumps(s))
-    if ns.json:
-        with open(ns.json, "w") as f:
-            json.dump(doc, f, indent=1)
-    ok = all(j["error"] is None for j in doc["jobs"])
-    print("OK" if ok else "FAILED")
-    return 0 if ok else 1
+    repeats, cases, path = args
+    doc = measure(repeats, cases)
+    return report(doc, path, all(j["error"] is None for j in doc["jobs"]))
 
 
 if __name__ == "__main__":

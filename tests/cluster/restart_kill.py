@@ -258,30 +258,44 @@ def measure(repeats: int, cases: list[str], work: str, log=print) -> dict:
     return {"meta": meta, "rows": rows, "summary": summary}
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m tests.cluster.restart_kill", description=__doc__.split("\n\n")[0])
+def parse_cases(prog: str, doc: str, cases, argv) -> tuple | None:
+    """The measurement scripts' command line: (--repeats, the chosen cases, --json path), or None
+    after one ``hvdkit: error:`` line for an unknown case."""
+    p = argparse.ArgumentParser(prog=prog, description=doc.split("\n\n")[0])
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, of {', '.join(CASES)}")
+    p.add_argument("--cases", default=",".join(cases), help=f"comma-separated, of {', '.join(cases)}")
     p.add_argument("--json", default="", help="write the figures here")
     ns = p.parse_args(argv)
-    cases = [c for c in ns.cases.split(",") if c]
-    bad = [c for c in cases if c not in CASES]
+    chosen = [c for c in ns.cases.split(",") if c]
+    bad = [c for c in chosen if c not in cases]
     if bad:
-        print(f"hvdkit: error: unknown case(s) {', '.join(bad)}; choose from {', '.join(CASES)}", file=sys.stderr)
-        return 2
-    work = tempfile.mkdtemp(prefix="hvdkit-restarts-", dir="/var/tmp")
-    try:
-        doc = measure(ns.repeats, cases, work)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+        print(f"hvdkit: error: unknown case(s) {', '.join(bad)}; choose from {', '.join(cases)}", file=sys.stderr)
+        return None
+    return ns.repeats, chosen, ns.json
+
+
+def report(doc: dict, path: str, ok: bool) -> int:
+    """Print each summary row as JSON, write ``doc`` to ``path`` (if any), print OK/FAILED; the status."""
     for s in doc["summary"]:
         print(json.dumps(s))
-    if ns.json:
-        with open(ns.json, "w") as f:
+    if path:
+        with open(path, "w") as f:
             json.dump(doc, f, indent=1)
-    ok = all(r["status"] == 0 and r["restarts"] == 1 for r in doc["rows"])
     print("OK" if ok else "FAILED")
     return 0 if ok else 1
+
+
+def main(argv=None) -> int:
+    args = parse_cases("python -m tests.cluster.restart_kill", __doc__, CASES, argv)
+    if args is None:
+        return 2
+    repeats, cases, path = args
+    work = tempfile.mkdtemp(prefix="hvdkit-restarts-", dir="/var/tmp")
+    try:
+        doc = measure(repeats, cases, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return report(doc, path, all(r["status"] == 0 and r["restarts"] == 1 for r in doc["rows"]))
 
 
 if __name__ == "__main__":
