@@ -17,10 +17,10 @@ horovodrun accept, checked against both (tests/parallel/test_hostfile_launch.py)
 
 Refused before launch, in one line naming the file, the line number and the text (or the
 ``-H`` item): an unknown ``KEY=VALUE``, a slot count that is not a positive integer,
-``max_slots`` below ``slots``, an IPv6 literal (horovodrun's host pattern and Open MPI 4.1's
-``-H`` node-name check refuse it; checked here: ``::1 slots=2`` in an Open MPI hostfile was
-taken for a remote node named ``::1``), a name with other characters, a host given two
-different users. Per launcher (:func:`check_launcher`): horovodrun takes no ``user@`` (unless
+``max_slots`` below ``slots``, an IPv6 literal (horovodrun's host pattern ``[\\w.-]+:N``
+refuses it, and Open MPI 4.1.4 here refused ``::1 slots=2`` in a hostfile: "the regex parser
+has detected the presence of an illegal character in the following node name: ::1"), a name
+with other characters, a host given two different users. Per launcher (:func:`check_launcher`): horovodrun takes no ``user@`` (unless
 it is the user running hvdkit-launch, which is then dropped) and needs a slot count for every
 host; MPICH's Hydra takes no ``user@``.
 
@@ -87,11 +87,12 @@ def _host(token: str, where: str, raw: str) -> tuple[str, str]:
         raise UsageError(f"{where}: {raw!r}: {user!r} is not a user name (write user@host)")
     bare = name[1:-1] if name.startswith("[") and name.endswith("]") else name
     try:
-        if isinstance(ipaddress.ip_address(bare), ipaddress.IPv6Address):
-            raise UsageError(f"{where}: {raw!r}: IPv6 literal {bare!r}: horovodrun ([\\w.-]+:N) and Open MPI 4.1 "
-                             f"(its node names) do not take one; give a host name that resolves to it")
+        v6 = isinstance(ipaddress.ip_address(bare), ipaddress.IPv6Address)
     except ValueError:
-        pass
+        v6 = False
+    if v6:
+        raise UsageError(f"{where}: {raw!r}: IPv6 literal {bare!r}: horovodrun ([\\w.-]+:N) and Open MPI 4.1 "
+                         f"(its node names) do not take one; give a host name that resolves to it")
     if not _NAME.fullmatch(name):
         raise UsageError(f"{where}: {raw!r}: host name {name!r}: use letters, digits, '.' and '-' only "
                          f"(Open MPI's rule for node names)")
@@ -134,13 +135,11 @@ def parse_hosts(spec: str) -> list[Host]:
         where = f"-H {spec!r}"
         if not item:
             raise UsageError(f"{where}: empty host name; write HOST:SLOTS,HOST:SLOTS (e.g. a:4,b:4)")
-        host, sep, slots = item.rpartition(":") if not item.endswith("]") else (item, "", "")
-        if not sep:
-            host, slots = item, ""
+        host, sep, slots = item.rpartition(":")
+        if not sep or (":" in host and not (host.startswith("[") and host.endswith("]"))):
+            host, sep = item, ""   # no count (a bare IPv6 literal too: _host refuses it with the reason)
         if sep and not host:
             raise UsageError(f"{where}: empty host name in {item!r}; write HOST:SLOTS")
-        if sep and ":" in host:   # an IPv6 literal: refused by _host with the reason
-            host, slots, sep = item, "", ""
         user, name = _host(host, where, item)
         n = _count(slots, f"slots of host {name!r}", where, item) if sep else None
         items.append((user, name, n, None, where, item))
