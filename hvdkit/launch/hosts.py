@@ -20,15 +20,17 @@ Refused before launch, in one line naming the file, the line number and the text
 ``max_slots`` below ``slots``, an IPv6 literal (horovodrun's host pattern ``[\\w.-]+:N``
 refuses it, and Open MPI 4.1.4 here refused ``::1 slots=2`` in a hostfile: "the regex parser
 has detected the presence of an illegal character in the following node name: ::1"), a name
-with other characters, a host given two different users. Per launcher (:func:`check_launcher`): horovodrun takes no ``user@`` (unless
-it is the user running hvdkit-launch, which is then dropped) and needs a slot count for every
-host; MPICH's Hydra takes no ``user@``.
+with other characters, a host given two different users. Per launcher (:func:`check_launcher`):
+horovodrun takes no ``user@`` (unless it is the user running hvdkit-launch, which is then
+dropped) and needs a slot count for every host; MPICH's Hydra takes no ``user@``.
 
-The normalised forms (:func:`hosts_arg`, :func:`hostfile_text`): ``host:N,...`` for ``-H``
-(horovodrun always gets this, from either input), one ``[user@]host [slots=N]
-[max_slots=M]`` line per host for Open MPI's hostfile, ``host[:N]`` for MPICH's.
-:func:`write_hostfile` writes the hostfile form to a file named after its content in the
-temporary directory, so the same hosts always give the same path.
+The normalised forms (:func:`hosts_arg`, :func:`hostfile_text`; chosen by
+:func:`hvdkit.launch.command.plan_command`): horovodrun always gets ``-H host:N,...``, from
+either input; Open MPI gets ``-H host[:N],...`` from ``-H``, and from a hostfile (or a ``-H``
+with ``user@``: Open MPI's ``-H`` refuses '@' in node names) a clean hostfile, one
+``[user@]host [slots=N] [max_slots=M]`` line per host; MPICH ``-hosts host:N,...`` or a
+``host[:N]`` hostfile. :func:`write_hostfile` writes a hostfile to a file named after its
+content in the temporary directory, so the same hosts always give the same path.
 """
 from __future__ import annotations
 
@@ -44,8 +46,8 @@ from typing import Sequence
 from hvdkit.errors import UsageError
 from hvdkit.launch.mpi import HOROVODRUN, MPICH, OPENMPI
 
-__all__ = ["Host", "parse_hosts", "parse_hostfile", "read_hostfile", "total_slots", "check_launcher", "hosts_arg",
-           "hostfile_text", "write_hostfile"]
+__all__ = ["Host", "is_host_name", "parse_hosts", "parse_hostfile", "read_hostfile", "total_slots", "check_launcher",
+           "hosts_arg", "hostfile_text", "write_hostfile"]
 
 #: Open MPI's node-name rule (its regex of node names: letters, digits, '.', '-')
 _NAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?")
@@ -74,6 +76,11 @@ class Host:
     where: str = ""
 
 
+def is_host_name(name: str) -> bool:
+    """Whether ``name`` is a host name, FQDN or IPv4 literal Open MPI takes (letters, digits, '.', '-')."""
+    return bool(_NAME.fullmatch(name))
+
+
 def _count(text: str, key: str, where: str, raw: str) -> int:
     if not text.isdigit() or int(text) < 1:
         raise UsageError(f"{where}: {raw!r}: {key}={text!r} must be a positive integer")
@@ -93,7 +100,7 @@ def _host(token: str, where: str, raw: str) -> tuple[str, str]:
     if v6:
         raise UsageError(f"{where}: {raw!r}: IPv6 literal {bare!r}: horovodrun ([\\w.-]+:N) and Open MPI 4.1 "
                          f"(its node names) do not take one; give a host name that resolves to it")
-    if not _NAME.fullmatch(name):
+    if not is_host_name(name):
         raise UsageError(f"{where}: {raw!r}: host name {name!r}: use letters, digits, '.' and '-' only "
                          f"(Open MPI's rule for node names)")
     return user, name

@@ -20,10 +20,10 @@ the network choice).
 from __future__ import annotations
 
 import re
-from typing import Mapping
+from typing import Callable, Mapping
 
 from hvdkit.errors import UsageError
-from hvdkit.launch.hosts import Host, parse_hosts
+from hvdkit.launch.hosts import Host, is_host_name
 
 __all__ = ["expand_nodelist", "expand_tasks", "allocation", "describe"]
 
@@ -101,6 +101,19 @@ def expand_tasks(text: str) -> list[int]:
     return out
 
 
+def _one_count(text: str) -> list[int]:
+    if not text.strip().isdigit() or int(text) < 1:
+        raise ValueError("not a positive integer")
+    return [int(text)]
+
+
+def _read(environ: Mapping[str, str], var: str, parse: Callable[[str], list], hint: str) -> list:
+    try:
+        return parse(environ[var])
+    except ValueError as e:
+        raise UsageError(f"{var}={environ[var]!r}: cannot read it ({e}){hint}") from None
+
+
 def allocation(environ: Mapping[str, str]) -> list[Host] | None:
     """The hosts and slots of the Slurm allocation ``environ`` is inside, or None outside one
     (no ``SLURM_JOB_ID`` / ``SLURM_JOBID``).
@@ -119,34 +132,24 @@ def allocation(environ: Mapping[str, str]) -> list[Host] | None:
     hint = "; or give -H HOST:SLOTS,... / --hostfile FILE"
     if list_var is None:
         raise UsageError(f"inside Slurm job {job} (SLURM_JOB_ID) but SLURM_JOB_NODELIST is not set{hint}")
-    try:
-        names = expand_nodelist(environ[list_var])
-    except ValueError as e:
-        raise UsageError(f"{list_var}={environ[list_var]!r}: cannot read it ({e}){hint}") from None
+    names = _read(environ, list_var, expand_nodelist, hint)
     if environ.get("SLURM_TASKS_PER_NODE"):
         var = "SLURM_TASKS_PER_NODE"
-        try:
-            counts = expand_tasks(environ[var])
-        except ValueError as e:
-            raise UsageError(f"{var}={environ[var]!r}: cannot read it ({e}){hint}") from None
+        counts = _read(environ, var, expand_tasks, hint)
     elif environ.get("SLURM_NTASKS_PER_NODE"):
         var = "SLURM_NTASKS_PER_NODE"
-        value = environ[var].strip()
-        if not value.isdigit() or int(value) < 1:
-            raise UsageError(f"{var}={environ[var]!r}: cannot read it (not a positive integer){hint}")
-        counts = [int(value)] * len(names)
+        counts = _read(environ, var, _one_count, hint) * len(names)
     else:
         raise UsageError(f"inside Slurm job {job} but neither SLURM_TASKS_PER_NODE nor SLURM_NTASKS_PER_NODE "
                          f"is set{hint}")
     if len(counts) != len(names):
         raise UsageError(f"{var}={environ[var]!r} gives {len(counts)} counts for the {len(names)} nodes of "
                          f"{list_var}={environ[list_var]!r}{hint}")
-    spec = ",".join(f"{n}:{c}" for n, c in zip(names, counts))
-    try:
-        hosts = parse_hosts(spec)
-    except UsageError as e:
-        raise UsageError(f"{list_var}={environ[list_var]!r}: {e}") from None
-    return [Host(h.name, h.slots, where=list_var) for h in hosts]
+    bad = [n for n in names if not is_host_name(n)]
+    if bad:
+        raise UsageError(f"{list_var}={environ[list_var]!r}: host name {bad[0]!r}: hvdkit takes letters, digits, "
+                         f"'.' and '-' only (Open MPI's rule for node names){hint}")
+    return [Host(n, c, where=list_var) for n, c in zip(names, counts)]
 
 
 def describe(environ: Mapping[str, str]) -> str:
