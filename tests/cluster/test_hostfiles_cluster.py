@@ -5,6 +5,7 @@ command. Every launch trains a few steps; every rank's host is checked."""
 from __future__ import annotations
 
 import os
+import re
 import sys
 
 import pytest
@@ -50,3 +51,19 @@ def test_a_slurm_allocation_without_hosts_trains_across_them(cluster, shared_dir
     assert "hvdkit-launch: Slurm job 4242: SLURM_JOB_NODELIST=h[2-3] SLURM_TASKS_PER_NODE=1(x2): -np 2 " \
            "-H h2:1,h3:1" in r.stderr
     assert _hosts(shared_dir, "slurm") == ["h2", "h3"]
+
+
+def test_a_slurm_jobs_lost_link_is_named_within_the_keep_alive_window(cluster, shared_dir):
+    """The same allocation training long; h3's link goes down: Open MPI names h3 within 60 s (its
+    TCP keep-alive, which hvdkit-launch sets for multi-host launches: the Slurm path gets it as -H
+    does; before, inside an allocation without -H the command was a one-host one, and the same loss
+    printed nothing for 90 s)."""
+    from tests.cluster.test_multihost import _launch_then
+
+    env = dict(SLURM_JOB_ID="4243", SLURM_JOB_NODELIST="h[2-3]", SLURM_TASKS_PER_NODE="1(x2)", OMPI_MCA_plm="rsh")
+    cmd = ["env", *(f"{k}={v}" for k, v in env.items()), *LAUNCH, "--", "--strategy", "ring", "--model", "mlp",
+           "--epochs", "1000", "--no-tensorboard", "--no-checkpoint", "--output-dir", os.path.join(shared_dir, "cut")]
+    status, output, seconds = _launch_then(cluster, cmd, [sys.executable, "-m", "hvdkit.cluster", "link", "h3", "down"])
+    print(f"\n[slurm] h3's link down: the job ended status {status} {seconds:.1f} s later")
+    assert status != 0 and seconds < 60, (status, seconds, output[-3000:])
+    assert re.search(r"Remote daemon: .* on node h3", output), output[-3000:]
