@@ -35,7 +35,9 @@ the launcher's environment (OMPI_COMM_WORLD_RANK, PMIX_RANK, PMI_RANK, HOROVOD_R
 SLURM_PROCID) and then ``exec``s PROGRAM.
 
 Modules, one job each: :mod:`~hvdkit.launch.mpi` (MPI flavour, local cores),
-:mod:`~hvdkit.launch.hosts` (``-H`` and hostfiles, slots), :mod:`~hvdkit.launch.command`
+:mod:`~hvdkit.launch.hosts` (``-H`` and hostfiles in every form Open MPI and horovodrun take, slots,
+the form each launcher gets), :mod:`~hvdkit.launch.slurm` (the hosts of a Slurm allocation, used
+when neither ``-H`` nor ``--hostfile`` is given), :mod:`~hvdkit.launch.command`
 (:class:`LaunchSpec`, :func:`build_command`, :func:`plan_command`, :func:`local_command`,
 the forwarded environment), :mod:`~hvdkit.launch.rankexec` (``--rank-exec``),
 :mod:`~hvdkit.launch.templates` (the Slurm and Kubernetes templates shipped in ``jobs/``),

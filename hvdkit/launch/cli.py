@@ -18,9 +18,11 @@ from typing import Mapping, Sequence
 from hvdkit.errors import UsageError
 from hvdkit.launch.command import (FORWARD_NAMES, FORWARD_PREFIXES, LaunchSpec, forwarded_env_names,
                                    multi_host_mpi_args, plan_command)
+from hvdkit.launch.hosts import hosts_arg, total_slots
 from hvdkit.launch.mpi import HOROVODRUN, MPI, MPICH, OPENMPI, detect_mpi, local_cores
 from hvdkit.launch.rankexec import rank_exec_env
 from hvdkit.launch.restart import RESTART_ENV, run_with_restarts
+from hvdkit.launch.slurm import allocation, describe
 from hvdkit.launch.templates import TEMPLATES, render
 
 __all__ = ["main"]
@@ -58,13 +60,17 @@ def _parser() -> argparse.ArgumentParser:
     )
     g = p.add_argument_group("ranks and hosts")
     g.add_argument("-np", "-n", dest="np", type=int, metavar="N",
-                   help="number of ranks (processes); required unless --render or --rank-exec")
+                   help="number of ranks (processes); required unless --render, --rank-exec or inside a Slurm "
+                        "allocation (default there: its tasks)")
     hosts = g.add_mutually_exclusive_group()
     hosts.add_argument("-H", "--hosts", default="", metavar="HOST:SLOTS,...",
-                       help="hosts and their slots (usually GPUs), e.g. a:4,b:4; default: this host, "
-                            "slots = its physical cores")
+                       help="hosts and their slots (usually GPUs), e.g. a:4,b:4; default: inside a Slurm "
+                            "allocation its nodes and tasks per node (SLURM_JOB_NODELIST, SLURM_TASKS_PER_NODE; "
+                            "-np then defaults to their sum), else this host, slots = its physical cores")
     hosts.add_argument("--hostfile", default="", metavar="FILE",
-                       help="hostfile: 'HOST slots=N' lines (Open MPI, horovodrun) or 'HOST:N' (MPICH)")
+                       help="hostfile: '[user@]HOST [slots=N] [max_slots=M]' or 'HOST:N' lines, '#' comments, a "
+                            "host repeated once per slot; read once and handed to each launcher in the form it "
+                            "takes (horovodrun: -H HOST:N,...; mpirun, mpiexec: a clean hostfile in $TMPDIR)")
     g = p.add_argument_group("launcher")
     g.add_argument("--launcher", choices=(MPI, HOROVODRUN), default=MPI,
                    help="mpi: the installed MPI's own launcher (mpirun or mpiexec); horovodrun: "
@@ -167,6 +173,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _exec(program, env, ns.dry_run)
         if ns.elastic:
             return _elastic(ns, program)
+        if not (ns.hosts or ns.hostfile):   # inside a Slurm allocation: its hosts, as if given with -H
+            allocated = allocation(os.environ)
+            if allocated:
+                ns.hosts = hosts_arg(allocated)
+                ns.np = total_slots(allocated) if ns.np is None else ns.np
+                print(f"hvdkit-launch: {describe(os.environ)}: -np {ns.np} -H {ns.hosts}", file=sys.stderr)
         if ns.np is None:
             raise UsageError("-np N is required: the number of ranks to launch")
         default = [sys.executable, "-m", "hvdkit.train"]

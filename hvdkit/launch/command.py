@@ -10,11 +10,12 @@ from __future__ import annotations
 import os
 import shlex
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Mapping, Sequence
 
 from hvdkit.errors import UsageError
-from hvdkit.launch.hosts import parse_hostfile, parse_hosts, total_slots
+from hvdkit.launch.hosts import (check_launcher, hosts_arg, parse_hostfile, parse_hosts, read_hostfile, total_slots,
+                                 write_hostfile)
 from hvdkit.launch.mpi import HOROVODRUN, MPI, MPICH, OPENMPI, local_cores
 from hvdkit.launch.rankexec import parse_rank_list
 
@@ -161,9 +162,7 @@ def build_command(spec: LaunchSpec, *, mpi: str, is_root: bool, slots: int) -> l
         if iface:
             cmd += ["--network-interface", iface]
         if spec.hosts:
-            if any(s is None for _, s in parse_hosts(spec.hosts)):
-                raise UsageError(f"-H {spec.hosts!r}: horovodrun needs a slot count for every host "
-                                 f"(HOST:SLOTS, e.g. a:4,b:4)")
+            check_launcher(parse_hosts(spec.hosts), HOROVODRUN, mpi, user="")   # slot counts, no user@
             cmd += ["-H", spec.hosts]
         elif spec.hostfile:
             cmd += ["--hostfile", spec.hostfile]
@@ -205,39 +204,39 @@ def build_command(spec: LaunchSpec, *, mpi: str, is_root: bool, slots: int) -> l
 
 
 def plan_command(spec: LaunchSpec, *, mpi: str, is_root: bool, cores: int,
-                 hostfile_text: str | None = None) -> list[str]:
-    """Count the slots of ``spec`` and build its command (see :func:`build_command`).
+                 hostfile_text: str | None = None, hostfile_dir: str | None = None) -> list[str]:
+    """Read the hosts of ``spec`` once, hand the launcher their normalised form, count the
+    slots and build the command (see :func:`build_command`; the forms: :mod:`hvdkit.launch.hosts`).
+
+    * horovodrun: ``-H host:N,...`` from ``-H`` or from the hostfile (users equal to this one
+      dropped);
+    * Open MPI: ``-H host[:N],...`` from ``-H``; from a hostfile, or a ``-H`` with ``user@``
+      (Open MPI's ``-H`` refuses ``@``), a clean hostfile (:func:`hvdkit.launch.hosts.write_hostfile`,
+      in ``hostfile_dir``, default the temporary directory);
+    * MPICH: ``-hosts host:N,...`` from ``-H``; a clean ``host:N`` hostfile from a hostfile.
 
     Slots: ``cores`` when no hosts are given (horovodrun then runs on ``localhost:np``, so
-    it never oversubscribes); the slot sum of ``-H``; the slot sum of the hostfile, whose
-    text is ``hostfile_text`` (read from ``spec.hostfile`` when None).
+    it never oversubscribes); else the hosts' slot sum. ``hostfile_text`` is the hostfile's
+    text (read from ``spec.hostfile`` when None).
 
     Raises:
-        UsageError: the hostfile is missing, malformed, or in the other flavour's syntax
-            (MPICH reads ``HOST:N``; Open MPI and horovodrun read ``HOST slots=N``).
+        UsageError: the hostfile is missing, or a host the launcher cannot take (one line naming
+            the file and line, or the ``-H`` value).
     """
-    if spec.hosts:
-        slots = total_slots(parse_hosts(spec.hosts))
-    elif spec.hostfile:
-        if hostfile_text is None:
-            try:
-                with open(spec.hostfile) as fh:
-                    hostfile_text = fh.read()
-            except OSError as e:
-                raise UsageError(f"--hostfile {spec.hostfile}: cannot read it ({e.strerror})") from None
-        entries, syntax = parse_hostfile(hostfile_text, spec.hostfile)
-        reader = HOROVODRUN if spec.launcher == HOROVODRUN else mpi
-        if syntax == MPICH and reader != MPICH:
-            h, s = entries[0]
-            raise UsageError(f"--hostfile {spec.hostfile}: {reader} reads 'HOST slots=N' lines, not "
-                             f"'HOST:N'; write '{h} slots={s}'")
-        if syntax == OPENMPI and reader == MPICH:
-            h, s = entries[0]
-            raise UsageError(f"--hostfile {spec.hostfile}: MPICH's mpiexec reads 'HOST:N' lines, not "
-                             f"'HOST slots=N'; write '{h}:{s}'")
-        if reader == HOROVODRUN and syntax == "bare":
-            raise UsageError(f"--hostfile {spec.hostfile}: horovodrun needs 'HOST slots=N' on every line")
-        slots = total_slots(entries)
+    reader = HOROVODRUN if spec.launcher == HOROVODRUN else mpi
+    if spec.hosts or spec.hostfile:
+        if spec.hosts:
+            hosts = parse_hosts(spec.hosts)
+        elif hostfile_text is None:
+            hosts = read_hostfile(spec.hostfile)
+        else:
+            hosts = parse_hostfile(hostfile_text, spec.hostfile)
+        hosts = check_launcher(hosts, spec.launcher, mpi)
+        if reader == HOROVODRUN or (spec.hosts and not any(h.user for h in hosts)):
+            spec = replace(spec, hosts=hosts_arg(hosts), hostfile="")
+        else:
+            spec = replace(spec, hosts="", hostfile=write_hostfile(hosts, mpi, hostfile_dir))
+        slots = total_slots(hosts)
     else:
         slots = spec.np if spec.launcher == HOROVODRUN else cores
     return build_command(spec, mpi=mpi, is_root=is_root, slots=slots)

@@ -35,10 +35,12 @@ from __future__ import annotations
 import os
 import shlex
 import sys
+from dataclasses import replace
 from typing import Sequence
 
 from hvdkit.errors import UsageError
-from hvdkit.launch.hosts import parse_hostfile, total_slots
+from hvdkit.launch.hosts import check_launcher, hosts_arg, read_hostfile
+from hvdkit.launch.mpi import HOROVODRUN, OPENMPI
 
 __all__ = ["discovered", "slots_of", "write_discovery_script", "elastic_command", "check_own_name", "LOCAL_NAMES",
            "write_ssh_keepalive"]
@@ -49,21 +51,18 @@ COOLDOWN = (10, 60)
 
 
 def discovered(path: str) -> list[str]:
-    """The hostfile at ``path`` as horovodrun's discovery output: ``HOST:SLOTS`` lines (a host
-    without a slot count has one slot).
+    """The hostfile at ``path`` as horovodrun's discovery output: one ``HOST:SLOTS`` line per
+    host, its lines merged as Open MPI counts them (``localhost`` listed twice is
+    ``localhost:2``; a host listed once without a count has one slot; :mod:`hvdkit.launch.hosts`).
+    ``[]`` when the file lists no host.
 
     Raises:
-        UsageError: the file cannot be read or parsed (:func:`hvdkit.launch.hosts.parse_hostfile`).
+        UsageError: the file cannot be read or parsed, or horovodrun cannot take a host
+            (:func:`hvdkit.launch.hosts.check_launcher`); one line naming the file and line.
     """
-    try:
-        with open(path) as f:
-            text = f.read()
-    except OSError as e:
-        raise UsageError(f"--hostfile {path}: {e.strerror}") from None
-    if not any(ln.split("#")[0].strip() for ln in text.splitlines()):
-        return []   # every host removed: horovodrun waits (up to its --start-timeout) for one to come back
-    entries, _ = parse_hostfile(text, path)
-    return [f"{h}:{s or 1}" for h, s in entries]
+    hosts = [replace(h, slots=h.slots or 1) for h in read_hostfile(path, allow_empty=True)]  # bare: 1 slot
+    hosts = check_launcher(hosts, HOROVODRUN, OPENMPI)
+    return hosts_arg(hosts).split(",") if hosts else []
 
 
 def write_discovery_script(out_dir: str, hostfile: str, python: str) -> str:
@@ -148,7 +147,7 @@ def check_own_name(interface: str, hosts: Sequence[str]) -> None:
 
 def slots_of(hostfile: str) -> int:
     """Slots the hostfile lists now (the default ``-np`` and ``--max-np``)."""
-    return total_slots([(h.rpartition(":")[0], int(h.rpartition(":")[2])) for h in discovered(hostfile)])
+    return sum(int(h.rpartition(":")[2]) for h in discovered(hostfile))
 
 
 def _main(argv: Sequence[str]) -> int:

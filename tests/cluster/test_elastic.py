@@ -103,8 +103,10 @@ def _pids(host: str, needle: str) -> list[int]:
 
 
 def _write(path, hosts):
+    """The hostfile as people write it (a comment line, a blank line, ``slots = 1``, trailing comments):
+    the discovery script reads it with hvdkit-launch's one reader (hvdkit.launch.hosts)."""
     with open(path + ".tmp", "w") as f:
-        f.write("".join(f"{h} slots=1\n" for h in hosts))
+        f.write("# the job's hosts\n\n" + "".join(f"{h}   slots = 1   # {h}\n" for h in hosts))
     os.replace(path + ".tmp", path)
 
 

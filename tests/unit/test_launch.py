@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -27,7 +28,12 @@ def _plan(mpi, root, np_, where, launcher="mpi", **kw):
     hostfile = "hosts.txt" if where == "hostfile" else ""
     text = (MPICH_HOSTFILE if mpi == "mpich" else OMPI_HOSTFILE) if hostfile else None
     spec = L.LaunchSpec(np=np_, program=PROG, launcher=launcher, hostfile=hostfile, env_forward=ENV, **kw)
-    return shlex.join(L.plan_command(spec, mpi=mpi, is_root=root, cores=4, hostfile_text=text))
+    return _hf(shlex.join(L.plan_command(spec, mpi=mpi, is_root=root, cores=4, hostfile_text=text)))
+
+
+def _hf(cmd: str) -> str:
+    """The command with the clean hostfile hvdkit writes (a path named after its content) as HOSTFILE."""
+    return re.sub(r"\S*/hvdkit-hosts-[0-9a-f]{16}", "HOSTFILE", cmd)
 
 
 # {Open MPI, MPICH} x {root, not root} x {ranks <= slots, ranks > slots} x {one host, hostfile}:
@@ -41,21 +47,21 @@ MATRIX = {
     ("openmpi", False, 4, "local"): f"mpirun -np 4 --bind-to none --map-by slot {OMPI_TAIL}",
     ("openmpi", False, 6, "local"): f"mpirun -np 6 --bind-to none --map-by slot --oversubscribe {OMPI_TAIL}",
     ("openmpi", True, 4, "hostfile"):
-        f"mpirun -np 4 --hostfile hosts.txt --bind-to none --map-by slot --allow-run-as-root {OMPI_TAIL}",
+        f"mpirun -np 4 --hostfile HOSTFILE --bind-to none --map-by slot --allow-run-as-root {OMPI_TAIL}",
     ("openmpi", True, 6, "hostfile"):
-        f"mpirun -np 6 --hostfile hosts.txt --bind-to none --map-by slot --allow-run-as-root --oversubscribe "
+        f"mpirun -np 6 --hostfile HOSTFILE --bind-to none --map-by slot --allow-run-as-root --oversubscribe "
         f"{OMPI_TAIL}",
-    ("openmpi", False, 4, "hostfile"): f"mpirun -np 4 --hostfile hosts.txt --bind-to none --map-by slot {OMPI_TAIL}",
+    ("openmpi", False, 4, "hostfile"): f"mpirun -np 4 --hostfile HOSTFILE --bind-to none --map-by slot {OMPI_TAIL}",
     ("openmpi", False, 6, "hostfile"):
-        f"mpirun -np 6 --hostfile hosts.txt --bind-to none --map-by slot --oversubscribe {OMPI_TAIL}",
+        f"mpirun -np 6 --hostfile HOSTFILE --bind-to none --map-by slot --oversubscribe {OMPI_TAIL}",
     ("mpich", True, 4, "local"): f"mpiexec -n 4 {MPICH_TAIL}",
     ("mpich", True, 6, "local"): f"mpiexec -n 6 {MPICH_TAIL}",
     ("mpich", False, 4, "local"): f"mpiexec -n 4 {MPICH_TAIL}",
     ("mpich", False, 6, "local"): f"mpiexec -n 6 {MPICH_TAIL}",
-    ("mpich", True, 4, "hostfile"): f"mpiexec -n 4 -f hosts.txt {MPICH_TAIL}",
-    ("mpich", True, 6, "hostfile"): f"mpiexec -n 6 -f hosts.txt {MPICH_TAIL}",
-    ("mpich", False, 4, "hostfile"): f"mpiexec -n 4 -f hosts.txt {MPICH_TAIL}",
-    ("mpich", False, 6, "hostfile"): f"mpiexec -n 6 -f hosts.txt {MPICH_TAIL}",
+    ("mpich", True, 4, "hostfile"): f"mpiexec -n 4 -f HOSTFILE {MPICH_TAIL}",
+    ("mpich", True, 6, "hostfile"): f"mpiexec -n 6 -f HOSTFILE {MPICH_TAIL}",
+    ("mpich", False, 4, "hostfile"): f"mpiexec -n 4 -f HOSTFILE {MPICH_TAIL}",
+    ("mpich", False, 6, "hostfile"): f"mpiexec -n 6 -f HOSTFILE {MPICH_TAIL}",
 }
 OPENMPI_ONLY = {"-np", "-x", "-H", "--hostfile", "--bind-to", "--map-by", "--allow-run-as-root",
                 "--oversubscribe", "--mca", "-mca"}
@@ -111,11 +117,11 @@ def test_horovodrun(mpi, root):
     # horovodrun forwards the environment and handles root itself; alone it runs on localhost:np
     assert hv(8) == "horovodrun -np 8 python -m hvdkit.train"
     assert hv(4, hosts="a:2,b:2") == "horovodrun -np 4 -H a:2,b:2 python -m hvdkit.train"
-    assert hv(4, hostfile="hosts.txt") == "horovodrun -np 4 --hostfile hosts.txt python -m hvdkit.train"
+    assert hv(4, hostfile="hosts.txt") == "horovodrun -np 4 -H node1:2,node2:2 python -m hvdkit.train"
     over = "--mpi-args=--oversubscribe " if mpi == "openmpi" else ""
     assert hv(6, hosts="a:2,b:2") == f"horovodrun -np 6 -H a:2,b:2 {over}python -m hvdkit.train"
     assert hv(2, env_set=(("NCCL_DEBUG", "INFO"),)) == "env NCCL_DEBUG=INFO horovodrun -np 2 python -m hvdkit.train"
-    with pytest.raises(UsageError, match="slot count for every host"):
+    with pytest.raises(UsageError, match="horovodrun needs one for every host"):
         hv(2, hosts="a,b")
 
 
@@ -134,11 +140,8 @@ def test_cpu_ranks_wraps_the_program():
 
 
 @pytest.mark.parametrize("text,mpi,match", [
-    (MPICH_HOSTFILE, "openmpi", "write 'node1 slots=2'"),
-    (OMPI_HOSTFILE, "mpich", "write 'node1:2'"),
-    ("a slots=2\nb:2\n", "openmpi", "mixes"),
     ("# only a comment\n", "openmpi", "no hosts"),
-    ("a slots=two\n", "openmpi", "is not 'HOST slots=N'"),
+    ("a slots=two\n", "openmpi", r"hosts.txt:1: 'a slots=two': slots='two' must be a positive integer"),
 ])
 def test_hostfile_errors(text, mpi, match):
     spec = L.LaunchSpec(np=2, program=PROG, hostfile="hosts.txt")
@@ -146,16 +149,33 @@ def test_hostfile_errors(text, mpi, match):
         L.plan_command(spec, mpi=mpi, is_root=False, cores=2, hostfile_text=text)
 
 
+@pytest.mark.parametrize("text,mpi,written", [
+    (MPICH_HOSTFILE, "openmpi", "node1 slots=2\nnode2 slots=2\n"),    # MPICH's form, given to Open MPI
+    (OMPI_HOSTFILE, "mpich", "node1:2\nnode2:2\n"),                  # Open MPI's form, given to MPICH
+    ("a slots=2\nb:2\n", "openmpi", "a slots=2\nb slots=2\n"),       # both forms in one file
+])
+def test_hostfile_converted_to_the_launchers_form(text, mpi, written, tmp_path):
+    spec = L.LaunchSpec(np=2, program=PROG, hostfile="hosts.txt")
+    cmd = L.plan_command(spec, mpi=mpi, is_root=False, cores=2, hostfile_text=text, hostfile_dir=str(tmp_path))
+    path = cmd[cmd.index("--hostfile" if mpi == "openmpi" else "-f") + 1]
+    assert os.path.dirname(path) == str(tmp_path)
+    with open(path) as f:
+        assert f.read().split("\n", 1)[1] == written
+
+
 def test_hostfile_read_from_disk(tmp_path):
     f = tmp_path / "hosts"
     f.write_text("# two nodes\nn1 slots=4  # GPUs\nn2 slots=4 max_slots=4\n")
-    assert L.parse_hostfile(f.read_text()) == ([("n1", 4), ("n2", 4)], "openmpi")
-    cmd = L.plan_command(L.LaunchSpec(np=9, program=PROG, hostfile=str(f)), mpi="openmpi", is_root=False, cores=1)
-    assert "--oversubscribe" in cmd and cmd[3:5] == ["--hostfile", str(f)]
+    assert [(h.name, h.slots, h.max_slots) for h in L.parse_hostfile(f.read_text())] == [
+        ("n1", 4, None), ("n2", 4, 4)]
+    cmd = L.plan_command(L.LaunchSpec(np=9, program=PROG, hostfile=str(f)), mpi="openmpi", is_root=False, cores=1,
+                         hostfile_dir=str(tmp_path))
+    assert "--oversubscribe" in cmd and cmd[3] == "--hostfile"
+    assert open(cmd[4]).read().endswith("n1 slots=4\nn2 slots=4 max_slots=4\n")
     with pytest.raises(UsageError, match="cannot read it"):
         L.plan_command(L.LaunchSpec(np=2, program=PROG, hostfile=str(tmp_path / "nope")),
                        mpi="openmpi", is_root=False, cores=1)
-    with pytest.raises(UsageError, match="horovodrun needs 'HOST slots=N'"):
+    with pytest.raises(UsageError, match=r"h:1: host 'a' has no slot count; horovodrun needs one"):
         L.plan_command(L.LaunchSpec(np=2, program=PROG, hostfile="h", launcher="horovodrun"),
                        mpi="openmpi", is_root=False, cores=1, hostfile_text="a\nb\n")
 
