@@ -39,7 +39,8 @@ def _spec(a):
                        topology=topology, racks=racks,
                        uplink_bps=parse_rate(a.uplink) if a.uplink else None,
                        delay_s=parse_duration(a.delay) if a.delay else 0.0, hostname=a.hostname or "",
-                       hostname_loopback=a.hostname_loopback, isolated_interface=a.isolated_interface or "").check()
+                       hostname_loopback=a.hostname_loopback, isolated_interface=a.isolated_interface or "",
+                       docker_bridge=a.docker_bridge).check()
 
 
 def _up_options(p: argparse.ArgumentParser) -> None:
@@ -64,6 +65,10 @@ def _up_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--isolated-interface", metavar="NAME",
                    help="give every host a second interface NAME (198.18.1.I/24) on a network that joins "
                         "nothing: the wrong interface to choose")
+    g.add_argument("--docker-bridge", action="store_true",
+                   help="give every host a bridge docker0 with the SAME address, 198.19.255.1/24, joined to nothing "
+                        "(as Docker gives every host 172.17.0.1/16; made inside 198.18.0.0/15, the emulator's block): "
+                        "a network every host has an address on, but not one of its own")
 
 
 def build_parser() -> argparse.ArgumentParser:
