@@ -293,7 +293,7 @@ def _skipped(hosts: list, rows: list) -> str:
 
 def choose(names: Sequence[str], given: str, *, launcher: str, mpi: str, elastic: bool = False,
            environ: Mapping[str, str] | None = None, log: Callable[[str], None] | None = None,
-           read: Callable = read_hosts) -> Choice | None:
+           read: Callable | None = None) -> Choice | None:
     """MPI's network for a launch to ``names`` (the module's rule); None when nothing changes.
 
     Args:
@@ -306,7 +306,7 @@ def choose(names: Sequence[str], given: str, *, launcher: str, mpi: str, elastic
         elastic: horovodrun's elastic mode (Gloo: one name for every host, this host included).
         environ: the environment (default ``os.environ``).
         log: where the choice's line goes (default: stderr).
-        read: :func:`read_hosts` (tests inject one).
+        read: in place of :func:`read_hosts` (tests inject one).
 
     Raises:
         UsageError: any failure of the module's list, in one line.
@@ -318,7 +318,7 @@ def choose(names: Sequence[str], given: str, *, launcher: str, mpi: str, elastic
         return None
     if not names or (all(is_local(n) for n in names) and not given):
         return None
-    hosts, rows, failures = read(list(names), given, environ)
+    hosts, rows, failures = (read or read_hosts)(list(names), given, environ)
     what = f"--network-interface {given}" if given else "MPI's network"
     good = [row for row, why in zip(rows, failures) if why is None]
     if not good:
@@ -343,7 +343,7 @@ def choose(names: Sequence[str], given: str, *, launcher: str, mpi: str, elastic
         oob = None if any(i.network == row[0].network for i in local_interfaces()) else ""
     line = f"hvdkit-launch: {what}: {describe(row, [h for h, _ in hosts])}, checked by connecting"
     if interface != net:
-        line += f", given to {launcher if launcher == HOROVODRUN else mpi} as {interface}"
+        line += f", given to {who} as {interface}"
     failed = [f"{network_of(r)} ({why})" for r, why in zip(rows, failures) if why and r is not row]
     skipped = _skipped(hosts, rows)
     if failed:
