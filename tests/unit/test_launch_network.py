@@ -224,3 +224,19 @@ def test_a_start_that_never_connects_ends_in_one_line_from_rank_0():
     env["OMPI_COMM_WORLD_RANK"] = "1"   # the other ranks end too, silently
     r = subprocess.run([sys.executable, "-c", prog], env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode == 1 and r.stderr == "", r.stderr
+
+
+def test_a_host_that_cannot_be_read_is_refused_but_a_dry_run_prints_the_command(monkeypatch, capsys):
+    def unreadable(names, given, environ):
+        raise LN.HostUnreadable("cannot read the network interfaces of host h2 (over ssh): Connection refused")
+    monkeypatch.setattr(LN, "read_hosts", unreadable)
+    monkeypatch.setattr(LN, "is_local", lambda name: False)
+    argv = ["-np", "2", "-H", "h1:1,h2:1", "--mpi", "openmpi", "--mpi-exec", "/bin/true"]
+    assert L.main([*argv, "--dry-run"]) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith("/bin/true -np 2 -H h1:1,h2:1 ") and "if_include" not in out
+    assert err == "hvdkit-launch: note: --dry-run without MPI's network: cannot read the network interfaces of host " \
+                  "h2 (over ssh): Connection refused\n", err
+    assert L.main(argv) == 2
+    assert capsys.readouterr().err == "hvdkit-launch: error: cannot read the network interfaces of host h2 (over " \
+                                      "ssh): Connection refused\n"
