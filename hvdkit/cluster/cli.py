@@ -2,6 +2,7 @@
 
     hvdkit-cluster up --hosts 3 --slots 2 --bandwidth 1gbit
     hvdkit-cluster up --hosts 4 --topology racks:2 --uplink 200mbit
+    hvdkit-cluster up --hosts 2 --docker-bridge   # docker0 198.19.255.1/24 on every host (the same address)
     hvdkit-cluster status
     hvdkit-cluster probe                   # TCP throughput and round trip of each link
     hvdkit-cluster link h2 down            # a failed link (and `link h2 up` to repair it)

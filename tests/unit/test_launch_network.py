@@ -240,3 +240,28 @@ def test_a_host_that_cannot_be_read_is_refused_but_a_dry_run_prints_the_command(
     assert L.main(argv) == 2
     assert capsys.readouterr().err == "hvdkit-launch: error: cannot read the network interfaces of host h2 (over " \
                                       "ssh): Connection refused\n"
+
+
+def test_benchmark_launches_across_hosts_get_the_chosen_network(monkeypatch):
+    from hvdkit.bench._common import cluster_mpirun_cmd
+    monkeypatch.setattr(LN, "read_hosts", _read(DOCKER))
+    monkeypatch.setattr(LN, "local_interfaces", lambda: [I("eth0", "10.1.0.9", 24)])
+    monkeypatch.setattr(LN, "is_local", lambda name: False)
+    for k in [k for k in os.environ if k.startswith("OMPI_MCA_btl_tcp_if")]:
+        monkeypatch.delenv(k)
+    s = shlex.join(cluster_mpirun_cmd(2, ["python", "-m", "hvdkit.train"], "h1:1,h2:1"))
+    assert s.startswith("mpirun -np 2 -H h1:1,h2:1 ") and "--mca btl_tcp_if_include 10.1.0.0/24 --mca " \
+        "oob_tcp_if_include 10.1.0.0/24" in s and "-x HVDKIT_NETWORK_INTERFACE=10.1.0.0/24" in s, s
+    s = shlex.join(cluster_mpirun_cmd(2, ["p"], "h1:1,h2:1", mpi_args=("--mca", "btl_tcp_if_include", "eth0")))
+    assert "10.1.0.0/24" not in s, s   # the benchmark's own choice is kept
+
+
+def test_the_emulated_docker_bridge_keeps_to_the_emulators_block():
+    import ipaddress
+
+    from hvdkit.cluster.spec import DOCKER_BRIDGE, ClusterSpec
+    name, address, prefix = DOCKER_BRIDGE
+    assert name == "docker0" and ipaddress.ip_address(address) in ipaddress.ip_network("198.18.0.0/15")
+    assert ClusterSpec(docker_bridge=True).check().docker_bridge
+    with pytest.raises(UsageError, match="--isolated-interface docker0 with --docker-bridge"):
+        ClusterSpec(docker_bridge=True, isolated_interface="docker0").check()
