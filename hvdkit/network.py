@@ -144,7 +144,8 @@ def candidates(hosts: list[tuple[str, list[Interface]]], interface: str = "",
 
     Raises:
         UsageError: a host has no address on ``interface`` (naming the host and its
-            interfaces), or no network joins every host (naming each host's interfaces).
+            interfaces), two hosts have the same (non-loopback) address there, or no network
+            joins every host (naming each host's interfaces).
     """
     wanted = [w.strip() for w in interface.split(",") if w.strip()]
     if wanted:
@@ -155,6 +156,12 @@ def candidates(hosts: list[tuple[str, list[Interface]]], interface: str = "",
                 raise UsageError(f"--network-interface {interface}: host {name} has no IPv4 address there "
                                  f"(it has: {', '.join(map(str, ifaces)) or 'none'})")
             pick.append(got)
+        for k, i in enumerate(pick):
+            twin = next((j for j in range(k) if pick[j].address == i.address), None)
+            if twin is not None and not ipaddress.ip_address(i.address).is_loopback:
+                raise UsageError(f"--network-interface {interface}: hosts {hosts[twin][0]} and {hosts[k][0]} both have "
+                                 f"{i.address} there ({pick[twin].name}, {i.name}): an address every host holds "
+                                 "(a bridge such as docker0) joins none of them; name the network between the hosts")
         return [pick]
     by_net: dict[ipaddress.IPv4Network, list[Interface | None]] = {}
     for h, (_, ifaces) in enumerate(hosts):

@@ -17,7 +17,7 @@ the ranks dial themselves and the job wait for ever. So before launching across 
    candidate on which every host reached every other one is chosen;
 4. the choice goes to the launcher in the form it takes (:class:`Choice`): the CIDR network
    for Open MPI (``btl_tcp_if_include``, and ``oob_tcp_if_include`` when this host, where
-   mpirun runs, has an address on it), an interface name for MPICH's ``-iface`` and
+   mpirun runs, has an address on it; else Open MPI's run-time is left to choose), an interface name for MPICH's ``-iface`` and
    horovodrun's Gloo (``--elastic``), names for horovodrun's MPI mode
    (:func:`hvdkit.network.names_for`); ``HVDKIT_NETWORK_INTERFACE`` tells the ranks the same.
 
@@ -27,8 +27,11 @@ One log line names the choice::
     connecting; not docker0 198.19.255.0/24 (no address of its own on every host); give
     --network-interface to choose another
 
-Nothing changes on one host (no hosts given, or only this host's names), nor when the user
-chose (``--network-interface`` in a form the launcher takes as it is, ``btl_tcp_if_*`` in
+A ``--network-interface`` the user gives is read and checked the same way (a host without an
+address there, or two hosts with the same address there, is refused), then handed on as given
+where the launcher takes its form, or resolved to each host's name. Nothing changes on one host
+(no hosts given, or only this host's names; a CIDR network is still resolved to a name for the
+launchers of names), nor when the user chose through Open MPI itself (``btl_tcp_if_*`` in
 ``--mpi-args`` or ``OMPI_MCA_btl_tcp_if_*``). Every failure is one line, status 2
 (:class:`~hvdkit.errors.UsageError`): a host that cannot be read (ssh's reason), a host with
 no address on the named network, no network joining every host, no candidate on which every
@@ -298,9 +301,9 @@ def choose(names: Sequence[str], given: str, *, launcher: str, mpi: str, elastic
 
     Args:
         names: the job's hosts (:func:`host_names`); all local (or none): None.
-        given: ``--network-interface`` ("" : choose). Kept as given (None returned, nothing read)
-            when the launcher takes its form: any form for Open MPI's mpirun, names for
-            horovodrun and MPICH.
+        given: ``--network-interface`` ("" : choose). Checked on every host like a choice; handed
+            on as given where the launcher takes its form (any form for Open MPI's mpirun, names
+            for horovodrun and MPICH), else resolved to each host's interface name.
         launcher: ``"mpi"`` or ``"horovodrun"``.
         mpi: ``"openmpi"`` or ``"mpich"`` (for ``launcher="mpi"``).
         elastic: horovodrun's elastic mode (Gloo: one name for every host, this host included).
@@ -314,9 +317,8 @@ def choose(names: Sequence[str], given: str, *, launcher: str, mpi: str, elastic
     environ = os.environ if environ is None else environ
     entries = [w.strip() for w in given.split(",") if w.strip()]
     takes_names_only = launcher == HOROVODRUN or mpi == MPICH or elastic
-    if given and not (takes_names_only and any(is_cidr(w) for w in entries)):
-        return None
-    if not names or (all(is_local(n) for n in names) and not given):
+    resolve = takes_names_only and any(is_cidr(w) for w in entries)   # a network for a launcher of names
+    if not names or (all(is_local(n) for n in names) and not resolve):
         return None
     hosts, rows, failures = (read or read_hosts)(list(names), given, environ)
     what = f"--network-interface {given}" if given else "MPI's network"
@@ -332,17 +334,18 @@ def choose(names: Sequence[str], given: str, *, launcher: str, mpi: str, elastic
     if takes_names_only:
         who = "horovodrun --elastic (Gloo)" if elastic else ("horovodrun" if launcher == HOROVODRUN else
                                                             "MPICH's -iface")
-        interface = names_for(hosts, row, who, one_name=elastic or launcher != HOROVODRUN, given=given)
+        interface = names_for(hosts, row, who, one_name=elastic or launcher != HOROVODRUN, given=given) \
+            if resolve or not given else given
         if elastic and not any(i.name == interface and i.network == row[0].network for i in local_interfaces()):
             raise UsageError(f"{what}: horovodrun --elastic runs its driver on this host ({socket.gethostname()}) "
                              f"and takes its address from interface {interface}, which has no address on {net} here; "
                              "launch from one of the hosts")
         oob = None
-    else:
-        interface = net
-        oob = None if any(i.network == row[0].network for i in local_interfaces()) else ""
+    else:   # Open MPI takes names and networks; its run-time (mpirun here) gets the network, if this host is on it
+        interface = given or net
+        oob = net if any(i.network == row[0].network for i in local_interfaces()) else ""
     line = f"hvdkit-launch: {what}: {describe(row, [h for h, _ in hosts])}, checked by connecting"
-    if interface != net:
+    if interface not in (net, given):
         line += f", given to {who} as {interface}"
     failed = [f"{network_of(r)} ({why})" for r, why in zip(rows, failures) if why and r is not row]
     skipped = _skipped(hosts, rows)

@@ -101,3 +101,14 @@ def test_elastic_takes_a_cidr_network(docker2, shared_dir):
     assert "Traceback" not in output, output[-4000:]
     res = load_results(out)
     assert res["final"]["steps"] == 20 and res["final"]["weights_identical_across_ranks"] is True, res["final"]
+
+
+def test_a_same_address_bridge_named_by_the_user_is_refused_in_one_line(docker2, shared_dir):
+    """--network-interface docker0: refused before launch (no MPI job), status 2, naming both hosts."""
+    r = launch([sys.executable, "-m", "hvdkit.launch", "-np", "2", "-H", "h1:1,h2:1", "--network-interface", "docker0",
+                "--", "--strategy", "ring", *SGD_20, "--output-dir", os.path.join(shared_dir, "d0")],
+               timeout=60, env=docker2.env)
+    assert r.returncode == 2 and r.stdout == "", r.output[-3000:]
+    assert r.stderr == ("hvdkit-launch: error: --network-interface docker0: hosts h1 and h2 both have 198.19.255.1 "
+                        "there (docker0, docker0): an address every host holds (a bridge such as docker0) joins none "
+                        "of them; name the network between the hosts\n"), r.stderr

@@ -79,7 +79,7 @@ def test_the_choice_names_itself_in_one_line(monkeypatch):
     monkeypatch.setattr(LN, "local_interfaces", lambda: [I("eth0", "10.1.0.9", 24)])
     lines = []
     c = LN.choose(["h1", "h2"], "", launcher="mpi", mpi="openmpi", read=_read(DOCKER), log=lines.append)
-    assert (c.network, c.interface, c.oob_interface) == ("10.1.0.0/24", "10.1.0.0/24", None)
+    assert (c.network, c.interface, c.oob_interface) == ("10.1.0.0/24", "10.1.0.0/24", "10.1.0.0/24")
     assert lines == ["hvdkit-launch: MPI's network: 10.1.0.0/24 (h1 eth0 10.1.0.1, h2 eth0 10.1.0.2), checked by "
                      "connecting; not docker0 172.17.0.0/16, eth9 169.254.0.0/16 (no address of its own on every "
                      "host); give --network-interface to choose another"]
@@ -95,12 +95,20 @@ def test_a_network_that_does_not_connect_is_refused_in_one_line():
         LN.choose(["h1", "h2"], "", launcher="mpi", mpi="openmpi", read=_read(DOCKER, [why]), log=print)
 
 
-def test_one_host_or_a_users_choice_changes_nothing():
-    boom = _read([])   # would fail if called
+def test_one_host_changes_nothing_and_a_given_network_is_checked_and_kept(monkeypatch):
+    def boom(*_):
+        raise AssertionError("read on one host")
     assert LN.choose([], "", launcher="mpi", mpi="openmpi", read=boom) is None
     assert LN.choose(["localhost", "127.0.0.1"], "", launcher="mpi", mpi="openmpi", read=boom) is None
-    assert LN.choose(["h1", "h2"], "10.1.0.0/24", launcher="mpi", mpi="openmpi", read=boom) is None  # Open MPI takes it
-    assert LN.choose(["h1", "h2"], "eth0", launcher="horovodrun", mpi="openmpi", read=boom) is None
+    assert LN.choose(["localhost"], "eth0", launcher="horovodrun", mpi="openmpi", read=boom) is None
+    monkeypatch.setattr(LN, "local_interfaces", lambda: [I("eth0", "10.1.0.9", 24)])
+    got = LN.choose(["h1", "h2"], "10.1.0.0/24", launcher="mpi", mpi="openmpi", read=_read(DOCKER), log=print)
+    assert (got.interface, got.oob_interface) == ("10.1.0.0/24", "10.1.0.0/24")   # Open MPI takes it as it is
+    got = LN.choose(["h1", "h2"], "eth0", launcher="horovodrun", mpi="openmpi", read=_read(DOCKER), log=print)
+    assert got.interface == "eth0"
+    with pytest.raises(UsageError, match=r"^--network-interface docker0: hosts h1 and h2 both have 172\.17\.0\.1 "
+                                         r"there \(docker0, docker0\): an address every host holds"):
+        LN.choose(["h1", "h2"], "docker0", launcher="mpi", mpi="openmpi", read=_read(DOCKER), log=print)
     assert LN.user_chose(["--mca", "btl_tcp_if_exclude", "docker0"], {})
     assert LN.user_chose([], {"OMPI_MCA_btl_tcp_if_include": "eth0"}) and not LN.user_chose([], {})
 
@@ -154,7 +162,10 @@ def test_a_cidr_reaches_name_only_launchers_as_each_hosts_name(monkeypatch, caps
     rc, cmd, err = _dry(monkeypatch, capsys, [*base[:-1], "ib0,10.1.0.0/24", "--mpi", "mpich"])
     assert rc == 0 and "-iface eth0 " in shlex.join(cmd), (cmd, err)
     rc, cmd, err = _dry(monkeypatch, capsys, [*base, "--mpi", "openmpi"])
-    assert rc == 0 and "--mca btl_tcp_if_include 10.1.0.0/24" in shlex.join(cmd) and err == ""
+    assert rc == 0 and "--mca btl_tcp_if_include 10.1.0.0/24 --mca oob_tcp_if_include 10.1.0.0/24" in \
+        shlex.join(cmd), cmd
+    assert err == "hvdkit-launch: --network-interface 10.1.0.0/24: 10.1.0.0/24 (h1 eth0 10.1.0.1, h2 eth0 " \
+                  "10.1.0.2), checked by connecting\n", err
     f = tmp_path / "hosts"
     f.write_text("h1 slots=1\nh2 slots=1\n")
     rc, cmd, err = _dry(monkeypatch, capsys, ["--elastic", "--hostfile", str(f), "--network-interface", "10.1.0.0/24",
