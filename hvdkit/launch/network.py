@@ -204,21 +204,28 @@ class _Helper:
             pass   # the helper is gone: recv() says why
 
     def recv(self, deadline: float) -> dict:
-        try:
-            line = self.lines.get(timeout=max(0.0, deadline - time.monotonic()))
-        except queue.Empty:
-            line = "timeout"
-        if line and line != "timeout":
-            return json.loads(line)
+        while True:   # lines that are not the helper's (a login script's echo) are skipped
+            try:
+                line = self.lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                line = "timeout"
+            if not line or line == "timeout":
+                break
+            try:
+                got = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(got, dict):
+                return got
         time.sleep(0.1)   # let stderr arrive
         why = next((e.strip().rstrip(".") for e in reversed(self.err) if e.strip()), "")
         if line == "timeout":
             why = f"no answer within {CHECK_S:.0f} s" + (f" ({why})" if why else "")
         else:
             why = why or f"the helper exited with status {self.p.poll()}"
-        raise HostUnreadable(f"cannot read the network interfaces of host {self.name} "
-                         f"({'directly' if self.p.args[0] != 'ssh' else 'over ssh'}): {why}; check that "
-                         f"'ssh {self.name}' works without a password, or name the network with --network-interface")
+        how = "over ssh" if self.p.args[0] == "ssh" else "directly"
+        raise HostUnreadable(f"cannot read the network interfaces of host {self.name} ({how}): {why}; check that "
+                             f"'ssh {self.name} true' works without a password prompt (the launcher needs it too)")
 
     def close(self) -> None:
         try:
@@ -334,8 +341,9 @@ def choose(names: Sequence[str], given: str, *, launcher: str, mpi: str, elastic
     if takes_names_only:
         who = "horovodrun --elastic (Gloo)" if elastic else ("horovodrun" if launcher == HOROVODRUN else
                                                             "MPICH's -iface")
-        interface = names_for(hosts, row, who, one_name=elastic or launcher != HOROVODRUN, given=given) \
-            if resolve or not given else given
+        one_name = elastic or launcher != HOROVODRUN   # Gloo and MPICH's -iface: one name on every host
+        interface = given if given and not resolve and not one_name else \
+            names_for(hosts, row, who, one_name=one_name, given=given)
         if elastic and not any(i.name == interface and i.network == row[0].network for i in local_interfaces()):
             raise UsageError(f"{what}: horovodrun --elastic runs its driver on this host ({socket.gethostname()}) "
                              f"and takes its address from interface {interface}, which has no address on {net} here; "

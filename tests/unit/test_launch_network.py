@@ -171,6 +171,9 @@ def test_a_cidr_reaches_name_only_launchers_as_each_hosts_name(monkeypatch, caps
     rc, cmd, err = _dry(monkeypatch, capsys, ["--elastic", "--hostfile", str(f), "--network-interface", "10.1.0.0/24",
                                               "--", "--output-dir", str(tmp_path / "o")])
     assert rc == 0 and cmd[cmd.index("--network-interface") + 1] == "eth0", (cmd, err)
+    rc, cmd, err = _dry(monkeypatch, capsys, ["--elastic", "--hostfile", str(f), "--network-interface", "ib0,eth0",
+                                              "--", "--output-dir", str(tmp_path / "o")])
+    assert rc == 0 and cmd[cmd.index("--network-interface") + 1] == "eth0", (cmd, err)   # Gloo takes one name
     # --elastic on one host with a loopback CIDR (horovodrun: "No interface is found for address 127.0.0.1")
     f.write_text("localhost slots=2\n")
     here = [("localhost", [I("lo", "127.0.0.1", 8), I("eth0", "10.1.0.1", 24)])]
