@@ -4,7 +4,9 @@
 servers of ``tf-multiworker`` and ``tf-ps``) are addressed by IPv4 address, never by host
 name: containers, cloned VM images and Debian's ``127.0.1.1 HOSTNAME`` line make names
 lie (two hosts with one name; a name that resolves to loopback). :func:`addresses`
-chooses one address per host, the same on every rank, by this rule:
+chooses one address per host, the same on every rank, by this rule (written once, in
+:mod:`hvdkit.network`; ``hvdkit-launch`` applies it to MPI's own network before launch,
+:mod:`hvdkit.launch.network`):
 
 1. "One host" is decided by MPI's shared-memory split (``MPI_COMM_TYPE_SHARED``, the
    :class:`hvdkit.comm.World` ``node``), not by names: if every rank shares one node, the
@@ -34,184 +36,20 @@ the line normally comes once, from rank 0. The set-up exchanges themselves
 """
 from __future__ import annotations
 
-import errno
-import ipaddress
 import os
-import selectors
 import socket
 import sys
 import threading
 import time
-from dataclasses import dataclass
 
 from hvdkit.comm import EXIT_FAILURE, World, exchange
 from hvdkit.errors import UsageError
+from hvdkit.network import FLAGS as _FLAGS, PROBE_S, Interface, candidates, connect_all, local_interfaces, name_mismatch
+
+_connect_all = connect_all   # the tests' name (tests/unit/test_startup.py)
 
 __all__ = ["Interface", "local_interfaces", "name_mismatch", "candidates", "addresses", "StartupDeadline", "phase", "PROBE_S"]
 
-#: seconds the reachability check waits for one network's connections
-PROBE_S = 5.0
-_FLAGS = "choose the network with --network-interface NAME, or wait longer with --startup-timeout SECONDS"
-
-
-@dataclass(frozen=True)
-class Interface:
-    """One IPv4 address of a host: interface ``name``, dotted ``address``, ``prefix`` length (bits)."""
-
-    name: str
-    address: str
-    prefix: int
-
-    @property
-    def network(self) -> ipaddress.IPv4Network:
-        return ipaddress.ip_interface(f"{self.address}/{self.prefix}").network
-
-    def __str__(self) -> str:
-        return f"{self.name} {self.address}/{self.prefix}"
-
-
-def local_interfaces() -> list[Interface]:
-    """This host's IPv4 addresses on interfaces that are up, in the kernel's order (psutil)."""
-    import psutil
-
-    stats = psutil.net_if_stats()
-    out = []
-    for name, addrs in psutil.net_if_addrs().items():
-        if name in stats and not stats[name].isup:
-            continue
-        for a in addrs:
-            if a.family == socket.AF_INET and a.netmask:
-                out.append(Interface(name, a.address, ipaddress.ip_network(f"0.0.0.0/{a.netmask}").prefixlen))
-    return out
-
-
-def name_mismatch(interface: str) -> str | None:
-    """Why this host's name is unusable by Horovod's Gloo on ``interface``, or None if it is fine.
-
-    Horovod 0.28's Gloo process sets (every allreduce uses one) take this host's address from
-    its name (``gethostname`` resolved), not from ``HOROVOD_GLOO_IFACE``: a name that resolves
-    to another address (Debian's /etc/hosts maps it to 127.0.1.1) makes this host's ranks
-    unreachable from the others (seen on the emulated cluster: ``connect [127.0.0.1]``).
-    Not checked on loopback (``lo``: one host).
-
-    Returns:
-        One sentence naming the host, what its name resolves to and the fix; None if it
-        resolves to one of its addresses on ``interface`` (names or CIDRs, comma-separated).
-    """
-    wanted = [x.strip() for x in interface.split(",") if x.strip()]
-    if not wanted or wanted == ["lo"]:
-        return None
-    name = socket.gethostname()
-    mine = sorted({i.address for i in local_interfaces() if any(_matches(i, x) for x in wanted)})
-    try:
-        resolved = socket.gethostbyname(name)
-    except OSError:
-        resolved = "nothing"
-    if resolved in mine:
-        return None
-    loop = resolved != "nothing" and ipaddress.ip_address(resolved).is_loopback
-    return (f"this host's name {name!r} resolves to {resolved}{' (loopback)' if loop else ''}, not to its address on "
-            f"{interface} ({', '.join(mine) or 'none'}); Horovod's Gloo connects by host name: map {name} to that "
-            "address in /etc/hosts on every host")
-
-
-def _matches(iface: Interface, wanted: str) -> bool:
-    if "/" not in wanted:
-        return iface.name == wanted
-    try:
-        return ipaddress.ip_address(iface.address) in ipaddress.ip_network(wanted, strict=False)
-    except ValueError:
-        raise UsageError(f"--network-interface: {wanted!r} is neither an interface name nor a CIDR network "
-                         "such as 10.0.0.0/24") from None
-
-
-def _is_cidr(text: str) -> bool:
-    try:
-        ipaddress.ip_network(text, strict=False)
-        return True
-    except ValueError:
-        return False
-
-
-def candidates(hosts: list[tuple[str, list[Interface]]], interface: str = "",
-               preferred: str = "") -> list[list[Interface]]:
-    """The networks to try, in order, each as one :class:`Interface` per host (pure).
-
-    Args:
-        hosts: per host (node order), its name and its IPv4 interfaces (:func:`local_interfaces`).
-        interface: ``--network-interface``: comma-separated interface names or CIDR networks;
-            each host takes its first address matching the first entry it has. Empty: automatic.
-        preferred: the same syntax, tried first in the automatic choice
-            (``OMPI_MCA_btl_tcp_if_include``).
-
-    Returns:
-        Candidate networks, best first; each is a list of len(hosts) interfaces.
-
-    Raises:
-        UsageError: a host has no address on ``interface`` (naming the host and its
-            interfaces), or no network joins every host (naming each host's interfaces).
-    """
-    wanted = [w.strip() for w in interface.split(",") if w.strip()]
-    if wanted:
-        pick = []
-        for name, ifaces in hosts:
-            got = next((i for w in wanted for i in ifaces if _matches(i, w)), None)
-            if got is None:
-                raise UsageError(f"--network-interface {interface}: host {name} has no IPv4 address there "
-                                 f"(it has: {', '.join(map(str, ifaces)) or 'none'})")
-            pick.append(got)
-        return [pick]
-    by_net: dict[ipaddress.IPv4Network, list[Interface | None]] = {}
-    for h, (_, ifaces) in enumerate(hosts):
-        for i in ifaces:
-            net = i.network
-            if net.is_loopback or net.is_link_local or i.prefix == 32:
-                continue
-            row = by_net.setdefault(net, [None] * len(hosts))
-            row[h] = row[h] or i
-    usable = [row for row in by_net.values()
-              if all(row) and len({i.address for i in row}) == len(hosts)]   # type: ignore[union-attr]
-    if not usable:
-        have = "; ".join(f"{n}: {', '.join(map(str, ifs)) or 'none'}" for n, ifs in hosts)
-        raise UsageError(f"no IPv4 network joins every host with an address of its own ({have}); "
-                         "name the interface to use with --network-interface")
-    order = [i.network for i in hosts[0][1]]
-    first = [w.strip() for w in preferred.split(",") if w.strip() and ("/" not in w or _is_cidr(w.strip()))]
-    usable.sort(key=lambda row: (not any(_matches(row[0], w) for w in first), order.index(row[0].network)))
-    return usable
-
-
-# -- the reachability check -----------------------------------------------------------------
-
-def _connect_all(peers: list[tuple[str, int]], seconds: float) -> list[str | None]:
-    """Open a TCP connection to every ``(address, port)`` at once; per peer None (connected)
-    or the reason it failed (``Connection refused``, ``timed out after 5 s``, ...)."""
-    sel = selectors.DefaultSelector()
-    out: list[str | None] = ["timed out"] * len(peers)
-    socks = []
-    try:
-        for k, peer in enumerate(peers):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.setblocking(False)
-            socks.append(s)
-            code = s.connect_ex(peer)
-            if code in (0, errno.EINPROGRESS):
-                sel.register(s, selectors.EVENT_WRITE, k)
-            else:
-                out[k] = os.strerror(code)
-        deadline = time.monotonic() + seconds
-        while sel.get_map() and time.monotonic() < deadline:
-            for key, _ in sel.select(timeout=max(0.0, deadline - time.monotonic())):
-                code = key.fileobj.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
-                out[key.data] = None if code == 0 else os.strerror(code)
-                sel.unregister(key.fileobj)
-        for key in list(sel.get_map().values()):
-            out[key.data] = f"timed out after {seconds:.0f} s"
-    finally:
-        sel.close()
-        for s in socks:
-            s.close()
-    return out
 
 
 def _check(w: World, leaders: list[int], hosts: list[str], row: list[Interface], deadline: float) -> str | None:
@@ -233,7 +71,7 @@ def _check(w: World, leaders: list[int], hosts: list[str], row: list[Interface],
         outcome = err
         if w.local_rank == 0 and err is None:
             peers = [(h, (row[h].address, ports[leaders[h]])) for h in range(len(leaders)) if h != w.node]
-            for (h, (addr, p)), why in zip(peers, _connect_all([p for _, p in peers], min(PROBE_S, remaining))):
+            for (h, (addr, p)), why in zip(peers, connect_all([p for _, p in peers], min(PROBE_S, remaining))):
                 if why is not None:
                     outcome = (f"rank {w.rank} on {hosts[w.node]} ({row[w.node].address}, {row[w.node].name}) could "
                                f"not reach rank {leaders[h]} on {hosts[h]} at {addr}:{p}: {why}")

@@ -22,6 +22,10 @@ __all__ = ["main"]
 def main(argv: list[str] | None = None) -> int:
     """Parse flags, agree on them across ranks, train; returns the exit status."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TF's C++ start-up chatter, on every rank
+    args = sys.argv[1:] if argv is None else argv
+    from hvdkit.mpistart import arm
+
+    mpi_start = arm(args, os.environ)   # MPI's first connections get --startup-timeout too (before MPI_Init)
     from hvdkit.comm import agree, run_guarded, world
     from hvdkit.config import parse_config
     from hvdkit.strategies import extra_fields, summaries
@@ -30,7 +34,6 @@ def main(argv: list[str] | None = None) -> int:
     w = world()
     first = os.environ.get("HOROVOD_RANK", "0") == "0" if elastic else w.is_rank0
     cfg, err = None, None
-    args = sys.argv[1:] if argv is None else argv
     if not first and ("-h" in args or "--help" in args):
         sys.stdout = open(os.devnull, "w")  # --help is printed once, by rank 0
     try:
@@ -41,6 +44,7 @@ def main(argv: list[str] | None = None) -> int:
         if err is None and cfg.strategy != "horovod":
             err = ValueError(f"this is an elastic horovodrun launch (HOROVOD_ELASTIC=1): it runs --strategy horovod "
                              f"--elastic only, not --strategy {cfg.strategy}")
+        mpi_start.done()
         if err is not None:
             if first:
                 print(f"hvdkit: error: {err}", file=sys.stderr, flush=True)
@@ -50,6 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         run_guarded(run_elastic, cfg)
         return 0
     agree(err, w)
+    mpi_start.done()   # the world is formed; from here on hvdkit.startup.StartupDeadline watches start-up
 
     from hvdkit.trainer import run
 

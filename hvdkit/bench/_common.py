@@ -31,7 +31,7 @@ from hvdkit.errors import UsageError
 from hvdkit.launch import local_command
 from hvdkit.results import make_writable_dir
 
-__all__ = ["Job", "mpirun_cmd", "launch", "load_results", "mean_conf", "quartiles", "paired_ratio_ci", "format_table",
+__all__ = ["Job", "mpirun_cmd", "cluster_mpirun_cmd", "launch", "load_results", "mean_conf", "quartiles", "paired_ratio_ci", "format_table",
            "parse_table", "host_meta", "meta_lines", "emit", "fmt", "log", "check_outputs"]
 
 
@@ -78,6 +78,34 @@ class Job:
             return f"timed out after {self.seconds:.0f}s"
         tail = [ln for ln in self.output.strip().splitlines() if ln.strip()][-3:]
         return f"exit {self.returncode}: " + " | ".join(t.strip()[:160] for t in tail)
+
+
+def cluster_mpirun_cmd(np_: int, program: Sequence[str], hosts: str, *, mpi_args: Sequence[str] = (),
+                       env_set: Sequence[tuple[str, str]] = (),
+                       forward: Sequence[str] = ("PATH", "PYTHONPATH", "TF_CPP_MIN_LOG_LEVEL")) -> list[str]:
+    """``mpirun -np N -H HOSTS ...`` across hosts, built as ``hvdkit-launch`` builds it: MPI's network
+    chosen and checked by connecting first (:func:`hvdkit.launch.network.choose`, which logs its one
+    line; ssh reaches the hosts through PATH, e.g. the emulated cluster's environment), unless
+    ``mpi_args`` names one (``btl_tcp_if_*``).
+
+    Args:
+        np_: ranks; program: what every rank runs; hosts: ``-H`` value, ``h1:1,h2:1``;
+        mpi_args: extra mpirun arguments; env_set: ``(NAME, VALUE)`` set on every rank;
+        forward: variables forwarded from here (``-x``).
+
+    Raises:
+        UsageError: the network cannot be chosen (one line, see :mod:`hvdkit.launch.network`).
+    """
+    from hvdkit.launch.command import LaunchSpec, build_command
+    from hvdkit.launch.network import choose, host_names, user_chose
+
+    choice = None if user_chose(mpi_args, os.environ) else \
+        choose(host_names(hosts, ""), "", launcher="mpi", mpi="openmpi", log=log)
+    spec = LaunchSpec(np=np_, program=tuple(program), hosts=hosts, env_forward=tuple(forward),
+                      env_set=tuple(env_set), mpi_args=tuple(mpi_args), binary="mpirun",
+                      network_interface=choice.interface if choice else "",
+                      oob_interface=choice.oob_interface if choice else None)
+    return build_command(spec, mpi="openmpi", is_root=os.geteuid() == 0, slots=np_)
 
 
 def mpirun_cmd(np_: int, module: str, args: Sequence[str] = (), mpirun_args: Sequence[str] = ()) -> list[str]:

@@ -10,7 +10,8 @@ For each configuration ``HxS`` (H hosts x S ranks each) and each link rate, one 
 brought up (:func:`hvdkit.cluster.control.up`, torn down in ``finally`` whatever happens),
 its links are probed (:func:`hvdkit.cluster.probe.measure_pairs`, saved into
 ``cluster.json``), then the launches run, alternated ``--repeats`` times (A B C A B C ...),
-each ``mpirun -np H*S -H h1:S,...`` (:func:`hvdkit.launch.build_command`) of
+each ``mpirun -np H*S -H h1:S,...`` (:func:`hvdkit.bench._common.cluster_mpirun_cmd`: MPI's network
+chosen and checked as hvdkit-launch does) of
 ``python -m hvdkit.bench.collectives --cluster-json <dir>/cluster.json --json ...`` with a
 hard ``--timeout``. Variants (``--variants``):
 
@@ -66,7 +67,7 @@ from datetime import datetime
 import numpy as np
 
 from hvdkit.bench._collective_report import compression_gains, print_gains
-from hvdkit.bench._common import host_meta, launch, log
+from hvdkit.bench._common import cluster_mpirun_cmd, host_meta, launch, log
 from hvdkit.results import write_json
 
 __all__ = ["VARIANTS", "main", "build_parser", "parse_configs", "merge_rows", "summarize", "plot"]
@@ -147,8 +148,6 @@ def _main_methods(ranks: int, given: str) -> str:
 
 
 def _command(variant: str, hosts: int, slots: int, bench_args: list[str], extra: tuple = ()) -> list[str]:
-    from hvdkit.launch.command import LaunchSpec, build_command
-
     label, launcher, mpi_args, methods, env = VARIANTS[variant]
     ranks = hosts * slots
     where = ",".join(f"h{i + 1}:{slots}" for i in range(hosts))
@@ -160,9 +159,7 @@ def _command(variant: str, hosts: int, slots: int, bench_args: list[str], extra:
         return ["ip", "netns", "exec", "hvdc-h1", "env", *(f"{k}={v}" for k, v in env.items()), hvdrun, "--gloo",
                 "-np", str(ranks), "-H", where,
                 "--network-interfaces", "eth0", *prog]
-    spec = LaunchSpec(np=ranks, program=prog, hosts=where, env_forward=("PATH", "PYTHONPATH", "TF_CPP_MIN_LOG_LEVEL"),
-                      env_set=tuple(env.items()), mpi_args=(*mpi_args, *extra), binary="mpirun")
-    return build_command(spec, mpi="openmpi", is_root=os.geteuid() == 0, slots=ranks)
+    return cluster_mpirun_cmd(ranks, prog, where, mpi_args=(*mpi_args, *extra), env_set=tuple(env.items()))
 
 
 def merge_rows(doc: dict, common: dict) -> list[dict]:

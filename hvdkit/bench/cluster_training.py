@@ -43,7 +43,7 @@ from datetime import datetime
 from typing import Any
 
 from hvdkit.bench import _cluster_training_report as rep
-from hvdkit.bench._common import check_outputs, host_meta, launch, log, mean_conf
+from hvdkit.bench._common import check_outputs, cluster_mpirun_cmd, host_meta, launch, log, mean_conf
 from hvdkit.errors import UsageError
 from hvdkit.results import write_json
 
@@ -120,9 +120,8 @@ def job_command(label: str, model: str, workers: int, a, out_dir: str) -> tuple[
             "--batch-size", str(a.batch_size), "--epochs", str(iters + 1), "--max-steps", str(k * (iters + 1)),
             "--threads", str(a.threads), "--no-checkpoint", "--no-tensorboard", "--progress-seconds", "1000000",
             "--output-dir", out_dir, *extra]
-    from hvdkit.launch import local_command
-    cmd = local_command(hosts, [sys.executable, "-m", "hvdkit.train", *args],
-                        mpi_args=["-H", ",".join(f"h{i}:1" for i in range(1, hosts + 1))])
+    cmd = cluster_mpirun_cmd(hosts, [sys.executable, "-m", "hvdkit.train", *args],
+                             ",".join(f"h{i}:1" for i in range(1, hosts + 1)))   # MPI's network chosen, checked
     return cmd, hosts
 
 

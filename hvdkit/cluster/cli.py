@@ -2,6 +2,7 @@
 
     hvdkit-cluster up --hosts 3 --slots 2 --bandwidth 1gbit
     hvdkit-cluster up --hosts 4 --topology racks:2 --uplink 200mbit
+    hvdkit-cluster up --hosts 2 --docker-bridge   # docker0 198.19.255.1/24 on every host (the same address)
     hvdkit-cluster status
     hvdkit-cluster probe                   # TCP throughput and round trip of each link
     hvdkit-cluster link h2 down            # a failed link (and `link h2 up` to repair it)
@@ -39,7 +40,8 @@ def _spec(a):
                        topology=topology, racks=racks,
                        uplink_bps=parse_rate(a.uplink) if a.uplink else None,
                        delay_s=parse_duration(a.delay) if a.delay else 0.0, hostname=a.hostname or "",
-                       hostname_loopback=a.hostname_loopback, isolated_interface=a.isolated_interface or "").check()
+                       hostname_loopback=a.hostname_loopback, isolated_interface=a.isolated_interface or "",
+                       docker_bridge=a.docker_bridge).check()
 
 
 def _up_options(p: argparse.ArgumentParser) -> None:
@@ -64,6 +66,10 @@ def _up_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--isolated-interface", metavar="NAME",
                    help="give every host a second interface NAME (198.18.1.I/24) on a network that joins "
                         "nothing: the wrong interface to choose")
+    g.add_argument("--docker-bridge", action="store_true",
+                   help="give every host a bridge docker0 with the SAME address, 198.19.255.1/24, joined to nothing "
+                        "(as Docker gives every host 172.17.0.1/16; made inside 198.18.0.0/15, the emulator's block): "
+                        "a network every host has an address on, but not one of its own")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -15,6 +15,10 @@ each end's egress (the host's ``eth0`` and the switch's port), so a host sends a
 at most ``--bandwidth``; each uplink likewise at ``--uplink``. ``--delay`` adds a netem child
 under the tbf, where the kernel has ``sch_netem`` (:func:`netem_available`).
 
+Conditions to test against: ``--isolated-interface NAME`` adds a veth pair in each host (198.18.1.I/24,
+reaching nothing); ``--docker-bridge`` a bridge ``docker0`` with the same address, 198.19.255.1/24,
+in every host, connected to nothing (Docker's 172.17.0.1 on every host, made inside 198.18.0.0/15).
+
 Only interfaces this module creates are touched: the machine gets one new interface
 (``hvdc-root``) and with it one connected route to 198.18.0.0/24; no default routes exist in
 the namespaces, so nothing emulated can reach any other address.
@@ -30,7 +34,7 @@ import time
 from pyroute2 import IPRoute, NetNS, netns
 from pyroute2.netlink.exceptions import NetlinkError
 
-from hvdkit.cluster.spec import ISOLATED_SUBNET, MACHINE_ADDRESS, PREFIXLEN, ClusterSpec, Host
+from hvdkit.cluster.spec import DOCKER_BRIDGE, ISOLATED_SUBNET, MACHINE_ADDRESS, PREFIXLEN, ClusterSpec, Host
 
 __all__ = ["PREFIX", "SWITCH_NS", "ROOT_IF", "create", "destroy", "leftovers", "netem_available",
            "namespace_pids", "set_link"]
@@ -153,6 +157,11 @@ def create(spec: ClusterSpec, hosts: list[Host]) -> None:
             with _ns(h.netns) as ipr:
                 ipr.addr("add", index=_index(ipr, iso), address=f"{ISOLATED_SUBNET}.{h.address.rsplit('.', 1)[1]}",
                          prefixlen=PREFIXLEN)
+        if spec.docker_bridge:  # the same address on every host, joined to nothing (first in the list, as docker0
+            name, address, prefix = DOCKER_BRIDGE  # often is: a candidate only by address, never by the rule)
+            _bridge(h.netns, name)
+            with _ns(h.netns) as ipr:
+                ipr.addr("add", index=_index(ipr, name), address=address, prefixlen=prefix)
         b.veth((SWITCH_NS, h.name), (h.netns, "eth0"))
         _attach(SWITCH_NS, h.name, f"tor{h.rack}" if spec.topology == "racks" else "core")
         with _ns(h.netns) as ipr:

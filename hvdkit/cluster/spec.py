@@ -15,11 +15,15 @@ from dataclasses import asdict, dataclass
 
 from hvdkit.errors import UsageError
 
-__all__ = ["ClusterSpec", "Host", "MACHINE_ADDRESS", "PREFIXLEN", "MAX_HOSTS", "ISOLATED_SUBNET",
+__all__ = ["ClusterSpec", "Host", "MACHINE_ADDRESS", "PREFIXLEN", "MAX_HOSTS", "ISOLATED_SUBNET", "DOCKER_BRIDGE",
            "parse_rate", "format_rate", "parse_topology", "parse_duration", "plan"]
 
 SUBNET = "198.18.0"
 ISOLATED_SUBNET = "198.18.1"        # --isolated-interface: host hI is 198.18.1.I, joined to nothing
+#: --docker-bridge: (name, address, prefix length) of a bridge that every host holds with the SAME
+#: address, as Docker gives every host docker0 with 172.17.0.1/16 (ompi#6240). 172.17.0.1 is outside
+#: 198.18.0.0/15, the only block the emulator uses, so the same condition is made inside it
+DOCKER_BRIDGE = ("docker0", "198.19.255.1", 24)
 PREFIXLEN = 24
 MACHINE_ADDRESS = f"{SUBNET}.254"   # this machine's end of the emulated network
 MAX_HOSTS = 200
@@ -113,6 +117,11 @@ class ClusterSpec:
         isolated_interface: also give every host this interface, with address
             198.18.1.I/24, on a network that joins nothing (a second NIC whose switch has
             no other host: a wrong interface to choose). "" : none.
+        docker_bridge: also give every host a bridge ``docker0`` holding the same address,
+            198.19.255.1/24, on every host, connected to nothing (:data:`DOCKER_BRIDGE`): what
+            Docker does with 172.17.0.1/16 on every host, made inside 198.18.0.0/15, the block
+            the emulator keeps to. A network on which every host has an address, but not one
+            of its own: MPI left to itself dials its own host there (ompi#6240).
     """
     hosts: int = 2
     slots: int = 1
@@ -124,6 +133,7 @@ class ClusterSpec:
     hostname: str = ""
     hostname_loopback: bool = False
     isolated_interface: str = ""
+    docker_bridge: bool = False
 
     def check(self) -> "ClusterSpec":
         """Return self, or raise :class:`UsageError` naming the option to change."""
@@ -147,6 +157,9 @@ class ClusterSpec:
                 r"[A-Za-z][A-Za-z0-9]{0,12}", self.isolated_interface)):
             raise UsageError(f"--isolated-interface {self.isolated_interface!r}: a name of letters and digits "
                              "(at most 13), not eth0 or lo, e.g. eth1")
+        if self.docker_bridge and self.isolated_interface == DOCKER_BRIDGE[0]:
+            raise UsageError(f"--isolated-interface {DOCKER_BRIDGE[0]} with --docker-bridge: two interfaces of one "
+                             "name; choose another name")
         return self
 
     def hostname_of(self, host: "Host") -> str:

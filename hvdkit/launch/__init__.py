@@ -24,6 +24,12 @@ What the built command contains (see :func:`~hvdkit.launch.command.build_command
   the whole environment and adds ``--allow-run-as-root`` itself; ``--mpi-args=--oversubscribe``
   is added when N exceeds the slots of the given hosts and the MPI is Open MPI.
 
+Across hosts (``-H``/``--hostfile`` naming other hosts) the network between them is read on
+every host and checked by connecting before launch, then given to the launcher
+(:mod:`~hvdkit.launch.network`): Open MPI ``--mca btl_tcp_if_include NET --mca
+oob_tcp_if_include NET``, MPICH ``-iface NAME``, horovodrun ``--network-interface NAME``, and
+``HVDKIT_NETWORK_INTERFACE`` on every rank; one line on stderr names the choice.
+
 Forwarded environment (``-x`` / ``-genvlist``): PATH, LD_LIBRARY_PATH, PYTHONPATH and every
 ``NCCL_*``, ``HOROVOD_*`` and ``HVDKIT_*`` variable set here, plus ``--env NAME[=VALUE]``.
 
@@ -40,6 +46,7 @@ the form each launcher gets), :mod:`~hvdkit.launch.slurm` (the hosts of a Slurm 
 when neither ``-H`` nor ``--hostfile`` is given), :mod:`~hvdkit.launch.command`
 (:class:`LaunchSpec`, :func:`build_command`, :func:`plan_command`, :func:`local_command`,
 the forwarded environment), :mod:`~hvdkit.launch.rankexec` (``--rank-exec``),
+:mod:`~hvdkit.launch.network` (MPI's network across hosts, chosen and checked before launch),
 :mod:`~hvdkit.launch.templates` (the Slurm and Kubernetes templates shipped in ``jobs/``),
 :mod:`~hvdkit.launch.cli` (flags and :func:`main`).
 """

@@ -83,8 +83,12 @@ def _parser() -> argparse.ArgumentParser:
                    help="extra arguments for the launcher, one quoted string "
                         "(e.g. --mpi-args=\"--mca btl tcp,self\")")
     g.add_argument("--network-interface", default="", metavar="IF[,IF]",
-                   help="the network between hosts, for MPI's TCP transport and for the servers hvdkit.train "
-                        "starts (HVDKIT_NETWORK_INTERFACE); default: each chooses (README: Addresses)")
+                   help="the network between hosts: interface names or CIDR networks (10.0.0.0/24), comma-separated, "
+                        "for MPI's TCP transport and for the servers hvdkit.train starts (HVDKIT_NETWORK_INTERFACE); "
+                        "a network is resolved to each host's interface name for launchers that take names only "
+                        "(horovodrun, MPICH, --elastic). Default across hosts: the first network on which every host "
+                        "has an address of its own (never loopback, link-local or a bridge with the same address "
+                        "everywhere, such as docker0), checked by connecting before launch and named in the log")
     g.add_argument("--max-restarts", type=int, default=0, metavar="N",
                    help="relaunch a job that fails (not on bad input) up to N times, with --resume from the "
                         "checkpoint in its --output-dir; a --hostfile is read again each time (default 0)")
@@ -93,8 +97,8 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--elastic", action="store_true",
                    help="an elastic Horovod job: horovodrun (Gloo) asks a discovery script, written into the job's "
                         "--output-dir, for the hosts of --hostfile every second; edit the file while the job runs "
-                        "(remove a host, add it back). Needs --hostfile, --output-dir and, across hosts, "
-                        "--network-interface")
+                        "(remove a host, add it back). Needs --hostfile and --output-dir; across hosts Gloo's "
+                        "interface is chosen as for MPI (one name on every host) unless --network-interface names it")
     g.add_argument("--min-np", type=int, default=1, metavar="A", help="--elastic: fewest ranks to train with (default 1)")
     g.add_argument("--max-np", type=int, default=None, metavar="B",
                    help="--elastic: most ranks (default: -np, which defaults to the hostfile's slots)")
@@ -201,6 +205,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             mpi = detect_mpi()[0] if needs_mpi else OPENMPI
         if mpi == OPENMPI and (ns.hosts or ns.hostfile):   # ring allreduce across hosts (see the epilog)
             spec = replace(spec, mpi_args=multi_host_mpi_args(spec.mpi_args, os.environ))
+        choice = _network(ns, mpi) if ns.hosts or ns.hostfile else None   # MPI's network, chosen and checked
+        if choice:
+            spec = replace(spec, network_interface=choice.interface, oob_interface=choice.oob_interface)
         def build(args: list[str]) -> list[str]:
             return plan_command(replace(spec, program=tuple(args)), mpi=mpi, is_root=os.geteuid() == 0,
                                 cores=local_cores())
@@ -238,11 +245,11 @@ def _elastic(ns, program: list[str]) -> int:
     if not cfg.output_dir:
         raise UsageError("--elastic needs --output-dir DIR (after '--') on a file system every host shares")
     hosts = [h.rpartition(":")[0] for h in discovered(ns.hostfile)]
-    interface = ns.network_interface or ("lo" if all(h in LOCAL_NAMES for h in hosts) else "")
-    if not interface:
-        raise UsageError("--elastic across hosts needs --network-interface IF (the network between the hosts; "
-                         "horovodrun's elastic mode otherwise stalls choosing one)")
-    check_own_name(interface, hosts)
+    choice = _network(ns, OPENMPI, elastic=True)   # Gloo's interface: one name, chosen and checked on every host
+    interface = choice.interface if choice else ns.network_interface or ("lo" if all(h in LOCAL_NAMES for h in hosts)
+                                                                         else "")
+    if interface:
+        check_own_name(interface, hosts)
     np_ = ns.np or slots_of(ns.hostfile)
     if ns.gloo_timeout < 1:
         raise UsageError(f"--gloo-timeout {ns.gloo_timeout}: must be at least 1 second")
@@ -255,6 +262,24 @@ def _elastic(ns, program: list[str]) -> int:
     if keepalive:   # a host whose link fails must end its ssh session, else the job waits for it
         env["PATH"] = keepalive + os.pathsep + env.get("PATH", "")
     return _exec(cmd, env, ns.dry_run)
+
+
+def _network(ns, mpi: str, elastic: bool = False):
+    """MPI's network for a launch across hosts (:func:`hvdkit.launch.network.choose`), or None
+    (one host, or the user's choice kept). Under ``--dry-run`` a host that cannot be read is
+    named in a note and the command printed without the choice."""
+    from hvdkit.launch.network import HostUnreadable, choose, host_names, user_chose
+
+    if user_chose(shlex.split(ns.mpi_args), os.environ) and not ns.network_interface:
+        return None
+    try:
+        return choose(host_names(ns.hosts, ns.hostfile), ns.network_interface, launcher=ns.launcher, mpi=mpi,
+                      elastic=elastic)
+    except HostUnreadable as e:
+        if not ns.dry_run:
+            raise
+        print(f"hvdkit-launch: note: --dry-run without MPI's network: {e}", file=sys.stderr, flush=True)
+        return None
 
 
 def _horovodrun() -> str:

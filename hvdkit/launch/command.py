@@ -100,6 +100,7 @@ class LaunchSpec:
     python: str = "python"
     binary: str = ""
     network_interface: str = ""
+    oob_interface: str | None = None
 
     def __post_init__(self) -> None:
         if self.np < 1:
@@ -182,7 +183,8 @@ def build_command(spec: LaunchSpec, *, mpi: str, is_root: bool, slots: int) -> l
         if oversubscribed:
             cmd.append("--oversubscribe")
         if iface:
-            cmd += ["--mca", "btl_tcp_if_include", iface, "--mca", "oob_tcp_if_include", iface]
+            oob = iface if spec.oob_interface is None else spec.oob_interface
+            cmd += ["--mca", "btl_tcp_if_include", iface] + (["--mca", "oob_tcp_if_include", oob] if oob else [])
         for name in spec.env_forward:
             cmd += ["-x", name]
         for k, v in env_set:

@@ -14,8 +14,11 @@ The command (run by the launching host, which must be one of the cluster's)::
         --host-discovery-script OUT/discover_hosts.sh --network-interface IF
         --blacklist-cooldown-range 10 60 [ARGS] python -m hvdkit.train ... --elastic
 
-``--network-interface`` is required across hosts: without it horovodrun's elastic mode was
-seen to stall for minutes choosing one. Every host's name must resolve to its address on that
+Across hosts ``--network-interface`` is always given: without it horovodrun's elastic mode was
+seen to stall for minutes choosing one. hvdkit-launch chooses it as it chooses MPI's network
+(:mod:`hvdkit.launch.network`: every host read and checked by connecting) and resolves a CIDR
+network the user gives to the one interface name Gloo takes (``HOROVOD_GLOO_IFACE`` is the
+first name only, and horovodrun's driver takes its own address from that name on this host). Every host's name must resolve to its address on that
 interface: Horovod 0.28's Gloo process sets (which every allreduce uses) take their address
 from the host name, not from the interface (a name resolving to 127.0.1.1, as Debian's
 /etc/hosts does, makes the ranks of that host unreachable); :func:`check_own_name` checks
@@ -124,13 +127,14 @@ def elastic_command(binary: str, np_: int, min_np: int, max_np: int, script: str
     if not 1 <= min_np <= np_ <= max_np:
         raise UsageError(f"--elastic: need 1 <= --min-np ({min_np}) <= -np ({np_}) <= --max-np ({max_np})")
     return ["env", f"HOROVOD_GLOO_TIMEOUT_SECONDS={gloo_timeout}", binary, "-np", str(np_), "--min-np", str(min_np),
-            "--max-np", str(max_np), "--host-discovery-script", script, "--network-interface", interface,
+            "--max-np", str(max_np), "--host-discovery-script", script,
+            *(["--network-interface", interface] if interface else []),
             "--blacklist-cooldown-range", str(COOLDOWN[0]), str(COOLDOWN[1]), *extra, *program]
 
 
 def check_own_name(interface: str, hosts: Sequence[str]) -> None:
     """Refuse to launch across hosts from a host whose name does not resolve to one of its
-    addresses on ``interface`` (:func:`hvdkit.startup.name_mismatch`). Not checked when every
+    addresses on ``interface`` (:func:`hvdkit.network.name_mismatch`). Not checked when every
     host is local.
 
     Raises:
@@ -138,7 +142,7 @@ def check_own_name(interface: str, hosts: Sequence[str]) -> None:
     """
     if all(h in LOCAL_NAMES for h in hosts):
         return
-    from hvdkit.startup import name_mismatch
+    from hvdkit.network import name_mismatch
 
     why = name_mismatch(interface)
     if why:

@@ -68,7 +68,7 @@ def test_dry_run_adds_elastic_and_defaults_np_to_the_slots(tmp_path, capsys):
     (["--elastic", "--hostfile", "H", "--", "--epochs", "2"], "needs --output-dir"),
     (["--elastic", "--hostfile", "H", "--max-restarts", "2", "--", "--output-dir", "o"], "choose one"),
     (["--elastic", "--hostfile", "H", "--", "--epochs", "0", "--output-dir", "o"], "--epochs"),
-    (["--elastic", "--hostfile", "R", "--", "--output-dir", "o"], "needs --network-interface"),
+    (["--elastic", "--hostfile", "R", "--", "--output-dir", "o"], "cannot read the network interfaces of host h1"),
 ])
 def test_bad_elastic_launches_are_refused_in_one_line(tmp_path, capsys, argv, message):
     (tmp_path / "H").write_text("localhost slots=2\n")
@@ -84,11 +84,11 @@ def test_a_host_name_on_loopback_is_named(monkeypatch):
     (the emulated hosts resolve theirs: tests/cluster/test_elastic.py)."""
     import socket
 
-    from hvdkit import startup
+    from hvdkit import network
     monkeypatch.setattr(socket, "gethostname", lambda: "node7")
     monkeypatch.setattr(socket, "gethostbyname", lambda name: "127.0.1.1")
-    monkeypatch.setattr(startup, "local_interfaces", lambda: [startup.Interface("eth0", "10.0.0.7", 24),
-                                                              startup.Interface("lo", "127.0.0.1", 8)])
+    monkeypatch.setattr(network, "local_interfaces", lambda: [network.Interface("eth0", "10.0.0.7", 24),
+                                                              network.Interface("lo", "127.0.0.1", 8)])
     why = name_mismatch("eth0")
     assert why.startswith("this host's name 'node7' resolves to 127.0.1.1 (loopback), not to its address on eth0 "
                           "(10.0.0.7)"), why
