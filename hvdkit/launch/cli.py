@@ -205,12 +205,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             mpi = detect_mpi()[0] if needs_mpi else OPENMPI
         if mpi == OPENMPI and (ns.hosts or ns.hostfile):   # ring allreduce across hosts (see the epilog)
             spec = replace(spec, mpi_args=multi_host_mpi_args(spec.mpi_args, os.environ))
-        choice = _network(ns, mpi) if ns.hosts or ns.hostfile else None   # MPI's network, chosen and checked
-        if choice:
-            spec = replace(spec, network_interface=choice.interface, oob_interface=choice.oob_interface)
         def build(args: list[str]) -> list[str]:
             return plan_command(replace(spec, program=tuple(args)), mpi=mpi, is_root=os.geteuid() == 0,
                                 cores=local_cores())
+
+        build(list(spec.program))   # the hosts and flags refused first, before any host is asked
+        choice = _network(ns, mpi) if ns.hosts or ns.hostfile else None   # MPI's network, chosen and checked
+        if choice:
+            spec = replace(spec, network_interface=choice.interface, oob_interface=choice.oob_interface)
 
         if ns.max_restarts:   # every attempt's ranks see HVDKIT_RESTART (results.json: restarts)
             spec = replace(spec, env_forward=tuple(sorted({*spec.env_forward, RESTART_ENV})))

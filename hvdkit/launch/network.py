@@ -54,7 +54,7 @@ from typing import Callable, Mapping, Sequence
 
 import hvdkit
 from hvdkit.errors import UsageError
-from hvdkit.launch.hosts import parse_hostfile, parse_hosts
+from hvdkit.launch.hosts import parse_hosts, read_hostfile
 from hvdkit.launch.mpi import HOROVODRUN, MPICH
 from hvdkit.network import (PROBE_S, Interface, candidates, connect_all, describe, is_cidr, local_interfaces,
                             names_for, network_of)
@@ -102,15 +102,10 @@ def host_names(hosts: str, hostfile: str) -> list[str]:
     if hosts:
         entries = parse_hosts(hosts)
     elif hostfile:
-        try:
-            with open(hostfile) as fh:
-                text = fh.read()
-        except OSError as e:
-            raise UsageError(f"--hostfile {hostfile}: cannot read it ({e.strerror})") from None
-        entries, _ = parse_hostfile(text, hostfile)
+        entries = read_hostfile(hostfile)
     else:
         return []
-    return list(dict.fromkeys(h for h, _ in entries))
+    return list(dict.fromkeys(f"{h.user}@{h.name}" if h.user else h.name for h in entries))
 
 
 def is_local(name: str) -> bool:
