@@ -233,7 +233,8 @@ def check_moved(before: int, model, history: Sequence[Mapping[str, Any]], loss_s
     Args:
         before: :func:`trainable_crc` of ``model`` when the epoch began.
         model: the model holding the weights just evaluated.
-        history: the epochs' rows so far (``loss``: the epoch's mean training loss), this one last.
+        history: the epochs' rows so far (``loss``: the epoch's mean training loss; ``samples``: trained
+            in it, 0 for an epoch without steps, which is never a stall), this one last.
         loss_scale: the run's :class:`hvdkit.precision.DynamicLossScale` or None. While its scale is
             still falling after skipped steps, an unmoved epoch is not yet a stall.
 
@@ -242,9 +243,10 @@ def check_moved(before: int, model, history: Sequence[Mapping[str, Any]], loss_s
             equals the previous epoch's (relative 1e-5; the first epoch: no loss to compare, the weights
             alone decide); one line: the epoch, the loss, the likely causes.
     """
-    if trainable_crc(model) != before or (loss_scale is not None and loss_scale.searching):
-        return
     row = history[-1]
+    if not row.get("samples", 1) or trainable_crc(model) != before or (loss_scale is not None and
+                                                                       loss_scale.searching):
+        return                                  # an epoch without steps (a finished run resumed) moves nothing
     loss = float(row["loss"])
     if len(history) > 1 and not math.isclose(loss, float(history[-2]["loss"]), rel_tol=1e-5, abs_tol=1e-7):
         return

@@ -201,6 +201,7 @@ def test_check_moved_lets_a_learning_run_go_on():
     crc = trainable_crc(m)
     check_moved(crc, m, _rows(2.3, 1.9))                                      # the loss moved (dropout, ...)
     check_moved(crc ^ 1, m, _rows(2.3))                                       # a weight moved
+    check_moved(crc, m, [{"epoch": 1, "loss": 0.0, "samples": 0}])             # no step in the epoch
     searching = DynamicLossScale(initial=8.0)
     searching.update(False)
     check_moved(crc, m, _rows(2.3), loss_scale=searching)                     # the scale is still falling
