@@ -37,6 +37,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from hvdkit.errors import UsageError
 
 __all__ = ["DynamicLossScale", "INITIAL_SCALE", "GROWTH_STEPS", "mixed_policy", "loss_scale_for"]
@@ -103,6 +105,24 @@ class DynamicLossScale:
         self.scale = max(self.scale / _FACTOR, 1.0)
         self.good_steps = 0
         return True
+
+    def state(self) -> np.ndarray:
+        """float64[5]: scale, good steps, steps, skipped, skipped in a row (for checkpoints; exact: a
+        float64 holds these powers of two and counts)."""
+        return np.array([self.scale, self.good_steps, self.steps, self.skipped, self.skipped_in_a_row], np.float64)
+
+    def load(self, state: np.ndarray) -> None:
+        """Restore :meth:`state` (``--resume``: the scale goes on where the checkpoint left it, as
+        Keras's LossScaleOptimizer restores its ``loss_scale`` and counter).
+
+        Raises:
+            ValueError: not 5 values.
+        """
+        a = np.asarray(state, np.float64).reshape(-1)
+        if a.size != 5:
+            raise ValueError(f"a loss-scale state holds 5 values, got {a.size}")
+        self.scale = float(a[0])
+        self.good_steps, self.steps, self.skipped, self.skipped_in_a_row = (int(v) for v in a[1:])
 
     @property
     def searching(self) -> bool:

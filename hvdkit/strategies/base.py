@@ -86,6 +86,9 @@ from hvdkit.timing import StepTimer
 
 __all__ = ["Strategy", "ReplicaStrategy", "average_statistics", "check_model_arrays", "NUM_SERVERS", "COMPRESSION"]
 
+#: the checkpoint array holding the loss scale's state (:meth:`Strategy.loss_scale_state`)
+LOSS_SCALE_KEY = "loss_scale"
+
 #: ``--num-servers K``, shared by hvdkit's parameter server and tf-ps (one declaration).
 NUM_SERVERS = Option("num_servers", int, 1, "parameter-server ranks: ps-* serve on the last K ranks (unless "
                      "--ps-colocated), tf-ps on ranks 1..K (rank 0 is its chief)", "parameter server",
@@ -274,7 +277,18 @@ class Strategy(abc.ABC):
         out = {f"model/{i}": w for i, w in enumerate(self.model.get_weights())}
         for i, v in enumerate(self.optimizer.variables):
             out[f"optimizer/{i}"] = v.numpy()
-        return out
+        return {**out, **self.loss_scale_state()}
+
+    def loss_scale_state(self) -> dict[str, np.ndarray]:
+        """``{"loss_scale": ...}`` (:meth:`hvdkit.precision.DynamicLossScale.state`) when the run is
+        loss-scaled, else {}: what :meth:`state` adds so that ``--resume`` keeps the scale."""
+        return {} if self.loss_scale is None else {LOSS_SCALE_KEY: self.loss_scale.state()}
+
+    def load_loss_scale(self, arrays: dict[str, np.ndarray]) -> None:
+        """Restore the loss scale from a checkpoint's ``arrays`` (a checkpoint without one, or a run
+        without loss scaling: nothing to do; the scale then starts afresh)."""
+        if self.loss_scale is not None and LOSS_SCALE_KEY in arrays:
+            self.loss_scale.load(arrays[LOSS_SCALE_KEY])
 
     def check_state(self, arrays: dict[str, np.ndarray], meta: dict[str, Any], model) -> None:
         """Refuse a checkpoint this run cannot restore; rank 0, set-up, before any rank loads.
@@ -298,6 +312,7 @@ class Strategy(abc.ABC):
         self.model.set_weights([arrays[f"model/{i}"] for i in range(n)])
         for i, v in enumerate(self.optimizer.variables):
             v.assign(arrays[f"optimizer/{i}"])
+        self.load_loss_scale(arrays)
 
 
 class ReplicaStrategy(Strategy):

@@ -9,7 +9,9 @@ One 3-rank job (``tests/parallel/train_many.py``) trains, on digits:
   gradient underflows to 0, the run of issue 22 that printed loss 2.3026 every epoch) under the
   same three strategies, next to its float32 twin: with hvdkit's dynamic loss scale it learns as
   the twin does, and results.json records the loss scale and the skipped steps;
-* :func:`tests.user_models.mixed_bfloat16` under ring: trains, no loss scale (none needed).
+* :func:`tests.user_models.mixed_bfloat16` under ring: trains, no loss scale (none needed);
+* the mixed_float16 ring run in two parts (``--checkpoint``, then ``--resume``): the loss scale
+  is restored with the checkpoint.
 
 Single-process launches (no MPI): a model whose weights cannot move ends with one line, status 1;
 a ``mixed_float16`` model under a strategy that does not loss-scale (tf-mirrored) is refused in
@@ -56,6 +58,10 @@ def job(tmp_path_factory):
         runs.append((name, n, ["--strategy", strategy, *extra, "--model", f"tests.user_models:{model}", *flags,
                                *COMMON, "--output-dir", str(_dir(d, name)),
                                "--export-weights", str(_dir(d, name)) + ".npz"]))
+    resumed = ["--strategy", "ring", "--model", "tests.user_models:mixed_float16", *MIXED, "--seed", "0",
+               "--no-tensorboard", "--checkpoint", "--output-dir", str(_dir(d, "resumed"))]
+    runs += [("mixed_float16 ring 2 epochs", 2, [*resumed, "--epochs", "2"]),
+             ("mixed_float16 ring resumed", 2, [*resumed, "--epochs", str(EPOCHS), "--resume"])]
     train_many(3, runs, d, timeout=420)
     return d
 
@@ -89,6 +95,15 @@ def test_half_precision_trains_as_its_float32_twin(name, job):
         assert ls["steps"] == res["final"]["steps"] and 0 <= ls["skipped_steps"] < ls["steps"]
         assert ls["final_scale"] == 2.0 ** 15 / 2 ** ls["skipped_steps"]       # < 2000 steps: no growth yet
         assert {a.dtype.name for a in weights.values()} == {"float32"}          # float32 variables
+
+
+def test_a_resumed_run_keeps_its_loss_scale(job):
+    """2 epochs with --checkpoint, then --resume to EPOCHS: the loss scale counts every step of the
+    run (restored from the checkpoint, not started afresh) and the run ends as the uninterrupted one."""
+    res = load_results(_dir(job, "resumed"))
+    whole = load_results(_dir(job, "mixed_float16 ring"))
+    assert res["loss_scale"]["steps"] == whole["loss_scale"]["steps"] == res["final"]["steps"]
+    assert res["final"]["eval_accuracy"] == pytest.approx(whole["final"]["eval_accuracy"], abs=0.02)
 
 
 def test_mixed_bfloat16_trains_without_a_loss_scale(job):

@@ -49,6 +49,17 @@ def test_a_scale_that_would_overflow_is_kept():
     assert s.scale == 2.0 ** 1023 and math.isfinite(s.scale)
 
 
+def test_state_round_trips_for_checkpoints():
+    s = DynamicLossScale(initial=64.0, growth_steps=3)
+    for finite in (True, False, False, True):
+        s.update(finite)
+    t = DynamicLossScale()
+    t.load(s.state())
+    assert (t.scale, t.good_steps, t.steps, t.skipped, t.skipped_in_a_row) == (16.0, 1, 4, 2, 0)
+    with pytest.raises(ValueError, match="5 values"):
+        t.load(np.zeros(3))
+
+
 @pytest.mark.parametrize("bad", [{"initial": 0.0}, {"growth_steps": 0}])
 def test_bad_arguments_are_refused(bad):
     with pytest.raises(ValueError):

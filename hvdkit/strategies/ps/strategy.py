@@ -302,7 +302,7 @@ class PSStrategy(Strategy):
             out[f"ps/shard{k}/counters"] = np.array([version, iters], np.int64)
         for j, v in enumerate(self.model.non_trainable_variables):
             out[f"ps/non_trainable/{j}"] = v.numpy()
-        return out
+        return {**out, **self.loss_scale_state()}
 
     @staticmethod
     def _old_shards(arrays) -> list[tuple[np.ndarray, int, int]]:
@@ -364,6 +364,7 @@ class PSStrategy(Strategy):
         for j, v in enumerate(self.model.non_trainable_variables):
             if f"ps/non_trainable/{j}" in arrays:  # absent from checkpoints of older versions
                 v.assign(arrays[f"ps/non_trainable/{j}"])
+        self.load_loss_scale(arrays)
         self.world.comm.Barrier()  # no push may reach a colocated server before it has loaded
 
 
