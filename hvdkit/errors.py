@@ -1,6 +1,6 @@
 """hvdkit's exception types (all subclass built-ins, as mpi4py's do)."""
 
-__all__ = ["UsageError", "ProtocolError"]
+__all__ = ["UsageError", "ProtocolError", "TrainingStalled"]
 
 
 class UsageError(ValueError):
@@ -13,3 +13,11 @@ class UsageError(ValueError):
 
 class ProtocolError(RuntimeError):
     """A message between ranks broke the wire protocol (wrong kind, name, shape, dtype)."""
+
+
+class TrainingStalled(RuntimeError):
+    """Training cannot be learning: no trainable weight moved over a whole epoch (its loss the same).
+
+    Raised by rank 0 at an epoch end (:func:`hvdkit.results.check_moved`); it ends the job like a
+    divergence (status 1), so such a run is never reported as a success.
+    """

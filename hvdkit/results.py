@@ -14,14 +14,15 @@ import math
 import os
 import platform
 import tempfile
+import zlib
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from hvdkit.errors import UsageError
+from hvdkit.errors import TrainingStalled, UsageError
 
 __all__ = ["atomic_write", "write_json", "write_csv", "save_npz", "load_npz", "versions",
-           "weights_to_arrays", "make_writable_dir", "first_nonfinite"]
+           "weights_to_arrays", "make_writable_dir", "first_nonfinite", "trainable_crc", "check_moved"]
 
 
 def atomic_write(path: str, data: bytes) -> None:
@@ -216,3 +217,41 @@ def first_nonfinite(named) -> str | None:
         if not finite.all():
             return f"{name} ({a.size - int(np.count_nonzero(finite))} of {a.size} values non-finite)"
     return None
+
+
+def trainable_crc(model) -> int:
+    """CRC-32 of the bytes of ``model.trainable_variables``, in order (what :func:`check_moved` compares)."""
+    crc = 0
+    for v in model.trainable_variables:
+        crc = zlib.crc32(np.ascontiguousarray(v.numpy()).tobytes(), crc)
+    return crc
+
+
+def check_moved(before: int, model, history: Sequence[Mapping[str, Any]], loss_scale=None) -> None:
+    """Refuse to go on with a run that is not learning: rank 0, at an epoch end.
+
+    Args:
+        before: :func:`trainable_crc` of ``model`` when the epoch began.
+        model: the model holding the weights just evaluated.
+        history: the epochs' rows so far (``loss``: the epoch's mean training loss; ``samples``: trained
+            in it, 0 for an epoch without steps, which is never a stall), this one last.
+        loss_scale: the run's :class:`hvdkit.precision.DynamicLossScale` or None. While its scale is
+            still falling after skipped steps, an unmoved epoch is not yet a stall.
+
+    Raises:
+        TrainingStalled: no trainable weight changed, bitwise, over the epoch, and its training loss
+            equals the previous epoch's (relative 1e-5; the first epoch: no loss to compare, the weights
+            alone decide); one line: the epoch, the loss, the likely causes.
+    """
+    row = history[-1]
+    if not row.get("samples", 1) or trainable_crc(model) != before or (loss_scale is not None and
+                                                                       loss_scale.searching):
+        return                                  # an epoch without steps (a finished run resumed) moves nothing
+    loss = float(row["loss"])
+    if len(history) > 1 and not math.isclose(loss, float(history[-2]["loss"]), rel_tol=1e-5, abs_tol=1e-7):
+        return
+    raise TrainingStalled(f"training is stuck: no trainable weight changed during epoch {row['epoch']} and the "
+                          f"training loss stayed {loss:.4f}; every gradient is zero (frozen or disconnected layers, "
+                          f"dead activations, or float16 gradients that underflow: a float16 model trains better "
+                          f"under Keras's mixed_float16 policy, which hvdkit loss-scales); stopping instead of "
+                          f"reporting success")

@@ -22,7 +22,7 @@ from hvdkit.models import model_input_shape
 from hvdkit.timing import StepTimer
 
 __all__ = ["configure_threads", "thread_counts", "make_optimizer", "dense_gradients", "make_step_functions",
-           "make_fused_step", "eval_fn", "evaluate", "straggle"]
+           "make_fused_step", "all_finite", "eval_fn", "evaluate", "straggle"]
 
 
 def thread_counts(requested: int, local_size: int, host_cores: int, affinity_cores: int) -> tuple[int, int]:
@@ -83,7 +83,7 @@ def eval_fn(model):
 
     @tf.function(input_signature=_signature(model))
     def fn(x, y):
-        logits = model(x, training=False)
+        logits = _wide_logits(model(x, training=False))
         loss = tf.reduce_sum(tf.keras.losses.sparse_categorical_crossentropy(y, logits, from_logits=True))
         return loss, tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, 1), y), tf.int32))
 
@@ -124,28 +124,75 @@ def straggle(cfg: Config, rank: int, compute_s: float, timer: StepTimer | None =
     return extra
 
 
-def _signature(model):
-    """Input signature (x: (batch, *input_shape) float32, y: (batch,) int64), any batch size.
+def _signature(model, loss_scale: bool = False):
+    """Input signature (x: (batch, *input_shape) float32, y: (batch,) int64), any batch size, and
+    with ``loss_scale`` the loss scale (a float32 scalar: a new value retraces nothing).
 
     ``input_shape`` is :func:`hvdkit.models.model_input_shape` (the data's sample shape the
     model was built for), never ``model.input_shape``, which subclassed models lack.
     """
     import tensorflow as tf
 
-    return [tf.TensorSpec((None, *model_input_shape(model)), tf.float32), tf.TensorSpec((None,), tf.int64)]
+    return [tf.TensorSpec((None, *model_input_shape(model)), tf.float32), tf.TensorSpec((None,), tf.int64),
+            *([tf.TensorSpec((), tf.float32)] if loss_scale else [])]
 
 
-def _loss_correct_grads(model, x, y):
-    """(summed cross-entropy, correct predictions, gradients of the MEAN loss) of one batch."""
+def _wide_logits(logits):
+    """Half-precision logits (a float16/bfloat16 last layer, Keras's mixed policies) as float32, so that
+    the cross-entropy, its sum over the batch and the scaled loss are computed in float32 (Keras's
+    mixed-precision guide asks the same of a model's last layer); other dtypes as they are."""
+    import tensorflow as tf
+
+    return tf.cast(logits, tf.float32) if logits.dtype in (tf.float16, tf.bfloat16) else logits
+
+
+def _loss_correct_grads(model, x, y, scale=None):
+    """(summed cross-entropy, correct predictions, gradients of the MEAN loss) of one batch.
+
+    ``scale`` (a float32 scalar tensor, :class:`hvdkit.precision.DynamicLossScale`'s): the
+    gradients are those of ``scale x mean loss``, each divided by ``scale`` in its own dtype
+    (Keras's ``get_scaled_loss`` / ``get_unscaled_gradients``); the loss returned is unscaled.
+    """
     import tensorflow as tf
 
     with tf.GradientTape() as tape:
-        logits = model(x, training=True)                                    # (batch, classes)
+        logits = _wide_logits(model(x, training=True))                      # (batch, classes)
         losses = tf.keras.losses.sparse_categorical_crossentropy(y, logits, from_logits=True)
         loss = tf.reduce_mean(losses)
+        if scale is not None:
+            loss = loss * tf.cast(scale, loss.dtype)
     grads = tape.gradient(loss, model.trainable_variables)
+    if scale is not None:
+        grads = [g if g is None else g / tf.cast(scale, g.dtype) for g in grads]
     correct = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, 1), y), tf.int32))
     return tf.reduce_sum(losses), correct, grads
+
+
+def all_finite(grads):
+    """A boolean scalar tensor: every element of every tensor in ``grads`` is finite."""
+    import tensorflow as tf
+
+    return tf.reduce_all(tf.stack([tf.reduce_all(tf.math.is_finite(g)) for g in grads])) if grads \
+        else tf.constant(True)
+
+
+def _apply(optimizer, grads, variables, skip_nonfinite: bool):
+    """``optimizer.apply_gradients``; with ``skip_nonfinite`` only when every gradient is finite (a
+    skipped step changes no variable, slot or iteration count, as Keras's LossScaleOptimizer).
+    Returns the boolean scalar tensor "all finite" (True when not checked)."""
+    import tensorflow as tf
+
+    if not skip_nonfinite:
+        optimizer.apply_gradients(zip(grads, variables))
+        return tf.constant(True)
+    finite = all_finite(grads)
+
+    def apply():
+        optimizer.apply_gradients(zip(grads, variables))
+        return tf.constant(True)
+
+    tf.cond(finite, apply, lambda: tf.constant(False))
+    return finite
 
 
 def dense_gradients(grads, variables) -> list:
@@ -185,34 +232,42 @@ def dense_gradients(grads, variables) -> list:
     return [tf.zeros_like(v) if g is None else tf.convert_to_tensor(g) for g, v in zip(grads, variables)]
 
 
-def make_step_functions(model, optimizer):
+def make_step_functions(model, optimizer, loss_scaling: bool = False):
     """Compiled gradient and update functions shared by the replica strategies.
 
+    Args:
+        model, optimizer: the built Keras model and optimizer.
+        loss_scaling: the functions take a loss scale (:mod:`hvdkit.precision`): ``grads_fn``
+            a third argument ``scale`` (a float32 scalar; the gradients come back unscaled) and
+            ``apply_fn`` applies only gradients that are all finite.
+
     Returns:
-        ``grads_fn(x, y) -> (loss_sum, correct, grads)`` where loss_sum is the summed
-        cross-entropy (a scalar of the logits' dtype, float32 for the shared models),
-        correct an int32 scalar and grads a list of dense tensors shaped and typed like
+        ``grads_fn(x, y[, scale]) -> (loss_sum, correct, grads)`` where loss_sum is the summed
+        cross-entropy (float32 for half-precision logits, else the logits' dtype), correct an
+        int32 scalar and grads a list of dense tensors shaped and typed like
         ``model.trainable_variables`` (gradients of the batch MEAN loss, through
         :func:`dense_gradients`: None as zeros, IndexedSlices summed into dense rows);
-        and ``apply_fn(grads)`` applying them with ``optimizer``.
+        and ``apply_fn(grads) -> finite`` applying them with ``optimizer`` (with
+        ``loss_scaling``: only if every gradient is finite); ``finite`` a boolean scalar tensor.
     """
     import tensorflow as tf
 
     variables = model.trainable_variables
 
-    @tf.function(input_signature=_signature(model))
-    def grads_fn(x, y):
-        loss_sum, correct, grads = _loss_correct_grads(model, x, y)
+    def grads_of(x, y, scale=None):
+        loss_sum, correct, grads = _loss_correct_grads(model, x, y, scale)
         return loss_sum, correct, dense_gradients(grads, variables)
+
+    grads_fn = tf.function(grads_of, input_signature=_signature(model, loss_scaling))
 
     @tf.function
     def apply_fn(grads):
-        optimizer.apply_gradients(zip(grads, variables))
+        return _apply(optimizer, grads, variables, loss_scaling)
 
     return grads_fn, apply_fn
 
 
-def make_fused_step(model, optimizer, allreduce):
+def make_fused_step(model, optimizer, allreduce, loss_scaling: bool = False):
     """One compiled step: gradients (:func:`dense_gradients`), ``allreduce(grads)`` (a graph op), update.
 
     The communication time is measured inside the graph: ``tf.timestamp()`` ops ordered by
@@ -220,18 +275,23 @@ def make_fused_step(model, optimizer, allreduce):
     Sparse gradients are made dense before the allreduce (Horovod's ``sparse_as_dense``):
     one allreduce of 2 (N-1)/N x S bytes per rank instead of allgathers that grow with N.
 
+    ``loss_scaling`` (:mod:`hvdkit.precision`): the step takes a third argument, the float32
+    loss scale; the gradients are unscaled before the allreduce and the update is applied only
+    when every *reduced* gradient is finite (identical on every rank, so every rank skips the
+    same steps).
+
     Returns:
-        ``step(x, y) -> (loss_sum, correct, comm_seconds, comm_start)``, float32 (the logits'
-        dtype) / int32 / float64 / float64 scalars; ``comm_start`` is when the allreduce began,
-        in seconds since the epoch (``tf.timestamp``, as ``time.time()``).
+        ``step(x, y[, scale]) -> (loss_sum, correct, comm_seconds, comm_start, finite)``, float32
+        (the logits' dtype) / int32 / float64 / float64 / bool scalars; ``comm_start`` is when
+        the allreduce began, in seconds since the epoch (``tf.timestamp``, as ``time.time()``);
+        ``finite`` whether the update was applied (always True without ``loss_scaling``).
     """
     import tensorflow as tf
 
     variables = model.trainable_variables
 
-    @tf.function(input_signature=_signature(model))
-    def step(x, y):
-        loss_sum, correct, grads = _loss_correct_grads(model, x, y)
+    def step_of(x, y, scale=None):
+        loss_sum, correct, grads = _loss_correct_grads(model, x, y, scale)
         grads = dense_gradients(grads, variables)
         with tf.control_dependencies(grads):
             t0 = tf.timestamp()
@@ -239,9 +299,9 @@ def make_fused_step(model, optimizer, allreduce):
             reduced = allreduce(grads)
         with tf.control_dependencies(reduced):
             t1 = tf.timestamp()
-        optimizer.apply_gradients(zip(reduced, variables))
-        return loss_sum, correct, t1 - t0, t0
+        finite = _apply(optimizer, reduced, variables, loss_scaling)
+        return loss_sum, correct, t1 - t0, t0, finite
 
-    return step
+    return tf.function(step_of, input_signature=_signature(model, loss_scaling))
 
 

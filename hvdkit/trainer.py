@@ -29,6 +29,7 @@ from hvdkit.config import Config
 from hvdkit.data import Dataset, batches, epoch_shard, load_dataset
 from hvdkit.errors import UsageError
 from hvdkit.models import build_model, check_model_name
+from hvdkit.precision import loss_scale_for
 from hvdkit.startup import StartupDeadline, phase
 from hvdkit.steps import configure_threads, make_optimizer
 from hvdkit.strategies import get_strategy
@@ -115,6 +116,7 @@ def _build(cfg: Config, w: World, cls, data: Dataset):
     with strategy.scope():
         model = build_model(cfg.model, data.input_shape, data.num_classes, seed=cfg.seed)
         optimizer = make_optimizer(cfg, strategy.lr_scale)
+    strategy.loss_scale = loss_scale_for(model, strategy)  # mixed_float16: scaled, or refused here
     return strategy, model, optimizer, part
 
 
@@ -291,6 +293,7 @@ def train_epochs(loop: Loop, p: Progress, commit=None) -> None:
         t_log = t_epoch
         sums = np.zeros(4, np.float64)  # loss_sum, correct, samples, steps (after p.start on a mid-epoch resume)
         all_batches = list(batches(idx, cfg.batch_size))
+        crc = R.trainable_crc(model) if w.is_rank0 else None   # the weights the epoch starts from
         for i, b in enumerate(all_batches):
             if cfg.max_steps and p.global_step >= cfg.max_steps:
                 break
@@ -340,6 +343,7 @@ def train_epochs(loop: Loop, p: Progress, commit=None) -> None:
             if bad or not math.isfinite(row["eval_loss"]):  # finite logits give a finite loss
                 _diverged(cfg, w, model, p.global_step, epoch, "the weights at the end of the epoch are not all "
                           "finite" if bad else f"the evaluation loss is {row['eval_loss']}", loop.kept, bad)
+            R.check_moved(crc, model, p.history, strategy.loss_scale)  # not learning: TrainingStalled, status 1
         p.epoch, p.start = epoch + 1, 0
         if cfg.checkpoint:
             loop.kept = _checkpoint(cfg, w, strategy, model, loop.ckpt_path, loop.kept, epoch, p)
@@ -490,6 +494,7 @@ def finish(loop: Loop, history: list, out_dir: str, extra: dict | None = None) -
                        "time, warm-up step excluded"},
         "timing": {**timing, "unit": "seconds per step, mean over ranks", "warmup_steps_excluded": timer.warmup},
         "ranks": ranks,
+        **({"loss_scale": strategy.loss_scale.summary()} if strategy.loss_scale is not None else {}),
         "wall_s": time.perf_counter() - t_start,
         **report,
         **(extra or {}),

@@ -86,6 +86,9 @@ from hvdkit.timing import StepTimer
 
 __all__ = ["Strategy", "ReplicaStrategy", "average_statistics", "check_model_arrays", "NUM_SERVERS", "COMPRESSION"]
 
+#: the checkpoint array holding the loss scale's state (:meth:`Strategy.loss_scale_state`)
+LOSS_SCALE_KEY = "loss_scale"
+
 #: ``--num-servers K``, shared by hvdkit's parameter server and tf-ps (one declaration).
 NUM_SERVERS = Option("num_servers", int, 1, "parameter-server ranks: ps-* serve on the last K ranks (unless "
                      "--ps-colocated), tf-ps on ranks 1..K (rank 0 is its chief)", "parameter server",
@@ -165,6 +168,13 @@ class Strategy(abc.ABC):
     #: ``--timeline``: this rank's :class:`hvdkit.timeline.Timeline`, set by the trainer before
     #: :meth:`setup` (None: no tracing); a strategy may record finer spans into it
     trace = None
+    #: whether this row applies dynamic loss scaling (:mod:`hvdkit.precision`) to a ``mixed_float16``
+    #: model, skipping the same steps on every rank; the trainer refuses such a model where it is False
+    loss_scaling: ClassVar[bool] = False
+    #: the run's :class:`hvdkit.precision.DynamicLossScale`, set by the trainer before :meth:`setup`
+    #: (None: no loss scaling); the row scales the loss by ``loss_scale.scale`` and reports each
+    #: step's verdict to ``loss_scale.update``
+    loss_scale = None
 
     def __init__(self, cfg: Config, world: World):
         self.check(cfg, world)
@@ -267,7 +277,18 @@ class Strategy(abc.ABC):
         out = {f"model/{i}": w for i, w in enumerate(self.model.get_weights())}
         for i, v in enumerate(self.optimizer.variables):
             out[f"optimizer/{i}"] = v.numpy()
-        return out
+        return {**out, **self.loss_scale_state()}
+
+    def loss_scale_state(self) -> dict[str, np.ndarray]:
+        """``{"loss_scale": ...}`` (:meth:`hvdkit.precision.DynamicLossScale.state`) when the run is
+        loss-scaled, else {}: what :meth:`state` adds so that ``--resume`` keeps the scale."""
+        return {} if self.loss_scale is None else {LOSS_SCALE_KEY: self.loss_scale.state()}
+
+    def load_loss_scale(self, arrays: dict[str, np.ndarray]) -> None:
+        """Restore the loss scale from a checkpoint's ``arrays`` (a checkpoint without one, or a run
+        without loss scaling: nothing to do; the scale then starts afresh)."""
+        if self.loss_scale is not None and LOSS_SCALE_KEY in arrays:
+            self.loss_scale.load(arrays[LOSS_SCALE_KEY])
 
     def check_state(self, arrays: dict[str, np.ndarray], meta: dict[str, Any], model) -> None:
         """Refuse a checkpoint this run cannot restore; rank 0, set-up, before any rank loads.
@@ -291,6 +312,7 @@ class Strategy(abc.ABC):
         self.model.set_weights([arrays[f"model/{i}"] for i in range(n)])
         for i, v in enumerate(self.optimizer.variables):
             v.assign(arrays[f"optimizer/{i}"])
+        self.load_loss_scale(arrays)
 
 
 class ReplicaStrategy(Strategy):
@@ -304,13 +326,21 @@ class ReplicaStrategy(Strategy):
     """
 
     graph_allreduce: ClassVar[bool] = False
+    loss_scaling = True  # the finite check runs on the averaged gradients, identical on every rank
 
     def setup(self, model, optimizer) -> None:
         self.model, self.optimizer = model, optimizer
         optimizer.build(model.trainable_variables)  # create slots now so they can be broadcast
-        self._grads_fn, self._apply_fn = make_step_functions(model, optimizer)
-        self._fused = make_fused_step(model, optimizer, self.allreduce) if self.graph_allreduce else None
+        self.build_steps()
         self.broadcast([*model.variables, *optimizer.variables])
+
+    def build_steps(self) -> None:
+        """Trace this row's step functions (:mod:`hvdkit.steps`) for ``self.model`` and
+        ``self.optimizer``, with loss scaling when :attr:`loss_scale` is set. Local."""
+        scaled = self.loss_scale is not None
+        self._grads_fn, self._apply_fn = make_step_functions(self.model, self.optimizer, scaled)
+        self._fused = make_fused_step(self.model, self.optimizer, self.allreduce, scaled) \
+            if self.graph_allreduce else None
 
     @abc.abstractmethod
     def allreduce(self, grads: Sequence) -> list:
@@ -326,10 +356,16 @@ class ReplicaStrategy(Strategy):
         return self.metrics_comm
 
     def train_step(self, x, y, timer):
+        """One synchronous step. With a loss scale, the step's verdict (were the averaged gradients
+        finite: the same on every rank) goes to ``loss_scale.update``; a non-finite step was not applied."""
         t0 = time.perf_counter()
+        ls = self.loss_scale
+        args = (x, y) if ls is None else (x, y, np.float32(ls.scale))
         if self._fused is not None:
-            loss_sum, correct, comm_s, comm_t0 = self._fused(x, y)
+            loss_sum, correct, comm_s, comm_t0, finite = self._fused(*args)
             loss_sum, correct, comm_s = float(loss_sum), int(correct), float(comm_s)
+            if ls is not None:
+                ls.update(bool(finite))
             total = time.perf_counter() - t0
             if timer.trace is None:
                 timer.add("comm", comm_s)
@@ -339,12 +375,14 @@ class ReplicaStrategy(Strategy):
             straggle(self.cfg, self.world.rank, total - comm_s, timer)
             return loss_sum, correct, len(y)
         with timer.phase("compute", "forward/backward"):
-            loss_sum, correct, grads = self._grads_fn(x, y)
+            loss_sum, correct, grads = self._grads_fn(*args)
         straggle(self.cfg, self.world.rank, time.perf_counter() - t0, timer)
         with timer.phase("comm", "allreduce"):
             grads = self.allreduce(grads)
         with timer.phase("compute", "apply"):
-            self._apply_fn(grads)
+            finite = self._apply_fn(grads)
+        if ls is not None:
+            ls.update(bool(finite))
         return float(loss_sum), int(correct), len(y)
 
     def _trace_fused(self, timer, t0: float, total: float, comm_s: float, comm_start: float) -> None:

@@ -12,7 +12,8 @@ Gradients that are not one dense float32 tensor per variable (:func:`hvdkit.step
 a ``None`` gradient is reduced as zeros; an ``IndexedSlices`` one (an Embedding) is made dense
 before the allreduce, duplicate rows summed (Horovod's ``sparse_as_dense=True``; Horovod's
 default would allgather values and indices, whose bytes grow with N); float64 and float16
-gradients keep their dtype (one grouped allreduce per dtype). Horovod 0.28 has no bfloat16
+gradients keep their dtype (one grouped allreduce per dtype; float16 ones scaled by a power of two agreed
+by every rank, as with ``--compression fp16`` below, so that Horovod's float16 sum cannot overflow). Horovod 0.28 has no bfloat16
 (neither allreduce nor broadcast): a model with a bfloat16 variable is refused at set-up.
 
 Bytes per step per rank: 2 (N-1)/N x S for S bytes of gradients (ring allreduce).
@@ -35,7 +36,6 @@ from hvdkit.compression import FP16_MAX, wire_itemsize
 from hvdkit.config import Option, at_least
 from hvdkit.errors import UsageError
 from hvdkit.startup import phase
-from hvdkit.steps import make_fused_step, make_step_functions
 from hvdkit.strategies.base import COMPRESSION, ReplicaStrategy
 from hvdkit.timeline import horovod_timeline_path
 
@@ -115,6 +115,8 @@ class HorovodStrategy(ReplicaStrategy):
         if cfg.timeline:  # Horovod's own timeline (each tensor's negotiation and allreduce), read by hvd.init;
             os.environ.setdefault("HOROVOD_TIMELINE", horovod_timeline_path(cfg.timeline))  # a user's own wins
         self.hvd = init_horovod(world)
+        # --elastic: a rank that joins would start from another loss scale than the others hold
+        self.loss_scaling = not self.opts.elastic
 
     def setup(self, model, optimizer) -> None:
         """Refuse variables Horovod cannot move (bfloat16) with one line (collective), then set up.
@@ -139,8 +141,7 @@ class HorovodStrategy(ReplicaStrategy):
     def rebuild(self) -> None:
         """--elastic, after a change of membership: trace the step functions again, so that nothing
         traced for the previous world size (the fp16 scaling's N) is reused. Local."""
-        self._grads_fn, self._apply_fn = make_step_functions(self.model, self.optimizer)
-        self._fused = make_fused_step(self.model, self.optimizer, self.allreduce)
+        self.build_steps()
 
     def rank_info(self) -> dict:
         """Horovod's own view of this rank's place: local rank/size (within a host) and cross
@@ -151,7 +152,15 @@ class HorovodStrategy(ReplicaStrategy):
 
     def allreduce(self, grads):
         """Average dense ``grads`` with one ``grouped_allreduce`` per dtype (a group must share one
-        dtype); float64, float16 and bfloat16 gradients keep theirs. Returns them in order."""
+        dtype); float64 and float16 gradients keep theirs. Returns them in order.
+
+        float16 gradients (float16 variables) go through :func:`fp16_grouped_allreduce` (as float32
+        tensors, float16 on the wire as before): Horovod adds the N ranks' float16 values in float16,
+        which overflows to inf once the sum passes 65504 although every rank's gradient is finite;
+        the agreed power-of-two scale keeps the sum below it. A non-finite gradient stays non-finite.
+        """
+        import tensorflow as tf
+
         grads = list(grads)
         by_dtype: dict = {}
         for i, g in enumerate(grads):
@@ -162,6 +171,9 @@ class HorovodStrategy(ReplicaStrategy):
             group = [grads[i] for i in idx]
             if fp16 and dt.name in ("float32", "float64"):   # --compression fp16: scaled, float16 on the wire
                 reduced = fp16_grouped_allreduce(self.hvd, group, average=True)
+            elif dt.name == "float16":                       # scaled so that the float16 sum cannot overflow
+                reduced = [tf.cast(r, dt) for r in fp16_grouped_allreduce(
+                    self.hvd, [tf.cast(g, tf.float32) for g in group], average=True)]
             else:
                 reduced = self.hvd.grouped_allreduce(group, op=self.hvd.Average)
             for i, r in zip(idx, reduced):
@@ -176,12 +188,13 @@ class HorovodStrategy(ReplicaStrategy):
         grad = sum(int(v.shape.num_elements()) * v.dtype.size for v in self.model.trainable_variables)
         wire = sum(int(v.shape.num_elements()) * wire_itemsize(comp, v.dtype.size)
                    for v in self.model.trainable_variables)
-        scales = 8 * sum(1 for v in self.model.trainable_variables if comp == "fp16" and v.dtype.size > 2)
+        scales = 8 * sum(1 for v in self.model.trainable_variables
+                         if (comp == "fp16" and v.dtype.size > 2) or v.dtype.name == "float16")
         return {"horovod": {"compression": comp, "gradient_bytes": grad, "wire_bytes": wire,
                             "bytes_per_step_per_rank_formula": ring_bytes_per_rank(wire + scales, n),
                             "formula": "2 (N-1)/N x S, S = wire_bytes (gradient_bytes, or 2 bytes per float32/"
                                        "float64 element with --compression fp16, plus the 8-byte scale of each "
-                                       "such tensor in a Max allreduce)"}}
+                                       "such tensor, and of each float16 one, in a Max allreduce)"}}
 
     def broadcast(self, variables):
         self.hvd.broadcast_variables(list(variables), root_rank=0)

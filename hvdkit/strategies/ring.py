@@ -3,8 +3,8 @@
 Each step: local gradients (compute; :func:`hvdkit.steps.dense_gradients`: a ``None``
 gradient counts as zeros, an ``IndexedSlices`` one, from an Embedding, becomes dense with
 duplicate rows summed); the gradient tensors are copied into one flat numpy buffer per
-variable dtype (float32 for the shared models; float64, float16 and bfloat16 variables
-keep their dtype end to end, as under ``--strategy horovod``), which
+variable dtype (float32 for the shared models; float64 and bfloat16 variables keep their dtype
+end to end, as under ``--strategy horovod``; float16 ones are summed in float32, see below), which
 :class:`hvdkit.collectives.ring.RingAllreduce` averages across ranks (reduce-scatter then
 allgather, in buckets of at most ``--fusion-bytes``; comm); the averaged gradients go back
 to tensors and every rank applies the same optimizer update (compute). At start, rank 0's
@@ -33,8 +33,14 @@ workstations", JPDC 2009; see :mod:`hvdkit.collectives.ring`.
 :class:`hvdkit.collectives.compressed.Fp16RingAllreduce`: each message is the chunk scaled by a
 power of two and cast to float16 plus its exponent, the receiver adds it in float32 (float64),
 the reduced chunk is cast once for the allgather (every rank ends identical). Half the bytes;
-the error bound and why nothing overflows: :mod:`hvdkit.compression`. float16/bfloat16 buffers
-are sent as they are.
+the error bound and why nothing overflows: :mod:`hvdkit.compression`.
+
+float16 variables' gradients always take that path (with or without ``--compression``): they are
+copied into a float32 buffer and reduced by their own :class:`Fp16RingAllreduce`, float16 pieces on
+the wire as before but summed in float32, so the sum of N finite float16 gradients cannot overflow
+(in float16 it does past 65504: numpy's "overflow encountered in add", then "training diverged");
+the average is cast back to float16. bfloat16 buffers are reduced in bfloat16 (its range is
+float32's, so its sum cannot overflow before float32's would).
 """
 from __future__ import annotations
 
@@ -70,7 +76,8 @@ class RingStrategy(ReplicaStrategy):
         super().__init__(cfg, world)
         self.fusion_bytes = self.opts.fusion_bytes
         self.ring: RingAllreduce | None = None  # created in setup(): Dup is a collective
-        self._groups: list[tuple[list[int], np.ndarray]] = []  # per dtype: variable indices, flat buffer
+        self._half_ring: Fp16RingAllreduce | None = None  # float16 variables' gradients (setup)
+        self._groups: list[tuple[list[int], np.ndarray, np.dtype]] = []  # per dtype: indices, buffer, dtype
         self._grad_bytes = 0  # bytes sent by this rank in gradient allreduces
         self._grad_messages = 0
         self._grad_calls = 0
@@ -82,9 +89,22 @@ class RingStrategy(ReplicaStrategy):
         by_dtype: dict[np.dtype, list[int]] = {}  # in order of first appearance: the same on every rank
         for i, v in enumerate(model.trainable_variables):
             by_dtype.setdefault(np.dtype(v.dtype.as_numpy_dtype), []).append(i)
-        self._groups = [(idx, np.empty(sum(int(np.prod(model.trainable_variables[i].shape)) for i in idx), dt))
+        if np.dtype(np.float16) in by_dtype:
+            # float16 gradients are summed in float32 (a float16 sum of finite values overflows past
+            # 65504), with float16 pieces on the wire: the fp16 ring over a float32 buffer
+            self._half_ring = Fp16RingAllreduce(self.world.comm, self.fusion_bytes)
+            self._half_ring.trace = self.trace
+        self._groups = [(idx, np.empty(sum(int(np.prod(model.trainable_variables[i].shape)) for i in idx),
+                                       np.float32 if dt == np.float16 else dt), dt)
                         for dt, idx in by_dtype.items()]  # one flat buffer per dtype, reused every step
         super().setup(model, optimizer)
+
+    def _ring_of(self, dtype: np.dtype) -> RingAllreduce:
+        """The ring that reduces the gradients of the variables of ``dtype``."""
+        return self._half_ring if dtype == np.float16 else self.ring
+
+    def _rings(self) -> list[RingAllreduce]:
+        return [self.ring] + ([self._half_ring] if self._half_ring is not None else [])
 
     def allreduce(self, grads):
         """Average ``grads`` across ranks through one flat buffer per dtype; returns tensors.
@@ -98,14 +118,15 @@ class RingStrategy(ReplicaStrategy):
 
         arrays = [g.numpy() for g in dense_gradients(grads, self.model.trainable_variables)]
         out: list = [None] * len(arrays)
-        before_b, before_m = self.ring.bytes_sent, self.ring.messages_sent
-        for idx, buf in self._groups:
-            flat, specs = flatten([arrays[i] for i in idx], buf.dtype, out=buf)
-            self.ring.allreduce(flat, average=True, check=self._grad_calls == 0)
-            for i, a in zip(idx, unflatten(flat, specs)):
+        rings = self._rings()
+        before_b, before_m = sum(r.bytes_sent for r in rings), sum(r.messages_sent for r in rings)
+        for idx, buf, dt in self._groups:
+            flat, specs = flatten([arrays[i] for i in idx], buf.dtype, out=buf)  # float16 into float32
+            self._ring_of(dt).allreduce(flat, average=True, check=self._grad_calls == 0)
+            for i, a in zip(idx, unflatten(flat, specs)):                        # each back to its dtype
                 out[i] = tf.convert_to_tensor(a)
-        self._grad_bytes += self.ring.bytes_sent - before_b
-        self._grad_messages += self.ring.messages_sent - before_m
+        self._grad_bytes += sum(r.bytes_sent for r in rings) - before_b
+        self._grad_messages += sum(r.messages_sent for r in rings) - before_m
         self._grad_calls += 1
         return out
 
@@ -125,17 +146,19 @@ class RingStrategy(ReplicaStrategy):
         Collective over the ring's communicator (every loop rank calls ``report``).
         """
         n = self.world.size
-        grad_bytes = sum(int(buf.nbytes) for _, buf in self._groups)
+        grad_bytes = sum(int(buf.size * dt.itemsize) for _, buf, dt in self._groups)
         mine = np.array([self._grad_bytes, self._grad_messages, self._grad_calls], np.int64)
         every = np.empty((n, 3), np.int64)
         self.ring.comm.Allgather(mine, every)
         per_step = [float(b) / c if c else 0.0 for b, _, c in every]
         comp = self.opts.compression
-        wire = sum(buf.size * wire_itemsize(comp, buf.itemsize) for _, buf in self._groups)
+        wire = sum(buf.size * (2 if dt == np.float16 else wire_itemsize(comp, buf.itemsize))
+                   for _, buf, dt in self._groups)
         formula = 0.0
-        for _, buf in self._groups:
-            if wire_itemsize(comp, buf.itemsize) < buf.itemsize:   # packed float16 pieces: the mean over ranks
-                formula += float(np.mean([sum(packed_bytes(b - a, n, r, self.ring.piece) for a, b in
+        for _, buf, dt in self._groups:
+            ring = self._ring_of(dt)
+            if isinstance(ring, Fp16RingAllreduce) and buf.itemsize > 2:   # packed float16 pieces: mean over ranks
+                formula += float(np.mean([sum(packed_bytes(b - a, n, r, ring.piece) for a, b in
                                               bucket_bounds(buf.size, buf.itemsize, self.fusion_bytes))
                                           for r in range(n)]))
             else:
@@ -143,9 +166,9 @@ class RingStrategy(ReplicaStrategy):
         return {"ring": {
             "fusion_bytes": self.fusion_bytes,
             "buckets_per_step": sum(len(bucket_bounds(buf.size, buf.itemsize, self.fusion_bytes))
-                                    for _, buf in self._groups),
+                                    for _, buf, _ in self._groups),
             "gradient_bytes": grad_bytes,
-            "gradient_bytes_by_dtype": {buf.dtype.name: int(buf.nbytes) for _, buf in self._groups},
+            "gradient_bytes_by_dtype": {dt.name: int(buf.size * dt.itemsize) for _, buf, dt in self._groups},
             "compression": comp,
             "wire_bytes": int(wire),
             "bytes_sent_per_step_per_rank": per_step,
@@ -153,10 +176,13 @@ class RingStrategy(ReplicaStrategy):
             "bytes_per_step_per_rank_formula": formula,
             "formula": "2 (N-1)/N x S, S = wire_bytes: gradient_bytes (every variable in its own dtype, sparse "
                        "gradients dense), or with --compression fp16 2 bytes per float32/float64 element plus 2 "
-                       "per message of at most 131072 elements (its scale's exponent)",
+                       "per message of at most 131072 elements (its scale's exponent); float16 gradients always "
+                       "travel so (summed in float32)",
             "allreduce_calls": int(every[0, 2]),
         }}
 
     def finish(self):
         if self.ring is not None:
             self.ring.free()
+        if self._half_ring is not None:
+            self._half_ring.free()

@@ -30,6 +30,10 @@ every rank:
    the averages so far, float64 exact; float16/bfloat16 variables held as float64 masters
    on the servers (the layout's dtype), rounded when assigned; t stays exactly 1.
 
+4. Half precision (:func:`half_precision`, issue 22): float16 gradients whose float16 sum
+   overflows average without overflow under the ring and Horovod; a step that overflows on one
+   rank only under loss scaling is skipped by every rank (ring, horovod, ps-sync).
+
 Every rank gathers every rank's failures, so all ranks print the same verdict:
 ``gradients_check rank R/N: OK`` or ``... FAILED`` with the failures; exit status 0 only
 when every rank passed. An exception on any rank ends the whole job (``run_guarded``).
@@ -99,16 +103,17 @@ def raw_gradients(model, rank: int, round_: str) -> list:
 
 def expected_average(model, n: int, round_: str, dtype=None) -> list[np.ndarray]:
     """The exact average over n ranks of :func:`rank_values`: summed in rank order and divided by
-    n in each variable's own dtype (as the ring and Horovod add), or in ``dtype`` (the PS's
+    n in each variable's own dtype (as the ring and Horovod add; float16 in float32, issue 22), or in ``dtype`` (the PS's
     layout dtype)."""
     every = [rank_values(model, r, round_) for r in range(n)]
     out = []
     for j in range(len(every[0])):
         dt = np.dtype(dtype or every[0][j].dtype)
-        total = every[0][j].astype(dt)
+        acc = np.dtype(np.float32) if dt == np.float16 else dt   # float16 is summed in float32 (issue 22)
+        total = every[0][j].astype(acc)
         for r in range(1, n):
-            total = (total + every[r][j].astype(dt)).astype(dt)
-        out.append((total / dt.type(n)).astype(dt))
+            total = (total + every[r][j].astype(acc)).astype(acc)
+        out.append((total / acc.type(n)).astype(dt))
     return out
 
 
@@ -202,7 +207,75 @@ def check(w) -> list[str]:
         before = got[0]
     ps.client.idle()
     ps.finish()
+
+    half_precision(w, config, failures)
     return failures
+
+
+def half_precision(w, config, failures: list[str]) -> None:
+    """Issue 22, item 4, at N ranks:
+
+    * float16 gradients of 40000 on every rank (their float16 sum overflows past 65504) average
+      to exactly 40000 under the ring and Horovod, not inf;
+    * a ``mixed_float16`` Dense under ring, horovod and ps-sync with a loss scale: the last rank's
+      batch makes its scaled float16 gradient overflow, so EVERY rank skips that step (weights
+      unchanged, scale halved to 2**14, one skipped step); the next step, finite everywhere, is
+      applied; the weights stay identical on every rank.
+    """
+    import tensorflow as tf
+
+    from hvdkit.precision import DynamicLossScale
+    from hvdkit.results import trainable_crc
+    from hvdkit.steps import make_optimizer
+    from hvdkit.strategies.horovod import HorovodStrategy
+    from hvdkit.strategies.ps.strategy import PSSync
+    from hvdkit.strategies.ring import RingStrategy
+    from hvdkit.timing import StepTimer
+
+    L = tf.keras.layers
+    n, rank = w.size, w.rank
+    for name, cls in (("ring", RingStrategy), ("horovod", HorovodStrategy)):
+        tf.keras.utils.set_random_seed(0)
+        model = tf.keras.Sequential([tf.keras.Input((2,)), L.Dense(2, dtype="float16", name="d16")])
+        s = cls(config("--strategy", name), w)
+        s.setup(model, make_optimizer(s.cfg, 1))
+        got = [g.numpy() for g in s.allreduce([tf.fill(v.shape, tf.constant(40000.0, v.dtype))
+                                               for v in model.trainable_variables])]
+        for v, g in zip(model.trainable_variables, got):
+            if g.dtype != np.float16 or not np.all(g == np.float16(40000.0)):
+                failures.append(f"{name}: float16 gradients of 40000 on every rank averaged to "
+                                f"{g.reshape(-1)[:4].tolist()} {g.dtype} ({v.name}), expected 40000 float16")
+        s.finish()
+
+    x_ok = np.full((2, 2), 0.01, np.float32)
+    x_big = np.full((2, 2), 1000.0, np.float32)                 # scaled by 2**15 its float16 gradient is inf
+    y = np.array([0, 1], np.int64)
+    for name, cls, extra in (("ring", RingStrategy, ()), ("horovod", HorovodStrategy, ()),
+                             ("ps-sync", PSSync, ("--ps-colocated",))):
+        tf.keras.utils.set_random_seed(0)
+        model = tf.keras.Sequential([tf.keras.Input((2,)), L.Dense(2, dtype="mixed_float16", name="mixed")])
+        s = cls(config("--strategy", name, *extra), w)
+        s.loss_scale = DynamicLossScale()
+        s.setup(model, make_optimizer(s.cfg, 1))
+        timer = StepTimer(warmup=0)
+        crcs = [trainable_crc(model)]
+        for step, x in enumerate((x_big if rank == n - 1 else x_ok, x_ok)):
+            timer.start_step(step)
+            s.train_step(x, y, timer)
+            timer.end_step(len(y))
+            crcs.append(trainable_crc(model))
+        ls = s.loss_scale
+        if (ls.skipped, ls.steps, ls.scale) != (1, 2, 2.0 ** 14):
+            failures.append(f"{name}: loss scale after an overflow on rank {n - 1} only: skipped {ls.skipped} of "
+                            f"{ls.steps}, scale {ls.scale}; expected 1 of 2, 16384")
+        if crcs[1] != crcs[0] or crcs[2] == crcs[1]:
+            failures.append(f"{name}: weight checksums {crcs}: the overflowing step must change nothing, the next "
+                            "one must apply")
+        if len(set(w.comm.allgather(crcs[2]))) != 1:
+            failures.append(f"{name}: the ranks' weights differ after the loss-scaled steps")
+        if name == "ps-sync":
+            s.client.idle()
+        s.finish()
 
 
 if __name__ == "__main__":

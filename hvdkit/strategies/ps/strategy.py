@@ -45,6 +45,13 @@ Micikevicius et al., ICLR 2018), while every update is applied to the float32 ma
 small updates are never lost. ``--ps-pull float32`` returns exact weights (the push alone
 is compressed: 3/4 of the bytes). Evaluation, the final weights, exports and checkpoints
 always pull the masters in float32.
+
+Loss scaling (a ``mixed_float16`` model, :mod:`hvdkit.precision`): ``ps-sync`` only. Each
+worker scales its loss, unscales its gradients, and the workers agree with one tiny allreduce
+(MIN of "all my gradients are finite") before pushing; when any worker's are not, no worker
+pushes that step (the servers see no push, apply nothing and keep their version and slots) and
+every worker halves the same scale. The asynchronous modes have no step shared by the workers
+to skip, and are refused for such a model.
 """
 from __future__ import annotations
 
@@ -161,7 +168,7 @@ class PSStrategy(Strategy):
         if self.group.loop is not None:
             self.group.loop.trace = self.trace  # --timeline: the server's spans (pushes, updates, gate waits)
         if self.is_worker:
-            self._grads_fn = make_step_functions(model, optimizer)[0]
+            self._grads_fn = make_step_functions(model, optimizer, self.loss_scale is not None)[0]
 
     def _assign(self) -> None:
         for v, a in zip(self.model.trainable_variables, self.layout.unflatten(self.flat_w)):
@@ -170,10 +177,14 @@ class PSStrategy(Strategy):
     # -- the step --------------------------------------------------------------------------
     def train_step(self, x, y, timer):
         t0 = time.perf_counter()
+        ls = self.loss_scale
         with timer.phase("compute", "forward/backward"):
-            loss_sum, correct, grads = self._grads_fn(x, y)
+            loss_sum, correct, grads = self._grads_fn(x, y) if ls is None else \
+                self._grads_fn(x, y, np.float32(ls.scale))
             self._flatten(grads)
         straggle(self.cfg, self.world.rank, time.perf_counter() - t0, timer)
+        if ls is not None and ls.update(self._all_finite(timer)):
+            return float(loss_sum), int(correct), len(y)     # skipped on every worker: nothing pushed
         t1 = time.perf_counter()
         waited = self.client.push_pull(self.flat_g, self.flat_w)     # push gradient, pull new weights
         total = time.perf_counter() - t1
@@ -188,6 +199,16 @@ class PSStrategy(Strategy):
         with timer.phase("compute", "assign weights"):
             self._assign()
         return float(loss_sum), int(correct), len(y)
+
+    def _all_finite(self, timer) -> bool:
+        """ps-sync with a loss scale: are every worker's gradients (the flat push buffers) finite?
+        One 1-element MIN allreduce over the workers: every worker gets the same verdict."""
+        from mpi4py import MPI
+
+        with timer.phase("comm", "loss-scale agreement"):
+            flag = np.array([1 if np.isfinite(self.flat_g).all() else 0], np.int32)
+            self._workers_comm.Allreduce(MPI.IN_PLACE, flag, op=MPI.MIN)
+        return bool(flag[0])
 
     def _flatten(self, grads) -> None:
         """Copy ``grads`` into the flat push buffer (:func:`hvdkit.steps.dense_gradients` first:
@@ -281,7 +302,7 @@ class PSStrategy(Strategy):
             out[f"ps/shard{k}/counters"] = np.array([version, iters], np.int64)
         for j, v in enumerate(self.model.non_trainable_variables):
             out[f"ps/non_trainable/{j}"] = v.numpy()
-        return out
+        return {**out, **self.loss_scale_state()}
 
     @staticmethod
     def _old_shards(arrays) -> list[tuple[np.ndarray, int, int]]:
@@ -343,6 +364,7 @@ class PSStrategy(Strategy):
         for j, v in enumerate(self.model.non_trainable_variables):
             if f"ps/non_trainable/{j}" in arrays:  # absent from checkpoints of older versions
                 v.assign(arrays[f"ps/non_trainable/{j}"])
+        self.load_loss_scale(arrays)
         self.world.comm.Barrier()  # no push may reach a colocated server before it has loaded
 
 
@@ -350,6 +372,7 @@ class PSSync(PSStrategy):
     """Synchronous PS: one averaged update per step; every worker pulls the same weights."""
 
     name, mode = "ps-sync", "sync"
+    loss_scaling = True  # the workers agree on skipping a step before anyone pushes
     summary = "parameter server, synchronous: average one gradient per worker, one update, all pull"
 
 
