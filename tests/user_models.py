@@ -40,3 +40,19 @@ class _NanAtEval(QuickstartModel):
 def nan_at_eval(input_shape, num_classes):
     """A run whose evaluation figures are NaN (results.json must still be strict JSON)."""
     return _NanAtEval(num_classes)
+
+
+def env_probe(input_shape, num_classes):
+    """A :class:`QuickstartModel`, built after writing what this process sees to
+    ``$PROBE_DIR/env.PID.json`` (``pid``, ``HOROVOD_RANK``, ``FOO``): how the elastic test learns that
+    ``hvdkit-launch --env`` reached every rank, and which process is rank 0 (to kill it)."""
+    import json
+    import os
+
+    d = os.environ.get("PROBE_DIR")
+    if d:
+        seen = {"pid": os.getpid(), "HOROVOD_RANK": os.environ.get("HOROVOD_RANK"), "FOO": os.environ.get("FOO")}
+        with open(os.path.join(d, f"env.{os.getpid()}.json.tmp"), "w") as f:
+            json.dump(seen, f)
+        os.replace(os.path.join(d, f"env.{os.getpid()}.json.tmp"), os.path.join(d, f"env.{os.getpid()}.json"))
+    return QuickstartModel(num_classes)
