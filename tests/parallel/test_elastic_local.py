@@ -14,10 +14,8 @@ from __future__ import annotations
 import glob
 import json
 import os
-import re
 import signal
 import subprocess
-import sys
 import threading
 import time
 
@@ -25,7 +23,7 @@ import numpy as np
 import pytest
 
 from hvdkit import results as R
-from tests.conftest import ROOT, VENV_BIN, load_results
+from tests.conftest import ROOT, VENV_BIN, BackgroundJob, load_results
 
 pytestmark = [pytest.mark.parallel]
 
@@ -36,49 +34,13 @@ FLAGS = ["--strategy", "horovod", "--model", "tests.user_models:env_probe", "--e
          "4", "--seed", "0", "--commit-every", "10", "--progress-seconds", "1000", "--threads", "1"]
 
 
-class Job:
-    """``hvdkit-launch --elastic ARGS`` in the background, in its own session; its output lines, timestamped."""
+class Job(BackgroundJob):
+    """``hvdkit-launch --elastic ARGS`` in the background, in its own session."""
 
     def __init__(self, args: list[str], env: dict):
-        e = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
-             "PATH": VENV_BIN + os.pathsep + os.environ.get("PATH", ""), **env}
-        self.p = subprocess.Popen([os.path.join(VENV_BIN, "hvdkit-launch"), "--elastic", *args], cwd=ROOT, env=e,
-                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-        self.lines: list[tuple[float, str]] = []
-        self.reader = threading.Thread(target=self._read, daemon=True)
-        self.reader.start()
-
-    def _read(self):
-        for ln in self.p.stdout:
-            self.lines.append((time.time(), ln))
-
-    def text(self) -> str:
-        return "".join(ln for _, ln in self.lines)
-
-    def wait_for(self, pattern: str, timeout: float, after: float = 0.0) -> float:
-        t0 = time.monotonic()
-        while time.monotonic() - t0 < timeout:
-            for t, ln in list(self.lines):
-                if t >= after and re.search(pattern, ln):
-                    return t
-            if self.p.poll() is not None:
-                time.sleep(0.5)   # the reader's last lines
-                if any(t >= after and re.search(pattern, ln) for t, ln in list(self.lines)):
-                    continue
-                break
-            time.sleep(0.05)
-        pytest.fail(f"no line matching {pattern!r} within {timeout} s:\n" + self.text()[-12000:])
-
-    def finish(self, timeout: float) -> int:
-        try:
-            return self.p.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            pytest.fail(f"the elastic job did not end within {timeout} s:\n" + self.text()[-12000:])
-        finally:
-            if self.p.poll() is None:
-                os.killpg(self.p.pid, signal.SIGKILL)   # horovodrun and the ranks: its session
-                self.p.wait(timeout=30)
-            self.reader.join(timeout=5)
+        super().__init__([os.path.join(VENV_BIN, "hvdkit-launch"), "--elastic", *args], cwd=ROOT, env={
+            **os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
+            "PATH": VENV_BIN + os.pathsep + os.environ.get("PATH", ""), **env})
 
 
 #: one host under one name: horovodrun blacklists a host whose process failed, and with it every slot
@@ -151,6 +113,8 @@ def test_elastic_run_on_the_trainers_preparation_survives_losing_rank_0(tmp_path
         t_one = job.wait_for(r"# membership: world size 1 ", timeout=90, after=t1)
         job.wait_for(r"# membership: world size 2 ", timeout=120, after=t_one)
         rc = job.finish(timeout=300)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the elastic job did not end within 300 s:\n" + job.text()[-12000:])
     finally:
         stop.set()
         if job.p.poll() is None:
@@ -195,7 +159,10 @@ def test_elastic_resume_of_another_strategys_checkpoint_is_refused_in_one_line(t
                {"epoch": 1, "global_step": 10, "history": [], "model": "tests.user_models:env_probe",
                 "dataset": "digits", "strategy": "ring", "optimizer": "adam", "world_size": 2})
     job = Job([*_launcher_args(tmp_path), "--", *FLAGS, "--resume", "--output-dir", str(out)], {})
-    rc = job.finish(timeout=180)
+    try:
+        rc = job.finish(timeout=180)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the refused job did not end within 180 s:\n" + job.text()[-12000:])
     text = job.text()
     errors = [ln for ln in text.splitlines() if "hvdkit: error:" in ln]
     assert rc != 0 and len(errors) == 1, text[-6000:]
