@@ -87,8 +87,10 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--elastic", action="store_true",
                    help="an elastic Horovod job: horovodrun (Gloo) asks a discovery script, written into the job's "
                         "--output-dir, for the hosts of --hostfile every second; edit the file while the job runs "
-                        "(remove a host, add it back). Needs --hostfile, --output-dir and, across hosts, "
-                        "--network-interface")
+                        "(remove a host, add it back). The training flags go into OUTPUT_DIR/rank_command.sh, which "
+                        "every rank runs (horovodrun's parser never reads them); --env NAME=VALUE is set for "
+                        "horovodrun, which passes it to every rank. Needs --hostfile, --output-dir and, across "
+                        "hosts, --network-interface")
     g.add_argument("--min-np", type=int, default=1, metavar="A", help="--elastic: fewest ranks to train with (default 1)")
     g.add_argument("--max-np", type=int, default=None, metavar="B",
                    help="--elastic: most ranks (default: -np, which defaults to the hostfile's slots)")
