@@ -31,11 +31,13 @@ from mpi4py import MPI
 
 from hvdkit.errors import UsageError
 
-__all__ = ["World", "world", "set_world", "log0", "agree", "run_guarded", "poll", "exchange", "free_port", "bcast_arrays",
+__all__ = ["World", "world", "set_world", "log0", "agree", "agree_alone", "run_guarded", "poll", "exchange", "free_port", "bcast_arrays",
            "EXIT_USAGE", "EXIT_FAILURE"]
 
 EXIT_USAGE = 2  # bad input: flags, model, data
 EXIT_FAILURE = 1  # a rank failed during the run (MPI_Abort errorcode)
+#: set-up errors that are bad input: one line, no traceback (:func:`agree`, :func:`agree_alone`)
+_EXPECTED = (UsageError, ValueError, FileNotFoundError, KeyError)
 
 
 @dataclass(frozen=True)
@@ -125,7 +127,7 @@ def agree(error: BaseException | None, w: World | None = None) -> None:
     w = w or world()
     mine = None
     if error is not None:
-        expected = isinstance(error, (UsageError, ValueError, FileNotFoundError, KeyError))
+        expected = isinstance(error, _EXPECTED)
         if not expected:
             traceback.print_exception(error, file=sys.stderr)
             sys.stderr.flush()
@@ -138,6 +140,27 @@ def agree(error: BaseException | None, w: World | None = None) -> None:
         r, msg = failed[0]
         tag = "" if (r == 0 or all(m == msg for _, m in failed)) else f"(rank {r}) "
         print(f"hvdkit: error: {tag}{msg}", file=sys.stderr, flush=True)
+    raise SystemExit(EXIT_USAGE)
+
+
+def agree_alone(error: BaseException | None, w: World | None = None) -> None:
+    """:func:`agree` without a collective, for a set-up in which every rank checks the same input by
+    itself and so reaches the same verdict (an elastic Horovod run: no collective may run before
+    Horovod has synchronised its state, :mod:`hvdkit.elastic`).
+
+    An expected error (:class:`UsageError`, ``ValueError``, ``FileNotFoundError``, ``KeyError``):
+    rank 0 prints ``hvdkit: error: MESSAGE`` and every rank raises ``SystemExit(2)``. Any other
+    exception is raised again as it is (:func:`run_guarded` prints it with its traceback).
+
+    Raises:
+        SystemExit: status 2 when ``error`` is an expected one.
+    """
+    if error is None:
+        return
+    if not isinstance(error, _EXPECTED):
+        raise error
+    if (w or world()).is_rank0:
+        print(f"hvdkit: error: {error}", file=sys.stderr, flush=True)
     raise SystemExit(EXIT_USAGE)
 
 

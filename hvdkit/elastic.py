@@ -6,8 +6,12 @@ Horovod's Gloo controller numbers them anew after each change. hvdkit then runs 
 (:func:`hvdkit.trainer.train_epochs`) with a world whose communicator is Horovod's
 (:class:`HorovodComm`), inside ``hvd.elastic.run``:
 
-1. Set-up is local (flags, data, model, optimizer; no collective: a rank that joins later runs
-   it while the others train). ``hvdkit-launch --elastic`` checks the flags before launching.
+1. Set-up is the trainer's own (:func:`hvdkit.trainer.prepare` with ``elastic=True``: the same
+   checks, ``--resume`` refusals, ``--checkpoint-every``, timeline and learning rate as a plain
+   run), made without any collective: a rank that joins later runs it alone while the others
+   train, and Horovod's rule is that nothing communicates before ``hvd.elastic.run`` has
+   synchronised the state. Every rank checks its input by itself (a refusal: one line from rank 0,
+   status 2 on every rank). ``hvdkit-launch --elastic`` checks the flags before launching too.
 2. :class:`TrainingState` holds the model and optimizer variables and the :class:`~hvdkit.trainer.Progress`
    (epoch, samples of the epoch trained, global step, epoch history) and the ``membership``
    log; it is committed (copied in memory; Horovod then checks for new hosts) every
@@ -16,101 +20,40 @@ Horovod's Gloo controller numbers them anew after each change. hvdkit then runs 
    within ``HOROVOD_GLOO_TIMEOUT_SECONDS``: Horovod restores every survivor to its last commit,
    re-forms the ranks, and hvdkit's loop starts again from there. A host added to the discovery
    output interrupts the ranks at their next commit; the new ranks receive rank 0's state.
-4. On every (re)start (:func:`_enter`): the world is read again (rank, size, hosts), the
-   data are shared out anew from the committed position (every sample still trained once
-   per epoch: :func:`hvdkit.data.epoch_shard`), the learning rate is rescaled for the number
-   of workers (``--lr-scaling``), the step functions are traced again, and a ``membership``
-   entry (step, epoch, world size, hosts, steps repeated, seconds without training) goes to the
-   log and to results.json.
+4. On every (re)start (:func:`_enter`): the world is read again (rank, size, hosts) and the loop
+   goes on in it (:func:`hvdkit.trainer.change_world`): the data are shared out anew from the
+   committed position (every sample still trained once per epoch: :func:`hvdkit.data.epoch_shard`),
+   the learning rate is set again from ``Strategy.lr_scale``, the strategy's ``rebuild`` hook traces
+   its step again, and rank 0's outputs move to whichever process is rank 0 now (TensorBoard's
+   writer opened there, closed elsewhere; epochs.csv, results.json and checkpoints are written by
+   the rank 0 of the moment). A ``membership`` entry (step, epoch, world size, hosts, steps
+   repeated, seconds without training) goes to the log and to results.json.
+5. ``--checkpoint-every N`` writes a checkpoint every N steps as in a plain run (the commit, in
+   memory, is what a re-form restores; the checkpoint is what ``--resume`` restarts from after the
+   whole job ended).
+6. ``--timeline PATH`` (or ``HVDKIT_TIMELINE``): at the end, the final rank 0 gathers the spans of
+   every process of the final membership and writes one trace: each process's spans from its
+   own start (a process that joined later begins later; steps trained again after a restore
+   appear twice, at their times), ``pid`` the process's final rank; the spans of processes
+   lost on the way died with them. ``otherData.elastic.membership`` lists the changes. Horovod's
+   own timeline (``HOROVOD_TIMELINE``) is not set under ``--elastic``: its writer, Horovod's
+   coordinator, changes with every re-form.
 
 Reference: Horovod's elastic training (docs: "Elastic Horovod"; ``horovod.common.elastic``).
 """
 from __future__ import annotations
 
 import os
-import socket
 import sys
 import time
 
-import numpy as np
-
-from hvdkit import results as R
-from hvdkit.comm import EXIT_USAGE, World, log0, set_world
+from hvdkit.comm import EXIT_USAGE, World, log0
 from hvdkit.config import Config
-from hvdkit.startup import StartupDeadline, name_mismatch
-from hvdkit.timing import StepTimer
-from hvdkit.trainer import CHECKPOINT, Loop, Progress, _build, _inputs, _log_header, _tensorboard, finish, train_epochs
+from hvdkit.startup import name_mismatch
+from hvdkit.strategies.horovod import HorovodComm, horovod_world
+from hvdkit.trainer import Loop, change_world, finish, log_header, prepare, traced, train_epochs, write_timeline
 
 __all__ = ["HorovodComm", "horovod_world", "TrainingState", "run"]
-
-
-class HorovodComm:
-    """The part of mpi4py's ``Comm`` that hvdkit's loop uses, over Horovod's collectives.
-
-    Eager Horovod operations on NumPy data (``hvd.allreduce``, ``hvd.broadcast``,
-    ``hvd.broadcast_object``, ``hvd.allgather_object``); inside ``hvd.elastic.run`` a peer's
-    failure raises Horovod's error there, which the elastic loop handles. Rank and size are
-    read from Horovod at each call, so one object serves every membership.
-    """
-
-    def __init__(self, hvd):
-        self.hvd = hvd
-
-    def Get_rank(self) -> int:  # noqa: N802 - mpi4py's names
-        return self.hvd.rank()
-
-    def Get_size(self) -> int:  # noqa: N802
-        return self.hvd.size()
-
-    def Allreduce(self, sendbuf, recvbuf, op=None) -> None:  # noqa: N802
-        """``recvbuf[...] =`` the sum (``op`` None or ``MPI.SUM``), max or min of ``sendbuf``
-        (``MPI.IN_PLACE``: of ``recvbuf``) over the ranks. float64/float32/int arrays."""
-        import tensorflow as tf
-        from mpi4py import MPI
-
-        src = recvbuf if sendbuf is MPI.IN_PLACE else sendbuf
-        how = self.hvd.Max if op == MPI.MAX else self.hvd.Min if op == MPI.MIN else self.hvd.Sum
-        out = self.hvd.allreduce(tf.constant(np.asarray(src)), op=how)
-        recvbuf[...] = out.numpy().reshape(np.shape(recvbuf))
-
-    def Bcast(self, buf: np.ndarray, root: int = 0) -> None:  # noqa: N802
-        import tensorflow as tf
-
-        buf[...] = self.hvd.broadcast(tf.constant(buf), root_rank=root).numpy()
-
-    def bcast(self, obj, root: int = 0):
-        return self.hvd.broadcast_object(obj, root_rank=root)
-
-    def allgather(self, obj) -> list:
-        return list(self.hvd.allgather_object(obj))
-
-    def allreduce(self, obj, op=None):
-        from mpi4py import MPI
-
-        items = self.allgather(obj)
-        return max(items) if op == MPI.MAX else min(items) if op == MPI.MIN else sum(items)
-
-    def gather(self, obj, root: int = 0):
-        items = self.allgather(obj)
-        return items if self.Get_rank() == root else None
-
-    def Barrier(self) -> None:  # noqa: N802
-        self.allgather(None)
-
-    def Abort(self, code: int = 1) -> None:  # noqa: N802
-        """End this process now (``os._exit``): Horovod's driver sees it fail and goes on without it."""
-        os._exit(code)
-
-    def Free(self) -> None:  # noqa: N802
-        pass
-
-
-def horovod_world(hvd) -> World:
-    """This process's :class:`~hvdkit.comm.World` as Horovod numbers it now (collective: one
-    allgather of host names, so ``node``/``nodes`` count hosts by ``hvd.cross_rank``)."""
-    comm = HorovodComm(hvd)
-    return World(comm, hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size(), socket.gethostname(),
-                 hvd.cross_rank(), hvd.cross_size())
 
 
 def _state_class():
@@ -162,35 +105,25 @@ def run(cfg: Config) -> dict | None:
             synchronised).
     """
     import horovod.tensorflow as hvd
-    import tensorflow as tf
-    from horovod.common.exceptions import HorovodInternalError
 
     why = name_mismatch(os.environ.get("HOROVOD_GLOO_IFACE", ""))
     if why:   # Gloo would crash deep inside its first allreduce; this host's ranks leave the job instead
         print(f"hvdkit: error: {why}", file=sys.stderr, flush=True)
         raise SystemExit(EXIT_USAGE)
     hvd.init()
-    w = horovod_world(hvd)
-    set_world(w)
-    t_start = time.perf_counter()
-    try:
-        cls, data, out_dir = _inputs(cfg, w)
-        strategy, model, optimizer, part = _build(cfg, w, cls, data)
-        strategy.setup(model, optimizer)
-        prog = Progress()
-        ckpt_path = os.path.join(cfg.output_dir, CHECKPOINT)
-        if cfg.resume:   # every rank reads it (a shared file system); rank 0's copy is what sync sends
-            arrays, meta = R.load_npz(ckpt_path)
-            strategy.load_state(arrays)
-            prog = Progress.of_checkpoint(meta, part, cfg.batch_size)
-    except (ValueError, FileNotFoundError, KeyError) as e:  # UsageError is a ValueError
-        if os.environ.get("HOROVOD_RANK", "0") == "0":
-            print(f"hvdkit: error: {e}", flush=True, file=sys.stderr)
-        raise SystemExit(EXIT_USAGE)
-    loop = Loop(cfg, w, strategy, model, data, part, StepTimer(warmup=1), ckpt_path, t_start,
-                StartupDeadline(w, 0, "elastic"), _tensorboard(cfg, w, cfg.output_dir) if w.is_rank0 else None)
-    state = TrainingState(model, optimizer, epoch=prog.epoch, start=prog.start, global_step=prog.global_step,
-                          history=prog.history, membership=[])
+    return traced(cfg, horovod_world(hvd), _run)
+
+
+def _run(cfg: Config, w: World, tl) -> dict | None:
+    """:func:`run`'s body, ``tl`` this process's trace (:func:`hvdkit.trainer.traced`)."""
+    import horovod.tensorflow as hvd
+    import tensorflow as tf
+    from horovod.common.exceptions import HorovodInternalError
+
+    loop, prog = prepare(cfg, w, tl, elastic=True)
+    strategy = loop.strategy
+    state = TrainingState(loop.model, strategy.optimizer, epoch=prog.epoch, start=prog.start,
+                          global_step=prog.global_step, history=prog.history, membership=[])
     state.reached, state.last_step_t = prog.global_step, None   # not state: what this process last did
     state.pending = None   # (membership entry, rank 0's last step time before the change) until the first step
     commit_every = strategy.opts.commit_every
@@ -209,38 +142,36 @@ def run(cfg: Config) -> dict | None:
     @hvd.elastic.run
     def train(state):
         try:
-            _enter(loop, state, hvd, t_start)
+            _enter(loop, state, hvd)
             train_epochs(loop, state, commit)
-            return finish(loop, state.history, cfg.output_dir,
-                          extra={"elastic": {"commit_every": commit_every, "membership": state.membership}})
+            elastic = {"commit_every": commit_every, "membership": state.membership}
+            result = finish(loop, state.history, loop.out_dir, extra={"elastic": elastic})
+            write_timeline(cfg, loop.world, tl, {"elastic": elastic})   # the final membership's processes
+            return result
         except tf.errors.OpError as e:   # a peer lost inside a collective: restore and go on (Horovod's run
             if "Horovod" not in str(e):   # catches only HorovodAllreduce/Allgather/Broadcast, not the
                 raise                     # HorovodGroupedAllreduce of the compiled step)
             raise HorovodInternalError(e) from None
 
-    return train(state)
+    result = train(state)
+    strategy.finish()
+    return result
 
 
-def _enter(loop: Loop, state, hvd, t_start: float) -> None:
-    """Every (re)start of the elastic loop: this membership's world, data shares, learning rate and
-    step functions, and its ``membership`` entry (logged by rank 0)."""
-    cfg, strategy = loop.cfg, loop.strategy
+def _enter(loop: Loop, state, hvd) -> None:
+    """Every (re)start of the elastic loop: this membership's world (:func:`hvdkit.trainer.change_world`)
+    and its ``membership`` entry (logged by rank 0). Collective over the new world."""
     w = horovod_world(hvd)
-    set_world(w)
-    strategy.world = w
-    loop.world, loop.part = w, strategy.data_partition()
-    scale = w.size if cfg.lr_scaling else 1
-    strategy.optimizer.learning_rate = cfg.lr * scale
-    strategy.rebuild()
+    change_world(loop, w)
     hosts = w.comm.allgather(w.host)
     lost = w.comm.bcast((state.reached - state.global_step, state.last_step_t), root=0)
     entry = {"step": state.global_step, "epoch": state.epoch + 1, "world_size": w.size, "hosts": hosts,
              "steps_repeated": max(0, int(lost[0])) if state.membership else 0,
              "seconds_without_training": None,   # set at the first step: from rank 0's last step before the change
-             "elapsed_s": round(time.perf_counter() - t_start, 3)}
+             "elapsed_s": round(time.perf_counter() - loop.t_start, 3)}
     state.pending = (entry, lost[1]) if state.membership and lost[1] else None
     state.membership.append(entry)
     if len(state.membership) == 1:
-        _log_header(cfg, w, w.comm, loop.data, loop.model, strategy.optimizer, strategy, cfg.output_dir, state.epoch)
+        log_header(loop, state.epoch)
     log0(f"# membership: world size {w.size} on {', '.join(sorted(set(hosts)))} from step {state.global_step} "
-         f"(epoch {state.epoch + 1}); lr {cfg.lr * scale:g}")
+         f"(epoch {state.epoch + 1}); lr {loop.cfg.lr * loop.strategy.lr_scale:g}")

@@ -24,7 +24,7 @@ import numpy as np
 from mpi4py import MPI
 
 from hvdkit import results as R
-from hvdkit.comm import World, agree, bcast_arrays, log0, world as get_world
+from hvdkit.comm import World, agree, agree_alone, bcast_arrays, log0, set_world, world as get_world
 from hvdkit.config import Config
 from hvdkit.data import Dataset, batches, epoch_shard, load_dataset
 from hvdkit.errors import UsageError
@@ -36,7 +36,8 @@ from hvdkit.strategies import get_strategy
 from hvdkit.timeline import Timeline, gather_and_write
 from hvdkit.timing import StepTimer
 
-__all__ = ["run", "prepare_outputs", "train_epochs", "finish", "Loop", "Progress", "CHECKPOINT", "OUTPUT_FILES"]
+__all__ = ["run", "traced", "prepare", "prepare_outputs", "change_world", "log_header", "train_epochs", "finish",
+           "write_timeline", "Loop", "Progress", "CHECKPOINT", "OUTPUT_FILES"]
 
 CHECKPOINT = "checkpoint.npz"
 #: files rank 0 writes into the output directory (and ``CHECKPOINT`` with ``--checkpoint``)
@@ -164,36 +165,76 @@ def run(cfg: Config, w: World | None = None) -> dict[str, Any] | None:
         The results.json content on rank 0, None elsewhere.
     """
     w = w or get_world()
+    return traced(cfg, w, _run)
+
+
+def traced(cfg: Config, w: World, body):
+    """``body(cfg, w, tl)``, ``tl`` this rank's :class:`~hvdkit.timeline.Timeline` with ``--timeline``
+    (None without), recording around the whole call: rank 0 (of ``w`` now) writes its own spans if
+    ``body`` raises or the job is interrupted (:meth:`~hvdkit.timeline.Timeline.recording`); the
+    complete trace is ``body``'s to write (:func:`write_timeline`). Returns what ``body`` returns."""
     if not cfg.timeline:
-        return _run(cfg, w, None)
+        return body(cfg, w, None)
     tl = Timeline(w.rank, cfg.timeline_window, host=w.host)
     with tl.recording(cfg.timeline if w.is_rank0 else None):  # rank 0's own spans if it fails or is interrupted
-        return _run(cfg, w, tl)
+        return body(cfg, w, tl)
 
 
-def _run(cfg: Config, w: World, tl: Timeline | None) -> dict[str, Any] | None:
-    """:func:`run`'s body; ``tl`` is this rank's trace (None without ``--timeline``)."""
-    t_start = time.perf_counter()
+def prepare(cfg: Config, w: World, tl: Timeline | None = None, *, elastic: bool = False,
+            t_start: float | None = None) -> tuple["Loop", "Progress"]:
+    """The set-up of every run, written once: :func:`run` and :func:`hvdkit.elastic.run` start here.
+
+    In order: the checks that need no TensorFlow (strategy and model names, the data; every
+    output path, on rank 0: :func:`prepare_outputs`); the strategy, the model and the optimizer
+    (learning rate ``cfg.lr * strategy.lr_scale``); with ``--resume``, the checkpoint read and
+    refused if this run cannot continue it (another strategy, model, dataset or optimizer, or
+    :meth:`~hvdkit.strategies.base.Strategy.check_state`); ``strategy.setup`` and the restored
+    state and :class:`Progress`; the :class:`Loop`: its timer records into ``tl``
+    (``--timeline``), ``--checkpoint-every`` and ``--checkpoint`` come from ``cfg``
+    (:func:`train_epochs`), rank 0 holds the TensorBoard writer (``--tensorboard``).
+
+    Args:
+        cfg: the run's settings; w: this rank's world.
+        tl: this rank's trace (:func:`traced`), or None.
+        elastic: an elastic Horovod run (:mod:`hvdkit.elastic`): NO collective at all, Horovod's rule
+            (a rank that joins later runs this set-up alone, while the others train; the state is
+            synchronised afterwards, inside ``hvd.elastic.run``). Every rank then checks its input by
+            itself (:func:`hvdkit.comm.agree_alone`), reads the checkpoint itself (``--output-dir`` is
+            on a file system every host shares) and restores it locally; the start-up deadline is
+            not armed. Otherwise each stage's outcome is agreed on over ``w.comm``
+            (:func:`hvdkit.comm.agree`) and rank 0's checkpoint is broadcast.
+        t_start: when the run began (``time.perf_counter()``); default: now.
+
+    Returns:
+        (loop, progress). ``loop.part`` is None on a serving rank (a parameter server: it serves).
+
+    Raises:
+        SystemExit: status 2 on every rank after one ``hvdkit: error:`` line from rank 0 (bad input,
+            a checkpoint that does not fit), before anything trains.
+    """
+    t_start = time.perf_counter() if t_start is None else t_start
+    settle = agree_alone if elastic else agree
     err, inputs = None, None
     try:
         inputs = _inputs(cfg, w)
     except Exception as e:  # noqa: BLE001 - every set-up failure is agreed on, then reported once
         err = e
-    agree(err, w)  # before TensorFlow starts
+    settle(err, w)  # before TensorFlow starts
     cls, data, out_dir = inputs
-    out_dir = w.comm.bcast(out_dir, root=0)
+    out_dir = cfg.output_dir if elastic else w.comm.bcast(out_dir, root=0)   # elastic: --output-dir is required
     ckpt_path = os.path.join(out_dir, CHECKPOINT)
 
     err, built, loaded = None, None, (None, None)
-    deadline = StartupDeadline(w, cfg.startup_timeout, f"creating the {cfg.strategy} strategy")  # no silent hang
+    deadline = StartupDeadline(w, 0 if elastic else cfg.startup_timeout,  # no silent hang
+                               f"creating the {cfg.strategy} strategy")
     try:
         built = _build(cfg, w, cls, data)
-        if cfg.resume and w.is_rank0:
+        if cfg.resume and (elastic or w.is_rank0):
             loaded = _read_checkpoint(cfg, ckpt_path, built[0], built[1])
     except Exception as e:  # noqa: BLE001
         err = e
     try:
-        agree(err, w)
+        settle(err, w)
     except SystemExit:
         deadline.done()
         raise
@@ -207,26 +248,61 @@ def _run(cfg: Config, w: World, tl: Timeline | None) -> dict[str, Any] | None:
         strategy.trace = tl  # finer spans (buckets, pushes, a server's updates) where the strategy has them
     strategy.setup(model, optimizer)
     if cfg.resume:
-        arrays, meta = bcast_arrays(*loaded, w.comm)
+        arrays, meta = loaded if elastic else bcast_arrays(*loaded, w.comm)
         strategy.load_state(arrays)
         prog = Progress.of_checkpoint(meta, part, cfg.batch_size)
+    loop = Loop(cfg, w, strategy, model, data, part, StepTimer(warmup=1, trace=tl), ckpt_path, t_start, deadline,
+                _tensorboard(cfg, w, out_dir),
+                kept=(_at(prog.epoch, prog.start, prog.global_step), ckpt_path) if cfg.resume else None,
+                out_dir=out_dir)
+    return loop, prog
 
-    if part is None:  # a rank without data (parameter server): serve until the workers finish
+
+def _run(cfg: Config, w: World, tl: Timeline | None) -> dict[str, Any] | None:
+    """:func:`run`'s body; ``tl`` is this rank's trace (None without ``--timeline``)."""
+    loop, prog = prepare(cfg, w, tl)
+    strategy, deadline, out_dir = loop.strategy, loop.deadline, loop.out_dir
+    if loop.part is None:  # a rank without data (parameter server): serve until the workers finish
         deadline.done()  # servers wait for workers under their own deadlines (--ps-timeout)
         strategy.serve()
         strategy.finish()
-        _write_timeline(cfg, w, tl)
+        write_timeline(cfg, w, tl)
         return None
-    _log_header(cfg, w, strategy.metrics_comm, data, model, optimizer, strategy, out_dir, prog.epoch)
-    loop = Loop(cfg, w, strategy, model, data, part, StepTimer(warmup=1, trace=tl), ckpt_path, t_start, deadline,
-                _tensorboard(cfg, w, out_dir),
-                kept=(_at(prog.epoch, prog.start, prog.global_step), ckpt_path) if cfg.resume else None)
+    log_header(loop, prog.epoch)
     train_epochs(loop, prog)
     deadline.done()
     result = finish(loop, prog.history, out_dir)
     strategy.finish()
-    _write_timeline(cfg, w, tl)
+    write_timeline(cfg, w, tl)
     return result
+
+
+def change_world(loop: "Loop", w: World) -> None:
+    """Go on in a new world (``--elastic``: ranks left or joined, Horovod numbered them anew). Local.
+
+    ``w`` becomes this process's world (:func:`hvdkit.comm.set_world`), the loop's and the
+    strategy's; the data partition is read again (the epoch's rest is shared out anew by
+    :func:`train_epochs`), the learning rate set again to ``cfg.lr * strategy.lr_scale`` (the rule of
+    :func:`~hvdkit.steps.make_optimizer`), and ``strategy.rebuild()`` called (the contract:
+    :mod:`hvdkit.strategies.base`). Rank 0's outputs follow rank 0: the process that is rank 0 now
+    opens the TensorBoard writer (``--tensorboard``: a new event file in the same log directory,
+    which TensorBoard reads together with the earlier ones, by step), a process that no longer
+    is closes its writer; epochs.csv, results.json and the checkpoint are written by whichever
+    process is rank 0 when they are due. The trace (``--timeline``) takes the new rank.
+    """
+    set_world(w)
+    strategy = loop.strategy
+    strategy.world = w
+    loop.world, loop.part = w, strategy.data_partition()
+    strategy.optimizer.learning_rate = loop.cfg.lr * strategy.lr_scale
+    strategy.rebuild()
+    if loop.timer.trace is not None:
+        loop.timer.trace.rank = w.rank
+    if loop.writer is not None and not w.is_rank0:
+        loop.writer.close()
+        loop.writer = None
+    elif loop.writer is None:
+        loop.writer = _tensorboard(loop.cfg, w, loop.out_dir)   # None unless --tensorboard and rank 0
 
 
 @dataclass
@@ -258,8 +334,8 @@ class Progress:
 
 @dataclass
 class Loop:
-    """What :func:`train_epochs` works with, built once by :func:`run` (an elastic run refreshes
-    ``world`` and ``part`` after each change of membership)."""
+    """What :func:`train_epochs` works with, built once by :func:`prepare` (an elastic run changes
+    ``world``, ``part`` and ``writer`` after each change of membership: :func:`change_world`)."""
 
     cfg: Config
     world: World
@@ -273,14 +349,15 @@ class Loop:
     deadline: Any
     writer: Any = None
     kept: tuple[str, str] | None = None   # the last checkpoint: (where, path)
+    out_dir: str = ""   # where rank 0 writes results.json, epochs.csv and tensorboard/
 
 
 def train_epochs(loop: Loop, p: Progress, commit=None) -> None:
     """THE loop: the epochs from ``p`` on; updates ``p`` as it trains.
 
-    Collective over the strategy's communicators on every loop rank. After each step,
-    ``commit(p, end_of_epoch=False)`` when given (an elastic run: :mod:`hvdkit.elastic`), else a
-    ``--checkpoint-every`` checkpoint when due; after each epoch's evaluation, the epoch-end
+    Collective over the strategy's communicators on every loop rank. After each step (but an
+    epoch's last), a ``--checkpoint-every`` checkpoint when due, then ``commit(p, end_of_epoch=False)``
+    when given (an elastic run: :mod:`hvdkit.elastic`); after each epoch's evaluation, the epoch-end
     checkpoint, then ``commit(p, end_of_epoch=True)``.
     """
     cfg, w, strategy, model, part, timer = loop.cfg, loop.world, loop.strategy, loop.model, loop.part, loop.timer
@@ -312,11 +389,10 @@ def train_epochs(loop: Loop, p: Progress, commit=None) -> None:
             p.global_step += 1
             p.start += part[1] * len(b)   # every data rank trained one batch of this length
             last = i + 1 == len(all_batches) or bool(cfg.max_steps and p.global_step >= cfg.max_steps)
-            if commit is not None:
-                if not last:
-                    commit(p, end_of_epoch=False)
-            elif cfg.checkpoint and cfg.checkpoint_every and p.global_step % cfg.checkpoint_every == 0 and not last:
+            if cfg.checkpoint and cfg.checkpoint_every and p.global_step % cfg.checkpoint_every == 0 and not last:
                 loop.kept = _checkpoint(cfg, w, strategy, model, loop.ckpt_path, loop.kept, epoch, p, in_epoch=True)
+            if commit is not None and not last:
+                commit(p, end_of_epoch=False)
             now = time.perf_counter()
             if w.is_rank0 and now - t_log >= cfg.progress_seconds and i + 1 < len(all_batches):
                 t_log = now
@@ -382,11 +458,12 @@ def _checkpoint(cfg, w: World, strategy, model, path: str, kept, epoch: int, p: 
     return _at(p.epoch, p.start, p.global_step), path
 
 
-def _write_timeline(cfg: Config, w: World, tl: Timeline | None) -> None:
-    """``--timeline``: collective over the run's world; rank 0 writes every rank's spans."""
+def write_timeline(cfg: Config, w: World, tl: Timeline | None, extra: dict | None = None) -> None:
+    """``--timeline``: collective over ``w.comm`` (the run's world at its end); rank 0 writes every
+    rank's spans, with ``extra`` in the trace's ``otherData``. Nothing without a trace (``tl`` None)."""
     if tl is not None:
         gather_and_write(tl, w.comm, cfg.timeline, {"strategy": cfg.strategy, "world_size": w.size,
-                                                    "timeline_steps": cfg.timeline_steps or "all"})
+                                                    "timeline_steps": cfg.timeline_steps or "all", **(extra or {})})
         log0(f"timeline: {cfg.timeline}")
 
 
@@ -511,8 +588,12 @@ def finish(loop: Loop, history: list, out_dir: str, extra: dict | None = None) -
     return result
 
 
-def _log_header(cfg, w, mc, data, model, optimizer, strategy, out_dir, start_epoch):
-    hosts = mc.gather((w.rank, w.host, os.getpid(), w.local_rank), root=0)
+def log_header(loop: Loop, start_epoch: int) -> None:
+    """Rank 0 prints the run's header (strategy, model, data, batch, learning rate, every loop
+    rank's host and pid, the output directory). Collective over ``strategy.metrics_comm``."""
+    cfg, w, data, model, strategy = loop.cfg, loop.world, loop.data, loop.model, loop.strategy
+    optimizer, out_dir = strategy.optimizer, loop.out_dir
+    hosts = strategy.metrics_comm.gather((w.rank, w.host, os.getpid(), w.local_rank), root=0)
     if not w.is_rank0:
         return
     lr = float(optimizer.learning_rate.numpy()) if hasattr(optimizer.learning_rate, "numpy") else cfg.lr

@@ -3,8 +3,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 
@@ -49,6 +52,57 @@ def launch(cmd: list[str], timeout: float, cwd: str | None = None, env: dict | N
         pytest.fail(f"timed out after {timeout}s (a hang?): {' '.join(cmd)}\n"
                     f"stdout:\n{exc.stdout}\nstderr:\n{exc.stderr}")
     return Launch(p.returncode, p.stdout, p.stderr, time.monotonic() - t0)
+
+
+class BackgroundJob:
+    """``cmd`` running in the background in its own session (stdout and stderr merged), its output
+    lines timestamped as they come: for jobs a test acts on while they run (an elastic job whose
+    ranks it kills)."""
+
+    def __init__(self, cmd: list[str], env: dict, cwd: str | None = None):
+        self.p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                                  cwd=cwd, start_new_session=True)
+        self.lines: list[tuple[float, str]] = []
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self):
+        for ln in self.p.stdout:
+            self.lines.append((time.time(), ln))
+
+    def _match(self, pattern: str, after: float) -> float | None:
+        return next((t for t, ln in list(self.lines) if t >= after and re.search(pattern, ln)), None)
+
+    def wait_for(self, pattern: str, timeout: float, after: float = 0.0) -> float:
+        """Seconds since the epoch when a line (that came at ``after`` or later) matched ``pattern``;
+        fails the test after ``timeout``, or as soon as the job has ended without such a line."""
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < timeout:
+            t = self._match(pattern, after)
+            if t is not None:
+                return t
+            if self.p.poll() is not None:
+                self.reader.join(timeout=5)   # its last lines
+                t = self._match(pattern, after)
+                if t is not None:
+                    return t
+                break
+            time.sleep(0.05)
+        pytest.fail(f"no line matching {pattern!r} within {timeout} s:\n" + self.text()[-12000:])
+
+    def text(self) -> str:
+        return "".join(ln for _, ln in self.lines)
+
+    def finish(self, timeout: float) -> int:
+        """The job's status; raises ``subprocess.TimeoutExpired`` after ``timeout`` s. The job's
+        session is killed (SIGKILL) if it is still running then."""
+        try:
+            return self.p.wait(timeout=timeout)
+        finally:
+            if self.p.poll() is None:
+                os.killpg(self.p.pid, signal.SIGKILL)
+                self.p.wait(timeout=30)
+            self.reader.join(timeout=5)
 
 
 def train(np_: int, *args: str, timeout: float = 240, launcher: str = "mpirun", env: dict | None = None) -> Launch:

@@ -121,3 +121,19 @@ def dead_relu(input_shape, num_classes):
                 bias_initializer=tf.keras.initializers.Constant(-1.0), name="dead"),
         L.Dense(num_classes, use_bias=False, name="logits"),
     ], name="dead_relu")
+
+
+def env_probe(input_shape, num_classes):
+    """A :class:`QuickstartModel`, built after writing what this process sees to
+    ``$PROBE_DIR/env.PID.json`` (``pid``, ``HOROVOD_RANK``, ``FOO``): how the elastic test learns that
+    ``hvdkit-launch --env`` reached every rank, and which process is rank 0 (to kill it)."""
+    import json
+    import os
+
+    d = os.environ.get("PROBE_DIR")
+    if d:
+        seen = {"pid": os.getpid(), "HOROVOD_RANK": os.environ.get("HOROVOD_RANK"), "FOO": os.environ.get("FOO")}
+        with open(os.path.join(d, f"env.{os.getpid()}.json.tmp"), "w") as f:
+            json.dump(seen, f)
+        os.replace(os.path.join(d, f"env.{os.getpid()}.json.tmp"), os.path.join(d, f"env.{os.getpid()}.json"))
+    return QuickstartModel(num_classes)

@@ -267,51 +267,49 @@ class Memcpy(_Method):
 
 
 class MPIWorld:
-    """Barriers and reductions of the benchmark itself, over an MPI communicator."""
+    """Barriers and reductions of the benchmark itself, over an MPI communicator (or anything with
+    mpi4py's ``Barrier``/``Allreduce``/``allgather``: :class:`HorovodWorld`).
 
-    def __init__(self, comm):
-        self.comm, self.rank, self.size = comm, comm.Get_rank(), comm.Get_size()
+    Attributes:
+        comm: the mpi4py communicator the methods get (None in a Horovod-only world).
+        rank, size: this rank and the world size.
+    """
+
+    def __init__(self, comm, ops=None):
+        self.comm, self._ops = comm, ops or comm
+        self.rank, self.size = self._ops.Get_rank(), self._ops.Get_size()
         self._v, self._out = np.zeros(1), np.zeros(1)
 
     def barrier(self):
-        self.comm.Barrier()
+        self._ops.Barrier()
 
     def max(self, x: float) -> float:
         self._v[0] = x
-        self.comm.Allreduce(self._v, self._out, op=MPI.MAX)
+        self._ops.Allreduce(self._v, self._out, op=MPI.MAX)
         return float(self._out[0])
 
     def sum(self, a: np.ndarray) -> np.ndarray:
         out = np.empty_like(a)
-        self.comm.Allreduce(a, out, op=MPI.SUM)
+        self._ops.Allreduce(a, out, op=MPI.SUM)
         return out
 
     def allgather(self, obj) -> list:
-        return self.comm.allgather(obj)
+        return self._ops.allgather(obj)
 
 
-class HorovodWorld:
-    """The same through Horovod, for a ``horovodrun --gloo`` launch (no MPI world)."""
+class HorovodWorld(MPIWorld):
+    """The same through Horovod, for a ``horovodrun --gloo`` launch (no MPI world): the benchmark's
+    own collectives go through :class:`hvdkit.strategies.horovod.HorovodComm` (the adapter the
+    elastic loop uses too); the methods get no MPI communicator (``comm`` None)."""
 
     def __init__(self):
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
         import horovod.tensorflow as hvd
-        import tensorflow as tf
+
+        from hvdkit.strategies.horovod import HorovodComm
 
         hvd.init()
-        self.hvd, self.tf, self.comm, self.rank, self.size = hvd, tf, None, hvd.rank(), hvd.size()
-
-    def barrier(self):
-        self.hvd.allreduce(self.tf.zeros(1), name="bench.barrier")
-
-    def max(self, x: float) -> float:
-        return float(self.hvd.allreduce(self.tf.constant([x], self.tf.float64), op=self.hvd.Max, name="bench.max")[0])
-
-    def sum(self, a: np.ndarray) -> np.ndarray:
-        return self.hvd.allreduce(self.tf.constant(a), op=self.hvd.Sum, name="bench.sum").numpy()
-
-    def allgather(self, obj) -> list:
-        return self.hvd.allgather_object(obj)
+        super().__init__(None, HorovodComm(hvd))
 
 
 #: name -> class, in the table's order

@@ -97,8 +97,10 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--elastic", action="store_true",
                    help="an elastic Horovod job: horovodrun (Gloo) asks a discovery script, written into the job's "
                         "--output-dir, for the hosts of --hostfile every second; edit the file while the job runs "
-                        "(remove a host, add it back). Needs --hostfile and --output-dir; across hosts Gloo's "
-                        "interface is chosen as for MPI (one name on every host) unless --network-interface names it")
+                        "(remove a host, add it back). The training flags go into OUTPUT_DIR/rank_command.sh, which "
+                        "every rank runs (horovodrun's parser never reads them); --env NAME=VALUE is set for "
+                        "horovodrun, which passes it to every rank. Needs --hostfile and --output-dir; across hosts "
+                        "Gloo's interface is chosen as for MPI (one name on every host) unless --network-interface names it")
     g.add_argument("--min-np", type=int, default=1, metavar="A", help="--elastic: fewest ranks to train with (default 1)")
     g.add_argument("--max-np", type=int, default=None, metavar="B",
                    help="--elastic: most ranks (default: -np, which defaults to the hostfile's slots)")
@@ -227,10 +229,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _elastic(ns, program: list[str]) -> int:
     """``--elastic``: check the training flags here (ranks check them alone, without a collective),
-    write the discovery script and run horovodrun's elastic mode (:mod:`hvdkit.launch.elastic`)."""
+    write the discovery script and the rank command (the training flags, out of horovodrun's
+    parser's reach), and run horovodrun's elastic mode with ``--env`` in its environment
+    (:mod:`hvdkit.launch.elastic`). ``--dry-run`` writes nothing and prints the rank command's
+    ``exec`` line as a comment before horovodrun's."""
     from hvdkit.config import parse_config
-    from hvdkit.launch.elastic import LOCAL_NAMES, check_own_name, discovered, elastic_command, slots_of, \
-        write_discovery_script, write_ssh_keepalive
+    from hvdkit.launch.elastic import LOCAL_NAMES, check_own_name, discovered, elastic_command, rank_command_path, \
+        slots_of, write_discovery_script, write_rank_command, write_ssh_keepalive
     from hvdkit.strategies import extra_fields, summaries
 
     if not ns.hostfile:
@@ -255,10 +260,16 @@ def _elastic(ns, program: list[str]) -> int:
     np_ = ns.np or slots_of(ns.hostfile)
     if ns.gloo_timeout < 1:
         raise UsageError(f"--gloo-timeout {ns.gloo_timeout}: must be at least 1 second")
-    script = write_discovery_script(cfg.output_dir, ns.hostfile, sys.executable) if not ns.dry_run else \
-        os.path.join(cfg.output_dir, "discover_hosts.sh")
-    cmd = elastic_command(_horovodrun(), np_, ns.min_np, ns.max_np or np_, script, interface,
-                          [sys.executable, "-m", "hvdkit.train", *flags], ns.gloo_timeout, shlex.split(ns.mpi_args))
+    _, pairs = _env_args(ns.env, os.environ)   # NAME alone: in horovodrun's environment already
+    train = [sys.executable, "-m", "hvdkit.train", *flags]
+    if ns.dry_run:
+        script, ranks = os.path.join(cfg.output_dir, "discover_hosts.sh"), rank_command_path(cfg.output_dir)
+        print(f"# {ranks} (written at launch; every rank runs it):\n#   exec {shlex.join(train)}")
+    else:
+        script = write_discovery_script(cfg.output_dir, ns.hostfile, sys.executable)
+        ranks = write_rank_command(cfg.output_dir, train)
+    cmd = elastic_command(_horovodrun(), np_, ns.min_np, ns.max_np or np_, script, interface, ranks,
+                          ns.gloo_timeout, shlex.split(ns.mpi_args), env=pairs)
     env = dict(os.environ)
     keepalive = None if ns.dry_run else write_ssh_keepalive(cfg.output_dir, ns.gloo_timeout, env.get("PATH", ""))
     if keepalive:   # a host whose link fails must end its ssh session, else the job waits for it

@@ -10,9 +10,19 @@ syntax) as ``HOST:SLOTS``.
 
 The command (run by the launching host, which must be one of the cluster's)::
 
-    [env HOROVOD_GLOO_TIMEOUT_SECONDS=T] horovodrun -np N --min-np A --max-np B
+    env HOROVOD_GLOO_TIMEOUT_SECONDS=T [NAME=VALUE ...] horovodrun -np N --min-np A --max-np B
         --host-discovery-script OUT/discover_hosts.sh --network-interface IF
-        --blacklist-cooldown-range 10 60 [ARGS] python -m hvdkit.train ... --elastic
+        --blacklist-cooldown-range 10 60 [ARGS] OUT/rank_command.sh
+
+``OUT/rank_command.sh`` (:func:`write_rank_command`) holds ``exec python -m hvdkit.train FLAGS
+--elastic``: horovodrun's own parser never sees the training flags. Given to horovodrun, they
+were read as its own (argparse takes any unambiguous prefix, anywhere on the line, even after
+the program): ``--timeline t.json`` was refused as "ambiguous option: --timeline could match
+--timeline-filename, --timeline-mark-cycles", ``--config FILE`` would have been horovodrun's
+``--config-file``, and horovodrun keeps a ``--`` in the program (``env ... -- python``). ``--env NAME=VALUE`` goes into
+horovodrun's environment (the ``env`` prefix), which its elastic mode passes on to every rank it
+starts, then and after every re-form (``--env NAME`` is there already); the output directory
+is on a file system every host shares, so every host runs the same file.
 
 Across hosts ``--network-interface`` is always given: without it horovodrun's elastic mode was
 seen to stall for minutes choosing one. hvdkit-launch chooses it as it chooses MPI's network
@@ -45,8 +55,8 @@ from hvdkit.errors import UsageError
 from hvdkit.launch.hosts import check_launcher, hosts_arg, read_hostfile
 from hvdkit.launch.mpi import HOROVODRUN, OPENMPI
 
-__all__ = ["discovered", "slots_of", "write_discovery_script", "elastic_command", "check_own_name", "LOCAL_NAMES",
-           "write_ssh_keepalive"]
+__all__ = ["discovered", "slots_of", "write_discovery_script", "write_rank_command", "rank_command_path",
+           "elastic_command", "check_own_name", "LOCAL_NAMES", "write_ssh_keepalive"]
 
 LOCAL_NAMES = ("localhost", "127.0.0.1")
 #: seconds a failed host stays out before horovodrun tries it again (if the script lists it)
@@ -87,6 +97,36 @@ def write_discovery_script(out_dir: str, hostfile: str, python: str) -> str:
     return path
 
 
+def rank_command_path(out_dir: str) -> str:
+    """Where :func:`write_rank_command` writes: ``OUT_DIR/rank_command.sh``, absolute (every host runs it)."""
+    return os.path.join(os.path.abspath(out_dir), "rank_command.sh")
+
+
+def rank_command_text(program: Sequence[str]) -> str:
+    """The body of the rank command file: a ``/bin/sh`` script ending in ``exec PROGRAM`` (quoted)."""
+    return ("#!/bin/sh\n# hvdkit-launch --elastic: what every rank runs. horovodrun runs this file, so that its own "
+            "parser never reads the training flags\n"
+            f"exec {shlex.join(program)}\n")
+
+
+def write_rank_command(out_dir: str, program: Sequence[str]) -> str:
+    """Write :func:`rank_command_path` (mode 0755, atomically) holding ``exec PROGRAM``; returns its path.
+
+    Raises:
+        UsageError: ``out_dir`` cannot be created or written.
+    """
+    path = rank_command_path(out_dir)
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+        with open(path + ".tmp", "w") as f:
+            f.write(rank_command_text(program))
+        os.chmod(path + ".tmp", 0o755)
+        os.replace(path + ".tmp", path)
+    except OSError as e:
+        raise UsageError(f"--output-dir {out_dir}: cannot write the rank command there: {e.strerror}") from None
+    return path
+
+
 def write_ssh_keepalive(out_dir: str, gloo_timeout: int, path: str) -> str | None:
     """Write ``OUT_DIR/ssh-keepalive/ssh`` (mode 0755): the ``ssh`` that ``path`` (a PATH value)
     finds now, with ``-o ServerAliveInterval=I -o ServerAliveCountMax=3``, I = ceil(gloo_timeout / 3)
@@ -118,18 +158,21 @@ def write_ssh_keepalive(out_dir: str, gloo_timeout: int, path: str) -> str | Non
 
 
 def elastic_command(binary: str, np_: int, min_np: int, max_np: int, script: str, interface: str,
-                    program: Sequence[str], gloo_timeout: int, extra: Sequence[str] = ()) -> list[str]:
-    """The horovodrun command of an elastic job (see the module docstring).
+                    rank_command: str, gloo_timeout: int, extra: Sequence[str] = (),
+                    env: Sequence[tuple[str, str]] = ()) -> list[str]:
+    """The horovodrun command of an elastic job (see the module docstring): ``rank_command`` is the
+    one file every rank runs (:func:`write_rank_command`), ``env`` the (NAME, VALUE) pairs of
+    ``--env NAME=VALUE``, set for horovodrun and so for every rank.
 
     Raises:
         UsageError: ``min_np <= np <= max_np`` does not hold.
     """
     if not 1 <= min_np <= np_ <= max_np:
         raise UsageError(f"--elastic: need 1 <= --min-np ({min_np}) <= -np ({np_}) <= --max-np ({max_np})")
-    return ["env", f"HOROVOD_GLOO_TIMEOUT_SECONDS={gloo_timeout}", binary, "-np", str(np_), "--min-np", str(min_np),
-            "--max-np", str(max_np), "--host-discovery-script", script,
+    return ["env", f"HOROVOD_GLOO_TIMEOUT_SECONDS={gloo_timeout}", *(f"{k}={v}" for k, v in env), binary,
+            "-np", str(np_), "--min-np", str(min_np), "--max-np", str(max_np), "--host-discovery-script", script,
             *(["--network-interface", interface] if interface else []),
-            "--blacklist-cooldown-range", str(COOLDOWN[0]), str(COOLDOWN[1]), *extra, *program]
+            "--blacklist-cooldown-range", str(COOLDOWN[0]), str(COOLDOWN[1]), *extra, rank_command]
 
 
 def check_own_name(interface: str, hosts: Sequence[str]) -> None:

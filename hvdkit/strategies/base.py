@@ -33,6 +33,14 @@ meta, model)``              during set-up                :class:`~hvdkit.errors.
                                                          identical on every rank. A checkpoint of another
                                                          world size is restored (the ps re-cuts its shards)
                                                          or refused, by ``check_state`` where it can
+``rebuild()``               every rank, after a change   local. ``self.world`` is the new world (ranks left
+                            of world (``--elastic``: at  or joined; Horovod numbered them anew): drop what
+                            each (re)start of the loop,  was traced or sized for the old one (step
+                            before its first step)       functions, a world size captured in a graph). The
+                                                         trainer sets the learning rate again from
+                                                         ``lr_scale`` (:func:`hvdkit.trainer.change_world`).
+                                                         Default: nothing; :class:`ReplicaStrategy` traces
+                                                         its step functions again
 ``serve()``                 serving ranks                returns when the loop ranks have finished
 ``train_step(x, y, timer)`` loop ranks, every step       may be collective over the strategy's own
                                                          communicators; every loop rank runs the same
@@ -262,6 +270,13 @@ class Strategy(abc.ABC):
     def finish(self) -> None:
         """Called on every rank after training; release resources, tell peers we are done."""
 
+    def rebuild(self) -> None:
+        """After a change of world (``--elastic``: ranks left or joined); ``self.world`` is the new one.
+
+        Local, on every rank, before the first step in the new world (see the contract table). Drop
+        whatever was traced or sized for the old world. The default does nothing.
+        """
+
     def report(self) -> dict[str, Any]:
         """Strategy-specific results for results.json."""
         return {}
@@ -333,6 +348,11 @@ class ReplicaStrategy(Strategy):
         optimizer.build(model.trainable_variables)  # create slots now so they can be broadcast
         self.build_steps()
         self.broadcast([*model.variables, *optimizer.variables])
+
+    def rebuild(self) -> None:
+        """After a change of world (``--elastic``): trace the step functions again, so that nothing
+        traced for the previous world size (such as the fp16 scaling's N) is reused. Local."""
+        self.build_steps()
 
     def build_steps(self) -> None:
         """Trace this row's step functions (:mod:`hvdkit.steps`) for ``self.model`` and

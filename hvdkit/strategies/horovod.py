@@ -29,9 +29,12 @@ TensorFlow", arXiv:1802.05799 (2018).
 from __future__ import annotations
 
 import os
+import socket
+
+import numpy as np
 
 from hvdkit.collectives.ring import ring_bytes_per_rank
-from hvdkit.comm import agree
+from hvdkit.comm import World, agree
 from hvdkit.compression import FP16_MAX, wire_itemsize
 from hvdkit.config import Option, at_least
 from hvdkit.errors import UsageError
@@ -39,7 +42,8 @@ from hvdkit.startup import phase
 from hvdkit.strategies.base import COMPRESSION, ReplicaStrategy
 from hvdkit.timeline import horovod_timeline_path
 
-__all__ = ["HorovodStrategy", "init_horovod", "elastic_launch", "HOROVOD_DTYPES", "fp16_grouped_allreduce"]
+__all__ = ["HorovodStrategy", "HorovodComm", "horovod_world", "init_horovod", "elastic_launch", "HOROVOD_DTYPES",
+           "fp16_grouped_allreduce"]
 
 #: ``--elastic``: train under an elastic ``horovodrun`` (ranks may leave and join; :mod:`hvdkit.elastic`)
 ELASTIC = Option("elastic", bool, False, "elastic training (hvdkit-launch --elastic: horovodrun --min-np/--max-np "
@@ -112,8 +116,10 @@ class HorovodStrategy(ReplicaStrategy):
 
     def __init__(self, cfg, world):
         super().__init__(cfg, world)
-        if cfg.timeline:  # Horovod's own timeline (each tensor's negotiation and allreduce), read by hvd.init;
-            os.environ.setdefault("HOROVOD_TIMELINE", horovod_timeline_path(cfg.timeline))  # a user's own wins
+        if cfg.timeline and not self.opts.elastic:  # Horovod's own timeline (each tensor's negotiation and
+            # allreduce), read by hvd.init; a user's own wins. Not under --elastic: hvd.init has run already,
+            # and Horovod's coordinator (which writes it) changes with every re-form
+            os.environ.setdefault("HOROVOD_TIMELINE", horovod_timeline_path(cfg.timeline))
         self.hvd = init_horovod(world)
         # --elastic: a rank that joins would start from another loss scale than the others hold
         self.loss_scaling = not self.opts.elastic
@@ -133,15 +139,10 @@ class HorovodStrategy(ReplicaStrategy):
             if err:
                 raise err
             self.model, self.optimizer = model, optimizer
-            self.rebuild()
+            self.rebuild()   # the step functions; hvd.elastic.run's sync gives every rank rank 0's state
             return
         agree(err, self.world)
         super().setup(model, optimizer)
-
-    def rebuild(self) -> None:
-        """--elastic, after a change of membership: trace the step functions again, so that nothing
-        traced for the previous world size (the fp16 scaling's N) is reused. Local."""
-        self.build_steps()
 
     def rank_info(self) -> dict:
         """Horovod's own view of this rank's place: local rank/size (within a host) and cross
@@ -249,3 +250,83 @@ def fp16_grouped_allreduce(hvd, tensors, average: bool = True) -> list:
         back.append(tf.cast(tf.pow(two, -ki) / (n if average else 1.0), t.dtype))
     reduced = hvd.grouped_allreduce(scaled, op=hvd.Sum, compression=hvd.Compression.fp16)
     return [r * b for r, b in zip(reduced, back)]
+
+
+class HorovodComm:
+    """The part of mpi4py's ``Comm`` that hvdkit uses, over Horovod's collectives: the one adapter
+    for a world without MPI (an elastic ``horovodrun``, :mod:`hvdkit.elastic`; ``horovodrun --gloo``,
+    the collectives benchmark's :class:`~hvdkit.bench._collective_methods.HorovodWorld`).
+
+    Eager Horovod operations on NumPy data (``hvd.allreduce``, ``hvd.broadcast``,
+    ``hvd.broadcast_object``, ``hvd.allgather_object``), collective over every Horovod rank, in the
+    same order on each (as MPI's); inside ``hvd.elastic.run`` a peer's failure raises Horovod's
+    error there, which the elastic loop handles. Rank and size are read from Horovod at each call,
+    so one object serves every membership.
+
+    Args:
+        hvd: ``horovod.tensorflow``, initialised.
+    """
+
+    def __init__(self, hvd):
+        self.hvd = hvd
+
+    def Get_rank(self) -> int:  # noqa: N802 - mpi4py's names
+        return self.hvd.rank()
+
+    def Get_size(self) -> int:  # noqa: N802
+        return self.hvd.size()
+
+    def Allreduce(self, sendbuf, recvbuf, op=None) -> None:  # noqa: N802
+        """``recvbuf[...] =`` the sum (``op`` None or ``MPI.SUM``), max (``MPI.MAX``) or min (``MPI.MIN``)
+        of ``sendbuf`` (``MPI.IN_PLACE``: of ``recvbuf``) over the ranks, elementwise. Any shape; the
+        dtypes Horovod reduces (float16/32/64, int32/64), the same shape and dtype on every rank."""
+        import tensorflow as tf
+        from mpi4py import MPI
+
+        src = recvbuf if sendbuf is MPI.IN_PLACE else sendbuf
+        how = self.hvd.Max if op == MPI.MAX else self.hvd.Min if op == MPI.MIN else self.hvd.Sum
+        out = self.hvd.allreduce(tf.constant(np.asarray(src)), op=how)
+        recvbuf[...] = out.numpy().reshape(np.shape(recvbuf))
+
+    def Bcast(self, buf: np.ndarray, root: int = 0) -> None:  # noqa: N802
+        """``buf[...] =`` rank ``root``'s ``buf`` (same shape and dtype on every rank)."""
+        import tensorflow as tf
+
+        buf[...] = self.hvd.broadcast(tf.constant(buf), root_rank=root).numpy()
+
+    def bcast(self, obj, root: int = 0):
+        return self.hvd.broadcast_object(obj, root_rank=root)
+
+    def allgather(self, obj) -> list:
+        return list(self.hvd.allgather_object(obj))
+
+    def allreduce(self, obj, op=None):
+        """The sum (default), max or min of a picklable ``obj`` over the ranks (one allgather)."""
+        from mpi4py import MPI
+
+        items = self.allgather(obj)
+        return max(items) if op == MPI.MAX else min(items) if op == MPI.MIN else sum(items)
+
+    def gather(self, obj, root: int = 0):
+        items = self.allgather(obj)
+        return items if self.Get_rank() == root else None
+
+    def Barrier(self) -> None:  # noqa: N802
+        """Every rank has reached it: one allreduce of a 1-element float32 tensor."""
+        import tensorflow as tf
+
+        self.hvd.allreduce(tf.zeros(1), op=self.hvd.Sum)
+
+    def Abort(self, code: int = 1) -> None:  # noqa: N802
+        """End this process now (``os._exit``): Horovod's driver sees it fail (an elastic one goes on without it)."""
+        os._exit(code)
+
+    def Free(self) -> None:  # noqa: N802
+        pass
+
+
+def horovod_world(hvd) -> World:
+    """This process's :class:`~hvdkit.comm.World` as Horovod numbers it now, over a :class:`HorovodComm`
+    (``node``/``nodes``: ``hvd.cross_rank``/``hvd.cross_size``, hosts as Horovod counts them). Local."""
+    return World(HorovodComm(hvd), hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size(), socket.gethostname(),
+                 hvd.cross_rank(), hvd.cross_size())

@@ -15,14 +15,13 @@ import re
 import shlex
 import signal
 import subprocess
-import threading
 import time
 
 import pytest
 
 from hvdkit.cluster import control
 from tests.cluster.conftest import needs_cluster, start_cluster, stop_cluster
-from tests.conftest import ROOT, VENV_BIN, load_results
+from tests.conftest import ROOT, VENV_BIN, BackgroundJob, load_results
 
 pytestmark = [pytest.mark.cluster, needs_cluster]
 
@@ -43,7 +42,7 @@ def hosts3():
     stop_cluster()
 
 
-class Job:
+class Job(BackgroundJob):
     """``hvdkit-launch --elastic`` on h1 in the background (``env``: variables set for it and so for
     horovodrun); its output lines, timestamped."""
 
@@ -54,39 +53,7 @@ class Job:
                f"{VENV_BIN}/hvdkit-launch --elastic --hostfile {hostfile} --network-interface eth0 "
                f"--gloo-timeout {GLOO_TIMEOUT} --mpi-args='--blacklist-cooldown-range 1 2' -- "
                f"{shlex.join(FLAGS)} --output-dir {out}")
-        self.p = subprocess.Popen(["ssh", "h1", cmd], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                  env=cluster.env, start_new_session=True)
-        self.lines: list[tuple[float, str]] = []
-        self.reader = threading.Thread(target=self._read, daemon=True)
-        self.reader.start()
-
-    def _read(self):
-        for ln in self.p.stdout:
-            self.lines.append((time.time(), ln))
-
-    def wait_for(self, pattern: str, timeout: float, after: float = 0.0) -> float:
-        """Seconds since the epoch when a line (that came at ``after`` or later) matched ``pattern``;
-        fails the test after ``timeout``."""
-        t0 = time.monotonic()
-        while time.monotonic() - t0 < timeout:
-            for t, ln in list(self.lines):
-                if t >= after and re.search(pattern, ln):
-                    return t
-            if self.p.poll() is not None:
-                break
-            time.sleep(0.05)
-        pytest.fail(f"no line matching {pattern!r} within {timeout} s:\n" + self.text()[-12000:])
-
-    def text(self) -> str:
-        return "".join(ln for _, ln in self.lines)
-
-    def finish(self, timeout: float) -> int:
-        try:
-            return self.p.wait(timeout=timeout)
-        finally:
-            if self.p.poll() is None:
-                os.killpg(self.p.pid, signal.SIGKILL)
-            self.reader.join(timeout=5)
+        super().__init__(["ssh", "h1", cmd], env=cluster.env)
 
 
 def _pids(host: str, needle: str) -> list[int]:

@@ -3,6 +3,7 @@ checks that refuse a launch in one line (status 2), and the rank-side refusals o
 from __future__ import annotations
 
 import os
+import shlex
 import subprocess
 import sys
 
@@ -37,13 +38,24 @@ def test_the_discovery_script_prints_the_file_as_it_is_when_called(tmp_path):
 
 
 def test_elastic_command():
-    cmd = elastic_command("horovodrun", 3, 2, 4, "/o/discover_hosts.sh", "eth0", ["python", "-m", "hvdkit.train"], 10,
-                          ["--verbose"])
-    assert cmd == ["env", "HOROVOD_GLOO_TIMEOUT_SECONDS=10", "horovodrun", "-np", "3", "--min-np", "2", "--max-np",
-                   "4", "--host-discovery-script", "/o/discover_hosts.sh", "--network-interface", "eth0",
-                   "--blacklist-cooldown-range", "10", "60", "--verbose", "python", "-m", "hvdkit.train"]
+    cmd = elastic_command("horovodrun", 3, 2, 4, "/o/discover_hosts.sh", "eth0", "/o/rank_command.sh", 10,
+                          ["--verbose"], env=[("FOO", "a b")])
+    assert cmd == ["env", "HOROVOD_GLOO_TIMEOUT_SECONDS=10", "FOO=a b", "horovodrun", "-np", "3", "--min-np", "2",
+                   "--max-np", "4", "--host-discovery-script", "/o/discover_hosts.sh", "--network-interface", "eth0",
+                   "--blacklist-cooldown-range", "10", "60", "--verbose", "/o/rank_command.sh"]
     with pytest.raises(UsageError, match="--min-np"):
-        elastic_command("horovodrun", 2, 3, 4, "s", "eth0", ["p"], 10)
+        elastic_command("horovodrun", 2, 3, 4, "s", "eth0", "p", 10)
+
+
+def test_the_rank_command_passes_every_argument_unchanged(tmp_path):
+    """The file horovodrun runs instead of the training command: ``exec`` of it, quoting kept."""
+    from hvdkit.launch.elastic import write_rank_command
+
+    path = write_rank_command(str(tmp_path / "o"), [sys.executable, "-c", "import sys; print(sys.argv[1:])",
+                                                    "--timeline", "t 1.json", "--verbose", "$HOME", "it's"])
+    assert os.path.isabs(path) and os.access(path, os.X_OK)
+    out = subprocess.run([path], capture_output=True, text=True, timeout=60).stdout
+    assert out.strip() == str(["--timeline", "t 1.json", "--verbose", "$HOME", "it's"])
 
 
 def _launch(argv, capsys) -> tuple[int, str, str]:
@@ -58,8 +70,52 @@ def test_dry_run_adds_elastic_and_defaults_np_to_the_slots(tmp_path, capsys):
     rc, out, err = _launch(["--elastic", "--hostfile", str(f), "--dry-run", "--", "--output-dir", str(tmp_path / "o")],
                            capsys)
     assert rc == 0, err
-    assert "-np 2 --min-np 1 --max-np 2 " in out and "--network-interface lo " in out
-    assert out.rstrip().endswith("-m hvdkit.train --output-dir " + str(tmp_path / "o") + " --elastic")
+    comment, body, cmd = out.splitlines()
+    assert "-np 2 --min-np 1 --max-np 2 " in cmd and "--network-interface lo " in cmd
+    assert cmd.endswith(" " + str(tmp_path / "o" / "rank_command.sh"))
+    assert comment == f"# {tmp_path / 'o' / 'rank_command.sh'} (written at launch; every rank runs it):"
+    assert body.endswith("-m hvdkit.train --output-dir " + str(tmp_path / "o") + " --elastic")
+    assert not (tmp_path / "o").exists()   # --dry-run writes nothing
+
+
+def _horovodrun_parse(cmd: list[str], monkeypatch):
+    """horovodrun 0.28.1's own parser (``horovod.runner.launch.parse_args``) on ``cmd`` without its
+    ``env NAME=VALUE ...`` prefix; returns (namespace, the environment the prefix sets)."""
+    from horovod.runner.launch import parse_args
+
+    i = next(i for i, a in enumerate(cmd) if a.endswith("horovodrun"))
+    env = dict(a.split("=", 1) for a in cmd[1:i])
+    monkeypatch.setattr(sys, "argv", cmd[i:])
+    return parse_args(), env
+
+
+def test_training_flags_never_reach_horovodruns_parser_and_env_reaches_its_environment(tmp_path, capsys,
+                                                                                      monkeypatch):
+    """``--timeline`` after '--' was refused by horovodrun ("ambiguous option: --timeline could match
+    --timeline-filename, --timeline-mark-cycles"); the
+    training flags now live in the rank command file. ``--env FOO=bar`` is set for horovodrun (whose
+    elastic mode passes its environment to every rank), ``--env NAME`` is there already."""
+    f = tmp_path / "hosts"
+    f.write_text("localhost slots=2\n")
+    out_dir = tmp_path / "o"
+    flags = ["--timeline", "t.json", "--timeline-steps", "0:5", "--checkpoint-every", "25", "--output-dir", str(out_dir)]
+    monkeypatch.setenv("KEPT", "1")
+    rc, out, err = _launch(["--elastic", "--hostfile", str(f), "--env", "FOO=bar", "--env", "KEPT", "--dry-run", "--",
+                            *flags], capsys)
+    assert rc == 0, err
+    ns, env = _horovodrun_parse(shlex.split(out.splitlines()[-1]), monkeypatch)
+    assert ns.command == [str(out_dir / "rank_command.sh")] and not ns.verbose
+    assert ns.num_proc == 2 and ns.min_num_proc == 1 and ns.max_num_proc == 2
+    assert env == {"HOROVOD_GLOO_TIMEOUT_SECONDS": "30", "FOO": "bar"}
+
+    ran = {}   # without --dry-run: the files written, then horovodrun exec'd with that command and environment
+    monkeypatch.setattr(os, "execvpe", lambda exe, cmd, env: ran.update(exe=exe, cmd=cmd, env=env))
+    monkeypatch.setattr(cli, "_horovodrun", lambda: sys.executable)   # any existing executable
+    cli.main(["--elastic", "--hostfile", str(f), "--env", "FOO=bar", "--", *flags])
+    assert ran["cmd"][:3] == ["env", "HOROVOD_GLOO_TIMEOUT_SECONDS=30", "FOO=bar"] and ran["env"]["KEPT"] == "1"
+    assert ran["cmd"][-1] == str(out_dir / "rank_command.sh")
+    body = (out_dir / "rank_command.sh").read_text().splitlines()[-1]
+    assert shlex.split(body) == ["exec", sys.executable, "-m", "hvdkit.train", *flags, "--elastic"]
 
 
 @pytest.mark.parametrize("argv,message", [
