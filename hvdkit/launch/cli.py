@@ -1,8 +1,10 @@
 """``hvdkit-launch`` / ``python -m hvdkit.launch``: the command line (see :mod:`hvdkit.launch`).
 
 Parses the flags (grouped as Horovod's launcher groups them), then either renders a job
-template, runs as the ``--rank-exec`` wrapper inside a job, or builds the launch command
-(:func:`hvdkit.launch.command.plan_command`) and replaces this process with it.
+template, runs as the ``--rank-exec`` wrapper inside a job (which replaces itself with the
+program), or builds the launch command (:func:`hvdkit.launch.command.plan_command`) and runs
+it as a supervised child (:mod:`hvdkit.launch.supervise`: signals forwarded, the job ended
+with the launcher, SIGKILL included).
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from hvdkit.launch.command import (FORWARD_NAMES, FORWARD_PREFIXES, LaunchSpec, 
 from hvdkit.launch.mpi import HOROVODRUN, MPI, MPICH, OPENMPI, detect_mpi, local_cores
 from hvdkit.launch.rankexec import rank_exec_env
 from hvdkit.launch.restart import RESTART_ENV, run_with_restarts
+from hvdkit.launch.supervise import run_job
 from hvdkit.launch.templates import TEMPLATES, render
 
 __all__ = ["main"]
@@ -143,8 +146,11 @@ def _env_args(items: Sequence[str], environ: Mapping[str, str]) -> tuple[list[st
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``hvdkit-launch``; returns the exit status (2 on bad input).
 
-    Without ``--dry-run`` the launcher replaces this process (``os.execvpe``), so its exit
-    status and signals are the job's.
+    Without ``--dry-run`` the launch command runs as this process's child
+    (:func:`hvdkit.launch.supervise.run_job`): its exit status is the job's (128 + N after
+    an ending signal N to the launcher: SIGINT, SIGTERM, SIGHUP), SIGUSR1 is passed on (a
+    checkpoint at the next step, then status 75), and the job ends with the launcher.
+    ``--rank-exec`` replaces this process with the program (``os.execvpe``).
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     own, after = _split_program(argv)
@@ -164,7 +170,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if not program:
                 raise UsageError("--rank-exec needs a program after '--'")
             env = rank_exec_env(os.environ, ns.cpu_ranks)
-            return _exec(program, env, ns.dry_run)
+            return _exec(program, env, ns.dry_run, replace_self=True)
         if ns.elastic:
             return _elastic(ns, program)
         if ns.np is None:
@@ -225,6 +231,10 @@ def _elastic(ns, program: list[str]) -> int:
         raise UsageError(f"--elastic runs --strategy horovod only, not --strategy {cfg.strategy}")
     if not cfg.output_dir:
         raise UsageError("--elastic needs --output-dir DIR (after '--') on a file system every host shares")
+    if not cfg.resume and not cfg.overwrite:   # the ranks leave this to the launcher (hvdkit.trainer.prepare_outputs)
+        from hvdkit.checkpoints import CHECKPOINT, refuse_rerun
+
+        refuse_rerun(os.path.join(cfg.output_dir, CHECKPOINT), f"--output-dir {cfg.output_dir}")
     hosts = [h.rpartition(":")[0] for h in discovered(ns.hostfile)]
     interface = ns.network_interface or ("lo" if all(h in LOCAL_NAMES for h in hosts) else "")
     if not interface:
@@ -252,7 +262,10 @@ def _horovodrun() -> str:
     return beside if os.path.exists(beside) else "horovodrun"
 
 
-def _exec(cmd: list[str], env: dict[str, str], dry_run: bool, check_only: bool = False) -> int:
+def _exec(cmd: list[str], env: dict[str, str], dry_run: bool, check_only: bool = False,
+          replace_self: bool = False) -> int:
+    """Print (``dry_run``), check (``check_only``: the program exists), replace this process with
+    (``replace_self``: the ``--rank-exec`` wrapper) or run supervised ``cmd``; returns its status."""
     if dry_run and not check_only:
         print(shlex.join(cmd), flush=True)
         return 0
@@ -264,5 +277,7 @@ def _exec(cmd: list[str], env: dict[str, str], dry_run: bool, check_only: bool =
         return 0
     sys.stdout.flush()
     sys.stderr.flush()
+    if not replace_self:
+        return run_job([exe, *cmd[1:]], env).status
     os.execvpe(exe, cmd, env)
     return 1  # not reached
