@@ -47,9 +47,7 @@ def free_bytes(path: str) -> int | None:
 def _write_failed(path: str, nbytes: int, e: OSError) -> OutputError:
     free = free_bytes(path)
     room = f", {free:,} free on its file system" if free is not None else ""
-    err = OutputError(f"cannot write {path} ({e.strerror or e}; it needs {nbytes:,} bytes{room})")
-    err.errno, err.filename = e.errno, path
-    return err
+    return OutputError(f"cannot write {path} ({e.strerror or e}; it needs {nbytes:,} bytes{room})")
 
 
 def atomic_write(path: str, data: bytes) -> None:
@@ -232,10 +230,8 @@ def check_room(path: str, needed: int, what: str) -> None:
     """
     free = free_bytes(path)
     if free is not None and free < needed:
-        err = OutputError(f"{path}: its file system has {free:,} bytes free, but this run's outputs need about "
+        raise OutputError(f"{path}: its file system has {free:,} bytes free, but this run's outputs need about "
                           f"{needed:,} ({what}); free space there or choose another --output-dir")
-        err.filename = path
-        raise err
 
 
 def weights_to_arrays(model) -> dict[str, np.ndarray]:

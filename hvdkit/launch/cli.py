@@ -278,6 +278,7 @@ def _exec(cmd: list[str], env: dict[str, str], dry_run: bool, check_only: bool =
     sys.stdout.flush()
     sys.stderr.flush()
     if not replace_self:
-        return run_job([exe, *cmd[1:]], env).status
+        out = run_job([exe, *cmd[1:]], env)
+        return 128 + out.ended_by if out.ended_by else out.status
     os.execvpe(exe, cmd, env)
     return 1  # not reached
