@@ -9,13 +9,19 @@ mpirun does not leave them behind either.
 
 Signals to ``hvdkit-launch`` (:data:`FORWARD`):
 
-* SIGINT, SIGTERM, SIGHUP end the job: passed to the MPI launcher (SIGHUP as SIGTERM, which
-  mpirun and horovodrun handle: they signal every rank, then kill what is left). A job still
-  alive :data:`GRACE_S` seconds later is killed (SIGKILL to its session). Its checkpoint is
-  the last one finished: checkpoints are written atomically (:func:`hvdkit.results.atomic_write`).
-* SIGUSR1 (and SIGUSR2) are passed on as they are: Open MPI's mpirun sends them to every rank
-  (``ess_base_forward_signals``, on by default); SIGUSR1 asks ``hvdkit.train`` to checkpoint
-  at the next step and stop with status 75 (:data:`hvdkit.errors.EXIT_STOPPED`).
+* SIGINT, SIGTERM, SIGHUP end the job: passed to the MPI launcher's session (SIGHUP as
+  SIGTERM, which mpirun handles: it signals every rank, then kills what is left; Open MPI puts
+  each rank in a process group of its own, so the ranks get it once, from mpirun). The
+  session, not the launcher alone: ``horovodrun`` runs mpirun under ``/bin/sh -c``, which does
+  not exec it, and a SIGTERM to that shell alone leaves mpirun and the ranks running. A job
+  still alive :data:`GRACE_S` seconds later is killed (SIGKILL to its session). Its checkpoint
+  is the last one finished: checkpoints are written atomically (:func:`hvdkit.results.atomic_write`).
+* SIGUSR1 (and SIGUSR2) are passed on as they are, to the MPI launcher alone: Open MPI's
+  mpirun sends them to every rank (``ess_base_forward_signals``, on by default; it logs
+  ``mpirun: Forwarding signal 10 to job``); SIGUSR1 asks ``hvdkit.train`` to checkpoint at
+  the next step and stop with status 75 (:data:`hvdkit.errors.EXIT_STOPPED`). Not with
+  ``--launcher horovodrun`` (its shell dies of a SIGUSR1) nor ``--elastic`` (horovodrun's
+  Gloo driver does not pass it on).
 
 The launcher's status is the job's; after an ending signal, 128 + that signal's number.
 """
@@ -91,9 +97,9 @@ def run_job(cmd: Sequence[str], env: dict[str, str], capture_stderr: bool = Fals
 
     def on_signal(signum, _frame):
         out.signals.append(signum)
-        try:
-            p.send_signal(forward[signum])
-        except ProcessLookupError:
+        try:   # an ending signal to the whole session: horovodrun runs mpirun under a shell that does not exec it
+            os.killpg(p.pid, forward[signum]) if signum in ENDING else p.send_signal(forward[signum])
+        except (ProcessLookupError, PermissionError):
             pass
         if signum in ENDING and len([s for s in out.signals if s in ENDING]) == 1:
             t = threading.Timer(grace_s, kill_session)
