@@ -22,8 +22,8 @@ from hvdkit.launch.command import (FORWARD_NAMES, FORWARD_PREFIXES, LaunchSpec, 
                                    multi_host_mpi_args, plan_command)
 from hvdkit.launch.mpi import HOROVODRUN, MPI, MPICH, OPENMPI, detect_mpi, local_cores
 from hvdkit.launch.rankexec import rank_exec_env
-from hvdkit.launch.restart import RESTART_ENV, run_with_restarts
-from hvdkit.launch.supervise import run_job
+from hvdkit.launch.restart import RESTART_ENV, run_once, run_with_restarts
+from hvdkit.launch.supervise import FORWARD, FORWARD_NO_STOP, run_job
 from hvdkit.launch.templates import TEMPLATES, render
 
 __all__ = ["main"]
@@ -203,8 +203,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             spec = replace(spec, env_forward=tuple(sorted({*spec.env_forward, RESTART_ENV})))
         if ns.max_restarts and not ns.dry_run:
             _exec(build(list(spec.program)), dict(os.environ), dry_run=True, check_only=True)
-            return run_with_restarts(build, spec.program, ns.max_restarts, dict(os.environ))
-        return _exec(build(list(spec.program)), dict(os.environ), ns.dry_run)
+            fwd = FORWARD_NO_STOP if ns.launcher == HOROVODRUN else FORWARD
+            return run_with_restarts(build, spec.program, ns.max_restarts, dict(os.environ),
+                                     runner=lambda cmd, env: run_once(cmd, env, fwd))
+        return _exec(build(list(spec.program)), dict(os.environ), ns.dry_run,
+                     forward=FORWARD_NO_STOP if ns.launcher == HOROVODRUN else FORWARD)
     except UsageError as e:
         print(f"hvdkit-launch: error: {e}", file=sys.stderr)
         return 2
@@ -252,7 +255,7 @@ def _elastic(ns, program: list[str]) -> int:
     keepalive = None if ns.dry_run else write_ssh_keepalive(cfg.output_dir, ns.gloo_timeout, env.get("PATH", ""))
     if keepalive:   # a host whose link fails must end its ssh session, else the job waits for it
         env["PATH"] = keepalive + os.pathsep + env.get("PATH", "")
-    return _exec(cmd, env, ns.dry_run)
+    return _exec(cmd, env, ns.dry_run, forward=FORWARD_NO_STOP)
 
 
 def _horovodrun() -> str:
@@ -263,7 +266,7 @@ def _horovodrun() -> str:
 
 
 def _exec(cmd: list[str], env: dict[str, str], dry_run: bool, check_only: bool = False,
-          replace_self: bool = False) -> int:
+          replace_self: bool = False, forward=FORWARD) -> int:
     """Print (``dry_run``), check (``check_only``: the program exists), replace this process with
     (``replace_self``: the ``--rank-exec`` wrapper) or run supervised ``cmd``; returns its status."""
     if dry_run and not check_only:
@@ -278,7 +281,7 @@ def _exec(cmd: list[str], env: dict[str, str], dry_run: bool, check_only: bool =
     sys.stdout.flush()
     sys.stderr.flush()
     if not replace_self:
-        out = run_job([exe, *cmd[1:]], env)
+        out = run_job([exe, *cmd[1:]], env, forward=forward)
         return 128 + out.ended_by if out.ended_by else out.status
     os.execvpe(exe, cmd, env)
     return 1  # not reached

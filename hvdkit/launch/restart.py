@@ -42,7 +42,7 @@ from hvdkit.checkpoints import CHECKPOINT
 from hvdkit.errors import EXIT_ENVIRONMENT, EXIT_STOPPED, EXIT_USAGE, UsageError
 from hvdkit.launch.supervise import run_job
 
-__all__ = ["RESTART_ENV", "CHECKPOINT", "output_dir_of", "with_resume", "cause_of", "run_with_restarts"]
+__all__ = ["RESTART_ENV", "CHECKPOINT", "output_dir_of", "with_resume", "cause_of", "run_once", "run_with_restarts"]
 
 RESTART_ENV = "HVDKIT_RESTART"
 _CAUSES = re.compile(r"^hvdkit: (FAILED|error)|Remote daemon|exited on signal|returned\s*$|"
@@ -84,11 +84,12 @@ def cause_of(lines: Sequence[str]) -> str:
     return (hvd or found or [""])[-1][:300]
 
 
-def _run_once(cmd: list[str], env: dict[str, str]) -> tuple[int, str]:
+def run_once(cmd: list[str], env: dict[str, str], forward=None) -> tuple[int, str]:
     """Run ``cmd`` supervised (:func:`hvdkit.launch.supervise.run_job`), passing its output through.
     Returns (status, cause): after an ending signal to the launcher, (128 + signal,
-    ``interrupted (SIGNAME)``); after a SIGUSR1 to it, (the job's status, ``stopped (SIGUSR1)``)."""
-    out = run_job(cmd, env, capture_stderr=True)
+    ``interrupted (SIGNAME)``); after a SIGUSR1 to it, (the job's status, ``stopped (SIGUSR1)``).
+    ``forward``: :data:`hvdkit.launch.supervise.FORWARD` by default."""
+    out = run_job(cmd, env, capture_stderr=True, **({"forward": forward} if forward else {}))
     if out.ended_by:
         return 128 + out.ended_by, f"interrupted ({signal.Signals(out.ended_by).name})"
     if signal.SIGUSR1 in out.signals:
@@ -97,7 +98,7 @@ def _run_once(cmd: list[str], env: dict[str, str]) -> tuple[int, str]:
 
 
 def run_with_restarts(build: Callable[[list[str]], list[str]], program: Sequence[str], max_restarts: int,
-                      environ: dict[str, str], log=None, runner=_run_once) -> int:
+                      environ: dict[str, str], log=None, runner=run_once) -> int:
     """Launch, and relaunch on failure up to ``max_restarts`` times; returns the last status.
 
     Args:
@@ -107,7 +108,7 @@ def run_with_restarts(build: Callable[[list[str]], list[str]], program: Sequence
         environ: the environment of every attempt (``HVDKIT_RESTART`` is set per attempt).
         log: where the launcher's own lines go (default: stderr).
         runner: (cmd, env) -> (status, cause), cause ``interrupted (SIG...)`` or ``stopped (SIGUSR1)``
-            when the launcher received that signal (:func:`_run_once`); injected by tests.
+            when the launcher received that signal (:func:`run_once`); injected by tests.
 
     Raises:
         UsageError: no ``--output-dir`` in ``program``, or ``max_restarts`` < 0.

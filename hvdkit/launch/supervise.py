@@ -37,11 +37,13 @@ from typing import Callable, Sequence
 
 from hvdkit.lifecycle import preexec_die_with_parent
 
-__all__ = ["FORWARD", "ENDING", "GRACE_S", "Outcome", "run_job"]
+__all__ = ["FORWARD", "FORWARD_NO_STOP", "ENDING", "GRACE_S", "Outcome", "run_job"]
 
 #: signal received -> signal sent to the MPI launcher
 FORWARD = {signal.SIGINT: signal.SIGINT, signal.SIGTERM: signal.SIGTERM, signal.SIGHUP: signal.SIGTERM,
            signal.SIGUSR1: signal.SIGUSR1, signal.SIGUSR2: signal.SIGUSR2}
+#: horovodrun (``--launcher horovodrun``, ``--elastic``): SIGUSR1/SIGUSR2 are not passed on (None)
+FORWARD_NO_STOP = {**FORWARD, signal.SIGUSR1: None, signal.SIGUSR2: None}
 #: the signals that end the job (the others ask it something)
 ENDING = frozenset({signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
 #: seconds the job has, after an ending signal, before its session is killed (mpirun itself
@@ -96,6 +98,11 @@ def run_job(cmd: Sequence[str], env: dict[str, str], capture_stderr: bool = Fals
                 pass
 
     def on_signal(signum, _frame):
+        if forward[signum] is None:
+            print(f"hvdkit-launch: {signal.Signals(signum).name} is not passed on to horovodrun (its shell would die "
+                  f"of it, or its Gloo driver ignores it); use --launcher mpi to stop at a checkpoint", file=sys.stderr,
+                  flush=True)
+            return
         out.signals.append(signum)
         try:   # an ending signal to the whole session: horovodrun runs mpirun under a shell that does not exec it
             os.killpg(p.pid, forward[signum]) if signum in ENDING else p.send_signal(forward[signum])
