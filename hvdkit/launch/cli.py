@@ -56,7 +56,10 @@ def _parser() -> argparse.ArgumentParser:
                "--mca coll_tuned_allreduce_algorithm 4 (Open MPI's ring allreduce, which Horovod's MPI "
                "operations use too: on 3 emulated hosts at 1 Gbit/s it about doubled their bus bandwidth at "
                "4-16 MiB; benchmarks/README.md) unless --mpi-args or an OMPI_MCA_coll_tuned_* variable sets "
-               "a coll_tuned parameter.",
+               "a coll_tuned parameter.\n"
+               "Signals: the job runs as hvdkit-launch's child and ends with it, SIGKILL included (no rank outlives "
+               "it); SIGINT, SIGTERM and SIGHUP end the job (status 128+N), SIGUSR1 makes hvdkit.train checkpoint "
+               "at the next step and stop with status 75 (continue with --resume; --launcher mpi only).",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     g = p.add_argument_group("ranks and hosts")
@@ -83,8 +86,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="the network between hosts, for MPI's TCP transport and for the servers hvdkit.train "
                         "starts (HVDKIT_NETWORK_INTERFACE); default: each chooses (README: Addresses)")
     g.add_argument("--max-restarts", type=int, default=0, metavar="N",
-                   help="relaunch a job that fails (not on bad input) up to N times, with --resume from the "
-                        "checkpoint in its --output-dir; a --hostfile is read again each time (default 0)")
+                   help="relaunch a job that fails up to N times, with --resume from the checkpoint in its "
+                        "--output-dir; a --hostfile is read again each time. Not after bad input (status 2) nor an "
+                        "output that cannot be written (74); a stop on SIGUSR1 to the ranks alone (75) is resumed, "
+                        "one asked of hvdkit-launch ends it (default 0)")
     g.add_argument("--dry-run", action="store_true", help="print the command instead of running it")
     g = p.add_argument_group("elastic training (--strategy horovod --elastic)")
     g.add_argument("--elastic", action="store_true",
