@@ -124,8 +124,10 @@ def test_sigusr1_checkpoints_at_the_next_step_stops_with_75_and_resume_continues
     assert res["epochs"][0]["samples"] == full - (step * 64 if meta.get("step_in_epoch") else 0), res["epochs"]
 
 
-@pytest.mark.parametrize("sig,restarts", [(signal.SIGKILL, ["--max-restarts", "1"]), (signal.SIGHUP, [])],
-                         ids=["SIGKILL-max-restarts", "SIGHUP"])
+@pytest.mark.parametrize("sig,restarts", [(signal.SIGKILL, ["--max-restarts", "1"]),
+                                         pytest.param(signal.SIGHUP, ["--max-restarts", "1"], marks=pytest.mark.slow),
+                                         pytest.param(signal.SIGKILL, [], marks=pytest.mark.slow)],
+                         ids=["SIGKILL-max-restarts", "SIGHUP-max-restarts", "SIGKILL"])
 def test_the_launchers_death_ends_mpirun_and_every_rank(tmp_path, sig, restarts):
     out = tmp_path / "out"
     job = Job(*restarts, "--", *FLAGS, "--epochs", "50", "--output-dir", str(out))
