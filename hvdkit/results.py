@@ -31,6 +31,10 @@ __all__ = ["atomic_write", "write_json", "write_csv", "save_npz", "load_npz", "v
            "check_room", "checkpoint_bytes"]
 
 
+#: the prefix of :func:`atomic_write`'s temporary files (one left behind by a kill is removed at set-up)
+TMP_PREFIX = ".tmp-"
+
+
 def free_bytes(path: str) -> int | None:
     """Bytes an unprivileged process may still write on the file system of ``path`` (the nearest
     existing ancestor is asked), or None when it cannot be told (``statvfs`` ``f_bavail * f_frsize``)."""
@@ -61,7 +65,7 @@ def atomic_write(path: str, data: bytes) -> None:
     tmp = None
     try:
         os.makedirs(directory, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=directory)
+        fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX, dir=directory)
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             fh.flush()

@@ -74,6 +74,9 @@ def prepare_outputs(cfg: Config) -> str:
     R.make_writable_dir(name, label)
     if cfg.overwrite and os.path.isfile(os.path.join(name, CHECKPOINT)):
         os.remove(os.path.join(name, CHECKPOINT))
+    for f in os.listdir(name):   # a write cut short by a kill (atomic_write's temporary file): space to free
+        if f.startswith(R.TMP_PREFIX) and os.path.isfile(os.path.join(name, f)):
+            os.remove(os.path.join(name, f))
     for f in OUTPUT_FILES + ((CHECKPOINT,) if cfg.checkpoint else ()):
         if os.path.isdir(os.path.join(name, f)):
             raise UsageError(f"{label}: {os.path.join(name, f)} is a directory; hvdkit writes a file there")

@@ -93,6 +93,15 @@ def test_a_rerun_into_a_checkpoint_is_refused_in_one_line(tmp_path):
         Config(output_dir=str(out), resume=True, overwrite=True)
 
 
+def test_a_temporary_file_left_by_a_killed_write_is_removed_at_set_up(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / (R.TMP_PREFIX + "abc")).write_bytes(b"half a checkpoint")
+    (out / "keep.txt").write_text("x")
+    prepare_outputs(Config(output_dir=str(out)))
+    assert sorted(os.listdir(out)) == ["keep.txt", "tensorboard"]
+
+
 def test_the_refusal_reads_the_meta_alone_and_names_a_mid_epoch_or_unreadable_checkpoint(tmp_path):
     _checkpoint(tmp_path / "c.npz", epoch=2, step_in_epoch=7, global_step=53)
     assert load_meta(str(tmp_path / "c.npz"))["step_in_epoch"] == 7
