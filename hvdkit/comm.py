@@ -12,7 +12,10 @@ Two kinds of failure, two paths (the mpi4py ``-m mpi4py`` idea, plus one collect
   exits with status 2. No traceback, no hang.
 * Anything raised later (during training) cannot be agreed on because the other ranks
   are blocked in a collective. :func:`run_guarded` prints the failing rank's banner and
-  traceback once and calls ``MPI_Abort``, which ends the whole job within seconds.
+  traceback once and calls ``MPI_Abort``, which ends the whole job within seconds. Two kinds
+  end with one line and a status of their own instead (:mod:`hvdkit.errors`): an output that
+  cannot be written (:class:`~hvdkit.errors.OutputError`, status 74) and a stop on request
+  (SIGUSR1, :class:`StopFlag`, status 75).
 """
 from __future__ import annotations
 
@@ -29,15 +32,19 @@ import numpy as np
 
 from mpi4py import MPI
 
-from hvdkit.errors import UsageError
+from hvdkit.errors import (EXIT_ENVIRONMENT, EXIT_FAILURE, EXIT_STOPPED, EXIT_USAGE, OutputError, StopRequested,
+                           UsageError)
+from hvdkit.lifecycle import stop_signal
 
-__all__ = ["World", "world", "set_world", "log0", "agree", "agree_alone", "run_guarded", "poll", "exchange", "free_port", "bcast_arrays",
-           "EXIT_USAGE", "EXIT_FAILURE"]
+__all__ = ["World", "world", "set_world", "log0", "agree", "agree_alone", "run_guarded", "poll", "exchange", "free_port",
+           "bcast_arrays", "StopFlag", "EXIT_USAGE", "EXIT_FAILURE", "EXIT_ENVIRONMENT", "EXIT_STOPPED"]
 
-EXIT_USAGE = 2  # bad input: flags, model, data
-EXIT_FAILURE = 1  # a rank failed during the run (MPI_Abort errorcode)
-#: set-up errors that are bad input: one line, no traceback (:func:`agree`, :func:`agree_alone`)
-_EXPECTED = (UsageError, ValueError, FileNotFoundError, KeyError)
+# The exit statuses (defined in hvdkit.errors, which the launcher reads without MPI; the table is there):
+# EXIT_FAILURE 1 a rank failed during the run (MPI_Abort errorcode); EXIT_USAGE 2 bad input: flags, model,
+# data, paths; EXIT_ENVIRONMENT 74 an output cannot be written; EXIT_STOPPED 75 stopped on SIGUSR1 at a
+# checkpoint (continue with --resume).
+#: set-up errors that are bad input or the environment: one line, no traceback (:func:`agree`, :func:`agree_alone`)
+_EXPECTED = (UsageError, ValueError, FileNotFoundError, KeyError, OutputError)
 
 
 @dataclass(frozen=True)
@@ -131,16 +138,17 @@ def agree(error: BaseException | None, w: World | None = None) -> None:
         if not expected:
             traceback.print_exception(error, file=sys.stderr)
             sys.stderr.flush()
-        mine = f"{type(error).__name__}: {error}" if not expected else str(error)
+        mine = (f"{type(error).__name__}: {error}" if not expected else str(error),
+                getattr(error, "exit_status", EXIT_USAGE))
     outcomes = w.comm.allgather(mine)  # tiny strings, set-up only; never on a training path
     failed = [(r, m) for r, m in enumerate(outcomes) if m is not None]
     if not failed:
         return
+    r, (msg, status) = failed[0]
     if w.is_rank0:
-        r, msg = failed[0]
-        tag = "" if (r == 0 or all(m == msg for _, m in failed)) else f"(rank {r}) "
+        tag = "" if (r == 0 or all(m == msg for _, (m, _s) in failed)) else f"(rank {r}) "
         print(f"hvdkit: error: {tag}{msg}", file=sys.stderr, flush=True)
-    raise SystemExit(EXIT_USAGE)
+    raise SystemExit(status)
 
 
 def agree_alone(error: BaseException | None, w: World | None = None) -> None:
@@ -172,11 +180,28 @@ def run_guarded(fn, *args, **kwargs):
     mpirun then terminates every rank and exits non-zero. ``SystemExit`` passes through
     (it is how :func:`agree` ends a job on bad input). At world size 1 the exception is
     printed the same way and the process exits 1.
+
+    Two exceptions end the job with one line and no traceback, with their own status
+    (``exit_status``): :class:`~hvdkit.errors.OutputError` (``hvdkit: error: cannot write
+    PATH ...``, 74) and :class:`~hvdkit.errors.StopRequested` (``hvdkit: stopped ...``, 75;
+    a rank other than 0 waits up to 60 s first, for rank 0 to finish its checkpoint and abort).
     """
     try:
         return fn(*args, **kwargs)
     except SystemExit:
         raise
+    except (OutputError, StopRequested) as exc:
+        w = world()
+        if w.is_rank0 or isinstance(exc, OutputError):  # only rank 0 writes files
+            prefix = "hvdkit: error: " if isinstance(exc, OutputError) else "hvdkit: "
+            sys.stderr.write(f"{prefix}{exc}\n")
+            sys.stderr.flush()
+            time.sleep(0.2)
+        elif w.size > 1:
+            time.sleep(60.0)  # rank 0's abort ends this process first
+        if w.size > 1:
+            w.comm.Abort(exc.exit_status)
+        raise SystemExit(exc.exit_status)
     except BaseException as exc:  # noqa: BLE001 - any failure must end the job
         w = world()
         name = "interrupted" if isinstance(exc, KeyboardInterrupt) else f"{type(exc).__name__}: {exc}"
@@ -187,6 +212,67 @@ def run_guarded(fn, *args, **kwargs):
         if w.size > 1:
             w.comm.Abort(EXIT_FAILURE)
         raise SystemExit(EXIT_FAILURE)
+
+
+# -- stop on request (SIGUSR1) ---------------------------------------------------------
+
+class StopFlag:
+    """The loop ranks' agreement that a stop was asked for (SIGUSR1 on any of them), for free.
+
+    :meth:`poll` is called once after every step by every loop rank.
+
+    * ``lockstep`` (synchronous strategies, whose loop ranks take every step together): at
+      step k it starts a nonblocking ``Iallreduce`` (MAX of one int32, "this rank got the
+      signal") over a duplicate of ``comm`` (the strategy's ``metrics_comm``; its own
+      communicator, so it never matches the strategy's collectives) and completes it with
+      ``Wait`` at step k+1, which costs nothing: every rank started it a step ago. Every rank
+      learns the outcome of the same request after the same step, so all stop there.
+    * otherwise (ps-async, ps-ssp, ps-dcasgd: workers at their own pace, which a collective
+      per step would tie together): no collective; rank 0 acts on its own signal at its next
+      step (mpirun and srun send the signal to every rank; its checkpoint of the servers'
+      state needs no other worker), the other workers go on until the job ends.
+
+    Collective over ``comm`` (its ``Dup``) when ``lockstep``. Attributes: ``due``, True once the
+    stop is agreed (it stays True); ``acts``, whether this rank stops (and rank 0 writes).
+    """
+
+    def __init__(self, comm, lockstep: bool):
+        self.lockstep = lockstep
+        self.rank0 = comm.Get_rank() == 0
+        self.comm = comm.Dup() if lockstep else None
+        self._mine = np.zeros(1, np.int32)
+        self._all = np.zeros(1, np.int32)
+        self._req = None
+        self.due = False
+
+    @property
+    def acts(self) -> bool:
+        return self.lockstep or self.rank0
+
+    asked = staticmethod(stop_signal)   # the stop signal this process received (``SIGUSR1``), or None
+
+    def poll(self) -> bool:
+        """After a step, on every loop rank: True once the stop is due (see the class)."""
+        if self.due or not self.lockstep:
+            self.due = self.due or bool(self.rank0 and stop_signal())
+            return self.due
+        if self._req is not None:
+            self._req.Wait()
+            self._req = None
+            self.due = bool(self._all[0])
+        if not self.due:
+            self._mine[0] = 1 if stop_signal() else 0
+            self._req = self.comm.Iallreduce(self._mine, self._all, op=MPI.MAX)
+        return self.due
+
+    def close(self) -> None:
+        """At the end of training, on every loop rank: complete the last request, free the communicator."""
+        if self._req is not None:
+            self._req.Wait()
+            self._req = None
+        if self.comm is not None:
+            self.comm.Free()
+            self.comm = None
 
 
 # -- waiting and set-up exchanges -------------------------------------------------------

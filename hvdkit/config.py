@@ -131,6 +131,8 @@ FIELDS: tuple[Option, ...] = (
     Option("export_weights", str, "", "write the final weights to this .npz file (rank 0; weights are "
            "identical on every rank)", "output", metavar="PATH"),
     Option("resume", bool, False, "continue from the checkpoint in --output-dir", "output"),
+    Option("overwrite", bool, False, "start afresh in an --output-dir that holds a checkpoint, which is deleted "
+           "(without --resume or this, such a run is refused)", "output"),
     Option("checkpoint", bool, True, "write OUTPUT_DIR/checkpoint.npz after every epoch (rank 0, atomic)", "output"),
     Option("checkpoint_every", int, 0, "also checkpoint every STEPS steps inside an epoch, so a restart repeats at "
            "most STEPS steps (0: at epoch ends only; not model-parallel)", "output", check=at_least(0), metavar="STEPS"),
@@ -234,6 +236,8 @@ def _check(c) -> None:
                              "A: or :B, e.g. 10:60")
     if c.resume and not c.output_dir:
         raise UsageError("--resume needs --output-dir DIR (the directory holding checkpoint.npz)")
+    if c.resume and c.overwrite:
+        raise UsageError("--resume continues the checkpoint in --output-dir, --overwrite deletes it: choose one")
 
 
 def _convert(f: Option, raw: Any, source: str) -> Any:
@@ -272,7 +276,9 @@ def build_parser(prog: str = "python -m hvdkit.train", extra_fields: Sequence[Op
         epilog="Settings come from (highest first): flags > --config FILE (JSON) > HVDKIT_<NAME>\n"
                "environment variables (e.g. HVDKIT_BATCH_SIZE=64) > defaults. Flags of one strategy\n"
                "(e.g. --micro-batches) are ignored by the others.\n"
-               "Exit status: 0 done, 2 bad input (one line from rank 0), 1 a rank failed (MPI_Abort).\n"
+               "Exit status: 0 done, 2 bad input (one line from rank 0), 1 a rank failed (MPI_Abort), 74 an output\n"
+               "cannot be written (no space, I/O error; not retried by --max-restarts), 75 stopped on SIGUSR1 at\n"
+               "a checkpoint (Slurm's --signal): continue with --resume.\n"
                "Examples:\n"
                "  horovodrun -np 4 python -m hvdkit.train\n"
                "  mpirun -np 2 python -m hvdkit.train --model cnn --epochs 3 --export-weights w.npz\n"

@@ -4,6 +4,12 @@ Every writer here is called on rank 0 only and writes atomically: a temporary fi
 the same directory, flushed and fsynced, then ``os.replace`` onto the final name. A
 crash leaves either the old file or the new one, never half of one. Arrays are stored
 as ``.npz`` (``allow_pickle=False`` when read); metadata as JSON inside a uint8 array.
+
+A write that fails (no space, an I/O error, no permission) raises
+:class:`~hvdkit.errors.OutputError` naming the path and the bytes it needed; the temporary
+file is removed and the old file is left as it was. Because of the atomic write, replacing a
+file of S bytes needs S more bytes free while both exist: :func:`output_bytes_needed` counts
+that, and :func:`check_room` refuses, at set-up, a file system without that room.
 """
 from __future__ import annotations
 
@@ -19,25 +25,59 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from hvdkit.errors import TrainingStalled, UsageError
+from hvdkit.errors import OutputError, TrainingStalled, UsageError
 
 __all__ = ["atomic_write", "write_json", "write_csv", "save_npz", "load_npz", "versions",
-           "weights_to_arrays", "make_writable_dir", "first_nonfinite", "trainable_crc", "check_moved"]
+           "weights_to_arrays", "make_writable_dir", "first_nonfinite", "free_bytes", "output_bytes_needed",
+           "check_room", "checkpoint_bytes", "trainable_crc", "check_moved"]
+
+
+#: the prefix of :func:`atomic_write`'s temporary files (one left behind by a kill is removed at set-up)
+TMP_PREFIX = ".tmp-"
+
+
+def free_bytes(path: str) -> int | None:
+    """Bytes an unprivileged process may still write on the file system of ``path`` (the nearest
+    existing ancestor is asked), or None when it cannot be told (``statvfs`` ``f_bavail * f_frsize``)."""
+    probe = os.path.abspath(path)
+    while not os.path.exists(probe) and os.path.dirname(probe) != probe:
+        probe = os.path.dirname(probe)
+    try:
+        st = os.statvfs(probe)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
+
+
+def _write_failed(path: str, nbytes: int, e: OSError) -> OutputError:
+    free = free_bytes(path)
+    room = f", {free:,} free on its file system" if free is not None else ""
+    return OutputError(f"cannot write {path} ({e.strerror or e}; it needs {nbytes:,} bytes{room})")
 
 
 def atomic_write(path: str, data: bytes) -> None:
-    """Write ``data`` to ``path`` atomically (temp file in the same directory + rename)."""
+    """Write ``data`` to ``path`` atomically (temp file in the same directory + rename).
+
+    Raises:
+        OutputError: the write failed (ENOSPC, EIO, EACCES, ...): one line naming ``path``, the
+            bytes it needed and the bytes free; the old file at ``path``, if any, is untouched.
+    """
     directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=directory)
+    tmp = None
     try:
+        os.makedirs(directory, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX, dir=directory)
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
+    except OSError as e:
+        if tmp and os.path.exists(tmp):
+            os.unlink(tmp)
+        raise _write_failed(path, len(data), e) from None
     except BaseException:
-        if os.path.exists(tmp):
+        if tmp and os.path.exists(tmp):
             os.unlink(tmp)
         raise
 
@@ -152,6 +192,51 @@ def load_npz(path: str) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
     if not isinstance(meta, dict):
         raise refuse(f"metadata __meta__ is a JSON {type(meta).__name__}, not an object")
     return arrays, meta
+
+
+#: bytes of results.json and epochs.csv, estimated generously: a fixed part (config, versions,
+#: a strategy's report), per rank (results.json's ``ranks``) and per epoch (one row in each
+#: file and in TensorBoard's events file)
+RESULTS_BYTES = (64 << 10, 2 << 10, 2 << 10)
+
+
+def output_bytes_needed(checkpoint_bytes: int, epochs: int, world_size: int, existing: int = 0,
+                        export_bytes: int = 0) -> int:
+    """Bytes the run's outputs need free on their file system, the atomic writes counted.
+
+    A checkpoint of S bytes replaced atomically needs 2 S at the moment of the rename (the old
+    file and the new); one already there (``existing`` bytes: ``--resume``) is counted as used.
+    Results (:data:`RESULTS_BYTES`) are written atomically too (x 2), the export once.
+
+    Args:
+        checkpoint_bytes: one checkpoint's size (0: no checkpoint is written).
+        epochs, world_size: the run's, for the results' size.
+        existing: bytes of the checkpoint already at its path.
+        export_bytes: ``--export-weights`` on the same file system.
+    """
+    fixed, per_rank, per_epoch = RESULTS_BYTES
+    results = fixed + per_rank * world_size + per_epoch * epochs
+    return max(0, 2 * checkpoint_bytes - existing) + 2 * results + export_bytes
+
+
+def checkpoint_bytes(trainable_bytes: int, other_bytes: int, optimizer: str, epochs: int) -> int:
+    """Estimated size of a checkpoint: the trainable weights and the optimizer's slots of the same
+    size (sgd 0, momentum 1, adam 2), the other weights (batch-norm statistics), the history in its
+    metadata (~300 bytes an epoch) and the archive's own overhead (4 KiB)."""
+    slots = {"sgd": 0, "momentum": 1, "adam": 2}.get(optimizer, 2)
+    return trainable_bytes * (1 + slots) + other_bytes + 300 * epochs + (4 << 10)
+
+
+def check_room(path: str, needed: int, what: str) -> None:
+    """Refuse, at set-up, a file system without ``needed`` bytes free for ``path``'s outputs.
+
+    Raises:
+        OutputError: one line: ``what`` (how ``needed`` was counted), the bytes free, where.
+    """
+    free = free_bytes(path)
+    if free is not None and free < needed:
+        raise OutputError(f"{path}: its file system has {free:,} bytes free, but this run's outputs need about "
+                          f"{needed:,} ({what}); free space there or choose another --output-dir")
 
 
 def weights_to_arrays(model) -> dict[str, np.ndarray]:

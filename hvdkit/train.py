@@ -9,7 +9,12 @@ Launch (every line runs the same code; only the launcher differs)::
 
 ``--help`` lists every flag; settings may also come from ``--config FILE`` and
 ``HVDKIT_*`` environment variables. Exit status: 0 done, 2 bad input (one message from
-rank 0), 1 a rank failed during training (that rank's message, then MPI_Abort).
+rank 0), 1 a rank failed during training (that rank's message, then MPI_Abort), 74 an
+output cannot be written, 75 stopped on SIGUSR1 at a checkpoint (:mod:`hvdkit.errors`).
+
+Under a launcher every rank ends with its parent (mpirun, orted, srun's step daemon:
+:func:`hvdkit.lifecycle.die_with_parent`), and SIGUSR1 asks the job to checkpoint at the
+next step and stop (:func:`hvdkit.lifecycle.catch_stop_signal`).
 """
 from __future__ import annotations
 
@@ -26,6 +31,11 @@ def main(argv: list[str] | None = None) -> int:
     from hvdkit.mpistart import arm
 
     mpi_start = arm(args, os.environ)   # MPI's first connections get --startup-timeout too (before MPI_Init)
+    from hvdkit.lifecycle import catch_stop_signal, die_with_parent, launched
+
+    if launched(os.environ):
+        die_with_parent()   # no rank outlives mpirun/orted (SIGKILL when it exits)
+    catch_stop_signal()     # SIGUSR1: checkpoint at the next step and stop (status 75)
     from hvdkit.comm import agree, run_guarded, world
     from hvdkit.config import parse_config
     from hvdkit.strategies import extra_fields, summaries

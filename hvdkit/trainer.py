@@ -24,10 +24,11 @@ import numpy as np
 from mpi4py import MPI
 
 from hvdkit import results as R
-from hvdkit.comm import World, agree, agree_alone, bcast_arrays, log0, set_world, world as get_world
+from hvdkit.checkpoints import CHECKPOINT, refuse_rerun
+from hvdkit.comm import StopFlag, World, agree, agree_alone, bcast_arrays, log0, set_world, world as get_world
 from hvdkit.config import Config
 from hvdkit.data import Dataset, batches, epoch_shard, load_dataset
-from hvdkit.errors import UsageError
+from hvdkit.errors import OutputError, StopRequested, UsageError
 from hvdkit.models import build_model, check_model_name
 from hvdkit.precision import loss_scale_for
 from hvdkit.startup import StartupDeadline, phase
@@ -36,10 +37,9 @@ from hvdkit.strategies import get_strategy
 from hvdkit.timeline import Timeline, gather_and_write
 from hvdkit.timing import StepTimer
 
-__all__ = ["run", "traced", "prepare", "prepare_outputs", "change_world", "log_header", "train_epochs", "finish",
-           "write_timeline", "Loop", "Progress", "CHECKPOINT", "OUTPUT_FILES"]
+__all__ = ["run", "traced", "prepare", "prepare_outputs", "check_room", "change_world", "log_header", "train_epochs",
+           "finish", "write_timeline", "Loop", "Progress", "CHECKPOINT", "OUTPUT_FILES"]
 
-CHECKPOINT = "checkpoint.npz"
 #: files rank 0 writes into the output directory (and ``CHECKPOINT`` with ``--checkpoint``)
 OUTPUT_FILES = ("results.json", "epochs.csv")
 
@@ -53,19 +53,32 @@ def prepare_outputs(cfg: Config) -> str:
     there (:data:`OUTPUT_FILES`, and :data:`CHECKPOINT` with ``--checkpoint``) must not be
     directories; ``--export-weights PATH`` must not be a directory, and its directory is
     created and must be writable. With ``--resume`` the checkpoint must exist (checked first:
-    nothing is created for a mistyped directory).
+    nothing is created for a mistyped directory); without it, a checkpoint already there is
+    refused (:func:`hvdkit.checkpoints.refuse_rerun`: a rerun never replaces one silently) unless
+    ``--overwrite``, which deletes it (so that no restart resumes it). Under an elastic
+    horovodrun (``HOROVOD_ELASTIC=1``) ``hvdkit-launch --elastic`` has checked that before the
+    launch: a process joining the job later finds the job's own checkpoint there.
 
     Raises:
         UsageError: one line naming the flag, the path and the cause (a file where a
-            directory is needed, or the reverse; a directory that cannot be created or written).
+            directory is needed, or the reverse; a directory that cannot be created or written;
+            a checkpoint there without ``--resume`` or ``--overwrite``).
     """
     name = cfg.output_dir or os.path.join("runs", f"{datetime.now():%Y%m%d-%H%M%S}-{cfg.strategy}")
     label = f"--output-dir {name}" if cfg.output_dir else f"the output directory {name}"
+    joining = os.environ.get("HOROVOD_ELASTIC") == "1"   # the job's own files may be there, and in use
     if cfg.resume:
         ckpt = os.path.join(name, CHECKPOINT)
         if not os.path.isfile(ckpt):
             raise UsageError(f"--resume: no checkpoint at {ckpt}" + (" (a directory)" if os.path.isdir(ckpt) else ""))
+    elif not cfg.overwrite and not joining:
+        refuse_rerun(os.path.join(name, CHECKPOINT), label)
     R.make_writable_dir(name, label)
+    if cfg.overwrite and not joining and os.path.isfile(os.path.join(name, CHECKPOINT)):
+        os.remove(os.path.join(name, CHECKPOINT))
+    for f in os.listdir(name) if not joining else ():   # a write cut short by a kill (atomic_write's temporary
+        if f.startswith(R.TMP_PREFIX) and os.path.isfile(os.path.join(name, f)):   # file): space to free
+            os.remove(os.path.join(name, f))
     for f in OUTPUT_FILES + ((CHECKPOINT,) if cfg.checkpoint else ()):
         if os.path.isdir(os.path.join(name, f)):
             raise UsageError(f"{label}: {os.path.join(name, f)} is a directory; hvdkit writes a file there")
@@ -82,6 +95,36 @@ def prepare_outputs(cfg: Config) -> str:
                              f"{os.path.join(cfg.timeline, 'trace.json')}")
         R.make_writable_dir(os.path.dirname(cfg.timeline) or ".", f"--timeline {cfg.timeline}")
     return name
+
+
+def _model_bytes(model) -> tuple[int, int]:
+    """(trainable, other) bytes of ``model``'s weights."""
+    nbytes = lambda vs: int(sum(np.prod(v.shape) * v.dtype.size for v in vs))  # noqa: E731
+    return nbytes(model.trainable_variables), nbytes(model.non_trainable_variables)
+
+
+def check_room(cfg: Config, w: World, out_dir: str, model) -> None:
+    """Rank 0, at set-up, once the model is built: refuse an output file system without room for
+    two checkpoints (the atomic write: :func:`hvdkit.results.output_bytes_needed`) and the
+    results. A checkpoint's size is estimated from the model (trainable weights and the
+    optimizer's slots, :func:`hvdkit.results.checkpoint_bytes`), or is the real one with
+    ``--resume``. Counted even with ``--no-checkpoint``: a stop on SIGUSR1 writes one. The
+    export (``--export-weights``) is counted on its own file system.
+
+    Raises:
+        OutputError: one line: the path, the bytes free, the bytes needed and how they were counted.
+    """
+    trainable, other = _model_bytes(model)
+    ckpt_path = os.path.join(out_dir, CHECKPOINT)
+    existing = os.path.getsize(ckpt_path) if cfg.resume and os.path.isfile(ckpt_path) else 0
+    ckpt = max(R.checkpoint_bytes(trainable, other, cfg.optimizer, cfg.epochs), existing)
+    export_dir = os.path.dirname(os.path.abspath(cfg.export_weights)) if cfg.export_weights else None
+    same_fs = export_dir is not None and os.stat(export_dir).st_dev == os.stat(out_dir).st_dev
+    need = R.output_bytes_needed(ckpt, cfg.epochs, w.size, existing, (trainable + other) if same_fs else 0)
+    R.check_room(out_dir, need, f"{'' if existing else '2 x '}a checkpoint of ~{ckpt:,} bytes (written atomically: "
+                 f"the old and the new one at once), results" + (", the export" if same_fs else ""))
+    if export_dir is not None and not same_fs:
+        R.check_room(export_dir, 2 * (trainable + other), f"--export-weights {cfg.export_weights}, written atomically")
 
 
 def _weights_crc(model) -> str:
@@ -229,6 +272,8 @@ def prepare(cfg: Config, w: World, tl: Timeline | None = None, *, elastic: bool 
                                f"creating the {cfg.strategy} strategy")
     try:
         built = _build(cfg, w, cls, data)
+        if w.is_rank0:
+            check_room(cfg, w, out_dir, built[1])
         if cfg.resume and (elastic or w.is_rank0):
             loaded = _read_checkpoint(cfg, ckpt_path, built[0], built[1])
     except Exception as e:  # noqa: BLE001
@@ -269,9 +314,14 @@ def _run(cfg: Config, w: World, tl: Timeline | None) -> dict[str, Any] | None:
         write_timeline(cfg, w, tl)
         return None
     log_header(loop, prog.epoch)
-    train_epochs(loop, prog)
-    deadline.done()
-    result = finish(loop, prog.history, out_dir)
+    loop.stop = StopFlag(strategy.metrics_comm, strategy.lockstep)   # collective over the loop ranks
+    try:
+        train_epochs(loop, prog)
+        loop.stop.close()
+        deadline.done()
+        result = finish(loop, prog.history, out_dir)
+    except OutputError as e:   # a write failed (no space, I/O error): one line, with the checkpoint that is kept
+        raise OutputError(f"{e}; {_kept_text(cfg, w, loop.kept)}") from None
     strategy.finish()
     write_timeline(cfg, w, tl)
     return result
@@ -350,6 +400,7 @@ class Loop:
     writer: Any = None
     kept: tuple[str, str] | None = None   # the last checkpoint: (where, path)
     out_dir: str = ""   # where rank 0 writes results.json, epochs.csv and tensorboard/
+    stop: StopFlag | None = None   # SIGUSR1: checkpoint at the next step and stop (None: never)
 
 
 def train_epochs(loop: Loop, p: Progress, commit=None) -> None:
@@ -391,6 +442,7 @@ def train_epochs(loop: Loop, p: Progress, commit=None) -> None:
             last = i + 1 == len(all_batches) or bool(cfg.max_steps and p.global_step >= cfg.max_steps)
             if cfg.checkpoint and cfg.checkpoint_every and p.global_step % cfg.checkpoint_every == 0 and not last:
                 loop.kept = _checkpoint(cfg, w, strategy, model, loop.ckpt_path, loop.kept, epoch, p, in_epoch=True)
+            _stop_if_asked(loop, epoch, p, at_epoch_end=False, last=last)
             if commit is not None and not last:
                 commit(p, end_of_epoch=False)
             now = time.perf_counter()
@@ -423,12 +475,34 @@ def train_epochs(loop: Loop, p: Progress, commit=None) -> None:
         p.epoch, p.start = epoch + 1, 0
         if cfg.checkpoint:
             loop.kept = _checkpoint(cfg, w, strategy, model, loop.ckpt_path, loop.kept, epoch, p)
+        _stop_if_asked(loop, epoch, p, at_epoch_end=True, last=final)
         if commit is not None:
             commit(p, end_of_epoch=True)
         if final:
             break
     else:  # no epoch left to run (a resumed, finished run): the end of training all the same
         strategy.epoch_end(final=True)
+
+
+def _stop_if_asked(loop: Loop, epoch: int, p: Progress, at_epoch_end: bool, last: bool) -> None:
+    """SIGUSR1 (:class:`hvdkit.comm.StopFlag`): after the step (or the epoch end) where the stop
+    is agreed, checkpoint ``p`` and raise :class:`~hvdkit.errors.StopRequested` (status 75 through
+    :func:`hvdkit.comm.run_guarded`; rank 0 aborts the job once its checkpoint is written). Not
+    at the last step of an epoch (its epoch-end checkpoint comes next), nor mid-epoch under a
+    strategy that checkpoints at epoch ends only, nor at the end of training (it just ends)."""
+    stop = loop.stop
+    if stop is None:
+        return
+    due = stop.due if at_epoch_end else stop.poll()
+    if not due or last or not stop.acts or (not at_epoch_end and not loop.strategy.mid_epoch_state):
+        return
+    cfg, w = loop.cfg, loop.world
+    if not (at_epoch_end and cfg.checkpoint):   # the epoch end's checkpoint is this stop's
+        loop.kept = _checkpoint(cfg, w, loop.strategy, loop.model, loop.ckpt_path, loop.kept, epoch, p,
+                                in_epoch=not at_epoch_end)
+    where = loop.kept[0] + (f" (step {p.global_step})" if at_epoch_end else "")
+    raise StopRequested(f"stopped on {StopFlag.asked() or 'SIGUSR1 (on another rank)'} after {where}; its checkpoint: "
+                        f"{loop.kept[1]}; continue with --resume (exit status {StopRequested.exit_status})")
 
 
 def _at(epochs_done: int, samples_in_epoch: int, global_step: int) -> str:
@@ -497,14 +571,18 @@ def _diverged(cfg: Config, w: World, model, step: int, epoch: int, what: str, ke
     tensor = tensor or R.first_nonfinite(_named_weights(model)) or f"the loss (every weight on rank {w.rank} is finite)"
     if not w.is_rank0:
         time.sleep(2.0)
-    if not kept or kept[0] == "epoch 0":
-        ckpt = "no checkpoint was written" + ("" if cfg.checkpoint else " (--no-checkpoint)")
-    elif w.is_rank0:
-        ckpt = f"the checkpoint of {kept[0]} is kept: {kept[1]}"
-    else:  # an asynchronous rank 0 may lag behind this rank's epochs
-        ckpt = f"the last checkpoint rank 0 wrote is kept: {kept[1]}"
+    ckpt = _kept_text(cfg, w, kept)
     raise FloatingPointError(f"training diverged at step {step} (epoch {epoch + 1}): {what}; first non-finite "
                              f"tensor: {tensor}; lower --lr (ps-dcasgd: or --dc-lambda); {ckpt}")
+
+
+def _kept_text(cfg: Config, w: World, kept: tuple[str, str] | None) -> str:
+    """``the checkpoint of epoch 2 is kept: PATH`` (or that none was written), for failure messages."""
+    if not kept or kept[0] == "epoch 0":
+        return "no checkpoint was written" + ("" if cfg.checkpoint else " (--no-checkpoint)")
+    if w.is_rank0:
+        return f"the checkpoint of {kept[0]} is kept: {kept[1]}"
+    return f"the last checkpoint rank 0 wrote is kept: {kept[1]}"  # an asynchronous rank 0 may lag behind
 
 
 def _inject_failure(how: str, step: int, spec: str, model) -> None:
@@ -560,8 +638,7 @@ def finish(loop: Loop, history: list, out_dir: str, extra: dict | None = None) -
         "config": cfg.to_dict(), "versions": R.versions(),
         "dataset": {"name": data.name, "train_samples": len(data.x_train), "eval_samples": len(data.x_eval),
                     "input_shape": list(data.input_shape), "num_classes": data.num_classes},
-        "model": {"name": cfg.model, "params": int(model.count_params()),
-                  "trainable_bytes": int(sum(np.prod(v.shape) * v.dtype.size for v in model.trainable_variables))},
+        "model": {"name": cfg.model, "params": int(model.count_params()), "trainable_bytes": _model_bytes(model)[0]},
         "epochs": history,
         "final": {"eval_accuracy": last.get("eval_accuracy"), "eval_loss": last.get("eval_loss"),
                   "train_accuracy": last.get("train_accuracy"), "steps": last.get("step", 0),
@@ -614,13 +691,20 @@ def _tensorboard(cfg, w, out_dir):
         return None
     import tensorflow as tf
 
-    return tf.summary.create_file_writer(os.path.join(out_dir, "tensorboard"))
+    writer = tf.summary.create_file_writer(os.path.join(out_dir, "tensorboard"))
+    writer.hvdkit_dir = os.path.join(out_dir, "tensorboard")   # for the message of a write that fails
+    return writer
 
 
 def _write_scalars(writer, row):
+    """One epoch's scalars. Raises OutputError when TensorBoard's events file cannot be written."""
     import tensorflow as tf
 
-    with writer.as_default(step=row["epoch"]):
-        for k in ("loss", "train_accuracy", "eval_loss", "eval_accuracy", "samples_per_s"):
-            tf.summary.scalar(k, row[k])
-    writer.flush()
+    try:
+        with writer.as_default(step=row["epoch"]):
+            for k in ("loss", "train_accuracy", "eval_loss", "eval_accuracy", "samples_per_s"):
+                tf.summary.scalar(k, row[k])
+        writer.flush()
+    except (tf.errors.OpError, OSError) as e:
+        raise OutputError(f"cannot write TensorBoard's events in {getattr(writer, 'hvdkit_dir', 'tensorboard/')} "
+                          f"({getattr(e, 'message', e)}; it needs about 1,000 bytes an epoch)") from None

@@ -1,8 +1,10 @@
 """``hvdkit-launch`` / ``python -m hvdkit.launch``: the command line (see :mod:`hvdkit.launch`).
 
 Parses the flags (grouped as Horovod's launcher groups them), then either renders a job
-template, runs as the ``--rank-exec`` wrapper inside a job, or builds the launch command
-(:func:`hvdkit.launch.command.plan_command`) and replaces this process with it.
+template, runs as the ``--rank-exec`` wrapper inside a job (which replaces itself with the
+program), or builds the launch command (:func:`hvdkit.launch.command.plan_command`) and runs
+it as a supervised child (:mod:`hvdkit.launch.supervise`: signals forwarded, the job ended
+with the launcher, SIGKILL included).
 """
 from __future__ import annotations
 
@@ -21,7 +23,8 @@ from hvdkit.launch.command import (FORWARD_NAMES, FORWARD_PREFIXES, LaunchSpec, 
 from hvdkit.launch.hosts import hosts_arg, total_slots
 from hvdkit.launch.mpi import HOROVODRUN, MPI, MPICH, OPENMPI, detect_mpi, local_cores
 from hvdkit.launch.rankexec import rank_exec_env
-from hvdkit.launch.restart import RESTART_ENV, run_with_restarts
+from hvdkit.launch.restart import RESTART_ENV, run_once, run_with_restarts
+from hvdkit.launch.supervise import FORWARD, FORWARD_NO_STOP, run_job
 from hvdkit.launch.slurm import allocation, describe
 from hvdkit.launch.templates import TEMPLATES, render
 
@@ -55,7 +58,10 @@ def _parser() -> argparse.ArgumentParser:
                "--mca coll_tuned_allreduce_algorithm 4 (Open MPI's ring allreduce, which Horovod's MPI "
                "operations use too: on 3 emulated hosts at 1 Gbit/s it about doubled their bus bandwidth at "
                "4-16 MiB; benchmarks/README.md) unless --mpi-args or an OMPI_MCA_coll_tuned_* variable sets "
-               "a coll_tuned parameter.",
+               "a coll_tuned parameter.\n"
+               "Signals: the job runs as hvdkit-launch's child and ends with it, SIGKILL included (no rank outlives "
+               "it); SIGINT, SIGTERM and SIGHUP end the job (status 128+N), SIGUSR1 makes hvdkit.train checkpoint "
+               "at the next step and stop with status 75 (continue with --resume; --launcher mpi only).",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     g = p.add_argument_group("ranks and hosts")
@@ -90,8 +96,10 @@ def _parser() -> argparse.ArgumentParser:
                         "has an address of its own (never loopback, link-local or a bridge with the same address "
                         "everywhere, such as docker0), checked by connecting before launch and named in the log")
     g.add_argument("--max-restarts", type=int, default=0, metavar="N",
-                   help="relaunch a job that fails (not on bad input) up to N times, with --resume from the "
-                        "checkpoint in its --output-dir; a --hostfile is read again each time (default 0)")
+                   help="relaunch a job that fails up to N times, with --resume from the checkpoint in its "
+                        "--output-dir; a --hostfile is read again each time. Not after bad input (status 2) nor an "
+                        "output that cannot be written (74); a stop on SIGUSR1 to the ranks alone (75) is resumed, "
+                        "one asked of hvdkit-launch ends it (default 0)")
     g.add_argument("--dry-run", action="store_true", help="print the command instead of running it")
     g = p.add_argument_group("elastic training (--strategy horovod --elastic)")
     g.add_argument("--elastic", action="store_true",
@@ -155,8 +163,11 @@ def _env_args(items: Sequence[str], environ: Mapping[str, str]) -> tuple[list[st
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``hvdkit-launch``; returns the exit status (2 on bad input).
 
-    Without ``--dry-run`` the launcher replaces this process (``os.execvpe``), so its exit
-    status and signals are the job's.
+    Without ``--dry-run`` the launch command runs as this process's child
+    (:func:`hvdkit.launch.supervise.run_job`): its exit status is the job's (128 + N after
+    an ending signal N to the launcher: SIGINT, SIGTERM, SIGHUP), SIGUSR1 is passed on (a
+    checkpoint at the next step, then status 75), and the job ends with the launcher.
+    ``--rank-exec`` replaces this process with the program (``os.execvpe``).
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     own, after = _split_program(argv)
@@ -176,7 +187,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if not program:
                 raise UsageError("--rank-exec needs a program after '--'")
             env = rank_exec_env(os.environ, ns.cpu_ranks)
-            return _exec(program, env, ns.dry_run)
+            return _exec(program, env, ns.dry_run, replace_self=True)
         if ns.elastic:
             return _elastic(ns, program)
         if not (ns.hosts or ns.hostfile):   # inside a Slurm allocation: its hosts, as if given with -H
@@ -220,8 +231,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             spec = replace(spec, env_forward=tuple(sorted({*spec.env_forward, RESTART_ENV})))
         if ns.max_restarts and not ns.dry_run:
             _exec(build(list(spec.program)), dict(os.environ), dry_run=True, check_only=True)
-            return run_with_restarts(build, spec.program, ns.max_restarts, dict(os.environ))
-        return _exec(build(list(spec.program)), dict(os.environ), ns.dry_run)
+            fwd = FORWARD_NO_STOP if ns.launcher == HOROVODRUN else FORWARD
+            return run_with_restarts(build, spec.program, ns.max_restarts, dict(os.environ),
+                                     runner=lambda cmd, env: run_once(cmd, env, fwd))
+        return _exec(build(list(spec.program)), dict(os.environ), ns.dry_run,
+                     forward=FORWARD_NO_STOP if ns.launcher == HOROVODRUN else FORWARD)
     except UsageError as e:
         print(f"hvdkit-launch: error: {e}", file=sys.stderr)
         return 2
@@ -251,6 +265,13 @@ def _elastic(ns, program: list[str]) -> int:
         raise UsageError(f"--elastic runs --strategy horovod only, not --strategy {cfg.strategy}")
     if not cfg.output_dir:
         raise UsageError("--elastic needs --output-dir DIR (after '--') on a file system every host shares")
+    from hvdkit.checkpoints import CHECKPOINT, refuse_rerun
+
+    ckpt = os.path.join(cfg.output_dir, CHECKPOINT)   # the ranks leave this to the launcher (trainer.prepare_outputs)
+    if not cfg.resume and not cfg.overwrite:
+        refuse_rerun(ckpt, f"--output-dir {cfg.output_dir}")
+    elif cfg.overwrite and os.path.isfile(ckpt) and not ns.dry_run:   # once, here: not by a rank joining later
+        os.remove(ckpt)
     hosts = [h.rpartition(":")[0] for h in discovered(ns.hostfile)]
     choice = _network(ns, OPENMPI, elastic=True)   # Gloo's interface: one name, chosen and checked on every host
     interface = choice.interface if choice else ns.network_interface or ("lo" if all(h in LOCAL_NAMES for h in hosts)
@@ -274,7 +295,7 @@ def _elastic(ns, program: list[str]) -> int:
     keepalive = None if ns.dry_run else write_ssh_keepalive(cfg.output_dir, ns.gloo_timeout, env.get("PATH", ""))
     if keepalive:   # a host whose link fails must end its ssh session, else the job waits for it
         env["PATH"] = keepalive + os.pathsep + env.get("PATH", "")
-    return _exec(cmd, env, ns.dry_run)
+    return _exec(cmd, env, ns.dry_run, forward=FORWARD_NO_STOP)
 
 
 def _network(ns, mpi: str, elastic: bool = False):
@@ -302,7 +323,10 @@ def _horovodrun() -> str:
     return beside if os.path.exists(beside) else "horovodrun"
 
 
-def _exec(cmd: list[str], env: dict[str, str], dry_run: bool, check_only: bool = False) -> int:
+def _exec(cmd: list[str], env: dict[str, str], dry_run: bool, check_only: bool = False,
+          replace_self: bool = False, forward=FORWARD) -> int:
+    """Print (``dry_run``), check (``check_only``: the program exists), replace this process with
+    (``replace_self``: the ``--rank-exec`` wrapper) or run supervised ``cmd``; returns its status."""
     if dry_run and not check_only:
         print(shlex.join(cmd), flush=True)
         return 0
@@ -314,5 +338,8 @@ def _exec(cmd: list[str], env: dict[str, str], dry_run: bool, check_only: bool =
         return 0
     sys.stdout.flush()
     sys.stderr.flush()
+    if not replace_self:
+        out = run_job([exe, *cmd[1:]], env, forward=forward)
+        return 128 + out.ended_by if out.ended_by else out.status
     os.execvpe(exe, cmd, env)
     return 1  # not reached

@@ -9,14 +9,24 @@ must be on a file system the launching host shares with rank 0's host (as ``runs
 shared checkout is). The command
 is rebuilt for every attempt, so a ``--hostfile`` is read again: a host removed from it
 (by the user, or by the emulator's tests) is not used by the next attempt. Bad input
-(status 2) is never retried: it would fail the same way. Each attempt's ranks see
+(status 2) is never retried: it would fail the same way; nor is an output that cannot be
+written (status 74, :data:`hvdkit.errors.EXIT_ENVIRONMENT`: a full disk stays full). A job
+that stopped at a checkpoint on SIGUSR1 (status 75, :data:`hvdkit.errors.EXIT_STOPPED`) is
+relaunched with ``--resume`` when its ranks were signalled without the launcher (a rank
+preempted on its own); when ``hvdkit-launch`` itself received the SIGUSR1 (Slurm's
+``--signal`` before a time limit, forwarded by the batch script), the stop was asked of the
+whole job: the loop ends with status 75, for the batch script to requeue (``hvdkit.sbatch``).
+Attempt 0 runs the command as given: into an ``--output-dir`` holding a checkpoint it is
+refused (status 2) unless it says ``--resume`` or ``--overwrite``; later attempts get
+``--resume`` in place of ``--overwrite``. Each attempt's ranks see
 ``HVDKIT_RESTART=K`` (0 for the first launch), which ``results.json`` records as
 ``restarts``.
 
 The job's output passes through unchanged; the launcher watches stderr for the cause to
 report (the last ``hvdkit: FAILED``/``hvdkit: error`` line, or Open MPI's line naming a lost
 host or a killed rank, or ssh's ``Connection to HOST closed`` when a host's processes died).
-Ctrl-C or SIGTERM of the launcher is passed to the job and ends the loop (no restart).
+Ctrl-C, SIGTERM or SIGHUP of the launcher is passed to the job and ends the loop (no
+restart); a SIGKILL of the launcher ends the job too (:mod:`hvdkit.launch.supervise`).
 Like torchrun's ``--max-restarts``.
 """
 from __future__ import annotations
@@ -24,19 +34,17 @@ from __future__ import annotations
 import os
 import re
 import signal
-import subprocess
 import sys
-import threading
 import time
 from typing import Callable, Sequence
 
-from hvdkit.errors import UsageError
+from hvdkit.checkpoints import CHECKPOINT
+from hvdkit.errors import EXIT_ENVIRONMENT, EXIT_STOPPED, EXIT_USAGE, UsageError
+from hvdkit.launch.supervise import run_job
 
-__all__ = ["RESTART_ENV", "CHECKPOINT", "output_dir_of", "with_resume", "cause_of", "run_with_restarts"]
+__all__ = ["RESTART_ENV", "CHECKPOINT", "output_dir_of", "with_resume", "cause_of", "run_once", "run_with_restarts"]
 
 RESTART_ENV = "HVDKIT_RESTART"
-CHECKPOINT = "checkpoint.npz"   # hvdkit.trainer's checkpoint file name in --output-dir
-EXIT_USAGE = 2
 _CAUSES = re.compile(r"^hvdkit: (FAILED|error)|Remote daemon|exited on signal|returned\s*$|"
                      r"non-zero (exit|status)|noticed that process rank|"
                      r"^Connection to \S+ closed", re.I)   # ssh's line when a host's processes die
@@ -61,10 +69,11 @@ def output_dir_of(program: Sequence[str], environ: dict[str, str]) -> str:
 
 
 def with_resume(program: Sequence[str], out_dir: str) -> list[str]:
-    """``program`` plus ``--resume`` when ``out_dir`` holds a checkpoint (and it is not there yet)."""
+    """``program`` plus ``--resume`` when ``out_dir`` holds a checkpoint (and it is not there yet),
+    without ``--overwrite`` then (the checkpoint to resume is the one the first attempt wrote)."""
     args = list(program)
     if os.path.exists(os.path.join(out_dir, CHECKPOINT)) and "--resume" not in args:
-        args.append("--resume")
+        args = [a for a in args if a != "--overwrite"] + ["--resume"]
     return args
 
 
@@ -75,43 +84,21 @@ def cause_of(lines: Sequence[str]) -> str:
     return (hvd or found or [""])[-1][:300]
 
 
-def _run_once(cmd: list[str], env: dict[str, str]) -> tuple[int, str]:
-    """Run ``cmd`` in its own session, passing its stdout/stderr through; forward SIGINT/SIGTERM.
-    Returns (status, cause). A signal received ends the loop: status 128 + signal."""
-    p = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True, errors="replace", start_new_session=True)
-    tail: list[str] = []
-    got: list[int] = []
-
-    def pump():
-        for line in p.stderr:
-            sys.stderr.write(line)
-            sys.stderr.flush()
-            tail.append(line)
-            del tail[:-200]
-
-    def forward(signum, _frame):
-        got.append(signum)
-        try:
-            os.killpg(p.pid, signum)
-        except ProcessLookupError:
-            pass
-
-    old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
-    reader = threading.Thread(target=pump, daemon=True)
-    reader.start()
-    try:
-        rc = p.wait()
-        reader.join(timeout=5)
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
-    if got:
-        return 128 + got[0], f"interrupted ({signal.Signals(got[0]).name})"
-    return rc, cause_of(tail)
+def run_once(cmd: list[str], env: dict[str, str], forward=None) -> tuple[int, str]:
+    """Run ``cmd`` supervised (:func:`hvdkit.launch.supervise.run_job`), passing its output through.
+    Returns (status, cause): after an ending signal to the launcher, (128 + signal,
+    ``interrupted (SIGNAME)``); after a SIGUSR1 to it, (the job's status, ``stopped (SIGUSR1)``).
+    ``forward``: :data:`hvdkit.launch.supervise.FORWARD` by default."""
+    out = run_job(cmd, env, capture_stderr=True, **({"forward": forward} if forward else {}))
+    if out.ended_by:
+        return 128 + out.ended_by, f"interrupted ({signal.Signals(out.ended_by).name})"
+    if signal.SIGUSR1 in out.signals:
+        return out.status, "stopped (SIGUSR1)"
+    return out.status, cause_of(out.lines)
 
 
 def run_with_restarts(build: Callable[[list[str]], list[str]], program: Sequence[str], max_restarts: int,
-                      environ: dict[str, str], log=None, runner=_run_once) -> int:
+                      environ: dict[str, str], log=None, runner=run_once) -> int:
     """Launch, and relaunch on failure up to ``max_restarts`` times; returns the last status.
 
     Args:
@@ -120,7 +107,8 @@ def run_with_restarts(build: Callable[[list[str]], list[str]], program: Sequence
         max_restarts: N >= 0.
         environ: the environment of every attempt (``HVDKIT_RESTART`` is set per attempt).
         log: where the launcher's own lines go (default: stderr).
-        runner: (cmd, env) -> (status, cause); injected by tests.
+        runner: (cmd, env) -> (status, cause), cause ``interrupted (SIG...)`` or ``stopped (SIGUSR1)``
+            when the launcher received that signal (:func:`run_once`); injected by tests.
 
     Raises:
         UsageError: no ``--output-dir`` in ``program``, or ``max_restarts`` < 0.
@@ -140,13 +128,23 @@ def run_with_restarts(build: Callable[[list[str]], list[str]], program: Sequence
             if attempt:
                 log(f"hvdkit-launch: the job finished after {attempt} restart(s)")
             return 0
-        if status == EXIT_USAGE or cause.startswith("interrupted"):
+        if cause.startswith("stopped") and status == EXIT_STOPPED:   # asked of the whole job: not restarted
+            log(f"hvdkit-launch: the job stopped on SIGUSR1 at a checkpoint in {out_dir} (status {status}); "
+                f"continue it with --resume")
+            return status
+        if status == EXIT_USAGE or cause.startswith(("interrupted", "stopped")):
             return status   # bad input fails the same way again; an interrupt is the user's
         why = f"status {status}" + (f": {cause}" if cause else "")
+        if status == EXIT_ENVIRONMENT:
+            log(f"hvdkit-launch: not restarting: the job ended with {why} (an output cannot be written: it would "
+                f"fail the same way again)")
+            return status
         if attempt == max_restarts:
             log(f"hvdkit-launch: giving up after {max_restarts} restart(s); the last attempt ended with {why}")
             return status
         resume = "--resume" in with_resume(program, out_dir)
+        if status == EXIT_STOPPED:
+            why = f"status {status} (stopped at a checkpoint on SIGUSR1 to its ranks)"
         log(f"hvdkit-launch: attempt {attempt + 1} ended after {took:.0f} s with {why}; restart {attempt + 1}/"
             f"{max_restarts} " + (f"from the checkpoint in {out_dir}" if resume else "from the start (no checkpoint yet)"))
     return status

@@ -183,6 +183,13 @@ class Strategy(abc.ABC):
     #: (None: no loss scaling); the row scales the loss by ``loss_scale.scale`` and reports each
     #: step's verdict to ``loss_scale.update``
     loss_scale = None
+    #: the loop ranks take every step together (synchronous); False: workers at their own pace
+    #: (the asynchronous ps modes). A stop on SIGUSR1 is agreed by a collective only when True
+    #: (:class:`hvdkit.comm.StopFlag`)
+    lockstep: ClassVar[bool] = True
+    #: ``state()`` may be called after any step (``--checkpoint-every``, a stop on SIGUSR1); False:
+    #: at epoch ends only (model-parallel), so a stop on SIGUSR1 waits for the epoch's end
+    mid_epoch_state: ClassVar[bool] = True
 
     def __init__(self, cfg: Config, world: World):
         self.check(cfg, world)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import types
 import subprocess
 import sys
 
@@ -108,11 +109,13 @@ def test_training_flags_never_reach_horovodruns_parser_and_env_reaches_its_envir
     assert ns.num_proc == 2 and ns.min_num_proc == 1 and ns.max_num_proc == 2
     assert env == {"HOROVOD_GLOO_TIMEOUT_SECONDS": "30", "FOO": "bar"}
 
-    ran = {}   # without --dry-run: the files written, then horovodrun exec'd with that command and environment
-    monkeypatch.setattr(os, "execvpe", lambda exe, cmd, env: ran.update(exe=exe, cmd=cmd, env=env))
+    ran = {}   # without --dry-run: the files written, then horovodrun run (supervised) with that command and environment
+    monkeypatch.setattr(cli, "run_job", lambda cmd, env, **kw: ran.update(exe=cmd[0], cmd=list(cmd), env=env)
+                        or types.SimpleNamespace(ended_by=0, status=0))
     monkeypatch.setattr(cli, "_horovodrun", lambda: sys.executable)   # any existing executable
     cli.main(["--elastic", "--hostfile", str(f), "--env", "FOO=bar", "--", *flags])
-    assert ran["cmd"][:3] == ["env", "HOROVOD_GLOO_TIMEOUT_SECONDS=30", "FOO=bar"] and ran["env"]["KEPT"] == "1"
+    assert os.path.basename(ran["cmd"][0]) == "env" and ran["cmd"][1:3] == ["HOROVOD_GLOO_TIMEOUT_SECONDS=30", "FOO=bar"] \
+         and ran["env"]["KEPT"] == "1"
     assert ran["cmd"][-1] == str(out_dir / "rank_command.sh")
     body = (out_dir / "rank_command.sh").read_text().splitlines()[-1]
     assert shlex.split(body) == ["exec", sys.executable, "-m", "hvdkit.train", *flags, "--elastic"]

@@ -62,6 +62,7 @@ class ModelParallelStrategy(Strategy):
     """Pipeline model parallelism: stage r of a Sequential model on rank r, GPipe micro-batches."""
 
     name = "model-parallel"
+    mid_epoch_state = False   # rank 0's full model is gathered from the stages at epoch ends only
     summary = ("pipeline model parallelism: contiguous layer stages one per rank, activations forward and "
                "their gradients backward over mpi4py, GPipe micro-batches; one replica")
     options = (

@@ -380,6 +380,7 @@ class PSAsync(PSStrategy):
     """Asynchronous PS: each push is applied on arrival; no worker waits for another."""
 
     name, mode = "ps-async", "async"
+    lockstep = False   # workers at their own pace
     summary = "parameter server, asynchronous: each gradient applied on arrival (Hogwild-style staleness)"
 
 
@@ -387,6 +388,7 @@ class PSSSP(PSStrategy):
     """Stale synchronous parallel PS (Ho et al., NIPS 2013), bound ``--staleness``."""
 
     name, mode = "ps-ssp", "ssp"
+    lockstep = False   # workers at their own pace
     summary = "parameter server, stale synchronous parallel: workers at most --staleness clocks apart"
 
 
@@ -394,4 +396,5 @@ class PSDCASGD(PSStrategy):
     """Delay-compensated asynchronous SGD (Zheng et al., ICML 2017)."""
 
     name, mode = "ps-dcasgd", "dcasgd"
+    lockstep = False   # workers at their own pace
     summary = "parameter server, asynchronous with delay compensation g + lambda*g*g*(w_now - w_backup)"

@@ -1,0 +1,129 @@
+"""``hvdkit-launch`` runs the job as its child and stays its parent: no rank outlives it.
+
+The MPI launcher (mpirun, mpiexec, horovodrun) runs in a session of its own, with a
+parent-death signal (:func:`hvdkit.lifecycle.preexec_die_with_parent`, SIGTERM): when
+``hvdkit-launch`` ends in any way, SIGKILL included, the kernel sends SIGTERM to the MPI
+launcher, which ends its ranks; each rank of ``hvdkit.train`` has a parent-death signal of
+its own toward mpirun/orted (:func:`hvdkit.lifecycle.die_with_parent`, SIGKILL), so a killed
+mpirun does not leave them behind either.
+
+Signals to ``hvdkit-launch`` (:data:`FORWARD`):
+
+* SIGINT, SIGTERM, SIGHUP end the job: passed to the MPI launcher's session (SIGHUP as
+  SIGTERM, which mpirun handles: it signals every rank, then kills what is left; Open MPI puts
+  each rank in a process group of its own, so the ranks get it once, from mpirun). The
+  session, not the launcher alone: ``horovodrun`` runs mpirun under ``/bin/sh -c``, which does
+  not exec it, and a SIGTERM to that shell alone leaves mpirun and the ranks running. A job
+  still alive :data:`GRACE_S` seconds later is killed (SIGKILL to its session). Its checkpoint
+  is the last one finished: checkpoints are written atomically (:func:`hvdkit.results.atomic_write`).
+* SIGUSR1 (and SIGUSR2) are passed on as they are, to the MPI launcher alone: Open MPI's
+  mpirun sends them to every rank (``ess_base_forward_signals``, on by default; it logs
+  ``mpirun: Forwarding signal 10 to job``); SIGUSR1 asks ``hvdkit.train`` to checkpoint at
+  the next step and stop with status 75 (:data:`hvdkit.errors.EXIT_STOPPED`). Not with
+  ``--launcher horovodrun`` (its shell dies of a SIGUSR1) nor ``--elastic`` (horovodrun's
+  Gloo driver does not pass it on).
+
+The launcher's status is the job's; after an ending signal, 128 + that signal's number.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+from hvdkit.lifecycle import preexec_die_with_parent
+
+__all__ = ["FORWARD", "FORWARD_NO_STOP", "ENDING", "GRACE_S", "Outcome", "run_job"]
+
+#: signal received -> signal sent to the MPI launcher
+FORWARD = {signal.SIGINT: signal.SIGINT, signal.SIGTERM: signal.SIGTERM, signal.SIGHUP: signal.SIGTERM,
+           signal.SIGUSR1: signal.SIGUSR1, signal.SIGUSR2: signal.SIGUSR2}
+#: horovodrun (``--launcher horovodrun``, ``--elastic``): SIGUSR1/SIGUSR2 are not passed on (None)
+FORWARD_NO_STOP = {**FORWARD, signal.SIGUSR1: None, signal.SIGUSR2: None}
+#: the signals that end the job (the others ask it something)
+ENDING = frozenset({signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
+#: seconds the job has, after an ending signal, before its session is killed (mpirun itself
+#: waits a few seconds between its SIGTERM and SIGKILL of the ranks)
+GRACE_S = 15.0
+
+
+@dataclass
+class Outcome:
+    """How a job ended.
+
+    Attributes:
+        status: its exit status (128 + N when the MPI launcher was ended by signal N).
+        signals: the signals ``hvdkit-launch`` received and forwarded, in order.
+        lines: its last stderr lines (only when ``on_stderr`` was given to :func:`run_job`).
+    """
+
+    status: int
+    signals: list[int] = field(default_factory=list)
+    lines: list[str] = field(default_factory=list)
+
+    @property
+    def ended_by(self) -> int | None:
+        """The first ending signal received (SIGINT, SIGTERM, SIGHUP), or None."""
+        return next((s for s in self.signals if s in ENDING), None)
+
+
+def run_job(cmd: Sequence[str], env: dict[str, str], capture_stderr: bool = False,
+            forward: dict = FORWARD, grace_s: float = GRACE_S) -> Outcome:
+    """Run ``cmd`` (the MPI launcher's command line) as a supervised child and wait for it.
+
+    Its stdout passes through; so does its stderr, which is also kept (the last 200 lines,
+    ``Outcome.lines``) when ``capture_stderr``. While it runs, the signals of ``forward``
+    received here are passed on (see the module). Call it from the main thread.
+    """
+    p = subprocess.Popen(list(cmd), env=env, stderr=subprocess.PIPE if capture_stderr else None, text=True,
+                         errors="replace", start_new_session=True, preexec_fn=preexec_die_with_parent())
+    out = Outcome(0)
+
+    def pump():
+        for line in p.stderr:
+            sys.stderr.write(line)
+            sys.stderr.flush()
+            out.lines.append(line)
+            del out.lines[:-200]
+
+    def kill_session():
+        if p.poll() is None:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    def on_signal(signum, _frame):
+        if forward[signum] is None:
+            print(f"hvdkit-launch: {signal.Signals(signum).name} is not passed on to horovodrun (its shell would die "
+                  f"of it, or its Gloo driver ignores it); use --launcher mpi to stop at a checkpoint", file=sys.stderr,
+                  flush=True)
+            return
+        out.signals.append(signum)
+        try:   # an ending signal to the whole session: horovodrun runs mpirun under a shell that does not exec it
+            os.killpg(p.pid, forward[signum]) if signum in ENDING else p.send_signal(forward[signum])
+        except (ProcessLookupError, PermissionError):
+            pass
+        if signum in ENDING and len([s for s in out.signals if s in ENDING]) == 1:
+            t = threading.Timer(grace_s, kill_session)
+            t.daemon = True
+            t.start()
+
+    old = {s: signal.signal(s, on_signal) for s in forward}
+    reader = None
+    if capture_stderr:
+        reader = threading.Thread(target=pump, daemon=True)
+        reader.start()
+    try:
+        rc = p.wait()
+        if reader is not None:
+            reader.join(timeout=5)
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+    out.status = rc if rc >= 0 else 128 - rc
+    return out

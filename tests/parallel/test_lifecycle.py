@@ -1,0 +1,213 @@
+"""Issue 21, items 3-5, in real jobs: SIGUSR1 stops at a checkpoint that --resume continues; the
+launcher's death (SIGKILL, SIGHUP) ends mpirun and every rank; a rerun into a checkpoint is refused;
+a full file system is named at set-up, and a write that fails mid-run ends with one line, status 74,
+not retried by --max-restarts."""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+
+import psutil
+import pytest
+
+from hvdkit.checkpoints import load_meta
+from hvdkit.errors import EXIT_ENVIRONMENT, EXIT_STOPPED
+from tests.conftest import ROOT, VENV_BIN, load_results
+
+pytestmark = pytest.mark.parallel
+
+#: 2 ranks of horovod, the mlp on digits: 23 steps an epoch, ~0.05 s a step
+FLAGS = ["--epochs", "3", "--no-tensorboard", "--seed", "0"]
+RANK_PID = re.compile(r"#\s+rank\s+(\d+)\s.*pid (\d+)")
+
+
+class Job:
+    """``hvdkit-launch ARGS`` running in the background, its output collected line by line."""
+
+    def __init__(self, *args: str):
+        env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PATH": VENV_BIN + os.pathsep + os.environ["PATH"],
+               "PYTHONPATH": ROOT}
+        self.p = subprocess.Popen([os.path.join(VENV_BIN, "hvdkit-launch"), "-np", "2", "--mpi-args=--oversubscribe",
+                                   *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT,
+                                  start_new_session=True)
+        self.out, self.err = [], []
+        self.readers = [threading.Thread(target=lambda f, into: into.extend(f), args=(f, into), daemon=True)
+                        for f, into in ((self.p.stdout, self.out), (self.p.stderr, self.err))]
+        for t in self.readers:
+            t.start()
+
+    @property
+    def text(self) -> str:
+        return "".join(self.out) + "".join(self.err)
+
+    def rank_pids(self, timeout: float = 120) -> dict[int, int]:
+        """Every rank's pid, from the job header (printed just before the first step)."""
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < timeout and self.p.poll() is None:
+            pids = {int(m.group(1)): int(m.group(2)) for ln in list(self.out) if (m := RANK_PID.match(ln))}
+            if len(pids) == 2 and any(ln.startswith("# output") for ln in list(self.out)):
+                return pids
+            time.sleep(0.02)
+        pytest.fail("no job header with both ranks' pids\n" + self.text[-3000:])
+
+    def wait(self, timeout: float = 180) -> int:
+        try:
+            rc = self.p.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"hvdkit-launch still running after {timeout} s\n" + self.text[-3000:])
+        for t in self.readers:
+            t.join(timeout=5)
+        return rc
+
+    def kill(self):
+        if self.p.poll() is None:
+            os.killpg(self.p.pid, signal.SIGKILL)
+
+
+def _alive(pids) -> list[int]:
+    out = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                out.append(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+def _gone_within(pids, seconds: float) -> list[int]:
+    t0 = time.monotonic()
+    while _alive(pids) and time.monotonic() - t0 < seconds:
+        time.sleep(0.1)
+    return _alive(pids)
+
+
+def test_sigusr1_checkpoints_at_the_next_step_stops_with_75_and_resume_continues(tmp_path):
+    out = tmp_path / "out"
+    job = Job("--", *FLAGS, "--output-dir", str(out))
+    try:
+        job.rank_pids()
+        job.p.send_signal(signal.SIGUSR1)
+        rc = job.wait()
+    finally:
+        job.kill()
+    assert rc == EXIT_STOPPED, job.text[-3000:]
+    stopped = re.findall(r"^hvdkit: stopped on SIGUSR1 after (step (\d+) \(in epoch 1\)|epoch 1 \(step (\d+)\)); its "
+                         rf"checkpoint: {out}/checkpoint.npz; continue with --resume \(exit status 75\)$",
+                         "".join(job.err), re.M)
+    assert len(stopped) == 1, job.text[-3000:]
+    step = int(stopped[0][1] or stopped[0][2])
+    meta = load_meta(str(out / "checkpoint.npz"))
+    assert meta["global_step"] == step and 0 < step <= 23, meta
+    assert "Traceback" not in job.text and "epoch 2/3" not in job.text, job.text[-3000:]
+
+    # a rerun without --resume (here --max-restarts' attempt 0) is refused, the checkpoint untouched
+    rerun = Job("--max-restarts", "1", "--", *FLAGS, "--output-dir", str(out))
+    assert rerun.wait(timeout=90) == 2, rerun.text[-3000:]
+    refused = [ln for ln in rerun.err if ln.startswith("hvdkit: error:")]
+    assert refused == [f"hvdkit: error: --output-dir {out} holds a checkpoint (strategy horovod, epoch "
+                       f"{meta['epoch']}{' + %d steps' % meta['step_in_epoch'] if meta.get('step_in_epoch') else ''}, "
+                       f"step {step}): {out}/checkpoint.npz; continue it with --resume, or start afresh with "
+                       f"--overwrite (it is replaced), or choose another --output-dir\n"], rerun.text[-3000:]
+    assert load_meta(str(out / "checkpoint.npz")) == meta
+
+    resumed = Job("--", *FLAGS, "--output-dir", str(out), "--resume")
+    assert resumed.wait() == 0, resumed.text[-3000:]
+    res = load_results(out)
+    assert [e["epoch"] for e in res["epochs"]] == [1, 2, 3] and res["epochs"][-1]["step"] == 69, res["epochs"]
+    full = res["epochs"][1]["samples"]   # the resumed epoch 1 trained the samples after the checkpoint only
+    assert res["epochs"][0]["samples"] == full - (step * 64 if meta.get("step_in_epoch") else 0), res["epochs"]
+
+
+@pytest.mark.parametrize("sig,restarts", [(signal.SIGKILL, ["--max-restarts", "1"]),
+                                         pytest.param(signal.SIGHUP, ["--max-restarts", "1"], marks=pytest.mark.slow),
+                                         pytest.param(signal.SIGKILL, [], marks=pytest.mark.slow)],
+                         ids=["SIGKILL-max-restarts", "SIGHUP-max-restarts", "SIGKILL"])
+def test_the_launchers_death_ends_mpirun_and_every_rank(tmp_path, sig, restarts):
+    out = tmp_path / "out"
+    job = Job(*restarts, "--", *FLAGS, "--epochs", "50", "--output-dir", str(out))
+    try:
+        ranks = job.rank_pids()
+        mpirun = [c.pid for c in psutil.Process(job.p.pid).children()]
+        assert mpirun, "hvdkit-launch runs the MPI launcher as its child"
+        job.p.send_signal(sig)
+        rc = job.wait(timeout=60)
+        left = _gone_within([*ranks.values(), *mpirun], 10)
+    finally:
+        job.kill()
+        for pid in _alive(ranks.values()):
+            os.kill(pid, signal.SIGKILL)
+    assert not left, f"still running {left} after the launcher's {sig.name}\n" + job.text[-3000:]
+    assert rc == (-signal.SIGKILL if sig == signal.SIGKILL else 128 + sig), job.text[-3000:]
+    if (out / "checkpoint.npz").exists():   # never half-written
+        assert load_meta(str(out / "checkpoint.npz"))["strategy"] == "horovod"
+
+
+@pytest.fixture
+def tmpfs():
+    """mount(size) -> a directory on a fresh tmpfs of that size, unmounted afterwards."""
+    mounted = []
+
+    def mount(size: str) -> str:
+        d = tempfile.mkdtemp(prefix="hvdkit-tmpfs-")
+        r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", d], capture_output=True, text=True)
+        if r.returncode != 0:
+            os.rmdir(d)
+            pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
+        mounted.append(d)
+        return d
+
+    yield mount
+    for d in mounted:
+        subprocess.run(["umount", "-l", d], capture_output=True)
+        os.rmdir(d)
+
+
+def _one_error_line(job, starts: str) -> str:
+    lines = [ln for ln in job.err if ln.startswith("hvdkit: error:")]
+    assert len(lines) == 1 and lines[0].startswith(starts), job.text[-3000:]
+    assert "Traceback" not in job.text, job.text[-3000:]
+    return lines[0]
+
+
+def test_a_full_file_system_is_refused_at_set_up(tmpfs):
+    out = os.path.join(tmpfs("200k"), "out")
+    job = Job("--", *FLAGS, "--output-dir", out)
+    assert job.wait(timeout=120) == EXIT_ENVIRONMENT, job.text[-3000:]
+    line = _one_error_line(job, f"hvdkit: error: {out}: its file system has ")
+    assert re.search(r"bytes free, but this run's outputs need about [\d,]+ \(2 x a checkpoint of ~[\d,]+ bytes", line)
+    assert "epoch 1" not in job.text and not os.path.exists(os.path.join(out, "checkpoint.npz"))
+
+
+@pytest.mark.slow
+def test_a_write_that_fails_mid_run_ends_with_one_line_and_is_not_retried(tmpfs):
+    d = tmpfs("1m")
+    out = os.path.join(d, "out")
+    job = Job("--max-restarts", "2", "--", *FLAGS, "--epochs", "6", "--output-dir", out)
+    try:
+        t0 = time.monotonic()
+        while not os.path.exists(os.path.join(out, "checkpoint.npz")) and time.monotonic() - t0 < 120:
+            time.sleep(0.01)
+        fd = os.open(os.path.join(d, "filler"), os.O_WRONLY | os.O_CREAT)   # the file system fills up after epoch 1
+        try:
+            while os.write(fd, b"\0" * 4096):
+                pass
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+        rc = job.wait()
+    finally:
+        job.kill()
+    assert rc == EXIT_ENVIRONMENT, job.text[-3000:]
+    line = _one_error_line(job, f"hvdkit: error: cannot write {out}/")
+    assert re.search(r"\(No space left on device; it needs [\d,]+ bytes, [\d,]+ free on its file system\); the "
+                     rf"checkpoint of epoch \d is kept: {out}/checkpoint.npz$", line), line
+    assert any(ln.startswith("hvdkit-launch: not restarting: the job ended with status 74") for ln in job.err), job.text
+    assert "restart 1/2" not in job.text
+    assert load_meta(os.path.join(out, "checkpoint.npz"))["epoch"] >= 1

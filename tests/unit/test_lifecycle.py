@@ -1,0 +1,207 @@
+"""Issue 21 items 3-5 without MPI: the restart loop's new statuses and signals (runner injected),
+a rerun refused in one line, the room an output needs, a write that fails, and a supervised child
+that dies with its launcher (SIGKILL included)."""
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from hvdkit import results as R
+from hvdkit.checkpoints import load_meta, refuse_rerun
+from hvdkit.config import Config
+from hvdkit.errors import EXIT_ENVIRONMENT, EXIT_STOPPED, OutputError, UsageError
+from hvdkit.launch.restart import run_with_restarts, with_resume
+from hvdkit.trainer import CHECKPOINT, prepare_outputs
+from tests.conftest import ROOT
+
+
+def _loop(tmp_path, outcomes, n, program_extra=()):
+    """The restart loop over attempts ending with ``outcomes`` [(status, cause)]; a checkpoint exists
+    from the start. Returns (status, the commands run, log lines)."""
+    out = tmp_path / "out"
+    out.mkdir(exist_ok=True)
+    (out / CHECKPOINT).write_bytes(b"x")
+    calls, logs = [], []
+
+    def runner(cmd, env):
+        calls.append(cmd)
+        return outcomes[len(calls) - 1]
+
+    prog = ["python", "-m", "hvdkit.train", "--output-dir", str(out), *program_extra]
+    rc = run_with_restarts(lambda a: ["mpirun", *a], prog, n, {}, log=logs.append, runner=runner)
+    return rc, calls, logs
+
+
+def test_an_environment_error_is_not_retried(tmp_path):
+    rc, calls, logs = _loop(tmp_path, [(EXIT_ENVIRONMENT, "hvdkit: error: cannot write x (No space left on device)")], 3)
+    assert rc == 74 and len(calls) == 1
+    assert logs == ["hvdkit-launch: not restarting: the job ended with status 74: hvdkit: error: cannot write x (No "
+                    "space left on device) (an output cannot be written: it would fail the same way again)"]
+
+
+def test_a_stop_of_the_ranks_alone_is_resumed_a_stop_asked_of_the_launcher_is_not(tmp_path):
+    rc, calls, logs = _loop(tmp_path, [(EXIT_STOPPED, ""), (0, "")], 2)
+    assert rc == 0 and ["--resume" in c for c in calls] == [False, True]
+    assert "with status 75 (stopped at a checkpoint on SIGUSR1 to its ranks); restart 1/2 from the checkpoint" in logs[0]
+    rc, calls, logs = _loop(tmp_path, [(EXIT_STOPPED, "stopped (SIGUSR1)"), (0, "")], 2)
+    assert rc == 75 and len(calls) == 1
+    assert logs == [f"hvdkit-launch: the job stopped on SIGUSR1 at a checkpoint in {tmp_path}/out (status 75); "
+                    f"continue it with --resume"]
+
+
+@pytest.mark.parametrize("name", ["SIGHUP", "SIGTERM", "SIGINT"])
+def test_an_ending_signal_to_the_launcher_ends_the_loop(tmp_path, name):
+    rc, calls, logs = _loop(tmp_path, [(128 + signal.Signals[name], f"interrupted ({name})"), (0, "")], 2)
+    assert rc == 128 + signal.Signals[name] and len(calls) == 1 and logs == []
+
+
+def test_a_restart_resumes_instead_of_overwriting(tmp_path):
+    (tmp_path / CHECKPOINT).write_bytes(b"x")
+    assert with_resume(["a", "--overwrite", "b"], str(tmp_path)) == ["a", "b", "--resume"]
+    rc, calls, _ = _loop(tmp_path, [(1, ""), (0, "")], 1, ["--overwrite"])
+    assert calls[0][-1] == "--overwrite" and calls[1][-1] == "--resume" and "--overwrite" not in calls[1]
+
+
+# -- a rerun never destroys a checkpoint silently -----------------------------------------------
+
+def _checkpoint(path, **meta):
+    R.save_npz(str(path), {"model/0": np.zeros((64, 10), np.float32)}, {"strategy": "horovod", "epoch": 6,
+                                                                         "global_step": 138, **meta})
+
+
+def test_a_rerun_into_a_checkpoint_is_refused_in_one_line(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    _checkpoint(out / CHECKPOINT)
+    with pytest.raises(UsageError) as e:
+        prepare_outputs(Config(output_dir=str(out)))
+    assert str(e.value) == (f"--output-dir {out} holds a checkpoint (strategy horovod, epoch 6, step 138): "
+                            f"{out}/{CHECKPOINT}; continue it with --resume, or start afresh with --overwrite (it is "
+                            f"replaced), or choose another --output-dir")
+    assert prepare_outputs(Config(output_dir=str(out), resume=True)) == str(out)
+    assert (out / CHECKPOINT).exists()
+    prepare_outputs(Config(output_dir=str(out), overwrite=True))   # deleted: no restart resumes it
+    assert not (out / CHECKPOINT).exists()
+    with pytest.raises(UsageError, match="--resume continues the checkpoint in --output-dir, --overwrite deletes it"):
+        Config(output_dir=str(out), resume=True, overwrite=True)
+
+
+def test_a_temporary_file_left_by_a_killed_write_is_removed_at_set_up(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / (R.TMP_PREFIX + "abc")).write_bytes(b"half a checkpoint")
+    (out / "keep.txt").write_text("x")
+    prepare_outputs(Config(output_dir=str(out)))
+    assert sorted(os.listdir(out)) == ["keep.txt", "tensorboard"]
+
+
+def test_the_refusal_reads_the_meta_alone_and_names_a_mid_epoch_or_unreadable_checkpoint(tmp_path):
+    _checkpoint(tmp_path / "c.npz", epoch=2, step_in_epoch=7, global_step=53)
+    assert load_meta(str(tmp_path / "c.npz"))["step_in_epoch"] == 7
+    with pytest.raises(UsageError, match=r"holds a checkpoint \(strategy horovod, epoch 2 \+ 7 steps, step 53\)"):
+        refuse_rerun(str(tmp_path / "c.npz"), "--output-dir d")
+    (tmp_path / "bad.npz").write_bytes(b"cut short")
+    with pytest.raises(UsageError, match=r"holds a checkpoint \(unreadable: "):
+        refuse_rerun(str(tmp_path / "bad.npz"), "--output-dir d")
+    refuse_rerun(str(tmp_path / "none.npz"), "--output-dir d")   # nothing there: nothing to refuse
+
+
+# -- room for the outputs, and a write that fails ----------------------------------------------
+
+def test_the_room_needed_counts_two_checkpoints_and_the_results():
+    ckpt = R.checkpoint_bytes(68_904, 0, "momentum", 3)   # the mlp on digits: 17,226 float32 weights
+    assert ckpt == 2 * 68_904 + 900 + 4096
+    fixed, per_rank, per_epoch = R.RESULTS_BYTES
+    results = fixed + 2 * per_rank + 3 * per_epoch
+    assert R.output_bytes_needed(ckpt, 3, 2) == 2 * ckpt + 2 * results
+    assert R.output_bytes_needed(ckpt, 3, 2, existing=ckpt) == ckpt + 2 * results   # --resume: one is there
+    assert R.output_bytes_needed(0, 3, 2, export_bytes=100) == 2 * results + 100
+    assert R.checkpoint_bytes(1000, 0, "adam", 0) - R.checkpoint_bytes(1000, 0, "sgd", 0) == 2000
+
+
+def test_check_room_refuses_in_one_line(tmp_path, monkeypatch):
+    monkeypatch.setattr(R, "free_bytes", lambda path: 204_800)
+    with pytest.raises(OutputError) as e:
+        R.check_room(str(tmp_path), 431_000, "2 x a checkpoint of ~150,000 bytes")
+    assert str(e.value) == (f"{tmp_path}: its file system has 204,800 bytes free, but this run's outputs need about "
+                            f"431,000 (2 x a checkpoint of ~150,000 bytes); free space there or choose another "
+                            f"--output-dir")
+    assert e.value.exit_status == EXIT_ENVIRONMENT
+    R.check_room(str(tmp_path), 204_800, "exactly")
+
+
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EIO, errno.EACCES])
+def test_a_failed_write_names_the_path_and_bytes_and_keeps_the_old_file(tmp_path, monkeypatch, code):
+    path = tmp_path / "results.json"
+    R.write_json(str(path), {"old": 1})
+
+    def fail(fd):
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr(os, "fsync", fail)
+    with pytest.raises(OutputError) as e:
+        R.write_json(str(path), {"new": 2})
+    assert str(e.value).startswith(f"cannot write {path} ({os.strerror(code)}; it needs 15 bytes, ")
+    assert str(e.value).endswith(" free on its file system)")
+    assert path.read_text() == '{\n  "old": 1\n}\n' and os.listdir(tmp_path) == ["results.json"]
+
+
+# -- a supervised child ends with its launcher ------------------------------------------------
+
+_LAUNCHER = """
+import sys
+from hvdkit.launch.supervise import run_job
+sys.exit(run_job([sys.executable, "-c", "import os, time; print(os.getpid(), flush=True); time.sleep(60)"],
+                 dict(__import__("os").environ)).status)
+"""
+
+
+def _start_launcher():
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    p = subprocess.Popen([sys.executable, "-c", _LAUNCHER], stdout=subprocess.PIPE, text=True, env=env,
+                         start_new_session=True)
+    child = int(p.stdout.readline())
+    return p, child
+
+
+def _gone(pid, seconds=5.0) -> bool:
+    t0 = time.monotonic()
+    while True:
+        try:
+            with open(f"/proc/{pid}/stat") as fh:
+                if fh.read().split()[2] == "Z":
+                    return True
+        except FileNotFoundError:
+            return True
+        if time.monotonic() - t0 >= seconds:
+            return False
+        time.sleep(0.05)
+
+
+def test_a_sigkilled_launcher_takes_its_job_with_it():
+    p, child = _start_launcher()
+    try:
+        os.kill(p.pid, signal.SIGKILL)
+        p.wait(timeout=10)
+        assert _gone(child), "the job outlived its launcher"
+    finally:
+        if not _gone(child, 0):
+            os.kill(child, signal.SIGKILL)
+
+
+def test_sighup_to_the_launcher_is_passed_on_and_ends_the_job():
+    p, child = _start_launcher()
+    try:
+        os.kill(p.pid, signal.SIGHUP)
+        assert p.wait(timeout=10) == 128 + signal.SIGTERM   # the job ended by the SIGTERM it was sent
+        assert _gone(child)
+    finally:
+        if not _gone(child, 0):
+            os.kill(child, signal.SIGKILL)
