@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from hvdkit import results as R
+from hvdkit import results as R, watchdog
 from hvdkit.comm import World, agree, bcast_arrays, log0, world as get_world
 from hvdkit.config import Config
 from hvdkit.data import Dataset, batches, epoch_shard, load_dataset
@@ -162,11 +162,12 @@ def run(cfg: Config, w: World | None = None) -> dict[str, Any] | None:
         The results.json content on rank 0, None elsewhere.
     """
     w = w or get_world()
-    if not cfg.timeline:
-        return _run(cfg, w, None)
-    tl = Timeline(w.rank, cfg.timeline_window, host=w.host)
-    with tl.recording(cfg.timeline if w.is_rank0 else None):  # rank 0's own spans if it fails or is interrupted
-        return _run(cfg, w, tl)
+    with watchdog.start(w, cfg.stall_timeout_s):  # --stall-timeout: a rank alive but stopped ends the job
+        if not cfg.timeline:
+            return _run(cfg, w, None)
+        tl = Timeline(w.rank, cfg.timeline_window, host=w.host)
+        with tl.recording(cfg.timeline if w.is_rank0 else None):  # rank 0's own spans if it fails or is interrupted
+            return _run(cfg, w, tl)
 
 
 def _run(cfg: Config, w: World, tl: Timeline | None) -> dict[str, Any] | None:
@@ -211,6 +212,7 @@ def _run(cfg: Config, w: World, tl: Timeline | None) -> dict[str, Any] | None:
 
     if part is None:  # a rank without data (parameter server): serve until the workers finish
         deadline.done()  # servers wait for workers under their own deadlines (--ps-timeout)
+        watchdog.at(watchdog.SERVE)  # heartbeats go on; a server is not judged for not training
         strategy.serve()
         strategy.finish()
         _write_timeline(cfg, w, tl)
@@ -291,6 +293,7 @@ def train_epochs(loop: Loop, p: Progress, commit=None) -> None:
         t_log = t_epoch
         sums = np.zeros(4, np.float64)  # loss_sum, correct, samples, steps (after p.start on a mid-epoch resume)
         all_batches = list(batches(idx, cfg.batch_size))
+        watchdog.at(watchdog.DATA)  # progress marks for --stall-timeout (hvdkit.watchdog)
         for i, b in enumerate(all_batches):
             if cfg.max_steps and p.global_step >= cfg.max_steps:
                 break
@@ -299,19 +302,22 @@ def train_epochs(loop: Loop, p: Progress, commit=None) -> None:
             timer.start_step(p.global_step)
             with timer.phase("data"):
                 x, y = x_all[b], y_all[b]                        # (batch, *input_shape), (batch,)
+            watchdog.at(watchdog.STEP)
             loss_sum, correct, counted = strategy.train_step(x, y, timer)
             loop.deadline.done()  # start-up ends with this rank's first step
             if not math.isfinite(loss_sum):  # free: the loss is a Python float on every loop rank
                 _diverged(cfg, w, model, p.global_step + 1, epoch, f"the training loss on rank {w.rank} is {loss_sum}",
                           loop.kept)
-            timer.end_step(counted)
+            watchdog.stepped(p.global_step + 1, timer.end_step(counted))
             sums += (loss_sum, correct, counted, 1)
             p.global_step += 1
             p.start += part[1] * len(b)   # every data rank trained one batch of this length
             last = i + 1 == len(all_batches) or bool(cfg.max_steps and p.global_step >= cfg.max_steps)
             if commit is not None:
                 if not last:
+                    watchdog.at(watchdog.COMMIT)  # Horovod's commit checks for new hosts: a collective
                     commit(p, end_of_epoch=False)
+                    watchdog.at(watchdog.DATA)
             elif cfg.checkpoint and cfg.checkpoint_every and p.global_step % cfg.checkpoint_every == 0 and not last:
                 loop.kept = _checkpoint(cfg, w, strategy, model, loop.ckpt_path, loop.kept, epoch, p, in_epoch=True)
             now = time.perf_counter()
@@ -322,6 +328,7 @@ def train_epochs(loop: Loop, p: Progress, commit=None) -> None:
         train_s = time.perf_counter() - t_epoch
         final = epoch + 1 == cfg.epochs or bool(cfg.max_steps and p.global_step >= cfg.max_steps)
         t_end = time.perf_counter_ns()
+        watchdog.at(watchdog.EPOCH_END, grace_s=train_s)  # evaluation and the checkpoint may take an epoch's time
         row = _end_epoch(strategy, loop.data, mc, sums, train_s, final)
         if timer.trace is not None:
             timer.trace.span("epoch end (metrics, evaluation)", "epoch", t_end, time.perf_counter_ns())
