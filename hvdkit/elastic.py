@@ -34,7 +34,7 @@ import time
 
 import numpy as np
 
-from hvdkit import results as R
+from hvdkit import results as R, watchdog
 from hvdkit.comm import EXIT_USAGE, World, log0, set_world
 from hvdkit.config import Config
 from hvdkit.startup import StartupDeadline, name_mismatch
@@ -189,6 +189,7 @@ def run(cfg: Config) -> dict | None:
         raise SystemExit(EXIT_USAGE)
     loop = Loop(cfg, w, strategy, model, data, part, StepTimer(warmup=1), ckpt_path, t_start,
                 StartupDeadline(w, 0, "elastic"), _tensorboard(cfg, w, cfg.output_dir) if w.is_rank0 else None)
+    watchdog.start_local(w, cfg.stall_timeout_s, current=lambda: loop.world)  # a stuck rank leaves: the job re-forms
     state = TrainingState(model, optimizer, epoch=prog.epoch, start=prog.start, global_step=prog.global_step,
                           history=prog.history, membership=[])
     state.reached, state.last_step_t = prog.global_step, None   # not state: what this process last did

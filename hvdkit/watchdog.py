@@ -45,7 +45,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -242,9 +242,10 @@ def message(v: Verdict, setting: float | None, local: bool = False) -> str:
 class Watchdog:
     """One rank's watchdog thread (:func:`start`, :func:`start_local`); :meth:`stop` ends it."""
 
-    def __init__(self, w: World, setting: float | None, comm=None, peers: Sequence[tuple[str, int]] = ()):
+    def __init__(self, w: World, setting: float | None, comm=None, peers: Sequence[tuple[str, int]] = (),
+                 current: Callable[[], World] | None = None):
         global _REC
-        self.w, self.setting, self.comm = w, setting, comm
+        self.w, self.setting, self.comm, self.current = w, setting, comm, current
         self.local = comm is None
         self.peers = dict(enumerate(peers)) if peers else {w.rank: (w.host, os.getpid())}   # rank -> (host, pid)
         self.rec = _Recorder()
@@ -292,6 +293,11 @@ class Watchdog:
             now = time.monotonic()
             v = judge([self._state(self.w.rank, self._own(now), 0.0, now)], self.setting, local=True)
             if v is not None:
+                if self.current is not None:   # an elastic job numbers its ranks anew after each change
+                    w = self.current()
+                    s = v.culprits[0]
+                    v = Verdict((RankState(w.rank, w.host, s.pid, s.step, s.steps_here, s.phase, s.idle_s, 0.0,
+                                           s.median_step_s, s.grace_s),), v.why)
                 self._fire(message(v, self.setting, local=True))
 
     def _run_rank0(self) -> None:
@@ -421,10 +427,11 @@ def start(w: World, setting: float | None) -> Watchdog | _Off:
     return Watchdog(w, setting, comm, peers)
 
 
-def start_local(w: World, setting: float | None) -> Watchdog | _Off:
+def start_local(w: World, setting: float | None, current: Callable[[], World] | None = None) -> Watchdog | _Off:
     """A watchdog of this rank alone (no communication; an elastic run, or an MPI without
     ``MPI_THREAD_MULTIPLE``): over its limit outside any collective, it prints one line and the
-    process exits with status 1. ``setting`` as for :func:`start`."""
+    process exits with status 1. ``setting`` as for :func:`start`; ``current()``, if given, is this
+    rank's world now (an elastic job's changes), for the message."""
     if setting == 0:
         return _Off()
-    return Watchdog(w, setting)
+    return Watchdog(w, setting, current=current)
