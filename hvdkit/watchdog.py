@@ -243,10 +243,9 @@ class Watchdog:
     """One rank's watchdog thread (:func:`start`, :func:`start_local`); :meth:`stop` ends it."""
 
     def __init__(self, w: World, setting: float | None, comm=None, peers: Sequence[tuple[str, int]] = (),
-                 current: Callable[[], World] | None = None):
+                 current: Callable[[], World] | None = None, local: bool = False):
         global _REC
-        self.w, self.setting, self.comm, self.current = w, setting, comm, current
-        self.local = comm is None
+        self.w, self.setting, self.comm, self.current, self.local = w, setting, comm, current, local
         self.peers = dict(enumerate(peers)) if peers else {w.rank: (w.host, os.getpid())}   # rank -> (host, pid)
         self.rec = _Recorder()
         self.t0 = time.monotonic()
@@ -422,6 +421,8 @@ def start(w: World, setting: float | None) -> Watchdog | _Off:
             print("hvdkit: warning: this MPI library gives no MPI_THREAD_MULTIPLE: --stall-timeout watches each rank "
                   "alone (a rank stuck inside a collective is not detected)", file=sys.stderr, flush=True)
         return start_local(w, setting)
+    if w.size == 1:   # rank 0 judges itself
+        return Watchdog(w, setting, None, [(w.host, os.getpid())])
     comm = w.comm.Dup()
     peers = comm.allgather((w.host, os.getpid()))   # set-up only: tiny, once
     return Watchdog(w, setting, comm, peers)
@@ -434,4 +435,4 @@ def start_local(w: World, setting: float | None, current: Callable[[], World] | 
     rank's world now (an elastic job's changes), for the message."""
     if setting == 0:
         return _Off()
-    return Watchdog(w, setting, current=current)
+    return Watchdog(w, setting, current=current, local=True)
