@@ -220,7 +220,7 @@ def message(v: Verdict, setting: float | None, local: bool = False) -> str:
     first = max(c, key=lambda s: s.idle_s)
     head = (f"hvdkit: error: rank(s) {_join(s.rank for s in c)} on {_join(s.host for s in c)} stopped making "
             f"progress: last step {_join(s.step for s in c)} (phase {_join(PHASES[s.phase] for s in c)}), "
-            f"nothing for {first.idle_s:.0f} s ({_flag(setting, first)})")
+            f"nothing for {first.idle_s:.1f} s ({_flag(setting, first)})")
     others = ""
     if v.others:
         shown = ", ".join(f"rank {s.rank} after step {s.step} {_WHERE[s.phase]}" for s in v.others[:4])

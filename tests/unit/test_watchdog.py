@@ -125,7 +125,7 @@ def test_the_one_line():
     line = message(v, 10.0)
     assert "\n" not in line
     assert line.startswith("hvdkit: error: rank(s) 1 on b stopped making progress: last step 5 (phase data), "
-                           "nothing for 12 s (--stall-timeout 10); the others wait: rank 0 after step 5 in its "
+                           "nothing for 12.2 s (--stall-timeout 10); the others wait: rank 0 after step 5 in its "
                            "training step; "), line
     assert "py-spy dump --pid 1001 on b" in line and "raise --stall-timeout" in line
     auto = message(judge([st(0, DATA, 130.0)], None), None)
