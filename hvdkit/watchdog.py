@@ -66,7 +66,7 @@ OUTSIDE = frozenset({DATA})
 #: seconds between heartbeats (and between rank 0's judgements)
 INTERVAL_S = 1.0
 #: seconds without a heartbeat after which a rank's heartbeats count as stopped
-LOST_S = 10.0
+LOST_S = 5.0
 #: ``--stall-timeout auto``: max(AUTO_FLOOR_S, AUTO_FACTOR x median step seconds)
 AUTO_FLOOR_S = 120.0
 AUTO_FACTOR = 20.0
@@ -75,6 +75,7 @@ AUTO_FACTOR = 20.0
 BEAT_FIELDS = ("kind", "step", "steps_here", "phase", "idle_s", "median_step_s", "grace_s")
 _BEAT, _LAST = 0.0, 1.0
 _TAG = 0x5D06
+_FROZEN_S = 3 * INTERVAL_S   # a longer gap between a thread's own wake-ups: its process did not run
 _DURATIONS = 1024   # step times kept for the median (the most recent)
 
 
@@ -306,9 +307,14 @@ class Watchdog:
         heard = dict.fromkeys(bufs, self.t0)
         recvs = {r: comm.Irecv(bufs[r], source=r, tag=_TAG) for r in bufs}
         sends: dict[int, object] = {}
+        before = self.t0
         try:
             while not self._stop.wait(INTERVAL_S):
                 now = time.monotonic()
+                gap, before = now - before, now
+                if gap > _FROZEN_S:   # this process did not run (stopped, starved): its own silence, not theirs
+                    heard = {r: t + gap for r, t in heard.items()}
+                    continue
                 for r in bufs:
                     while recvs[r] is not None and recvs[r].Test():
                         last[r], heard[r] = bufs[r].copy(), now
@@ -335,10 +341,14 @@ class Watchdog:
         comm = self.comm
         buf = np.zeros(len(BEAT_FIELDS))
         recv = comm.Irecv(buf, source=0, tag=_TAG)
-        heard, send = self.t0, None
+        heard, send, before = self.t0, None, self.t0
         try:
             while not self._stop.wait(INTERVAL_S):
                 now = time.monotonic()
+                gap, before = now - before, now
+                if gap > _FROZEN_S:   # this process did not run: rank 0's beats may be waiting to be read
+                    heard += gap
+                    continue
                 while recv is not None and recv.Test():
                     heard = now
                     recv = None if buf[0] == _LAST else comm.Irecv(buf, source=0, tag=_TAG)
