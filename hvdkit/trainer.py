@@ -156,7 +156,9 @@ def run(cfg: Config, w: World | None = None) -> dict[str, Any] | None:
     anything trains (see :func:`hvdkit.comm.agree`). Training that turns non-finite raises
     FloatingPointError (naming the step and the first non-finite tensor) on the rank that
     sees it, which ends the job through :func:`hvdkit.comm.run_guarded`; no checkpoint is
-    ever written from non-finite state.
+    ever written from non-finite state. A rank alive but making no progress for ``--stall-timeout``
+    (after its first step) ends the job with one line from rank 0 naming it (:mod:`hvdkit.watchdog`,
+    started here over every rank of the world, servers included), MPI_Abort, status 1.
 
     Returns:
         The results.json content on rank 0, None elsewhere.

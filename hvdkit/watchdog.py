@@ -38,6 +38,7 @@ watchdog name the same worker; whichever deadline is shorter speaks first (both 
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import statistics
 import sys
@@ -295,9 +296,7 @@ class Watchdog:
             if v is not None:
                 if self.current is not None:   # an elastic job numbers its ranks anew after each change
                     w = self.current()
-                    s = v.culprits[0]
-                    v = Verdict((RankState(w.rank, w.host, s.pid, s.step, s.steps_here, s.phase, s.idle_s, 0.0,
-                                           s.median_step_s, s.grace_s),), v.why)
+                    v = Verdict((dataclasses.replace(v.culprits[0], rank=w.rank, host=w.host),), v.why)
                 self._fire(message(v, self.setting, local=True))
 
     def _run_rank0(self) -> None:
@@ -433,7 +432,7 @@ def start(w: World, setting: float | None) -> Watchdog | _Off:
         return start_local(w, setting)
     if w.size == 1:   # rank 0 judges itself
         return Watchdog(w, setting, None, [(w.host, os.getpid())])
-    comm = w.comm.Dup()
+    comm = w.comm.Dup()   # never freed: a freed context id is reused by a later Dup, where a late beat would match
     peers = comm.allgather((w.host, os.getpid()))   # set-up only: tiny, once
     return Watchdog(w, setting, comm, peers)
 
