@@ -151,6 +151,12 @@ FIELDS: tuple[Option, ...] = (
            "host and is checked to connect them; README: Addresses)", "system", metavar="NAME"),
     Option("startup_timeout", float, 120.0, "end the job with one line if start-up (strategy creation to "
            "the first step) takes longer (seconds; 0: no limit)", "system", check=at_least(0)),
+    Option("stall_timeout", str, "auto", "end the job with one line naming the ranks that made no progress for "
+           "this many seconds after their first step (a rank hung in a data step, a collective that never "
+           "completes); auto: max(120 s, 20 x the rank's median step time so far); 0: off; under --elastic a "
+           "rank stuck outside any collective leaves the job instead, which goes on without it", "system",
+           metavar="SECONDS", check=lambda v: None if _stall_seconds(v) is not False else "must be auto, 0 (off) "
+           "or a number of seconds > 0"),
     Option("fail_at", str, "", "on RANK at STEP raise an error (RANK:STEP), exit at once as if "
            "killed (RANK:STEP:exit), hang (RANK:STEP:hang) or set this rank's first weight to NaN "
            "(RANK:STEP:nan), to exercise failure handling", "testing",
@@ -193,6 +199,12 @@ class _ConfigMethods:
         return int(a or 0), (int(b) if b else None)
 
     @property
+    def stall_timeout_s(self) -> float | None:
+        """``--stall-timeout`` in seconds: None for ``auto`` (:mod:`hvdkit.watchdog` applies its
+        rule), 0.0 for off."""
+        return _stall_seconds(self.stall_timeout)
+
+    @property
     def fail_rank_step(self) -> tuple[int, int, str] | None:
         """``--fail-at RANK:STEP[:HOW]`` as (rank, step, how), how in raise/exit/hang/nan; or None."""
         if not self.fail_at:
@@ -211,6 +223,17 @@ Config = dataclasses.make_dataclass(
     bases=(_ConfigMethods,), frozen=True)
 Config.__module__ = __name__
 Config.__doc__ = "The resolved settings of one run; see :data:`FIELDS` for meaning, units and defaults."
+
+
+def _stall_seconds(text: str) -> float | None | bool:
+    """``--stall-timeout`` text as seconds (None: auto; 0.0: off), or False if it is neither."""
+    if str(text).strip().lower() == "auto":
+        return None
+    try:
+        v = float(text)
+    except ValueError:
+        return False
+    return v if v >= 0 and v == v and v != float("inf") else False
 
 
 def _check(c) -> None:

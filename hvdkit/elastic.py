@@ -47,6 +47,7 @@ import os
 import sys
 import time
 
+from hvdkit import watchdog
 from hvdkit.comm import EXIT_USAGE, World, log0
 from hvdkit.config import Config
 from hvdkit.startup import name_mismatch
@@ -122,6 +123,7 @@ def _run(cfg: Config, w: World, tl) -> dict | None:
 
     loop, prog = prepare(cfg, w, tl, elastic=True)
     strategy = loop.strategy
+    watchdog.start_local(w, cfg.stall_timeout_s, current=lambda: loop.world)  # a stuck rank leaves: the job re-forms
     state = TrainingState(loop.model, strategy.optimizer, epoch=prog.epoch, start=prog.start,
                           global_step=prog.global_step, history=prog.history, membership=[])
     state.reached, state.last_step_t = prog.global_step, None   # not state: what this process last did

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from hvdkit import results as R
+from hvdkit import results as R, watchdog
 from hvdkit.checkpoints import CHECKPOINT, refuse_rerun
 from hvdkit.comm import StopFlag, World, agree, agree_alone, bcast_arrays, log0, set_world, world as get_world
 from hvdkit.config import Config
@@ -202,13 +202,16 @@ def run(cfg: Config, w: World | None = None) -> dict[str, Any] | None:
     anything trains (see :func:`hvdkit.comm.agree`). Training that turns non-finite raises
     FloatingPointError (naming the step and the first non-finite tensor) on the rank that
     sees it, which ends the job through :func:`hvdkit.comm.run_guarded`; no checkpoint is
-    ever written from non-finite state.
+    ever written from non-finite state. A rank alive but making no progress for ``--stall-timeout``
+    (after its first step) ends the job with one line from rank 0 naming it (:mod:`hvdkit.watchdog`,
+    started here over every rank of the world, servers included), MPI_Abort, status 1.
 
     Returns:
         The results.json content on rank 0, None elsewhere.
     """
     w = w or get_world()
-    return traced(cfg, w, _run)
+    with watchdog.start(w, cfg.stall_timeout_s):  # --stall-timeout: a rank alive but stopped ends the job
+        return traced(cfg, w, _run)
 
 
 def traced(cfg: Config, w: World, body):
@@ -309,6 +312,7 @@ def _run(cfg: Config, w: World, tl: Timeline | None) -> dict[str, Any] | None:
     strategy, deadline, out_dir = loop.strategy, loop.deadline, loop.out_dir
     if loop.part is None:  # a rank without data (parameter server): serve until the workers finish
         deadline.done()  # servers wait for workers under their own deadlines (--ps-timeout)
+        watchdog.at(watchdog.SERVE)  # heartbeats go on; a server is not judged for not training
         strategy.serve()
         strategy.finish()
         write_timeline(cfg, w, tl)
@@ -422,6 +426,7 @@ def train_epochs(loop: Loop, p: Progress, commit=None) -> None:
         sums = np.zeros(4, np.float64)  # loss_sum, correct, samples, steps (after p.start on a mid-epoch resume)
         all_batches = list(batches(idx, cfg.batch_size))
         crc = R.trainable_crc(model) if w.is_rank0 else None   # the weights the epoch starts from
+        watchdog.at(watchdog.DATA)  # progress marks for --stall-timeout (hvdkit.watchdog)
         for i, b in enumerate(all_batches):
             if cfg.max_steps and p.global_step >= cfg.max_steps:
                 break
@@ -430,12 +435,13 @@ def train_epochs(loop: Loop, p: Progress, commit=None) -> None:
             timer.start_step(p.global_step)
             with timer.phase("data"):
                 x, y = x_all[b], y_all[b]                        # (batch, *input_shape), (batch,)
+            watchdog.at(watchdog.STEP)
             loss_sum, correct, counted = strategy.train_step(x, y, timer)
             loop.deadline.done()  # start-up ends with this rank's first step
             if not math.isfinite(loss_sum):  # free: the loss is a Python float on every loop rank
                 _diverged(cfg, w, model, p.global_step + 1, epoch, f"the training loss on rank {w.rank} is {loss_sum}",
                           loop.kept)
-            timer.end_step(counted)
+            watchdog.stepped(p.global_step + 1, timer.end_step(counted))
             sums += (loss_sum, correct, counted, 1)
             p.global_step += 1
             p.start += part[1] * len(b)   # every data rank trained one batch of this length
@@ -444,7 +450,9 @@ def train_epochs(loop: Loop, p: Progress, commit=None) -> None:
                 loop.kept = _checkpoint(cfg, w, strategy, model, loop.ckpt_path, loop.kept, epoch, p, in_epoch=True)
             _stop_if_asked(loop, epoch, p, at_epoch_end=False, last=last)
             if commit is not None and not last:
+                watchdog.at(watchdog.COMMIT)  # Horovod's commit checks for new hosts: a collective
                 commit(p, end_of_epoch=False)
+                watchdog.at(watchdog.DATA)
             now = time.perf_counter()
             if w.is_rank0 and now - t_log >= cfg.progress_seconds and i + 1 < len(all_batches):
                 t_log = now
@@ -453,6 +461,7 @@ def train_epochs(loop: Loop, p: Progress, commit=None) -> None:
         train_s = time.perf_counter() - t_epoch
         final = epoch + 1 == cfg.epochs or bool(cfg.max_steps and p.global_step >= cfg.max_steps)
         t_end = time.perf_counter_ns()
+        watchdog.at(watchdog.EPOCH_END, grace_s=train_s)  # evaluation and the checkpoint may take an epoch's time
         row = _end_epoch(strategy, loop.data, mc, sums, train_s, final)
         if timer.trace is not None:
             timer.trace.span("epoch end (metrics, evaluation)", "epoch", t_end, time.perf_counter_ns())

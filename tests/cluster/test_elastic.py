@@ -46,13 +46,13 @@ class Job(BackgroundJob):
     """``hvdkit-launch --elastic`` on h1 in the background (``env``: variables set for it and so for
     horovodrun); its output lines, timestamped."""
 
-    def __init__(self, cluster, shared, hostfile, out, env: dict | None = None):
+    def __init__(self, cluster, shared, hostfile, out, env: dict | None = None, flags=FLAGS):
         self.hostfile, self.out = hostfile, out
         more = "".join(f"{k}={shlex.quote(v)} " for k, v in (env or {}).items())
         cmd = (f"cd {shlex.quote(ROOT)} && PATH={shlex.quote(cluster.env['PATH'])} TF_CPP_MIN_LOG_LEVEL=2 {more}"
                f"{VENV_BIN}/hvdkit-launch --elastic --hostfile {hostfile} --network-interface eth0 "
                f"--gloo-timeout {GLOO_TIMEOUT} --mpi-args='--blacklist-cooldown-range 1 2' -- "
-               f"{shlex.join(FLAGS)} --output-dir {out}")
+               f"{shlex.join(flags)} --output-dir {out}")
         super().__init__(["ssh", "h1", cmd], env=cluster.env)
 
 
@@ -147,3 +147,33 @@ def test_a_lost_host_leaves_and_rejoins(hosts3, shared_dir):
                       "membership": res["elastic"]["membership"], "acc_last5": acc,
                       "acc": [e["eval_accuracy"] for e in res["epochs"][-8:]],
                       "wall_s": res["wall_s"]}, indent=1))
+
+
+def test_a_stuck_rank_leaves_and_the_job_goes_on_without_it(hosts3, shared_dir):
+    """``--stall-timeout``: rank 1 hangs before step 6 (``--fail-at 1:5:hang``), alive, while the
+    other rank waits for it in the step's allreduce (horovod#2652: no re-form, no line). After 5 s
+    without progress outside any collective the stuck rank prints one line and exits; Horovod's
+    driver re-forms the job without it (2 -> 1), which ends with status 0 and every epoch."""
+    hostfile = os.path.join(shared_dir, "hosts-stall")
+    _write(hostfile, ["h1", "h2"])
+    flags = ["--strategy", "horovod", "--model", "mlp", "--epochs", "3", "--seed", "0", "--no-tensorboard",
+             "--commit-every", "2", "--progress-seconds", "1000", "--fail-at", "1:5:hang", "--stall-timeout", "5"]
+    job = Job(hosts3, shared_dir, hostfile, os.path.join(shared_dir, "out-stall"), flags=flags,
+              env={"PYTHONPATH": ROOT})   # this checkout's hvdkit, on every rank too
+    try:
+        t_line = job.wait_for(r"hvdkit: error: rank\(s\) 1 on h[12] stopped making progress: last step 5 "
+                              r"\(phase data\), nothing for 5\.\d s \(--stall-timeout 5\).*leaves the elastic job",
+                              timeout=180)
+        t_one = job.wait_for(r"# membership: world size 1", timeout=60, after=t_line)
+        rc = job.finish(timeout=120)
+    finally:
+        if job.p.poll() is None:
+            os.killpg(job.p.pid, signal.SIGKILL)
+    text = job.text()
+    assert rc == 0, text[-4000:]
+    assert text.count("stopped making progress") == 1, text[-4000:]
+    res = load_results(os.path.join(shared_dir, "out-stall"))
+    assert [m["world_size"] for m in res["elastic"]["membership"]] == [2, 1], res["elastic"]["membership"]
+    assert [e["epoch"] for e in res["epochs"]] == [1, 2, 3], res["epochs"]
+    print(json.dumps({"line_to_one_rank_s": round(t_one - t_line, 2),
+                      "membership": res["elastic"]["membership"]}, indent=1))
