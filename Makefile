@@ -1,6 +1,7 @@
 # hvdkit: the two commands of the README, and a few more.
 #   make train   horovodrun -np 4 on the embedded digits data (installs what is missing first)
-#   make test    the whole test suite (installs what is missing first); make test-quick skips slow cases
+#   make test    the whole test suite (installs what is missing first); make test-quick: not the slow
+#                cases, not the emulated cluster (about 5 minutes)
 VENV ?= .venv
 PY := $(VENV)/bin/python
 NP ?= 4
@@ -17,7 +18,7 @@ test: setup
 	$(PY) -m pytest -ra tests
 
 test-quick: setup
-	$(PY) -m pytest -ra -m "not slow" tests
+	$(PY) -m pytest -ra -m "not slow and not cluster" tests
 
 clean:
 	rm -rf runs results .pytest_cache

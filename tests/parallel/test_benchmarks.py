@@ -23,6 +23,7 @@ def _bench(*args: str, timeout: float):
     return launch([sys.executable, "-m", "hvdkit.bench", *args], timeout)
 
 
+@pytest.mark.slow   # the whole benchmark suite in one run (43 s): the full tier
 def test_suite_quick_produces_every_file_and_parsable_tables(tmp_path):
     """~100 s on 2 cores: 4 throughput jobs + 4 convergence jobs of 1-2 ranks each."""
     from hvdkit.bench._common import parse_table

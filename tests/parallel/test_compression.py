@@ -19,6 +19,7 @@ pytestmark = pytest.mark.parallel
 CHECK = os.path.join(ROOT, "tests", "parallel", "compression_check.py")
 
 
+@pytest.mark.slow   # 3 ranks, every strategy (10 s); the fp16 rules are unit-tested in tests/unit/test_compression.py
 def test_fp16_compression_in_every_strategy_at_3_ranks():
     r = launch(mpirun_cmd(3, CHECK), timeout=180)
     assert r.returncode == 0, r.output

@@ -146,7 +146,7 @@ def test_a_failing_worker_ends_the_job(tmp_path, how):
     assert any(e.get("cat") == "step" for e in doc["traceEvents"])
 
 
-@pytest.mark.parametrize("strategy", ["ps-sync", "ps-async"])
+@pytest.mark.parametrize("strategy", ["ps-sync", pytest.param("ps-async", marks=pytest.mark.slow)])
 def test_a_hung_worker_is_detected_by_the_server(tmp_path, strategy):
     # ps-sync: worker 0 waits for it at the barrier. ps-async: nobody waits until worker 0 has
     # finished its epochs and told the server (IDLE); then the server times the hung one.

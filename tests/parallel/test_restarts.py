@@ -23,6 +23,7 @@ FLAGS = ["--strategy", "ps-sync", "--epochs", "3", "--batch-size", "4", "--optim
          "--no-tensorboard"]
 
 
+@pytest.mark.slow   # a killed rank and a relaunch (17 s); the restart loop is unit-tested (tests/unit/test_restart.py)
 def test_a_killed_worker_costs_a_restart_not_the_run(tmp_path):
     ref = tmp_path / "ref"
     r = train(3, *FLAGS, "--output-dir", str(ref), "--export-weights", str(tmp_path / "ref.npz"), timeout=180)
@@ -69,6 +70,7 @@ def test_a_killed_worker_costs_a_restart_not_the_run(tmp_path):
         np.testing.assert_allclose(mine[k], ref_w[k], rtol=1e-5, atol=1e-6, err_msg=k)
 
 
+@pytest.mark.slow   # three runs (11 s); resume paths in the quick tier: tests/parallel/test_resume_paths.py
 def test_resuming_inside_an_epoch_ends_like_an_uninterrupted_run(tmp_path):
     """--checkpoint-every 10 (ring, 2 ranks, 23 steps per epoch): rank 1 dies at step 35, in epoch 2;
     the checkpoint of step 30 (7 batches into epoch 2) is resumed: the final weights and the epoch-2

@@ -221,7 +221,7 @@ NON_FINITE = [pytest.param(n, s, m, wk, b, id=s, marks=marks) for n, s, m, wk, b
     (3, "ps-dcasgd", "linear", 2, ["--dc-lambda", "1e38"], []),
     (2, "ring", "linear", 2, None, []),
     (3, "ps-sync", "linear", 2, None, _SLOW),
-    (3, "ps-async", "linear", 2, None, []),
+    (3, "ps-async", "linear", 2, None, _SLOW),
     (3, "ps-ssp", "linear", 2, None, _SLOW),
     (2, "model-parallel", "mlp", 1, None, _SLOW),
     (2, "tf-multiworker", "linear", 2, LR, _SLOW),  # a NaN on one rank: TF's own collective error races ours

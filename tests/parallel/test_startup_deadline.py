@@ -9,6 +9,7 @@ from tests.conftest import SGD_20, train
 pytestmark = pytest.mark.parallel
 
 
+@pytest.mark.slow   # 10 s; the start-up deadline of MPI itself is in tests/unit/test_launch_network.py
 @pytest.mark.parametrize("strategy", ["tf-multiworker"])
 def test_a_rank_hung_before_its_first_step_ends_the_job_in_one_line(strategy, tmp_path):
     """Rank 1 hangs before step 0 (``--fail-at 1:0:hang``); rank 0 waits in TensorFlow's first

@@ -101,6 +101,7 @@ def test_tf_multiworker_batch_norm_model_exports_without_hanging(tmp_path):
     assert any("moving_mean" in k for k in arrays)
 
 
+@pytest.mark.slow   # tf-ps also trains in the quick tier's resume and failure tests
 def test_tf_ps_3_ranks_trains(tmp_path):
     r = train(3, "--strategy", "tf-ps", *QUICK, "--output-dir", str(tmp_path / "run"), timeout=180)
     assert r.returncode == 0, r.output

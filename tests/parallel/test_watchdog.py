@@ -27,7 +27,7 @@ def _check_one_line_naming_rank_1(r, ranks: int) -> None:
     pytest.param("model-parallel", 2, marks=pytest.mark.slow),
     pytest.param("tf-multiworker", 2, marks=pytest.mark.slow),
     # asynchronous: worker 0 goes on training (then waits at the end) while worker 1 is stuck; rank 2 serves
-    ("ps-async", 3),
+    pytest.param("ps-async", 3, marks=pytest.mark.slow),   # the quick tier: horovod
 ])
 def test_a_rank_hung_after_its_first_steps_ends_the_job_in_one_line(strategy, ranks, tmp_path):
     r = train(ranks, "--strategy", strategy, *SGD_20, "--fail-at", "1:5:hang", "--stall-timeout", "4",
