@@ -163,11 +163,10 @@ def _main(argv: list[str]) -> int:
             return 0
     n, n_killed, seconds = end_job(sid, known, grace_s)
     if n:
-        how = f"SIGKILL to {n_killed} still running after {grace_s:g} s" if n_killed else "SIGTERM"
-        where = ("died with its job running" if why == "died" else
-                 "saw its MPI launcher end, but the job left processes running")
-        _say(f"hvdkit-launch: reaper: the launcher (pid {launcher}) {where}: ended the job's {n} process(es) "
-             f"(session {sid}) in {seconds:.1f} s ({how})")
+        how = f"SIGTERM, then SIGKILL to {n_killed} still running after {grace_s:g} s" if n_killed else "SIGTERM"
+        what = (f"hvdkit-launch (pid {launcher}) died with its job running; ended the job's {n} process(es)"
+                if why == "died" else f"the job's MPI launcher ended but left {n} process(es) running; ended them")
+        _say(f"hvdkit-launch: reaper: {what} (session {sid}) in {seconds:.1f} s ({how})")
     return 0
 
 
