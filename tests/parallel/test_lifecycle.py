@@ -21,9 +21,13 @@ from tests.conftest import ROOT, VENV_BIN, load_results
 
 pytestmark = pytest.mark.parallel
 
-#: 2 ranks of horovod, the mlp on digits: 23 steps an epoch, ~0.05 s a step
+#: 2 ranks of horovod, the mlp on digits: 23 steps an epoch, ~0.05 s a step (a job the test kills has 500
+#: epochs: an orphan would train past any wait of the test)
 FLAGS = ["--epochs", "3", "--no-tensorboard", "--seed", "0"]
-RANK_PID = re.compile(r"#\s+rank\s+(\d+)\s.*pid (\d+)")
+#: a line of the job header; horovodrun prefixes each line with ``[1,0]<stdout>:`` (mpirun's --tag-output) or
+#: ``[0]<stdout>:`` (Gloo)
+RANK_PID = re.compile(r"(?:\[[\d,]+\]<stdout>:)?#\s+rank\s+(\d+)\s.*pid (\d+)")
+OUTPUT = re.compile(r"(?:\[[\d,]+\]<stdout>:)?# output")
 
 
 class Job:
@@ -49,7 +53,7 @@ class Job:
         t0 = time.monotonic()
         while time.monotonic() - t0 < timeout and self.p.poll() is None:
             pids = {int(m.group(1)): int(m.group(2)) for ln in list(self.out) if (m := RANK_PID.match(ln))}
-            if len(pids) == 2 and any(ln.startswith("# output") for ln in list(self.out)):
+            if len(pids) == 2 and any(OUTPUT.match(ln) for ln in list(self.out)):
                 return pids
             time.sleep(0.02)
         pytest.fail("no job header with both ranks' pids\n" + self.text[-3000:])
@@ -142,7 +146,7 @@ def test_the_launchers_death_ends_mpirun_and_every_rank(tmp_path, sig, launch):
     if launch == ELASTIC:
         (tmp_path / "hosts").write_text("localhost slots=2\n")
         how_many = ("-np", "2", "--hostfile", str(tmp_path / "hosts"))
-    job = Job(*launch, "--", *FLAGS, "--epochs", "50", "--output-dir", str(out), ranks=how_many)
+    job = Job(*launch, "--", *FLAGS, "--epochs", "500", "--output-dir", str(out), ranks=how_many)
     ranks, tree = {}, []
     try:
         ranks = job.rank_pids()
@@ -151,8 +155,8 @@ def test_the_launchers_death_ends_mpirun_and_every_rank(tmp_path, sig, launch):
         job.p.send_signal(sig)
         t0 = time.monotonic()
         rc = job.wait(timeout=60)
-        left = _gone_within([*ranks.values(), *tree], 10)
-        print(f"{sig.name} {' '.join(launch)}: the last of {len(set([*ranks.values(), *tree]))} processes gone "
+        left = _gone_within(sorted({*ranks.values(), *tree}), 10)
+        print(f"{sig.name} {' '.join(launch)}: the last of {len({*ranks.values(), *tree})} processes gone "
               f"{time.monotonic() - t0:.1f} s after the signal")
     finally:
         job.kill()
