@@ -4,7 +4,9 @@ Why: the parent-death signal (:func:`hvdkit.lifecycle.preexec_die_with_parent`) 
 launcher's own process only. ``horovodrun`` (``--launcher horovodrun``, ``--elastic``) runs
 mpirun under ``/bin/sh -c``, which does not exec it: the SIGTERM of the launcher's death ends
 the shell, and mpirun, reparented to init, trains on with every rank. Horovod's Gloo driver
-starts each rank under a "middleman" in a session of its own (``os.setsid``).
+(``--elastic``) starts each rank under a "middleman" in a session of its own (``os.setsid``),
+which ends its rank itself when horovodrun dies; the reaper takes those processes too, as
+descendants of the job's session, and is a second guard there.
 
 How (Linux, ``/proc``): before the job starts, ``hvdkit-launch`` (:func:`start`) runs this
 module as a small process of its own (``python -I -S reaper.py``, in a new session, so that
@@ -42,7 +44,7 @@ import subprocess
 import sys
 import time
 
-__all__ = ["GRACE_S", "KILL_WAIT_S", "POLL_S", "Reaper", "start", "job_processes", "read_table"]
+__all__ = ["GRACE_S", "KILL_WAIT_S", "POLL_S", "Reaper", "start", "end_job", "job_processes", "read_table"]
 
 #: seconds between two reads of /proc while the launcher lives
 POLL_S = 0.25
