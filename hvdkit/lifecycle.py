@@ -7,6 +7,8 @@ Parent death: Linux's parent-death signal (``prctl(PR_SET_PDEATHSIG)``).
 ``hvdkit.train`` started by a launcher calls :func:`die_with_parent` (SIGKILL) at start, toward
 mpirun or orted (or srun's slurmstepd, horovodrun's process). So a launcher killed with
 SIGKILL, which can neither forward nor clean up, still ends the whole job within seconds.
+Where the MPI launcher's own process is not the one that ends its ranks (``horovodrun`` runs
+mpirun under ``/bin/sh -c``), ``hvdkit-launch``'s reaper ends the job (``hvdkit.launch.reaper``).
 
 The kernel sends the signal when the parent *thread* that forked the process exits; the
 launchers named above fork from a thread that lives as long as the child. The setting is

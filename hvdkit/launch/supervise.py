@@ -5,7 +5,13 @@ parent-death signal (:func:`hvdkit.lifecycle.preexec_die_with_parent`, SIGTERM):
 ``hvdkit-launch`` ends in any way, SIGKILL included, the kernel sends SIGTERM to the MPI
 launcher, which ends its ranks; each rank of ``hvdkit.train`` has a parent-death signal of
 its own toward mpirun/orted (:func:`hvdkit.lifecycle.die_with_parent`, SIGKILL), so a killed
-mpirun does not leave them behind either.
+mpirun does not leave them behind either. The parent-death signal reaches the MPI launcher's
+own process only: ``horovodrun`` runs mpirun under ``/bin/sh -c``, which does not exec it, so
+the shell dies and mpirun, reparented to init, would train on with every rank. Hence the job's
+reaper (:mod:`hvdkit.launch.reaper`, Linux): a process of its own that sees the launcher's
+death (a pipe's end of file) and ends every process of the job's session and what descends
+from it (SIGTERM, SIGKILL :data:`hvdkit.launch.reaper.GRACE_S` = 5 s later), whatever the
+launcher's tree looks like; at the job's end it ends what the job left running.
 
 Signals to ``hvdkit-launch`` (:data:`FORWARD`):
 
@@ -35,6 +41,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
+from hvdkit.launch import reaper
 from hvdkit.lifecycle import preexec_die_with_parent
 
 __all__ = ["FORWARD", "FORWARD_NO_STOP", "ENDING", "GRACE_S", "Outcome", "run_job"]
@@ -72,15 +79,27 @@ class Outcome:
 
 
 def run_job(cmd: Sequence[str], env: dict[str, str], capture_stderr: bool = False,
-            forward: dict = FORWARD, grace_s: float = GRACE_S) -> Outcome:
+            forward: dict = FORWARD, grace_s: float = GRACE_S, reaper_grace_s: float = reaper.GRACE_S) -> Outcome:
     """Run ``cmd`` (the MPI launcher's command line) as a supervised child and wait for it.
 
     Its stdout passes through; so does its stderr, which is also kept (the last 200 lines,
     ``Outcome.lines``) when ``capture_stderr``. While it runs, the signals of ``forward``
     received here are passed on (see the module). Call it from the main thread.
+
+    The job has a reaper (:func:`hvdkit.launch.reaper.start`): if this process dies, the job's
+    processes get SIGTERM, then SIGKILL ``reaper_grace_s`` seconds later. Returns once the MPI
+    launcher ended and the reaper ended what it left running (nothing, after a clean end).
     """
-    p = subprocess.Popen(list(cmd), env=env, stderr=subprocess.PIPE if capture_stderr else None, text=True,
-                         errors="replace", start_new_session=True, preexec_fn=preexec_die_with_parent())
+    guard = reaper.start(reaper_grace_s)
+    try:
+        p = subprocess.Popen(list(cmd), env=env, stderr=subprocess.PIPE if capture_stderr else None, text=True,
+                             errors="replace", start_new_session=True, preexec_fn=preexec_die_with_parent())
+    except BaseException:
+        if guard:
+            guard.finish()
+        raise
+    if guard:
+        guard.watch(p.pid)   # a session leader: its pid is the session's id
     out = Outcome(0)
 
     def pump():
@@ -123,6 +142,8 @@ def run_job(cmd: Sequence[str], env: dict[str, str], capture_stderr: bool = Fals
         if reader is not None:
             reader.join(timeout=5)
     finally:
+        if guard:   # before the handlers go: a signal meanwhile still reaches the job's leftovers
+            guard.finish()
         for s, h in old.items():
             signal.signal(s, h)
     out.status = rc if rc >= 0 else 128 - rc

@@ -21,20 +21,23 @@ from tests.conftest import ROOT, VENV_BIN, load_results
 
 pytestmark = pytest.mark.parallel
 
-#: 2 ranks of horovod, the mlp on digits: 23 steps an epoch, ~0.05 s a step
+#: 2 ranks of horovod, the mlp on digits: 23 steps an epoch, ~0.05 s a step (a job the test kills has 500
+#: epochs: an orphan would train past any wait of the test)
 FLAGS = ["--epochs", "3", "--no-tensorboard", "--seed", "0"]
-RANK_PID = re.compile(r"#\s+rank\s+(\d+)\s.*pid (\d+)")
+#: a line of the job header; horovodrun prefixes each line with ``[1,0]<stdout>:`` (mpirun's --tag-output) or
+#: ``[0]<stdout>:`` (Gloo)
+RANK_PID = re.compile(r"(?:\[[\d,]+\]<stdout>:)?#\s+rank\s+(\d+)\s.*pid (\d+)")
+OUTPUT = re.compile(r"(?:\[[\d,]+\]<stdout>:)?# output")
 
 
 class Job:
     """``hvdkit-launch ARGS`` running in the background, its output collected line by line."""
 
-    def __init__(self, *args: str):
+    def __init__(self, *args: str, ranks: tuple[str, ...] = ("-np", "2", "--mpi-args=--oversubscribe")):
         env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PATH": VENV_BIN + os.pathsep + os.environ["PATH"],
                "PYTHONPATH": ROOT}
-        self.p = subprocess.Popen([os.path.join(VENV_BIN, "hvdkit-launch"), "-np", "2", "--mpi-args=--oversubscribe",
-                                   *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT,
-                                  start_new_session=True)
+        self.p = subprocess.Popen([os.path.join(VENV_BIN, "hvdkit-launch"), *ranks, *args], stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT, start_new_session=True)
         self.out, self.err = [], []
         self.readers = [threading.Thread(target=lambda f, into: into.extend(f), args=(f, into), daemon=True)
                         for f, into in ((self.p.stdout, self.out), (self.p.stderr, self.err))]
@@ -50,7 +53,7 @@ class Job:
         t0 = time.monotonic()
         while time.monotonic() - t0 < timeout and self.p.poll() is None:
             pids = {int(m.group(1)): int(m.group(2)) for ln in list(self.out) if (m := RANK_PID.match(ln))}
-            if len(pids) == 2 and any(ln.startswith("# output") for ln in list(self.out)):
+            if len(pids) == 2 and any(OUTPUT.match(ln) for ln in list(self.out)):
                 return pids
             time.sleep(0.02)
         pytest.fail("no job header with both ranks' pids\n" + self.text[-3000:])
@@ -124,23 +127,40 @@ def test_sigusr1_checkpoints_at_the_next_step_stops_with_75_and_resume_continues
     assert res["epochs"][0]["samples"] == full - (step * 64 if meta.get("step_in_epoch") else 0), res["epochs"]
 
 
-@pytest.mark.parametrize("sig,restarts", [(signal.SIGKILL, ["--max-restarts", "1"]),
-                                         pytest.param(signal.SIGHUP, ["--max-restarts", "1"], marks=pytest.mark.slow),
-                                         pytest.param(signal.SIGKILL, [], marks=pytest.mark.slow)],
-                         ids=["SIGKILL-max-restarts", "SIGHUP-max-restarts", "SIGKILL"])
-def test_the_launchers_death_ends_mpirun_and_every_rank(tmp_path, sig, restarts):
+#: horovodrun's elastic mode (Gloo) on this host: each rank under a middleman in a session of its own
+ELASTIC = ["--elastic", "--network-interface", "lo", "--gloo-timeout", "5"]
+
+
+@pytest.mark.parametrize("sig,launch", [(signal.SIGKILL, ["--max-restarts", "1"]),
+                                        pytest.param(signal.SIGHUP, ["--max-restarts", "1"], marks=pytest.mark.slow),
+                                        pytest.param(signal.SIGKILL, [], marks=pytest.mark.slow),
+                                        (signal.SIGKILL, ["--launcher", "horovodrun"]),
+                                        pytest.param(signal.SIGKILL, ELASTIC, marks=pytest.mark.slow)],
+                         ids=["SIGKILL-max-restarts", "SIGHUP-max-restarts", "SIGKILL", "SIGKILL-horovodrun",
+                              "SIGKILL-elastic"])
+def test_the_launchers_death_ends_mpirun_and_every_rank(tmp_path, sig, launch):
+    """horovodrun runs mpirun under ``/bin/sh -c`` (no exec): the launcher's parent-death signal ends
+    that shell only, and the reaper (:mod:`hvdkit.launch.reaper`) ends mpirun and the ranks."""
     out = tmp_path / "out"
-    job = Job(*restarts, "--", *FLAGS, "--epochs", "50", "--output-dir", str(out))
+    how_many = ("-np", "2", "--mpi-args=--oversubscribe")
+    if launch == ELASTIC:
+        (tmp_path / "hosts").write_text("localhost slots=2\n")
+        how_many = ("-np", "2", "--hostfile", str(tmp_path / "hosts"))
+    job = Job(*launch, "--", *FLAGS, "--epochs", "500", "--output-dir", str(out), ranks=how_many)
+    ranks, tree = {}, []
     try:
         ranks = job.rank_pids()
-        mpirun = [c.pid for c in psutil.Process(job.p.pid).children()]
-        assert mpirun, "hvdkit-launch runs the MPI launcher as its child"
+        tree = [c.pid for c in psutil.Process(job.p.pid).children(recursive=True)]   # mpirun, its shell, the reaper
+        assert tree, "hvdkit-launch runs the MPI launcher as its child"
         job.p.send_signal(sig)
+        t0 = time.monotonic()
         rc = job.wait(timeout=60)
-        left = _gone_within([*ranks.values(), *mpirun], 10)
+        left = _gone_within(sorted({*ranks.values(), *tree}), 10)
+        print(f"{sig.name} {' '.join(launch)}: the last of {len({*ranks.values(), *tree})} processes gone "
+              f"{time.monotonic() - t0:.1f} s after the signal")
     finally:
         job.kill()
-        for pid in _alive(ranks.values()):
+        for pid in _alive([*ranks.values(), *tree]):
             os.kill(pid, signal.SIGKILL)
     assert not left, f"still running {left} after the launcher's {sig.name}\n" + job.text[-3000:]
     assert rc == (-signal.SIGKILL if sig == signal.SIGKILL else 128 + sig), job.text[-3000:]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -205,3 +206,112 @@ def test_sighup_to_the_launcher_is_passed_on_and_ends_the_job():
     finally:
         if not _gone(child, 0):
             os.kill(child, signal.SIGKILL)
+
+
+# -- a job tree like horovodrun's (sh -c without exec) ends with its SIGKILLed launcher ----------
+
+#: the job: a shell that does not exec (as horovodrun's ``/bin/sh -c mpirun ...``), with a child that
+#: stays in the job's session (as mpirun) and one that leaves it (setsid, as horovod's Gloo middleman)
+#: and ignores SIGTERM; neither has a parent-death signal, so both outlive the shell's death
+_SLEEPER = "import signal, sys, time; sys.argv[2:] and signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(300)"
+_TREE_LAUNCHER = """
+import sys
+from hvdkit.launch.supervise import run_job
+mark, sleeper = sys.argv[1:3]
+tree = (f"{sys.executable} -c '{sleeper}' {mark}-in-session & "
+        f"setsid {sys.executable} -c '{sleeper}' {mark}-own-session ignore-sigterm & wait")
+sys.exit(run_job(["/bin/sh", "-c", tree], dict(__import__("os").environ), reaper_grace_s=1.0).status)
+"""
+
+
+def _marked(mark: str) -> dict[int, str]:
+    """pid -> the word ``mark-...`` of the live (not zombie) processes whose argv holds one."""
+    found = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                argv = fh.read().decode(errors="replace").split("\0")
+            with open(f"/proc/{pid}/stat") as fh:
+                zombie = fh.read().rsplit(")", 1)[1].split()[0] == "Z"
+        except OSError:
+            continue
+        words = [w for w in argv if w.startswith(mark + "-")]
+        if words and not zombie:
+            found[int(pid)] = words[-1]
+    return found
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the reaper reads /proc (Linux)")
+def test_a_sigkilled_launcher_takes_a_tree_like_horovodruns_with_it():
+    mark = f"hvdkit-test-{os.getpid()}-{time.monotonic_ns()}"
+    outside = subprocess.Popen([sys.executable, "-c", _SLEEPER, f"{mark}-outside"], start_new_session=True)
+    p = subprocess.Popen([sys.executable, "-c", _TREE_LAUNCHER, mark, _SLEEPER], env={**os.environ, "PYTHONPATH": ROOT},
+                         stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        t0 = time.monotonic()
+        while len(_marked(mark)) < 3 and time.monotonic() - t0 < 30:
+            time.sleep(0.05)
+        assert sorted(_marked(mark).values()) == [f"{mark}-in-session", f"{mark}-outside", f"{mark}-own-session"]
+        time.sleep(1.0)   # the reaper has seen the process that left the session while its parent lived
+        os.kill(p.pid, signal.SIGKILL)
+        err = p.communicate(timeout=15)[1]   # to the end of the launcher's stderr, which the reaper holds until it exits
+        assert list(_marked(mark).values()) == [f"{mark}-outside"], "the job outlived its launcher, or more ended"
+        assert re.fullmatch(rf"hvdkit-launch: reaper: hvdkit-launch \(pid {p.pid}\) died with its job running; ended the "
+                            r"job's [23] process\(es\) \(session \d+\) in \d+\.\d s \(SIGTERM, then SIGKILL to 1 still "
+                            r"running after 1 s\)\n", err), err
+    finally:
+        for pid in _marked(mark):
+            os.kill(pid, signal.SIGKILL)
+        outside.wait(timeout=10)
+        p.kill() if p.poll() is None else None
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the reaper reads /proc (Linux)")
+def test_a_job_that_ends_leaving_a_process_running_has_it_ended_and_the_reaper_exits(capfd):
+    from hvdkit.launch.supervise import run_job
+
+    mark = f"hvdkit-test-{os.getpid()}-{time.monotonic_ns()}"
+    out = run_job(["/bin/sh", "-c", f"{sys.executable} -c '{_SLEEPER}' {mark}-left & sleep 0.5"], dict(os.environ))
+    assert out.status == 0 and _marked(mark) == {}
+    err = capfd.readouterr().err
+    assert re.fullmatch(r"hvdkit-launch: reaper: the job's MPI launcher ended but left 1 process\(es\) running; ended "
+                        r"them \(session \d+\) in \d\.\d s \(SIGTERM\)\n", err), err
+    # a clean end: the reaper says nothing and is gone when run_job returns
+    assert run_job(["/bin/true"], dict(os.environ)).status == 0
+    assert capfd.readouterr().err == ""
+    me = os.getpid()
+    assert not [pid for pid in filter(str.isdigit, os.listdir("/proc")) if _ppid(int(pid)) == me and
+                b"reaper.py" in open(f"/proc/{pid}/cmdline", "rb").read()]
+
+
+def _ppid(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return int(fh.read().rsplit(")", 1)[1].split()[1])
+    except OSError:
+        return -1
+
+
+def test_the_reaper_takes_the_jobs_session_and_its_descendants_only(tmp_path):
+    from hvdkit.launch.reaper import job_processes, read_table
+
+    # pid: (ppid, sid, starttime, state); the job's session is 100
+    table = {100: (1, 100, 5, "S"),      # the MPI launcher's shell, session leader
+             101: (1, 100, 6, "S"),      # mpirun, reparented to init, still in the session
+             102: (101, 102, 7, "S"),    # a rank that left the session (setsid)
+             103: (102, 103, 8, "S"),    # its child, in yet another session
+             104: (101, 100, 9, "Z"),    # a zombie: gone
+             200: (1, 200, 10, "S"),     # unrelated
+             201: (1, 201, 99, "S")}     # a pid once the job's, reused (another start time)
+    assert job_processes(table, 100, {}) == {100: 5, 101: 6, 102: 7, 103: 8}
+    assert job_processes(table, 100, {201: 11, 202: 12}) == {100: 5, 101: 6, 102: 7, 103: 8}
+    # known before, now outside the session and orphaned (its parent gone): still the job's
+    assert job_processes({102: (1, 102, 7, "S"), 200: (1, 200, 10, "S")}, 100, {102: 7}) == {102: 7}
+
+    proc = tmp_path / "proc"
+    for pid, stat in {"7": "7 (a b) c)) S 1 7 7 0 -1 " + " ".join(["0"] * 13) + " 4242 0",
+                      "8": "8 (x) Z 7 7 5"}.items():   # 8: cut short, left out
+        (proc / pid).mkdir(parents=True)
+        (proc / pid / "stat").write_text(stat)
+    (proc / "self").mkdir()
+    assert read_table(str(proc)) == {7: (1, 7, 4242, "S")}
