@@ -161,7 +161,8 @@ def agree_alone(error: BaseException | None, w: World | None = None) -> None:
     exception is raised again as it is (:func:`run_guarded` prints it with its traceback).
 
     Raises:
-        SystemExit: status 2 when ``error`` is an expected one.
+        SystemExit: status 2 when ``error`` is an expected one (74 for an
+            :class:`~hvdkit.errors.OutputError`).
     """
     if error is None:
         return
@@ -169,7 +170,7 @@ def agree_alone(error: BaseException | None, w: World | None = None) -> None:
         raise error
     if (w or world()).is_rank0:
         print(f"hvdkit: error: {error}", file=sys.stderr, flush=True)
-    raise SystemExit(EXIT_USAGE)
+    raise SystemExit(getattr(error, "exit_status", EXIT_USAGE))   # 74 for an output that cannot be written
 
 
 def run_guarded(fn, *args, **kwargs):

@@ -85,7 +85,15 @@ def _state_class():
             super().restore()
 
         def sync(self):
-            hvd.broadcast_variables(self._variables, root_rank=0)
+            import tensorflow as tf
+            from horovod.common.exceptions import HorovodInternalError
+
+            try:
+                hvd.broadcast_variables(self._variables, root_rank=0)
+            except tf.errors.OpError as e:   # a peer lost during the sync of a re-form: Horovod's run
+                if "Horovod" not in str(e):   # restores and re-forms on HorovodInternalError only
+                    raise
+                raise HorovodInternalError(e) from None
             self._saved = [v.numpy() for v in self._variables]
             super().sync()
 

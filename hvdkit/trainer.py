@@ -73,9 +73,7 @@ def prepare_outputs(cfg: Config) -> str:
             raise UsageError(f"--resume: no checkpoint at {ckpt}" + (" (a directory)" if os.path.isdir(ckpt) else ""))
     elif not cfg.overwrite and not joining:
         refuse_rerun(os.path.join(name, CHECKPOINT), label)
-    R.make_writable_dir(name, label)
-    if cfg.overwrite and not joining and os.path.isfile(os.path.join(name, CHECKPOINT)):
-        os.remove(os.path.join(name, CHECKPOINT))
+    R.make_writable_dir(name, label)   # --overwrite: the old checkpoint goes once set-up has passed (prepare)
     for f in os.listdir(name) if not joining else ():   # a write cut short by a kill (atomic_write's temporary
         if f.startswith(R.TMP_PREFIX) and os.path.isfile(os.path.join(name, f)):   # file): space to free
             os.remove(os.path.join(name, f))
@@ -134,17 +132,18 @@ def _weights_crc(model) -> str:
     return f"{crc:08x}"
 
 
-def _inputs(cfg: Config, w: World):
+def _inputs(cfg: Config, w: World, every_rank: bool = False):
     """Set-up, first part: the checks that need no TensorFlow, so that bad input is refused
-    within a second or two: strategy and model names, the data files, and (rank 0) every
-    output path. Returns (strategy class, dataset, output directory on rank 0 / None)."""
+    within a second or two: strategy and model names, the data files, and (rank 0; every rank
+    with ``every_rank``, an elastic run, whose ranks agree by checking the same things alone)
+    every output path. Returns (strategy class, dataset, output directory, None where not checked)."""
     cls = get_strategy(cfg.strategy)
     cls.check(cfg, w)
     check_model_name(cfg.model)
     data = load_dataset(cfg.dataset, seed=cfg.seed, eval_fraction=cfg.eval_fraction,
                         image_size=cfg.image_size, synthetic_samples=cfg.synthetic_samples,
                         num_classes=cfg.num_classes)
-    out_dir = prepare_outputs(cfg) if w.is_rank0 else None
+    out_dir = prepare_outputs(cfg) if w.is_rank0 or every_rank else None
     return cls, data, out_dir
 
 
@@ -262,7 +261,7 @@ def prepare(cfg: Config, w: World, tl: Timeline | None = None, *, elastic: bool 
     settle = agree_alone if elastic else agree
     err, inputs = None, None
     try:
-        inputs = _inputs(cfg, w)
+        inputs = _inputs(cfg, w, every_rank=elastic)
     except Exception as e:  # noqa: BLE001 - every set-up failure is agreed on, then reported once
         err = e
     settle(err, w)  # before TensorFlow starts
@@ -275,7 +274,7 @@ def prepare(cfg: Config, w: World, tl: Timeline | None = None, *, elastic: bool 
                                f"creating the {cfg.strategy} strategy")
     try:
         built = _build(cfg, w, cls, data)
-        if w.is_rank0:
+        if w.is_rank0 or elastic:   # elastic: every rank, so that every rank reaches the same verdict
             check_room(cfg, w, out_dir, built[1])
         if cfg.resume and (elastic or w.is_rank0):
             loaded = _read_checkpoint(cfg, ckpt_path, built[0], built[1])
@@ -286,6 +285,8 @@ def prepare(cfg: Config, w: World, tl: Timeline | None = None, *, elastic: bool 
     except SystemExit:
         deadline.done()
         raise
+    if cfg.overwrite and w.is_rank0 and not elastic and os.path.isfile(ckpt_path):   # every refusal has passed
+        os.remove(ckpt_path)   # (elastic: hvdkit-launch removed it before the launch)
     strategy, model, optimizer, part = built
 
     # -- resume ---------------------------------------------------------------------------
@@ -447,7 +448,9 @@ def train_epochs(loop: Loop, p: Progress, commit=None) -> None:
             p.start += part[1] * len(b)   # every data rank trained one batch of this length
             last = i + 1 == len(all_batches) or bool(cfg.max_steps and p.global_step >= cfg.max_steps)
             if cfg.checkpoint and cfg.checkpoint_every and p.global_step % cfg.checkpoint_every == 0 and not last:
+                watchdog.at(watchdog.EPOCH_END, grace_s=time.perf_counter() - t_epoch)  # a slow file system's grace
                 loop.kept = _checkpoint(cfg, w, strategy, model, loop.ckpt_path, loop.kept, epoch, p, in_epoch=True)
+                watchdog.at(watchdog.DATA)
             _stop_if_asked(loop, epoch, p, at_epoch_end=False, last=last)
             if commit is not None and not last:
                 watchdog.at(watchdog.COMMIT)  # Horovod's commit checks for new hosts: a collective

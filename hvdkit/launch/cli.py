@@ -270,8 +270,6 @@ def _elastic(ns, program: list[str]) -> int:
     ckpt = os.path.join(cfg.output_dir, CHECKPOINT)   # the ranks leave this to the launcher (trainer.prepare_outputs)
     if not cfg.resume and not cfg.overwrite:
         refuse_rerun(ckpt, f"--output-dir {cfg.output_dir}")
-    elif cfg.overwrite and os.path.isfile(ckpt) and not ns.dry_run:   # once, here: not by a rank joining later
-        os.remove(ckpt)
     hosts = [h.rpartition(":")[0] for h in discovered(ns.hostfile)]
     choice = _network(ns, OPENMPI, elastic=True)   # Gloo's interface: one name, chosen and checked on every host
     interface = choice.interface if choice else ns.network_interface or ("lo" if all(h in LOCAL_NAMES for h in hosts)
@@ -295,6 +293,8 @@ def _elastic(ns, program: list[str]) -> int:
     keepalive = None if ns.dry_run else write_ssh_keepalive(cfg.output_dir, ns.gloo_timeout, env.get("PATH", ""))
     if keepalive:   # a host whose link fails must end its ssh session, else the job waits for it
         env["PATH"] = keepalive + os.pathsep + env.get("PATH", "")
+    if cfg.overwrite and os.path.isfile(ckpt) and not ns.dry_run:   # once, here (not by a rank joining
+        os.remove(ckpt)                                              # later), after every refusal
     return _exec(cmd, env, ns.dry_run, forward=FORWARD_NO_STOP)
 
 

@@ -17,7 +17,7 @@ import pytest
 
 from hvdkit.checkpoints import load_meta
 from hvdkit.errors import EXIT_ENVIRONMENT, EXIT_STOPPED
-from tests.conftest import ROOT, VENV_BIN, load_results
+from tests.conftest import ROOT, VENV_BIN, load_results, train
 
 pytestmark = pytest.mark.parallel
 
@@ -231,3 +231,15 @@ def test_a_write_that_fails_mid_run_ends_with_one_line_and_is_not_retried(tmpfs)
     assert any(ln.startswith("hvdkit-launch: not restarting: the job ended with status 74") for ln in job.err), job.text
     assert "restart 1/2" not in job.text
     assert load_meta(os.path.join(out, "checkpoint.npz"))["epoch"] >= 1
+
+
+def test_overwrite_keeps_the_checkpoint_when_set_up_refuses_the_run(tmp_path):
+    """``--overwrite`` deletes the old checkpoint only once every set-up check has passed: a run refused
+    later in set-up (here a mixed_float16 model under a strategy without loss scaling) keeps it."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "checkpoint.npz").write_bytes(b"the user's checkpoint")
+    r = train(0, "--strategy", "tf-mirrored", "--model", "tests.user_models:mixed_float16", "--epochs", "1",
+              "--output-dir", str(out), "--overwrite", timeout=120)
+    assert r.returncode == 2 and "does not loss-scale tf-mirrored" in r.stderr, r.output[-3000:]
+    assert (out / "checkpoint.npz").read_bytes() == b"the user's checkpoint"

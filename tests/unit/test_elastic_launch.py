@@ -184,3 +184,16 @@ def test_the_ssh_wrapper_adds_keepalives_to_the_ssh_on_path(tmp_path):
     assert args == ["-o", "ServerAliveInterval=2", "-o", "ServerAliveCountMax=3",
                     "-o", "X=1", "h3", "cd /x && run 'a b'"]
     assert write_ssh_keepalive(out, 30, str(tmp_path / "empty")) is None
+
+
+def test_elastic_overwrite_deletes_the_checkpoint_only_when_the_launch_goes_ahead(tmp_path, capsys):
+    """A launch refused after the flags were read (``--gloo-timeout 0``) keeps the checkpoint."""
+    f = tmp_path / "hosts"
+    f.write_text("localhost slots=2\n")
+    out = tmp_path / "o"
+    out.mkdir()
+    (out / "checkpoint.npz").write_bytes(b"kept")
+    rc, _, err = _launch(["--elastic", "--hostfile", str(f), "--gloo-timeout", "0", "--",
+                          "--output-dir", str(out), "--overwrite"], capsys)
+    assert rc == 2 and "--gloo-timeout 0" in err, err
+    assert (out / "checkpoint.npz").read_bytes() == b"kept"

@@ -88,8 +88,8 @@ def test_a_rerun_into_a_checkpoint_is_refused_in_one_line(tmp_path):
                             f"replaced), or choose another --output-dir")
     assert prepare_outputs(Config(output_dir=str(out), resume=True)) == str(out)
     assert (out / CHECKPOINT).exists()
-    prepare_outputs(Config(output_dir=str(out), overwrite=True))   # deleted: no restart resumes it
-    assert not (out / CHECKPOINT).exists()
+    prepare_outputs(Config(output_dir=str(out), overwrite=True))   # accepted; trainer.prepare deletes it
+    assert (out / CHECKPOINT).exists()                            # once every other set-up check has passed
     with pytest.raises(UsageError, match="--resume continues the checkpoint in --output-dir, --overwrite deletes it"):
         Config(output_dir=str(out), resume=True, overwrite=True)
 
