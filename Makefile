@@ -1,7 +1,7 @@
 # hvdkit: the two commands of the README, and a few more.
 #   make train   horovodrun -np 4 on the embedded digits data (installs what is missing first)
 #   make test    the whole test suite (installs what is missing first); make test-quick: not the slow
-#                cases, not the emulated cluster (about 5 minutes)
+#                cases, not the emulated cluster (about 6 minutes)
 VENV ?= .venv
 PY := $(VENV)/bin/python
 NP ?= 4
