@@ -43,6 +43,7 @@ Reference: Horovod's elastic training (docs: "Elastic Horovod"; ``horovod.common
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
@@ -55,6 +56,23 @@ from hvdkit.strategies.horovod import HorovodComm, horovod_world
 from hvdkit.trainer import Loop, change_world, finish, log_header, prepare, traced, train_epochs, write_timeline
 
 __all__ = ["HorovodComm", "horovod_world", "TrainingState", "run"]
+
+
+@contextlib.contextmanager
+def _peer_loss_restores():
+    """Turn Horovod's TensorFlow op errors (a peer lost inside a collective) into
+    ``HorovodInternalError``, the one error on which ``hvd.elastic.run`` restores the last commit and
+    re-forms: it converts only HorovodAllreduce/Allgather/Broadcast itself, not the
+    HorovodGroupedAllreduce of a compiled step nor an error inside the state's ``sync``."""
+    import tensorflow as tf
+    from horovod.common.exceptions import HorovodInternalError
+
+    try:
+        yield
+    except tf.errors.OpError as e:
+        if "Horovod" not in str(e):
+            raise
+        raise HorovodInternalError(e) from None
 
 
 def _state_class():
@@ -85,15 +103,8 @@ def _state_class():
             super().restore()
 
         def sync(self):
-            import tensorflow as tf
-            from horovod.common.exceptions import HorovodInternalError
-
-            try:
+            with _peer_loss_restores():   # a peer lost during the sync of a re-form
                 hvd.broadcast_variables(self._variables, root_rank=0)
-            except tf.errors.OpError as e:   # a peer lost during the sync of a re-form: Horovod's run
-                if "Horovod" not in str(e):   # restores and re-forms on HorovodInternalError only
-                    raise
-                raise HorovodInternalError(e) from None
             self._saved = [v.numpy() for v in self._variables]
             super().sync()
 
@@ -126,8 +137,6 @@ def run(cfg: Config) -> dict | None:
 def _run(cfg: Config, w: World, tl) -> dict | None:
     """:func:`run`'s body, ``tl`` this process's trace (:func:`hvdkit.trainer.traced`)."""
     import horovod.tensorflow as hvd
-    import tensorflow as tf
-    from horovod.common.exceptions import HorovodInternalError
 
     loop, prog = prepare(cfg, w, tl, elastic=True)
     strategy = loop.strategy
@@ -151,17 +160,13 @@ def _run(cfg: Config, w: World, tl) -> dict | None:
 
     @hvd.elastic.run
     def train(state):
-        try:
+        with _peer_loss_restores():   # a peer lost inside a collective: restore and go on
             _enter(loop, state, hvd)
             train_epochs(loop, state, commit)
             elastic = {"commit_every": commit_every, "membership": state.membership}
             result = finish(loop, state.history, loop.out_dir, extra={"elastic": elastic})
             write_timeline(cfg, loop.world, tl, {"elastic": elastic})   # the final membership's processes
             return result
-        except tf.errors.OpError as e:   # a peer lost inside a collective: restore and go on (Horovod's run
-            if "Horovod" not in str(e):   # catches only HorovodAllreduce/Allgather/Broadcast, not the
-                raise                     # HorovodGroupedAllreduce of the compiled step)
-            raise HorovodInternalError(e) from None
 
     result = train(state)
     strategy.finish()

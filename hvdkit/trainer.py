@@ -55,7 +55,8 @@ def prepare_outputs(cfg: Config) -> str:
     created and must be writable. With ``--resume`` the checkpoint must exist (checked first:
     nothing is created for a mistyped directory); without it, a checkpoint already there is
     refused (:func:`hvdkit.checkpoints.refuse_rerun`: a rerun never replaces one silently) unless
-    ``--overwrite``, which deletes it (so that no restart resumes it). Under an elastic
+    ``--overwrite`` (:func:`prepare` deletes it once every set-up check has passed, so that no
+    restart resumes it). Under an elastic
     horovodrun (``HOROVOD_ELASTIC=1``) ``hvdkit-launch --elastic`` has checked that before the
     launch: a process joining the job later finds the job's own checkpoint there.
 

@@ -353,17 +353,14 @@ class ReplicaStrategy(Strategy):
     def setup(self, model, optimizer) -> None:
         self.model, self.optimizer = model, optimizer
         optimizer.build(model.trainable_variables)  # create slots now so they can be broadcast
-        self.build_steps()
+        self.rebuild()   # the step functions, traced for this world
         self.broadcast([*model.variables, *optimizer.variables])
 
     def rebuild(self) -> None:
-        """After a change of world (``--elastic``): trace the step functions again, so that nothing
-        traced for the previous world size (such as the fp16 scaling's N) is reused. Local."""
-        self.build_steps()
-
-    def build_steps(self) -> None:
         """Trace this row's step functions (:mod:`hvdkit.steps`) for ``self.model`` and
-        ``self.optimizer``, with loss scaling when :attr:`loss_scale` is set. Local."""
+        ``self.optimizer``, with loss scaling when :attr:`loss_scale` is set: at set-up, and again
+        after a change of world (``--elastic``), so that nothing traced for the previous world size
+        (such as the fp16 scaling's N) is reused. Local."""
         scaled = self.loss_scale is not None
         self._grads_fn, self._apply_fn = make_step_functions(self.model, self.optimizer, scaled)
         self._fused = make_fused_step(self.model, self.optimizer, self.allreduce, scaled) \
