@@ -310,6 +310,12 @@ def test_multi_host_open_mpi_gets_the_ring_allreduce(capsys, monkeypatch):
     assert argv.count("--mca") == 4 and "coll_tuned_allreduce_algorithm" not in argv
     argv = run("-np", "2", "-H", "a:1,b:1", "--mpi", "openmpi", "--launcher", "horovodrun")
     assert "--mpi-args=" + shlex.join(ring + keep) in argv
+    with monkeypatch.context() as m:   # a Slurm allocation without -H: the same multi-host settings
+        for k, v in {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-2]", "SLURM_TASKS_PER_NODE": "1(x2)"}.items():
+            m.setenv(k, v)
+        argv = run("--mpi", "openmpi")
+        i = argv.index("--mca")
+        assert argv[i:i + 15] == ring + keep and "n1:1,n2:1" in argv, argv
     monkeypatch.setenv("OMPI_MCA_coll_tuned_allreduce_algorithm", "6")
     argv = run("-np", "2", "-H", "a:1,b:1", "--mpi", "openmpi")
     assert "coll_tuned_allreduce_algorithm" not in argv and argv.count("--mca") == 3
