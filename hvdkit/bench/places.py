@@ -344,7 +344,10 @@ class Place:
     # the hosts
     @property
     def slots(self) -> int:
-        """Total slots: the sum over the hosts (a host given without a count: 1)."""
+        """Total slots: the sum over the hosts (a host given without a count: 1); an emulated
+        place not yet up: hosts x slots of its ``--emulated`` value."""
+        if self.kind == "emulated" and not self.hosts:
+            return self._emulated.hosts * self._emulated.slots
         return total_slots(self.hosts)
 
     def fits(self, ranks: int) -> bool:

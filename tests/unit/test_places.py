@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import stat
 import time
 
@@ -81,6 +82,13 @@ def test_slurm_variables_compressed_forms():
 def test_emulated_spec(text, want):
     e = P.parse_emulated(text)
     assert (e.hosts, e.slots, e.rate_bps) == want
+
+
+def test_an_emulated_place_knows_its_slots_before_it_is_up(monkeypatch):
+    from hvdkit.cluster import control
+    monkeypatch.setattr(control, "unavailable", lambda: None)
+    p = P.place_from_args(_args("--emulated", "3:2"), {})
+    assert p.kind == "emulated" and p.slots == 6 and p.fits(6) and not p.fits(7)
 
 
 # -- bad input: one line each -------------------------------------------------------------------
@@ -302,3 +310,41 @@ def test_the_suite_sbatch_template_renders_and_runs_the_suite_on_the_allocation(
     assert p.returncode == 0, p.stderr
     assert main(["--render", "suite", "--set", "nodes=2"]) == 0
     assert main(["--render", "suite", "--set", "train_args=x"]) == 2   # a key of another template
+
+
+# -- hvdkit-bench collectives at a place ---------------------------------------------------------
+
+def test_collectives_run_across_the_hosts_given(fake_net, monkeypatch):
+    from hvdkit.bench import cli
+    ran = []
+    monkeypatch.setattr(cli.subprocess, "call", lambda cmd: ran.append(cmd) or 0)
+    assert cli.main(["collectives", "-np", "4", "--hosts", "h1:2,h2:2", "--", "--methods", "mpi,ring"]) == 0
+    cmd = ran[0]
+    assert cmd[1:5] == ["-np", "4", "-H", "h1:2,h2:2"] and "btl_tcp_if_include" in cmd
+    assert cmd[-4:] == ["-m", "hvdkit.bench.collectives", "--methods", "mpi,ring"]
+    assert cli.main(["collectives", "--methods", "mpi"]) == 0 and "-H" not in ran[1]   # this host, -np 2
+    assert ran[1][1:3] == ["-np", "2"] and ran[1][-2:] == ["--methods", "mpi"]
+
+
+@pytest.mark.parametrize("argv,match", [
+    (["-np", "5", "--hosts", "h1:2,h2:2"], r"^hvdkit-bench collectives: error: -np 5: the hosts have 4 slots"),
+    (["-np", "x"], r"^hvdkit-bench collectives: error: -np 'x' must be an integer"),
+    (["--hosts", "h1:1,h2:1", "--", "--json", "/tmp/c.json"], r"error: --json /tmp: /tmp is private to each host"),
+    (["--emulated", "2:0"], r"error: --emulated '2:0': write H\[:SLOTS\]\[@RATE\]"),
+])
+def test_collectives_bad_place_is_one_line_status_2(fake_net, monkeypatch, capsys, argv, match):
+    from hvdkit.bench import cli
+    monkeypatch.setattr(cli.subprocess, "call", lambda cmd: pytest.fail("a job ran"))
+    assert cli.main(["collectives", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert re.search(match, err) and len(err.splitlines()) == 1, err
+
+
+def test_a_probed_place_gives_the_collectives_its_link():
+    from hvdkit.bench.cli import _link_args
+    p = P.Place("hosts", [Host("h1", 1), Host("h2", 1)])
+    assert _link_args(["--methods", "mpi"], p) == []   # no probe: no link
+    p._links = [{"src": "h1", "dst": "h2", "rate_bps": 9e8, "rtt_ms": 0.2},
+                {"src": "h2", "dst": "h1", "rate_bps": 9.4e8, "rtt_ms": 0.4}]
+    assert _link_args([], p) == ["--link-bandwidth", "920000000bit", "--link-latency", "0.00015"]
+    assert _link_args(["--link-bandwidth=1gbit"], p) == [] and _link_args(["--cluster-json", "c"], p) == []
