@@ -1,6 +1,6 @@
 """``hvdkit-bench`` / ``python -m hvdkit.bench``: one command for the benchmarks of :mod:`hvdkit.bench`.
 
-    hvdkit-bench collectives [-np N] [PLACE] [--] [ARGS]  # mpirun -np N (default 2) python -m hvdkit.bench.collectives ARGS
+    hvdkit-bench collectives [-np N] [PLACE] [--] [ARGS]  # mpirun -np N (default 2) ... hvdkit.bench.collectives ARGS
     hvdkit-bench throughput [ARGS]                 # python -m hvdkit.bench.throughput ARGS (launches mpirun itself)
     hvdkit-bench convergence [ARGS]                # python -m hvdkit.bench.convergence ARGS
     hvdkit-bench plots [ARGS]                      # python -m hvdkit.bench.plots ARGS
@@ -37,8 +37,8 @@ COMMANDS = {"throughput": "hvdkit.bench.throughput", "convergence": "hvdkit.benc
 
 _USAGE = ("usage: hvdkit-bench {collectives,throughput,convergence,plots,plot-timeline,timeline-cost,suite,"
           "cluster-collectives,cluster-training,advise-check} [args]\n"
-          "  collectives [-np N] [PLACE] [--] [ARGS]  bandwidth of every allreduce method under mpirun -np N (default 2);\n"
-          "                                   PLACE: --hosts H:S,... | --hostfile F | --slurm | --emulated H[:S][@RATE]\n"
+          "  collectives [-np N] [PLACE] [--] [ARGS]  bandwidth of every allreduce method, -np N ranks (default 2)\n"
+          "      PLACE (default this host): --hosts H:S,... | --hostfile F | --slurm | --emulated H[:S][@RATE]\n"
           "  throughput [ARGS]                samples/s and scaling per strategy; harness overhead\n"
           "  convergence [ARGS]               accuracy vs time per strategy, with and without a straggler\n"
           "  plots [ARGS]                     PNGs from the JSON files\n"

@@ -381,6 +381,7 @@ class Place:
             if self.kind != "local":
                 names = host_names(self._hosts_arg, self._hostfile)
                 self._gpus = check_ssh(names, self.ssh_timeout)
+                self._note_gpus()
                 self._network(MPI, ())   # chosen and checked before any job
         except BaseException:
             self.__exit__(*sys.exc_info())
@@ -391,6 +392,15 @@ class Place:
         stack, self._stack = self._stack, None
         if stack is not None:
             stack.close()
+
+    def _note_gpus(self) -> None:
+        """One note per host whose slots are not its GPU count (one rank per GPU is the rule)."""
+        gpus = {n.rpartition("@")[2]: g for n, g in self._gpus.items()}
+        for h in self.hosts:
+            g = gpus.get(h.name) or 0
+            if g and (h.slots or 1) != g:
+                self._log(f"hvdkit-bench: note: host {h.name} has {g} GPUs and {h.slots or 1} slot(s) "
+                          f"({h.where or self.source}); give {h.name}:{g} for one rank per GPU")
 
     def _up(self) -> None:
         """Bring the emulated cluster up, probe it, put its ssh on PATH, then read its hostfile

@@ -43,3 +43,31 @@ def test_an_emulated_place_runs_on_both_hosts_and_leaves_nothing():
         with place_from_args(argparse.Namespace(emulated="2", probe_seconds=0.1)):
             raise RuntimeError("inside the block")
     assert _gone()
+
+
+def test_sigterm_inside_an_emulated_place_takes_the_cluster_down():
+    """A driver ended with SIGTERM while its jobs run (a batch system's stop): status 143 and no
+    namespace, link or /etc/hosts line left."""
+    import signal
+    import sys
+    import time
+
+    code = ("import argparse, sys, time\n"
+            "from hvdkit.bench.places import place_from_args\n"
+            "with place_from_args(argparse.Namespace(emulated='2', probe_seconds=0.1)):\n"
+            "    print('up', flush=True)\n"
+            "    time.sleep(60)\n")
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True)
+    try:
+        assert p.stdout.readline().strip() == "up", p.stderr.read()
+        assert not _gone()
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(timeout=60) == 143, p.stderr.read()
+        assert _gone()
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+        from hvdkit.cluster import control
+        control.down(log=lambda *_: None)

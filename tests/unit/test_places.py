@@ -277,6 +277,18 @@ def test_describe_gpus_from_the_check(fake_ssh, monkeypatch):
                  "hosts": [{"name": "198.18.7.1", "slots": 2, "gpus": 2}]}
 
 
+def test_a_gpu_host_with_other_slots_gets_a_note(fake_ssh, monkeypatch):
+    monkeypatch.setattr(P, "choose", lambda *a, **k: None)
+    monkeypatch.setattr(P, "detect_mpi", lambda *a, **k: ("openmpi", "mpirun"))
+    notes = []
+    p = P.place_from_args(_args("--hosts", "198.18.7.1:1"), {})
+    p._log = notes.append
+    with p:
+        pass
+    assert notes == ["hvdkit-bench: note: host 198.18.7.1 has 2 GPUs and 1 slot(s) (-H '198.18.7.1:1'); "
+                     "give 198.18.7.1:2 for one rank per GPU"]
+
+
 def test_a_local_place_describes_this_host():
     d = P.place_from_args(_args(), {}).describe()
     assert d["kind"] == "local" and len(d["hosts"]) == 1 and d["hosts"][0]["gpus"] == 0 and d["links"] == []
