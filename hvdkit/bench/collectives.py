@@ -7,6 +7,8 @@
         python -m hvdkit.bench.collectives --methods mpi --label ring          # rows "mpi[ring]"
     horovodrun --gloo -np 3 python -m hvdkit.bench.collectives --methods horovod --label gloo
     hvdkit-bench collectives -np 2 -- --methods mpi,ring,ps-colocated
+    hvdkit-bench collectives -np 8 --hostfile hosts -- --min-bytes 64K --json /shared/c.json   # across hosts
+    hvdkit-bench collectives -np 3 --emulated 3@1gbit -- --min-bytes 64K     # emulated; its probed link predicts
 
 Methods (rows of :data:`~hvdkit.bench._collective_methods.METHODS`), each reducing the same
 float32 buffer of S bytes per rank:

@@ -9,6 +9,7 @@ Examples (``--dry-run`` prints the command instead of running it)::
     hvdkit-launch -np 5 --cpu-ranks 4 -- --strategy ps-sync     # 4 GPU workers, server rank 4 on CPU
     hvdkit-launch -np 2 --dry-run -- python my_script.py        # any program, not only hvdkit.train
     hvdkit-launch --render slurm --set nodes=4 --set gpus_per_node=8 > hvdkit.sbatch
+    hvdkit-launch --render suite --set nodes=4 > hvdkit-suite.sbatch   # hvdkit-bench suite --slurm
 
 What the built command contains (see :func:`~hvdkit.launch.command.build_command`):
 
@@ -47,7 +48,8 @@ when neither ``-H`` nor ``--hostfile`` is given), :mod:`~hvdkit.launch.command`
 (:class:`LaunchSpec`, :func:`build_command`, :func:`plan_command`, :func:`local_command`,
 the forwarded environment), :mod:`~hvdkit.launch.rankexec` (``--rank-exec``),
 :mod:`~hvdkit.launch.network` (MPI's network across hosts, chosen and checked before launch),
-:mod:`~hvdkit.launch.templates` (the Slurm and Kubernetes templates shipped in ``jobs/``),
+:mod:`~hvdkit.launch.templates` (the Slurm templates, one training job and the benchmark suite, and
+the Kubernetes one, shipped in ``jobs/``),
 :mod:`~hvdkit.launch.cli` (flags and :func:`main`).
 """
 from hvdkit.launch.cli import main

@@ -80,7 +80,8 @@ def test_the_wheel_holds_hvdkit_alone_with_its_templates(wheel_env):
         names = z.namelist()
     tops = {n.split("/")[0] for n in names}
     assert {t for t in tops if not t.endswith(".dist-info")} == {"hvdkit"}, tops  # no generic top level
-    for f in ("hvdkit/launch/jobs/hvdkit.sbatch", "hvdkit/launch/jobs/mpijob.yaml", "hvdkit/launch/__main__.py",
+    for f in ("hvdkit/launch/jobs/hvdkit.sbatch", "hvdkit/launch/jobs/hvdkit-suite.sbatch", "hvdkit/launch/jobs/mpijob.yaml",
+              "hvdkit/launch/__main__.py",
               "hvdkit/bench/__main__.py", "hvdkit/bench/collectives.py"):
         assert f in names, f
     assert "hvdkit/launch.py" not in names and "hvdkit/bench.py" not in names

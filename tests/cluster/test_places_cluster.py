@@ -1,0 +1,73 @@
+"""An emulated place (``--emulated 2``) brought up through :class:`hvdkit.bench.places.Place`: a
+command built by ``place.command`` runs one rank on each host, the place describes the probed
+links, and the cluster is gone after the ``with``, also when the block raises. One MPI job
+(``hostname`` on 2 ranks)."""
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+
+import pytest
+
+from tests.cluster.conftest import needs_cluster
+
+pytestmark = [pytest.mark.cluster, needs_cluster]
+
+
+def _gone() -> bool:
+    from hvdkit.cluster import control, net
+    return not net.leftovers() and control.load() is None
+
+
+def test_an_emulated_place_runs_on_both_hosts_and_leaves_nothing():
+    from hvdkit.bench.places import place_from_args
+
+    a = argparse.Namespace(emulated="2@500mbit", ssh_timeout=10.0, probe_seconds=0.3)
+    path = os.environ.get("PATH")
+    with place_from_args(a) as place:
+        assert not _gone()
+        assert place.kind == "emulated" and [(h.name, h.slots) for h in place.hosts] == [("h1", 1), ("h2", 1)]
+        r = subprocess.run(place.command(2, ["hostname"]), capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+        assert sorted(r.stdout.split()) == ["h1", "h2"], r.stdout
+        d = place.describe()
+        assert [h["name"] for h in d["hosts"]] == ["h1", "h2"] and all(h["gpus"] == 0 for h in d["hosts"])
+        assert {(x["src"], x["dst"]) for x in d["links"]} == {("h1", "h2"), ("h2", "h1")}
+        assert all(0 < x["rate_bps"] <= 5.5e8 and x["rtt_ms"] > 0 for x in d["links"]), d["links"]
+        with pytest.raises(Exception, match=r"/tmp is private to each host"):
+            place.out_dir_ok("/tmp/results")
+    assert _gone() and os.environ.get("PATH") == path   # the cluster's ssh is off PATH again
+
+    with pytest.raises(RuntimeError, match="inside the block"):
+        with place_from_args(argparse.Namespace(emulated="2", probe_seconds=0.1)):
+            raise RuntimeError("inside the block")
+    assert _gone()
+
+
+def test_sigterm_inside_an_emulated_place_takes_the_cluster_down():
+    """A driver ended with SIGTERM while its jobs run (a batch system's stop): status 143 and no
+    namespace, link or /etc/hosts line left."""
+    import signal
+    import sys
+    import time
+
+    code = ("import argparse, sys, time\n"
+            "from hvdkit.bench.places import place_from_args\n"
+            "with place_from_args(argparse.Namespace(emulated='2', probe_seconds=0.1)):\n"
+            "    print('up', flush=True)\n"
+            "    time.sleep(60)\n")
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True)
+    try:
+        assert p.stdout.readline().strip() == "up", p.stderr.read()
+        assert not _gone()
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(timeout=60) == 143, p.stderr.read()
+        assert _gone()
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+        from hvdkit.cluster import control
+        control.down(log=lambda *_: None)
