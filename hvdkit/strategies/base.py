@@ -88,6 +88,9 @@ fact                               meaning
                                    single-process row refuses N > 1 (UsageError)
 ``servers_for(workers, opts)``     of those, the dedicated server ranks (0 where none)
 ``lockstep``                       the loop ranks take every step together (below)
+``staleness_bound(opts)``          how many steps a worker's gradient may lag the weights it is
+                                   applied to: 0 (lockstep rows, the default), s (ps-ssp's bound),
+                                   None (no bound: ps-async, ps-dcasgd)
 =================================  ==================================================================
 
 ``opts`` there is a mapping of option name -> value (a variant's ``opts``; missing names take
@@ -241,6 +244,12 @@ class Strategy(abc.ABC):
     def traffic_for(cls, opts: Mapping[str, Any] | None = None) -> str | None:
         """Name of the :mod:`hvdkit.costs` function pricing a step with options ``opts``; default :attr:`traffic`."""
         return cls.traffic
+
+    @classmethod
+    def staleness_bound(cls, opts: Mapping[str, Any] | None = None) -> int | None:
+        """Steps a gradient may lag the weights it is applied to: 0 when :attr:`lockstep` (the
+        default), else None (no bound); a bounded-staleness row returns its bound."""
+        return 0 if cls.lockstep else None
 
     @classmethod
     def ranks_for(cls, workers: int, opts: Mapping[str, Any] | None = None) -> int:

@@ -21,7 +21,8 @@ variant: ``ps-ssp:staleness=4,num_servers=2,ring`` is ``ps-ssp:num_servers=2,sta
 
 Everything a caller needs to know about a variant is asked of its row (the facts in
 :mod:`hvdkit.strategies.base`): :attr:`Variant.layout`, :meth:`Variant.ranks`,
-:meth:`Variant.servers`, :attr:`Variant.lockstep`, :attr:`Variant.traffic`, and
+:meth:`Variant.servers`, :attr:`Variant.lockstep`, :attr:`Variant.staleness_bound`,
+:attr:`Variant.traffic`, and
 :meth:`Variant.train_args`, the ``hvdkit.train`` flags that run it. A row registered at run time
 (an entry added to ``STRATEGIES``) is a variant at once.
 """
@@ -100,6 +101,11 @@ class Variant:
     def lockstep(self) -> bool:
         """The row's ``lockstep``: False for the asynchronous ps modes (each worker at its own pace)."""
         return bool(self.cls.lockstep)
+
+    @property
+    def staleness_bound(self) -> int | None:
+        """The row's ``staleness_bound``: 0 for lockstep rows, s for ps-ssp, None where unbounded."""
+        return self.cls.staleness_bound(self.opts)
 
     def ranks(self, workers: int) -> int:
         """MPI ranks a job with ``workers`` training workers needs (the row's ``ranks_for``).

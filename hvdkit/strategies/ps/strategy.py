@@ -414,6 +414,11 @@ class PSSSP(PSStrategy):
     lockstep = False   # workers at their own pace
     summary = "parameter server, stale synchronous parallel: workers at most --staleness clocks apart"
 
+    @classmethod
+    def staleness_bound(cls, opts=None) -> int:
+        """s = ``staleness``: the fastest worker is at most s clocks ahead of the slowest."""
+        return cls._opts(opts).staleness
+
 
 class PSDCASGD(PSStrategy):
     """Delay-compensated asynchronous SGD (Zheng et al., ICML 2017)."""
