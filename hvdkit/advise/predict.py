@@ -25,7 +25,7 @@ from hvdkit.advise.model import (Cluster, Options, Prediction, Workload, async_t
 from hvdkit.compression import wire_itemsize
 from hvdkit.errors import UsageError
 from hvdkit.strategies import STRATEGIES
-from hvdkit.strategies.variants import Variant, parse_variant, split_variants
+from hvdkit.strategies.variants import Variant, parse_variant, parse_variants
 
 __all__ = ["OWN_ROWS", "OwnRow", "Priced", "priced", "parse_rows", "default_rows", "predict_variant", "predict",
            "recommend"]
@@ -125,17 +125,9 @@ def parse_rows(text: str) -> list[Priced]:
     :func:`~hvdkit.strategies.variants.split_variants`, and :data:`OWN_ROWS` names), in order.
 
     Raises:
-        UsageError: an empty list, a row listed twice, or as :func:`priced`.
+        UsageError: as :func:`~hvdkit.strategies.variants.parse_variants` and :func:`priced`.
     """
-    out: list[Priced] = []
-    for one in split_variants(text):
-        p = priced(one)
-        if any(q.label == p.label for q in out):
-            raise UsageError(f"{p.label} is listed twice")
-        out.append(p)
-    if not out:
-        raise UsageError(f"no strategy given; choose from {', '.join([*STRATEGIES, *OWN_ROWS])}")
-    return out
+    return parse_variants(text, parse=priced, choices=[*STRATEGIES, *OWN_ROWS])
 
 
 def default_rows() -> list[str]:

@@ -29,7 +29,7 @@ Everything a caller needs to know about a variant is asked of its row (the facts
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from hvdkit.errors import UsageError
 from hvdkit.strategies import STRATEGIES
@@ -199,24 +199,31 @@ def split_variants(text: str) -> list[str]:
     return out
 
 
-def parse_variants(text: str | Iterable[str]) -> list[Variant]:
+def parse_variants(text: str | Iterable[str], parse: Callable[[str], Any] = parse_variant,
+                   choices: Iterable[str] | None = None) -> list:
     """Every variant of a comma-separated list (or of each string of an iterable of such lists),
-    in order (:func:`split_variants`, then :func:`parse_variant`).
+    in order (:func:`split_variants`, then ``parse`` of each).
+
+    Args:
+        parse: one variant's text -> an object with a ``label`` (default :func:`parse_variant`:
+            :class:`Variant`; ``hvdkit advise`` passes its own, which knows its own rows too).
+        choices: the names an empty list's message offers (default: the registry's).
 
     Raises:
-        UsageError: as :func:`parse_variant`; also an empty list, or one variant listed twice
-            (two spellings of one label count as twice).
+        UsageError: as ``parse``; also an empty list, or one variant listed twice (two spellings
+            of one label count as twice).
     """
     texts = [text] if isinstance(text, str) else list(text)
-    out: list[Variant] = []
+    out: list = []
     for t in texts:
         for one in split_variants(t):
-            v = parse_variant(one)
-            if v in out:
+            v = parse(one)
+            if any(v.label == w.label for w in out):
                 raise UsageError(f"strategy list {', '.join(texts)!r}: {v.label} is listed twice")
             out.append(v)
     if not out:
-        raise UsageError(f"strategy list {', '.join(texts)!r}: no strategy given; choose from {', '.join(STRATEGIES)}")
+        raise UsageError(f"strategy list {', '.join(texts)!r}: no strategy given; choose from "
+                         f"{', '.join(STRATEGIES if choices is None else choices)}")
     return out
 
 

@@ -211,6 +211,8 @@ def test_cli_table_json_and_plot(capsys, tmp_path):
     (["--model", "resnet50", "--cluster", "16x8", "--strategies", "ps-sync:num_servers=0"],
      "--strategies: variant 'ps-sync:num_servers=0': --num-servers=0 must be >= 1"),
     (["--model", "resnet50", "--cluster", "16x8", "--strategies", "num_servers=2"], "has no strategy before it"),
+    (["--model", "resnet50", "--cluster", "16x8", "--strategies", ","], "no strategy given; choose from horovod"),
+    (["--model", "resnet50", "--cluster", "16x8", "--strategies", "ring,byteps,ring"], "ring is listed twice"),
     (["--model", "resnet50", "--cluster", "16x8", "--servers", "2"], "--strategies ps-sync:num_servers=2"),
     (["--model", "resnet50", "--cluster", "16x8", "--staleness", "2"], "--strategies ps-ssp:staleness=4"),
     (["--model", "resnet50", "--cluster", "16x8", "--measure"], "--measure"),
