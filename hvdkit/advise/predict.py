@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from typing import NoReturn
 
 from hvdkit import costs
 from hvdkit.advise.model import (Cluster, Options, Prediction, Workload, async_throughput, colocated_time,
@@ -85,7 +86,7 @@ class Priced:
     hvdkit: bool = True
 
 
-def _refuse(text: str, why: str):
+def _refuse(text: str, why: str) -> NoReturn:
     raise UsageError(f"variant {text!r}: {why}")
 
 
@@ -111,13 +112,11 @@ def priced(row: str | Variant | OwnRow, workers: int = 1) -> Priced:
     if comm is None or v.layout not in ("replicas", "dedicated", "colocated"):
         _refuse(v.label, f"hvdkit advise has no formula for {v.name} (layout {v.layout}, traffic "
                          f"{v.traffic or 'none'}); it prices rings, dedicated and colocated parameter servers")
-    comp = v.opts.get("compression", "none")
-    push = wire_itemsize(comp, 4) / 4
-    pull = push if v.opts.get("ps_pull", "fp16") == "fp16" else 1.0
-    fusion = v.opts.get("fusion_bytes")
+    push = wire_itemsize(v.opts.get("compression"), 4) / 4       # float32 gradients; no such option: as is
+    pull = push if v.opts.get("ps_pull") in (None, "fp16") else 1.0   # a ps pull in float32 is full size
     return Priced(v.label, comm, v.servers(workers) if comm == "ps" else None, v.staleness_bound,
                   bool(getattr(v.cls, "graph_allreduce", False)), wire_fraction=(push + pull) / 2,
-                  fusion_bytes=fusion)
+                  fusion_bytes=v.opts.get("fusion_bytes"))
 
 
 def parse_rows(text: str) -> list[Priced]:

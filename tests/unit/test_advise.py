@@ -114,7 +114,8 @@ def test_variants_are_priced_from_their_rows_facts():
     from hvdkit.strategies.variants import parse_variant
     wl, cl, opt = Workload("x", (1_000_000,), compute_s=0.1, batch=10), _cl(4, 1), Options(jitter_cv=0.1)
     one, two = predict_variant("ps-sync", wl, cl, opt), predict_variant("ps-sync:num_servers=2", wl, cl, opt)
-    assert one.comm_s == pytest.approx(ps_sync_time(1e6, cl, 1)) and two.comm_s == pytest.approx(ps_sync_time(1e6, cl, 2))
+    assert one.comm_s == pytest.approx(ps_sync_time(1e6, cl, 1))
+    assert two.comm_s == pytest.approx(ps_sync_time(1e6, cl, 2))
     assert two.strategy == "ps-sync:num_servers=2" and two.step_s < one.step_s
     assert predict_variant("ps-sync:ps_colocated=true", wl, cl, opt).comm_s == pytest.approx(colocated_time(1e6, cl))
     s_default = parse_variant("ps-ssp").opts["staleness"]
