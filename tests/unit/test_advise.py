@@ -254,6 +254,40 @@ def test_advise_check_reads_the_recorded_benchmarks(tmp_path, capsys):
     assert capsys.readouterr().err.startswith("hvdkit: error: ")
 
 
+def test_advise_check_reads_a_training_json(tmp_path, capsys):
+    """hvdkit-bench training's training.json (CONTRACTS.md section 3): the OK throughput rows without a
+    straggler, by variant; the probed link of its place; a place without links is refused."""
+    import os
+
+    from hvdkit.bench import advise_check
+    from tests.conftest import ROOT
+
+    def row(variant, w, step_ms, rnd, **kw):
+        return {"variant": variant, "model": "cnn", "workers": w, "ranks": w, "straggler": "none", "round": rnd,
+                "status": "OK", "step_ms": step_ms, "gradient_bytes": 400_000, "rank_hosts": [f"h{i}" for i in
+                                                                                               range(w)], **kw}
+    doc = {"benchmark": "training", "meta": {"cores": 2, "args": {"batch_size": 32}},
+           "place": {"kind": "emulated", "links": [{"src": "h0", "dst": "h1", "rate_bps": 1e9, "rtt_ms": 0.2}]},
+           "rows": [row("horovod", 1, 10.0, 0), row("horovod", 1, 12.0, 1), row("horovod", 2, 30.0, 0),
+                    row("ps-sync", 2, 50.0, 0), row("ps-sync", 2, 70.0, 1), row("ps-sync", 2, 60.0, 2),
+                    row("ps-sync", 2, 900.0, 3, status="FAILED"), row("ps-sync", 2, 900.0, 4, straggler="1:3")]}
+    rows, stats = advise_check.measured_comparison(doc, {})
+    got = {(r["variant"], r["workers"]): r for r in rows}
+    assert sorted(got) == [("horovod", 1), ("horovod", 2), ("ps-sync", 2)]
+    ps = got[("ps-sync", 2)]
+    assert (ps["measured_ms"], ps["measured_min_ms"], ps["measured_max_ms"], ps["hosts"]) == (60.0, 50.0, 70.0, 2)
+    assert got[("horovod", 1)]["probe_ms"] == pytest.approx(11.0)     # the measured 1-worker step is the compute
+    assert stats["probe"]["points"] == 3
+    f = tmp_path / "training.json"
+    f.write_text(json.dumps(doc))
+    coll = os.path.join(ROOT, "benchmarks", "figures", "cluster_collectives.json")
+    assert advise_check.main(["--training", str(f), "--collectives", coll]) == 0
+    assert "| cnn | ps-sync | 2 | 60.0 |" in capsys.readouterr().out
+    f.write_text(json.dumps({**doc, "place": {"kind": "local", "links": []}}))
+    assert advise_check.main(["--training", str(f), "--collectives", coll]) == 2
+    assert "without probed links" in capsys.readouterr().err
+
+
 def test_calibrate_hockney_fits_and_their_use(tmp_path, capsys):
     from hvdkit.advise.calibrate import fit_collectives, fit_for, fitted_options
 
