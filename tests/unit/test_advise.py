@@ -134,6 +134,18 @@ def test_variants_are_priced_from_their_rows_facts():
     assert predict_variant(parse_variant("horovod"), wl, cl, opt).step_s == full.step_s
 
 
+def test_the_former_rows_are_these_variants():
+    """The step times the advise of before the variants printed for resnet50 on 16x8:nvlink,25gbit (its
+    rows ps-sync, ps-colocated, ps-ssp, ps-async with one server per host and staleness 3), spelt as variants."""
+    wl = Workload("resnet50", presets.known_tensors("resnet50"),
+                  compute_s=64 / presets.KNOWN_MODELS["resnet50"]["images_per_s"]["p100"], batch=64)
+    cl = presets.parse_cluster("16x8:nvlink,25gbit")
+    rows = parse_rows("horovod,horovod-hier,ring,ps-sync:num_servers=16,ps-sync:ps_colocated=true,"
+                      "ps-ssp:num_servers=16,staleness=3,ps-async:num_servers=16,byteps")
+    assert [round(p.step_s * 1e3, 1) for p in predict(wl, cl, Options(), rows)] == \
+        [391.6, 376.1, 391.6, 998.8, 966.1, 824.9, 815.8, 310.7]
+
+
 @pytest.mark.parametrize("text, words", [
     ("model-parallel", r"no formula for model-parallel \(layout pipeline, traffic none\)"),
     ("tf-ps", r"no formula for tf-ps \(layout tf-ps, traffic ps_time\)"),
