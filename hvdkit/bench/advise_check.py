@@ -64,9 +64,10 @@ def variant_of(row: dict) -> str:
 def measured_points(training: dict) -> tuple[dict, dict]:
     """``(meta, points)`` of a training benchmark document, in either format it was written in.
 
-    ``meta``: ``cores``, ``batch_size``, ``rtt_s``, ``link_Bps`` (bytes/s), ``bandwidth`` (a label).
+    ``meta``: ``cores``, ``batch_size``, ``rtt_s``, ``link_Bps`` (bytes/s), ``bandwidth`` (a label: the
+    nominal rate, or the place's kind).
     ``points``: (model, variant label, workers) -> ``step_ms`` (median over the OK rounds),
-    ``min_ms``, ``max_ms``, ``gradient_bytes``, ``link_Bps``, ``hosts``. Formats: ``hvdkit-bench
+    ``min_ms``, ``max_ms``, ``gradient_bytes``, ``link_Bps``, ``hosts`` (of the workers), ``ranks``. Formats: ``hvdkit-bench
     training``'s training.json (its OK throughput rows without a straggler; the link rate and round
     trip of its place's probed links) and the older cluster_training --json (its summary).
 
@@ -81,7 +82,8 @@ def measured_points(training: dict) -> tuple[dict, dict]:
                 b = int(meta.get("batch_size", 32)) * s["workers"] * 1e3   # ms x samples/s of one global step
                 out[(s["model"], variant_of(s), s["workers"])] = {
                     "step_ms": s["step_ms"], "min_ms": b / s["samples_per_s_max"], "max_ms": b / s["samples_per_s_min"],
-                    "gradient_bytes": s["gradient_bytes"], "link_Bps": s["link_Bps"], "hosts": s["hosts"]}
+                    "gradient_bytes": s["gradient_bytes"], "link_Bps": s["link_Bps"], "hosts": s["hosts"],
+                    "ranks": s["hosts"]}   # one rank per host
         return {**meta, "batch_size": int(meta.get("batch_size", 32))}, out
     links = (training.get("place") or {}).get("links") or []
     rates = [x["rate_bps"] / 8 for x in links if x.get("rate_bps")]
@@ -90,7 +92,8 @@ def measured_points(training: dict) -> tuple[dict, dict]:
                          "--hosts, --hostfile or --emulated to compare with hvdkit advise")
     rtts = [x["rtt_ms"] / 1e3 for x in links if x.get("rtt_ms") is not None]
     norm = {"cores": meta.get("cores"), "batch_size": int((meta.get("args") or {}).get("batch_size", 32)),
-            "link_Bps": min(rates), "rtt_s": statistics.median(rtts) if rtts else 0.0, "bandwidth": "probed"}
+            "link_Bps": min(rates), "rtt_s": statistics.median(rtts) if rtts else 0.0,
+            "bandwidth": training["place"].get("kind", "probed")}
     cells: dict = {}
     for r in training.get("rows", []):
         if r.get("status") == "OK" and r.get("straggler") in (None, "", "none") \
@@ -99,7 +102,7 @@ def measured_points(training: dict) -> tuple[dict, dict]:
     out = {key: {"step_ms": statistics.median(x["step_ms"] for x in rs), "min_ms": min(x["step_ms"] for x in rs),
                  "max_ms": max(x["step_ms"] for x in rs), "gradient_bytes": rs[0]["gradient_bytes"],
                  "link_Bps": norm["link_Bps"],
-                 "hosts": len(set(rs[0].get("rank_hosts") or [])) or rs[0].get("ranks", key[2])}
+                 "hosts": len(set(rs[0].get("rank_hosts") or [])) or None, "ranks": rs[0]["ranks"]}
            for key, rs in cells.items()}
     return norm, out
 
@@ -125,7 +128,7 @@ def measured_comparison(training: dict, fits: dict) -> tuple[list[dict], dict]:
         fitted = predict_variant(row, wl, cl, replace(opt, fitted=((label, *fit),))) if fit else None
         meas = s["step_ms"] / 1e3
         rows.append({"model": model, "variant": label, "workers": w, "hosts": s["hosts"], "measured_ms": meas * 1e3,
-                     "measured_min_ms": s["min_ms"], "measured_max_ms": s["max_ms"], "oversubscribed": s["hosts"] > (cores or 1e9),
+                     "measured_min_ms": s["min_ms"], "measured_max_ms": s["max_ms"], "oversubscribed": s["ranks"] > (cores or 1e9),
                      "probe_ms": probe.step_s * 1e3, "fit_ms": fitted.step_s * 1e3 if fitted else None,
                      "probe_err": probe.step_s / meas - 1, "fit_err": fitted.step_s / meas - 1 if fitted else None,
                      "fit_ranks_measured": (method, ranks) in fits or ranks == 1})

@@ -282,14 +282,16 @@ def test_advise_check_reads_a_training_json(tmp_path, capsys):
            "place": {"kind": "emulated", "links": [{"src": "h0", "dst": "h1", "rate_bps": 1e9, "rtt_ms": 0.2}]},
            "rows": [row("horovod", 1, 10.0, 0), row("horovod", 1, 12.0, 1), row("horovod", 2, 30.0, 0),
                     row("ps-sync", 2, 50.0, 0), row("ps-sync", 2, 70.0, 1), row("ps-sync", 2, 60.0, 2),
+                    row("ps-sync", 3, 80.0, 0, ranks=4),
                     row("ps-sync", 2, 900.0, 3, status="FAILED"), row("ps-sync", 2, 900.0, 4, straggler="1:3")]}
     rows, stats = advise_check.measured_comparison(doc, {})
     got = {(r["variant"], r["workers"]): r for r in rows}
-    assert sorted(got) == [("horovod", 1), ("horovod", 2), ("ps-sync", 2)]
+    assert sorted(got) == [("horovod", 1), ("horovod", 2), ("ps-sync", 2), ("ps-sync", 3)]
     ps = got[("ps-sync", 2)]
     assert (ps["measured_ms"], ps["measured_min_ms"], ps["measured_max_ms"], ps["hosts"]) == (60.0, 50.0, 70.0, 2)
+    assert not ps["oversubscribed"] and got[("ps-sync", 3)]["oversubscribed"]   # 3 + 1 ranks on 2 cores
     assert got[("horovod", 1)]["probe_ms"] == pytest.approx(11.0)     # the measured 1-worker step is the compute
-    assert stats["probe"]["points"] == 3
+    assert stats["probe"]["points"] == 4
     f = tmp_path / "training.json"
     f.write_text(json.dumps(doc))
     coll = os.path.join(ROOT, "benchmarks", "figures", "cluster_collectives.json")
