@@ -5,6 +5,8 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 NP ?= 4
+# two pytest workers (tests/conftest.py groups the tests); WORKERS= runs them in one process
+WORKERS ?= -n 2 --dist loadgroup
 
 .PHONY: setup train test test-quick clean
 
@@ -15,10 +17,10 @@ train: setup
 	TF_CPP_MIN_LOG_LEVEL=2 $(VENV)/bin/horovodrun -np $(NP) $(PY) -m hvdkit.train $(ARGS)
 
 test: setup
-	$(PY) -m pytest -ra tests
+	$(PY) -m pytest -ra $(WORKERS) tests
 
 test-quick: setup
-	$(PY) -m pytest -ra -m "not slow and not cluster" tests
+	$(PY) -m pytest -ra $(WORKERS) -m "not slow and not cluster" tests
 
 clean:
 	rm -rf runs results .pytest_cache
