@@ -177,6 +177,7 @@ def horovod_sgd_20(sgd_20_job):
     return load_results(sgd_20_job / "horovod"), load_npz(str(sgd_20_job / "horovod.npz"))[0]
 
 
+@pytest.hookimpl(tryfirst=True)   # before xdist's own hook, which reads the groups
 def pytest_collection_modifyitems(config, items):
     """Groups for ``pytest -n 2 --dist loadgroup`` (``make test``): the emulated-cluster tests form
     one group (one cluster exists at a time, so they run one after another on one worker, in file
