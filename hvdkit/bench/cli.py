@@ -7,6 +7,7 @@
     hvdkit-bench plot-timeline TRACE -o PNG        # share of each phase per step, per rank, of a --timeline trace
     hvdkit-bench timeline-cost [-np N] [--] [ARGS] # mpirun -np N (default 2): step time with and without --timeline
     hvdkit-bench suite [ARGS]                      # python -m hvdkit.bench.suite ARGS (= benchmarks/run_suite.sh)
+    hvdkit-bench report DIR                        # report.md + report.html of DIR/training.json (python -m hvdkit.bench.report)
 
 ``hvdkit-bench <name> --help`` shows that benchmark's flags. ``collectives`` run inside an
 MPI job (``mpirun -np 4 hvdkit-bench collectives ...``) benchmarks in place instead of
@@ -29,10 +30,11 @@ COMMANDS = {"throughput": "hvdkit.bench.throughput", "convergence": "hvdkit.benc
             "timeline-cost": "hvdkit.bench.timeline_cost",
             "suite": "hvdkit.bench.suite", "collectives": "hvdkit.bench.collectives",
             "cluster-training": "hvdkit.bench.cluster_training",
-            "cluster-collectives": "hvdkit.bench.cluster_collectives", "advise-check": "hvdkit.bench.advise_check"}
+            "cluster-collectives": "hvdkit.bench.cluster_collectives", "advise-check": "hvdkit.bench.advise_check",
+            "report": "hvdkit.bench.report.cli"}
 
 _USAGE = ("usage: hvdkit-bench {collectives,throughput,convergence,plots,plot-timeline,timeline-cost,suite,"
-          "cluster-collectives,cluster-training,advise-check} [args]\n"
+          "cluster-collectives,cluster-training,advise-check,report} [args]\n"
           "  collectives [-np N] [--] [ARGS]  bandwidth of every allreduce method under mpirun -np N (default 2)\n"
           "  throughput [ARGS]                samples/s and scaling per strategy; harness overhead\n"
           "  convergence [ARGS]               accuracy vs time per strategy, with and without a straggler\n"
@@ -43,6 +45,7 @@ _USAGE = ("usage: hvdkit-bench {collectives,throughput,convergence,plots,plot-ti
           "  cluster-collectives [ARGS]       collectives on emulated clusters (hvdkit-cluster; root)\n"
           "  cluster-training [ARGS]          training scaling on emulated clusters (hvdkit-cluster; root)\n"
           "  advise-check [ARGS]              hvdkit advise's predictions vs the measured and published figures\n"
+          "  report DIR                       the decision report (report.md, report.html) of DIR/training.json\n"
           "hvdkit-bench NAME --help lists NAME's flags.")
 
 
