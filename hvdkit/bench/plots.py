@@ -29,7 +29,7 @@ import matplotlib.ticker  # noqa: E402
 
 # the shared helpers live in the reporting package; the old private names stay for old importers
 from hvdkit.bench.report.figures import DPI as _DPI  # noqa: E402,F401
-from hvdkit.bench.report.figures import busbw_axes, colors as _colors, human_bytes as _human_bytes  # noqa: E402
+from hvdkit.bench.report.figures import busbw_axes, colors as _colors, human_bytes as _human_bytes  # noqa: E402,F401
 from hvdkit.bench.report.figures import save_figure as _save  # noqa: E402
 
 __all__ = ["plot_busbw", "plot_throughput", "plot_accuracy", "plot_staleness", "plot_all", "main"]

@@ -236,3 +236,22 @@ def test_bad_input_is_one_line_and_status_2(tmp_path, capsys, setup, needle):
     assert main([str(d)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("hvdkit-bench report: error: ") and needle in err, err
+
+
+def test_a_variant_the_report_has_never_heard_of_appears_everywhere(tmp_path):
+    """A toy strategy row registered at run time: its cells are measured, listed and compared like
+    any other (the advisor may have no row for it: its prediction is then "-")."""
+    doc = _doc()
+    for part in ("rows", "summary", "skipped"):
+        for r in doc[part]:
+            if r["variant"] == "ring":
+                r.update(variant="toy:knob=3")
+                if part != "skipped":
+                    r.update(strategy="toy", layout="replicas")
+    (tmp_path / "training.json").write_text(json.dumps(doc))
+    from hvdkit.bench.report.writer import write_report
+    write_report(str(tmp_path))
+    md = (tmp_path / "report.md").read_text()
+    assert "| toy:knob=3 | 4 | 4 | 3 | 1200 [1150-1250] |" in md
+    assert "**horovod or toy:knob=3: within the noise of this run**" in md
+    assert "| FAILED | toy:knob=3 | cnn | 2 | 0 |" in md

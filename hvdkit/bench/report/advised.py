@@ -13,14 +13,14 @@ For each measured cell of ``training.json`` (CONTRACTS.md section 3):
   on this host or an emulated cluster the ranks share the machine's ``meta.cores``;
 * the prediction: :func:`advise_variant`, the one place that calls the advisor.
 
-Projection to 2x and 4x the hosts: the advisor's samples/s on the same hosts times 2 (4), each
-scaled by ``measured / predicted`` at the largest measured worker count of that variant
-(median, and the same factor on min and max). Where no inter-host link was probed (one host),
-the projection assumes :data:`ASSUMED_LINK`.
+Projection to 2x and 4x the hosts (:data:`PROJECTION_METHOD`): the advisor's samples/s on 2x
+(4x) the hosts the variant's largest measured cell used, same workers per host, same links,
+times ``measured / predicted`` of that cell (median; the same factor on min and max). On an
+emulated cluster the added hosts share the same cores; real hosts bring their own. Where no
+inter-host link was probed (one host), the projection assumes :data:`ASSUMED_LINK`.
 """
 from __future__ import annotations
 
-import math
 import statistics
 from dataclasses import replace
 from typing import Mapping, Sequence
@@ -45,10 +45,10 @@ PREDICTION_METHOD = ("the workload: the cell's gradient bytes as one tensor, as 
                      "one-way latency; on this host or an emulated cluster the ranks share the machine's cores")
 #: host multiples of the projection
 FACTORS = (2, 4)
-PROJECTION_METHOD = ("hvdkit advise's samples/s on 2x and 4x the hosts (same slots per host, same links), each "
-                     "multiplied by measured / predicted at the largest measured worker count of the same variant "
-                     "and model (the median; min and max scaled by the same factor); efficiency = that over N x the "
-                     "measured 1-worker samples/s")
+PROJECTION_METHOD = ("hvdkit advise's samples/s on 2x and 4x the hosts that the variant's largest measured cell "
+                     "used (same workers per host, same links), multiplied by measured / predicted of that cell "
+                     "(the median; min and max scaled by the same factor); efficiency = that over N x the measured "
+                     "1-worker samples/s")
 
 #: training strategy -> the advisor's row (used only until hvdkit.advise.predict.predict_variant exists)
 _ADVISE_NAME = {"horovod": "horovod", "ring": "ring", "ps-sync": "ps-sync", "ps-async": "ps-async",
@@ -104,9 +104,9 @@ def _link(place: Mapping) -> tuple[float, float] | None:
 def cluster_for(place: Mapping, workers: int, cores: int | None = None, factor: int = 1) -> Cluster:
     """The advisor's :class:`Cluster` for ``workers`` worker ranks on ``place`` (``Place.describe()``).
 
-    The worker ranks fill the hosts' slots host by host (this host: all on it); H = the hosts they touch, G = workers / H
-    (H = workers, G = 1 where that does not divide). ``factor`` multiplies H (the projection).
-    Raises ValueError for workers < 1.
+    The worker ranks fill the hosts' slots host by host (this host: all on it); H = the hosts
+    they touch, G = workers / H (H = workers, G = 1 where that does not divide). ``factor``
+    multiplies H (the projection). Raises ValueError for workers < 1.
     """
     if workers < 1:
         raise ValueError(f"workers={workers} must be >= 1")
@@ -165,8 +165,9 @@ def workload_for(doc: Mapping, cell: Mapping) -> Workload | None:
 def _servers(cell: Mapping) -> int:
     if cell.get("servers") is not None:
         return int(cell["servers"])
-    return max(0, int(cell.get("ranks") or cell["workers"]) - int(cell["workers"])) if cell.get("layout") == "dedicated" \
-        else 0
+    if cell.get("layout") != "dedicated":
+        return 0
+    return max(0, int(cell.get("ranks") or cell["workers"]) - int(cell["workers"]))
 
 
 def cores_of(doc: Mapping) -> int | None:

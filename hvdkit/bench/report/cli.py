@@ -31,8 +31,9 @@ PROG = "hvdkit-bench report"
 
 def build_parser() -> argparse.ArgumentParser:
     """The command-line flags (see the module docstring)."""
-    p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0].split(": ", 1)[1],
-                                epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog=PROG, description="The decision report of a training benchmark's results "
+                                "directory.", epilog=__doc__.split("\n\n", 1)[1],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("dir", metavar="DIR", help="the results directory holding training.json")
     return p
 

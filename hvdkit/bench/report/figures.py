@@ -101,9 +101,12 @@ def _errbar(ax, xs, stats, color, label, **kw):
 def scaling_figure(summary: Sequence[Mapping], projections: Sequence[Mapping] = ()):
     """Per model (columns): samples/s (top) and scaling efficiency (bottom) vs workers, median
     with min-max bars per variant; the calibrated projections (``advised.projections``) dashed
-    with open markers. None when no cell was measured."""
-    cells = [s for s in summary if (s.get("samples_per_s") or {}).get("median") is not None
-             and s.get("straggler", "none") == "none"]
+    with open markers. Cells without a straggler (where none ran: the first condition). None when
+    no cell was measured."""
+    cells = [s for s in summary if (s.get("samples_per_s") or {}).get("median") is not None]
+    cond = "none" if any(s.get("straggler", "none") == "none" for s in cells) else cells[0]["straggler"] if cells \
+        else None
+    cells = [s for s in cells if s.get("straggler", "none") == cond]   # one straggler condition: without, if run
     if not cells:
         return None
     models = list(dict.fromkeys(s["model"] for s in cells))
@@ -121,7 +124,7 @@ def scaling_figure(summary: Sequence[Mapping], projections: Sequence[Mapping] = 
             if e:
                 _errbar(ax2, [s["workers"] for s in e], [s["efficiency"] for s in e], palette[v], v, marker="o")
             pr = next((p for p in projections if p["model"] == model and p["variant"] == v
-                       and p.get("straggler", "none") == "none" and p["points"]), None)
+                       and p.get("straggler", "none") == cond and p["points"]), None)
             if pr:
                 last = next(s for s in ss if s["workers"] == pr["workers"])
                 px = [pr["workers"]] + [q["workers"] for q in pr["points"]]

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Mapping, Sequence
 
 from hvdkit.bench.report import advised
-from hvdkit.bench.report.decide import Decision, decide, interval_text, join_or
+from hvdkit.bench.report.decide import Decision, decide, interval_text
 from hvdkit.bench.report.document import Bullets, Heading, Paragraph, Table
 from hvdkit.bench.report.figures import human_bytes
 
@@ -81,7 +81,8 @@ def recommendation_section(doc: Mapping, preds: Sequence[dict] = ()) -> list:
         return blocks + [Paragraph("No cell was measured: nothing to recommend (see the failed and skipped cells).")]
     strag = _stragglers(doc)
     for d, missing in ds:
-        where = f"{d.model} at {d.workers} worker{'s' * (d.workers > 1)}" + (f", straggler {d.straggler}" if strag else "")
+        where = f"{d.model} at {d.workers} worker{'s' * (d.workers > 1)}"
+        where += f", straggler {d.straggler}" if strag else ""
         blocks.append(Heading(where, 3))
         blocks.append(Paragraph(f"**Recommended: {d.headline}**" if d.decided else f"**{d.headline}**",
                                 "verdict" if d.decided else "verdict noise"))
@@ -157,7 +158,8 @@ def throughput_section(doc: Mapping, preds: Sequence[dict], figure=None) -> list
         head = (["straggler"] if strag else []) + ["variant", "workers", "ranks", "rounds", "samples/s", "efficiency",
                                                    "advise samples/s", "advise error", "advise: limited by"]
         blocks.append(Table(head, rows, ("l" if strag else "") + "lrrrrrrrl",
-                            f"**{model}**: median [min-max] over the OK rounds; advise error = predicted / measured - 1"))
+                            f"**{model}**: median [min-max] over the OK rounds; advise error = predicted / "
+                            "measured - 1"))
     if figure is not None:
         blocks.append(figure)
     return blocks
@@ -212,25 +214,19 @@ def projection_section(doc: Mapping, projs: Sequence[dict]) -> list:
     place = doc.get("place") or {}
     if not [lk for lk in place.get("links") or [] if lk.get("rate_bps")]:
         blocks.append(Paragraph(f"Inter-host link: {advised.ASSUMED_LINK[2]}."))
+    meas = {cell_key(c): c for c in measured_cells(doc)}
     rows = []
     for p in projs:
-        if not p["points"]:
-            continue
-        pts = {q["factor"]: q for q in p["points"]}
-        row = [p["model"], p["variant"], str(p["workers"]), f"{p['calibration']:.2f}"]
-        for f in advised.FACTORS:
-            q = pts.get(f)
-            row += ["-", "-", "-"] if q is None else [str(q["workers"]), interval_text(q["samples_per_s"]),
-                                                      interval_text(q["efficiency"], 2)]
-        row.append(pts[max(pts)]["limiting"])
-        rows.append(row)
+        c = meas.get((p["model"], p["variant"], p["workers"], p.get("straggler", "none")))
+        for q in p["points"]:
+            rows.append([p["model"], p["variant"], f"{p['workers']}: {interval_text(c['samples_per_s']) if c else '-'}",
+                         f"{p['calibration']:.2f}", f"{q['factor']}x = {q['hosts']}", str(q["workers"]),
+                         interval_text(q["samples_per_s"]), interval_text(q["efficiency"], 2), q["limiting"]])
     if not rows:
         return blocks + [Paragraph("No cell has a prediction to calibrate: no projection.")]
-    head = ["model", "variant", "measured at N", "measured / predicted"]
-    for f in advised.FACTORS:
-        head += [f"{f}x: workers", f"{f}x: samples/s", f"{f}x: efficiency"]
-    head.append(f"advise at {max(advised.FACTORS)}x: limited by")
-    return blocks + [Table(head, rows, "llrr" + "rrr" * len(advised.FACTORS) + "l")]
+    return blocks + [Table(["model", "variant", "measured at N workers: samples/s", "measured / predicted", "hosts",
+                            "workers", "projected samples/s", "projected efficiency", "advise: limited by"],
+                           rows, "llrrrrrrl")]
 
 
 def failures_section(doc: Mapping) -> list:
@@ -254,8 +250,9 @@ def collectives_section(docs: Sequence[tuple[str, Mapping]], figure=None) -> lis
         if not rows:
             continue
         top = max(r["bytes"] for r in rows)
-        table = [[r["method"], human_bytes(r["bytes"]), "-" if r.get("busbw_GBps") is None else f"{r['busbw_GBps']:.3f}",
-                  "-" if r.get("time_us") is None else f"{r['time_us']:.1f}", str(r.get("wrong", "-"))]
+        num = lambda v, d: "-" if v is None else f"{v:.{d}f}"   # noqa: E731
+        table = [[r["method"], human_bytes(r["bytes"]), num(r.get("busbw_GBps"), 3), num(r.get("time_us"), 1),
+                  str(r.get("wrong", "-"))]
                  for r in rows if r["bytes"] == top]
         ws = (d.get("meta") or {}).get("world_size", "?")
         blocks.append(Table(["method", "size", "busbw (GB/s)", "time (us, median)", "#wrong"], table, "lrrrr",
