@@ -180,7 +180,7 @@ def plot_efficiency(summary: Sequence[dict], path: str, title: str = "") -> list
     Returns:
         [path], or [] when no point has an efficiency.
     """
-    from hvdkit.bench.report.figures import colors as _colors, plt, save_figure as _save
+    from hvdkit.bench.plots import _colors, _save, plt
 
     pts = [s for s in summary if s.get("efficiency") is not None]
     if not pts:

@@ -11,6 +11,7 @@ from html.parser import HTMLParser
 import pytest
 
 from hvdkit.bench.report import advised, sections
+from hvdkit.bench.report.cells import cell_key
 from hvdkit.bench.report.decide import decide, interval_text, join_or, overlaps
 from hvdkit.bench.report.document import Document
 from tests.conftest import ROOT
@@ -91,8 +92,9 @@ def test_text_helpers():
 
 
 def test_recommendation_markdown_is_golden():
-    """cnn: horovod's interval clears ring's (recommended); mlp: horovod and ring overlap; the
-    SKIPPED ps-sync cell at 4 workers is named with its cause."""
+    """cnn: horovod's interval clears ring's (recommended); mlp: horovod and ring overlap, and their
+    time to target comes from the convergence cells; the SKIPPED ps-sync cell at 4 workers is
+    named with its cause."""
     md = Document("Recommendation of the fixture").add(*sections.recommendation_section(_doc())).markdown()
     with open(os.path.join(FIX, "recommendation.md")) as fh:
         assert md == fh.read()
@@ -131,8 +133,8 @@ def test_advise_variant_maps_layouts_to_the_advisor_rows(monkeypatch):
 def test_predictions_and_calibrated_projection():
     doc = _doc()
     preds = advised.predictions(doc)
-    by = {sections.cell_key(p["cell"]): p for p in preds}
-    p = by[("cnn", "horovod", 4, "none")]
+    by = {cell_key(p["cell"]): p for p in preds}
+    p = by[("throughput", "cnn", "horovod", 4, "none")]
     assert p["error"] == pytest.approx(p["predicted_sps"] / 1500 - 1)
     wl = advised.workload_for(doc, p["cell"])
     one = next(s for s in doc["summary"] if (s["model"], s["variant"], s["workers"]) == ("cnn", "horovod", 1))
@@ -198,10 +200,12 @@ def test_markdown_lists_cluster_predictions_failures(report_dir):
     md = (report_dir / "report.md").read_text()
     assert "| hvdc-h1 | hvdc-h2 | 0.93 | 0.100 |" in md                # a probed link: Gbit/s, ms
     assert "| horovod | 4 | 4 | 3 | 1500 [1450-1550] | 0.91 [0.86-0.97] |" in md
-    assert "| ring | 2 | 2 | 0 | FAILED |" in md
+    assert "| ring | 2 | 2 | 0 (+3 failed) | FAILED |" in md
+    assert "| horovod | 1 | 1 | 2 (+1 failed) | 910 [900-920] |" in md    # measured from its OK rounds
     assert "| FAILED | ring | cnn | 2 | 0 | job exited with status 1: ring: rank 1: MPI_ERR_TRUNCATE" in md
     assert "| SKIPPED | ps-sync:num_servers=1 | mlp | 4 | - | needs 5 slots, the hosts have 4 |" in md
-    assert "| cnn | horovod | 4 | 15.2 [14.7-15.7] | - |" in md.replace(" | none", "")
+    assert "| mlp | ps-async | 4 | none | 2/2 | 7.8 [7.6-8.1] | 3400 [3300-3500] | 2.65 [2.60-2.70] | 7 |" in md
+    assert "`hvdkit-bench training --emulated 4:1@1gbit --out-dir results/fixture`" in md
     assert "Method: hvdkit advise's samples/s on 2x and 4x the hosts" in md
     assert "hvdkit advise also predicts" in md
     for png in ("report-scaling.png", "report-split.png", "report-accuracy.png", "report-busbw.png"):
@@ -255,3 +259,19 @@ def test_a_variant_the_report_has_never_heard_of_appears_everywhere(tmp_path):
     assert "| toy:knob=3 | 4 | 4 | 3 | 1200 [1150-1250] |" in md
     assert "**horovod or toy:knob=3: within the noise of this run**" in md
     assert "| FAILED | toy:knob=3 | cnn | 2 | 0 |" in md
+
+
+def test_missing_figures_print_as_dashes():
+    """Nulls where the benchmark measured nothing (no 1-worker cell, a target never reached, no
+    place) give "-" cells, not a crash; with no 1-worker cell there is no prediction either."""
+    doc = _doc()
+    doc["summary"] = [s for s in doc["summary"] if s["workers"] > 1]
+    doc["place"] = {}
+    for s in doc["summary"]:
+        s.update(efficiency=None, utilisation=None, data_ms=None, staleness_mean=None,
+                 time_to_target_s={"median": None, "min": None, "max": None} if s["model"] == "cnn" else None)
+    from hvdkit.bench.report.writer import build_report
+    md = build_report(doc).markdown()
+    assert "| horovod | 4 | 4 | 3 | 1500 [1450-1550] | - | - | - | - |" in md
+    assert "No cell has a prediction to calibrate: no projection." in md
+    assert "## Convergence" not in md and "**Recommended: horovod**" in md

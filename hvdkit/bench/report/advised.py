@@ -2,11 +2,11 @@
 
 For each measured cell of ``training.json`` (CONTRACTS.md section 3):
 
-* the workload: the cell's ``gradient_bytes`` (from its rows) as one tensor, and as compute the
-  1-worker step's ``compute_ms + data_ms`` of the same model (the same variant's 1-worker cell,
-  else the median over the model's 1-worker cells): everything a step does besides
-  communicating and waiting; the batch per worker from ``meta.args.batch_size`` (else the
-  1-worker cell's samples/s x step time);
+* the workload: the cell's ``gradient_bytes`` as one tensor, and as compute the 1-worker
+  step's ``compute_ms + data_ms`` of the same model and measure (the same variant's 1-worker
+  cell, else the median over the model's 1-worker cells): everything a step does besides
+  communicating and waiting; the batch per worker from ``meta.measures[MEASURE].batch_size``
+  (else ``meta.args.batch_size``, else the rows' samples/s x step time / workers);
 * the cluster: the hosts the cell's worker ranks fill (one rank per slot, host by host, as the
   places launch them), the probed links' median rate (``rate_bps``, bits/s) and half their median
   round trip as the one-way latency; CPU ranks: shared memory inside a host, reduction at 2e9 B/s;
@@ -28,6 +28,7 @@ from typing import Mapping, Sequence
 from hvdkit.advise import presets
 from hvdkit.advise.model import Cluster, Options, Prediction, Workload
 from hvdkit.advise.predict import predict_one
+from hvdkit.bench.report.cells import measure_of, measured_cells, primary_measure, stat
 
 try:   # the variants helper's one entry point (issue 23); the strategy map below until it exists
     from hvdkit.advise.predict import predict_variant as _PREDICT_VARIANT
@@ -136,27 +137,30 @@ def _median(xs: Sequence[float]) -> float | None:
     return statistics.median(xs) if xs else None
 
 
-def _batch(doc: Mapping, model: str) -> int | None:
-    args = (doc.get("meta") or {}).get("args") or {}
-    if args.get("batch_size"):
-        return int(args["batch_size"])
+def _batch(doc: Mapping, cell: Mapping) -> int | None:
+    meta = doc.get("meta") or {}
+    for src in (((meta.get("measures") or {}).get(measure_of(cell)) or {}), meta.get("args") or {}):
+        if src.get("batch_size"):
+            return int(src["batch_size"])
     guess = [r["samples_per_s"] * r["step_ms"] / 1e3 / r["workers"] for r in doc.get("rows", [])
-             if r.get("status") == "OK" and r.get("model") == model and r.get("samples_per_s") and r.get("step_ms")]
+             if r.get("status") == "OK" and r.get("model") == cell["model"] and measure_of(r) == measure_of(cell)
+             and r.get("samples_per_s") and r.get("step_ms")]
     b = _median(guess)
     return max(1, round(b)) if b else None
 
 
 def workload_for(doc: Mapping, cell: Mapping) -> Workload | None:
     """The advisor's :class:`Workload` for a summary cell (module docstring), or None when its
-    gradient bytes or a 1-worker step of its model were not measured."""
-    model = cell["model"]
-    grads = _median([r.get("gradient_bytes") for r in doc.get("rows", [])
-                     if r.get("model") == model and r.get("variant") == cell["variant"] and r.get("status") == "OK"])
+    gradient bytes or a 1-worker step of its model (same measure) were not measured."""
+    model, measure = cell["model"], measure_of(cell)
+    grads = cell.get("gradient_bytes") or _median([
+        r.get("gradient_bytes") for r in doc.get("rows", [])
+        if r.get("model") == model and r.get("variant") == cell["variant"] and r.get("status") == "OK"])
     ones = [s for s in doc.get("summary", []) if s["model"] == model and s["workers"] == 1
-            and (s.get("compute_ms") or {}).get("median") is not None]
+            and measure_of(s) == measure and stat(s, "compute_ms") is not None]
     same = [s for s in ones if s["variant"] == cell["variant"]] or ones
-    comp = _median([s["compute_ms"]["median"] + ((s.get("data_ms") or {}).get("median") or 0.0) for s in same])
-    batch = _batch(doc, model)
+    comp = _median([stat(s, "compute_ms") + (stat(s, "data_ms") or 0.0) for s in same])
+    batch = _batch(doc, cell)
     if not grads or not comp or not batch:
         return None
     return Workload(model, (int(grads),), compute_s=comp / 1e3, batch=batch)
@@ -178,13 +182,12 @@ def cores_of(doc: Mapping) -> int | None:
 
 
 def predictions(doc: Mapping) -> list[dict]:
-    """One entry per measured summary cell: ``{"cell", "predicted_sps", "error", "limiting", "step_ms"}``;
-    ``error`` = predicted / measured median samples/s - 1 (None where there is no prediction)."""
+    """One entry per measured summary cell (every measure): ``{"cell", "predicted_sps", "error",
+    "limiting", "step_ms"}``; ``error`` = predicted / measured median samples/s - 1 (None where
+    there is no prediction)."""
     out = []
-    for c in doc.get("summary", []):
-        meas = (c.get("samples_per_s") or {}).get("median")
-        if meas is None:
-            continue
+    for c in measured_cells(doc, None):
+        meas = stat(c, "samples_per_s")
         wl = workload_for(doc, c)
         p = advise_variant(c["variant"], c.get("strategy", ""), c.get("layout", ""), _servers(c), wl,
                            cluster_for(doc.get("place") or {}, int(c["workers"]), cores_of(doc))) if wl else None
@@ -195,19 +198,23 @@ def predictions(doc: Mapping) -> list[dict]:
 
 
 def projections(doc: Mapping, preds: Sequence[dict] | None = None) -> list[dict]:
-    """Per (model, variant, straggler): the calibrated projection to :data:`FACTORS` x the hosts
+    """Per (model, variant, straggler) of the primary measure (:func:`.cells.primary_measure`): the
+    calibrated projection to :data:`FACTORS` x the hosts
     (:data:`PROJECTION_METHOD`). Each entry: ``{"model", "variant", "straggler", "workers"`` (the
     largest measured), ``"calibration"`` (measured / predicted), ``"points": [{"factor", "workers",
     "hosts", "samples_per_s": {"median","min","max"}, "efficiency": {...} or None, "limiting"}]}``."""
     preds = predictions(doc) if preds is None else preds
+    primary = primary_measure(doc)
     last: dict[tuple, dict] = {}
     for p in preds:
         c = p["cell"]
+        if measure_of(c) != primary:
+            continue
         key = (c["model"], c["variant"], c.get("straggler", "none"))
         if p["predicted_sps"] and (key not in last or c["workers"] > last[key]["cell"]["workers"]):
             last[key] = p
-    one = {(s["model"], s["variant"], s.get("straggler", "none")): s["samples_per_s"]["median"]
-           for s in doc.get("summary", []) if s["workers"] == 1 and (s.get("samples_per_s") or {}).get("median")}
+    one = {(s["model"], s["variant"], s.get("straggler", "none")): stat(s, "samples_per_s")
+           for s in measured_cells(doc) if s["workers"] == 1}
     out = []
     for (model, variant, strag), p in last.items():
         c = p["cell"]

@@ -63,6 +63,10 @@ def join_or(names: Sequence[str]) -> str:
     return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " or " + names[-1]
 
 
+def _median(c: Mapping, key: str) -> float | None:
+    return (c.get(key) or {}).get("median")
+
+
 def _share(c: dict, key: str) -> float | None:
     step, part = (c.get("step_ms") or {}).get("median"), (c.get(key) or {}).get("median")
     return part / step if step and part is not None else None
@@ -84,7 +88,7 @@ def decide(cells: Sequence[dict], predicted: Mapping[str, float] | None = None,
     Raises:
         ValueError: no cell has a samples/s figure.
     """
-    ranked = sorted((c for c in cells if (c.get("samples_per_s") or {}).get("median") is not None),
+    ranked = sorted((c for c in cells if _median(c, "samples_per_s") is not None),
                     key=lambda c: -c["samples_per_s"]["median"])
     if not ranked:
         raise ValueError("no measured cell to recommend from")
@@ -114,23 +118,23 @@ def decide(cells: Sequence[dict], predicted: Mapping[str, float] | None = None,
                            + ", ".join(f"{c['variant']} {sps(c)}" for c in behind))
     for c in chosen:
         bits = []
-        if c.get("efficiency"):
+        if _median(c, "efficiency") is not None:
             bits.append(f"scaling efficiency {interval_text(c['efficiency'], 2)}")
         comm, wait = _share(c, "comm_ms"), _share(c, "wait_ms")
         if comm is not None:
             bits.append(f"communication {comm:.0%} and waiting {wait or 0:.0%} of its "
                         f"{c['step_ms']['median']:.1f} ms step")
-        if c.get("time_to_target_s"):
+        if _median(c, "time_to_target_s") is not None:
             bits.append(f"time to accuracy {target if target is not None else 'target'}: "
                         f"{interval_text(c['time_to_target_s'], 1)} s")
-        if c.get("staleness_mean") and c["staleness_mean"].get("median"):
+        if _median(c, "staleness_mean"):
             bits.append(f"mean staleness {interval_text(c['staleness_mean'], 1)} updates (asynchronous: a sample "
                         "moves the model less than in a synchronous step; compare the time to target)")
         if c.get("n") == 1:
             bits.append("one round only, so no spread was measured")
         if bits:
             reasons.append(f"{c['variant']}: " + "; ".join(bits))
-    ttt = [c for c in ranked if (c.get("time_to_target_s") or {}).get("median") is not None]
+    ttt = [c for c in ranked if _median(c, "time_to_target_s") is not None]
     if len(ttt) >= 2:
         first = min(ttt, key=lambda c: c["time_to_target_s"]["median"])
         if first["variant"] not in labels:

@@ -140,7 +140,8 @@ def scaling_figure(summary: Sequence[Mapping], projections: Sequence[Mapping] = 
             ax.minorticks_off()
             ax.set_xlabel("workers N (dashed, open: projected by hvdkit advise, calibrated)")
             ax.grid(True, alpha=0.3)
-            ax.legend(fontsize=8)
+            if ax.get_legend_handles_labels()[0]:
+                ax.legend(fontsize=8)
         ax1.set_title(f"{model}: samples/s, median [min-max] over rounds")
         ax1.set_ylabel("samples/s (all workers)")
         ax2.set_title(f"{model}: scaling efficiency X(N) / (N X(1))")

@@ -9,11 +9,12 @@ from __future__ import annotations
 from typing import Mapping, Sequence
 
 from hvdkit.bench.report import advised
+from hvdkit.bench.report.cells import cell_key, measure_of, measured_cells, primary_measure, stat
 from hvdkit.bench.report.decide import Decision, decide, interval_text
 from hvdkit.bench.report.document import Bullets, Heading, Paragraph, Table
 from hvdkit.bench.report.figures import human_bytes
 
-__all__ = ["measured_cells", "cell_key", "decisions", "cluster_section", "throughput_section", "split_section",
+__all__ = ["decisions", "cluster_section", "throughput_section", "split_section",
            "convergence_section", "projection_section", "recommendation_section", "failures_section",
            "collectives_section", "method_section", "pct"]
 
@@ -26,44 +27,53 @@ def pct(x: float | None) -> str:
     return f"{v:+d}%" if v else "0%"
 
 
-def measured_cells(doc: Mapping) -> list[dict]:
-    """The summary cells with a samples/s figure (at least one OK round)."""
-    return [s for s in doc.get("summary", []) if (s.get("samples_per_s") or {}).get("median") is not None]
-
-
-def cell_key(c: Mapping) -> tuple:
-    """(model, variant, workers, straggler) of a summary cell, row or skipped entry."""
-    return c["model"], c["variant"], int(c["workers"]), c.get("straggler", "none")
-
-
 def _stragglers(doc: Mapping) -> bool:
     return any(s.get("straggler", "none") != "none" for s in doc.get("summary", []))
 
 
+def _skipped(doc: Mapping) -> list[dict]:
+    """The skipped entries, each with a measure (the primary one where the entry names none)."""
+    primary = primary_measure(doc)
+    return [{**sk, "measure": sk.get("measure") or primary, "straggler": sk.get("straggler", "none")}
+            for sk in doc.get("skipped", [])]
+
+
+_CONVERGENCE = ("time_to_target_s", "staleness_mean")
+
+
 def decisions(doc: Mapping, preds: Sequence[dict] = ()) -> list[tuple[Decision, list[str]]]:
-    """Per (model, straggler), at the largest worker count any variant of that model was
-    measured at: (the :func:`~hvdkit.bench.report.decide.decide` outcome, the variants of the
-    model not measured there, each with its status and cause)."""
+    """Per (model, straggler) of the primary measure, at the largest worker count any variant of
+    that model was measured at: (the :func:`~hvdkit.bench.report.decide.decide` outcome, the
+    variants of the model not measured there, each with its status and cause). A cell without
+    time to target or staleness takes them from the convergence cell of the same variant, model,
+    workers and straggler, where one was measured."""
+    primary = primary_measure(doc)
     cells = measured_cells(doc)
+    conv = {cell_key(c)[1:]: c for c in measured_cells(doc, "convergence")}
     pred = {cell_key(p["cell"]): p["predicted_sps"] for p in preds}
+    rows = [r for r in doc.get("rows", []) if measure_of(r) == primary]
     out = []
     for model, strag in dict.fromkeys((c["model"], c.get("straggler", "none")) for c in cells):
         group = [c for c in cells if c["model"] == model and c.get("straggler", "none") == strag]
         w = max(int(c["workers"]) for c in group)
-        here = [c for c in group if int(c["workers"]) == w]
+        here = []
+        for c in (c for c in group if int(c["workers"]) == w):
+            other = conv.get(cell_key(c)[1:], {})
+            here.append({**c, **{k: other[k] for k in _CONVERGENCE if stat(c, k) is None and stat(other, k) is not None}})
         d = decide(here, {c["variant"]: pred.get(cell_key(c)) for c in here}, doc.get("target_accuracy"))
+        skipped = [s for s in _skipped(doc) if s["measure"] == primary and s["model"] == model]
+        variants = dict.fromkeys([s["variant"] for s in doc.get("summary", []) if s["model"] == model
+                                  and measure_of(s) == primary] + [s["variant"] for s in skipped])
         missing = []
-        variants = dict.fromkeys([s["variant"] for s in doc.get("summary", []) if s["model"] == model]
-                                 + [s["variant"] for s in doc.get("skipped", []) if s["model"] == model])
         for v in variants:
             if any(c["variant"] == v for c in here):
                 continue
-            sk = next((s for s in doc.get("skipped", []) if s["model"] == model and s["variant"] == v
-                       and int(s["workers"]) == w), None)
+            sk = next((s for s in skipped if s["variant"] == v and int(s["workers"]) == w
+                       and s["straggler"] == strag), None)
             if sk:
                 missing.append(f"{v} (SKIPPED: {sk.get('reason', '?')})")
                 continue
-            err = next((r.get("error") for r in doc.get("rows", []) if r["model"] == model and r["variant"] == v
+            err = next((r.get("error") for r in rows if r["model"] == model and r["variant"] == v
                         and int(r["workers"]) == w and r.get("status") != "OK" and r.get("error")), None)
             missing.append(f"{v} (FAILED: {err})" if err else f"{v} (not run at {w} workers)")
         out.append((d, missing))
@@ -123,17 +133,18 @@ def cluster_section(doc: Mapping) -> list:
 
 
 def _status_cells(doc: Mapping) -> list[dict]:
-    """Summary cells in order, plus the skipped ones as cells with status SKIPPED."""
-    cells = [dict(s) for s in doc.get("summary", [])]
-    for sk in doc.get("skipped", []):
-        cells.append({**sk, "status": "SKIPPED", "straggler": sk.get("straggler", "none")})
+    """The primary measure's summary cells in order, plus its skipped ones as cells with status SKIPPED."""
+    primary = primary_measure(doc)
+    cells = [dict(s) for s in doc.get("summary", []) if measure_of(s) == primary]
+    cells += [{**sk, "status": "SKIPPED"} for sk in _skipped(doc) if sk["measure"] == primary]
     order = {v: i for i, v in enumerate(dict.fromkeys(c["variant"] for c in cells))}
     return sorted(cells, key=lambda c: (c["model"], c.get("straggler", "none"), order[c["variant"]],
                                         int(c["workers"])))
 
 
-def _measured(c: Mapping) -> bool:
-    return (c.get("samples_per_s") or {}).get("median") is not None
+def _rounds(c: Mapping) -> str:
+    n = str(c.get("n", "-"))
+    return f"{n} (+{c['failed']} failed)" if c.get("failed") else n
 
 
 def throughput_section(doc: Mapping, preds: Sequence[dict], figure=None) -> list:
@@ -147,12 +158,12 @@ def throughput_section(doc: Mapping, preds: Sequence[dict], figure=None) -> list
         rows = []
         for c in (c for c in cells if c["model"] == model):
             p = pred.get(cell_key(c), {})
-            if _measured(c):
+            if stat(c, "samples_per_s") is not None:
                 sps, eff = interval_text(c["samples_per_s"]), interval_text(c.get("efficiency"), 2)
             else:
                 sps, eff = c.get("status", "FAILED"), "-"
             rows.append(([c.get("straggler", "none")] if strag else [])
-                        + [c["variant"], str(c["workers"]), str(c.get("ranks", "-")), str(c.get("n", "-")), sps, eff,
+                        + [c["variant"], str(c["workers"]), str(c.get("ranks", "-")), _rounds(c), sps, eff,
                            "-" if p.get("predicted_sps") is None else f"{p['predicted_sps']:.0f}",
                            pct(p.get("error")), p.get("limiting") or "-"])
         head = (["straggler"] if strag else []) + ["variant", "workers", "ranks", "rounds", "samples/s", "efficiency",
@@ -190,18 +201,21 @@ def split_section(doc: Mapping, figure=None) -> list:
 
 
 def convergence_section(doc: Mapping, figure=None) -> list:
-    """Time to the target accuracy and staleness, for the cells where they were measured."""
-    cells = [c for c in measured_cells(doc) if c.get("time_to_target_s") or c.get("staleness_mean")]
+    """Time to the target accuracy and staleness, for the cells (of any measure) where they were measured."""
+    cells = [c for c in measured_cells(doc, None) if any(stat(c, k) is not None for k in _CONVERGENCE)]
     if not cells:
         return []
     target = doc.get("target_accuracy")
-    rows = [[c["model"], c["variant"], str(c["workers"]), c.get("straggler", "none"),
-             interval_text(c.get("time_to_target_s"), 1), interval_text(c.get("staleness_mean"), 2)] for c in cells]
+    rows = [[c["model"], c["variant"], str(c["workers"]), c.get("straggler", "none"), c.get("reached") or _rounds(c),
+             interval_text(c.get("time_to_target_s"), 1), interval_text(c.get("samples_per_s")),
+             interval_text(c.get("staleness_mean"), 2), "-" if c.get("staleness_max") is None
+             else str(c["staleness_max"])] for c in cells]
     blocks: list = [Heading("Convergence"),
-                    Table(["model", "variant", "workers", "straggler", f"time to accuracy {target} (s)",
-                           "mean staleness (updates)"], rows, "llrlrr",
-                          "median [min-max] over rounds; staleness: server version at apply time minus the version "
-                          "the worker computed on")]
+                    Table(["model", "variant", "workers", "straggler", "rounds reaching it",
+                           f"time to accuracy {target} (s)", "samples/s", "mean staleness", "max staleness"],
+                          rows, "llrlrrrrr",
+                          "median [min-max] over rounds; staleness (updates): server version at apply time minus "
+                          "the version the worker computed on")]
     if figure is not None:
         blocks.append(figure)
     return blocks
@@ -217,7 +231,7 @@ def projection_section(doc: Mapping, projs: Sequence[dict]) -> list:
     meas = {cell_key(c): c for c in measured_cells(doc)}
     rows = []
     for p in projs:
-        c = meas.get((p["model"], p["variant"], p["workers"], p.get("straggler", "none")))
+        c = meas.get((primary_measure(doc), p["model"], p["variant"], p["workers"], p.get("straggler", "none")))
         for q in p["points"]:
             rows.append([p["model"], p["variant"], f"{p['workers']}: {interval_text(c['samples_per_s']) if c else '-'}",
                          f"{p['calibration']:.2f}", f"{q['factor']}x = {q['hosts']}", str(q["workers"]),
@@ -231,15 +245,21 @@ def projection_section(doc: Mapping, projs: Sequence[dict]) -> list:
 
 def failures_section(doc: Mapping) -> list:
     """Every FAILED round and SKIPPED cell with its cause."""
-    rows = [["FAILED", r["variant"], r["model"], str(r["workers"]), str(r.get("round", "-")), r.get("error") or "?"]
+    rows = [["FAILED", measure_of(r), r["variant"], r["model"], str(r["workers"]), r.get("straggler", "none"),
+             str(r.get("round", "-")), r.get("error") or "?"]
             for r in sorted((r for r in doc.get("rows", []) if r.get("status") != "OK"),
-                            key=lambda r: (r["model"], r["variant"], int(r["workers"]), r.get("round", 0)))]
-    rows += [["SKIPPED", s["variant"], s["model"], str(s["workers"]), "-", s.get("reason") or "?"]
-             for s in doc.get("skipped", [])]
+                            key=lambda r: (measure_of(r), r["model"], r["variant"], int(r["workers"]),
+                                           r.get("round", 0)))]
+    rows += [["SKIPPED", s["measure"], s["variant"], s["model"], str(s["workers"]), s["straggler"],
+              ",".join(map(str, s["rounds"])) if s.get("rounds") else "-", s.get("reason") or "?"]
+             for s in _skipped(doc)]
     if not rows:
         return [Heading("Failed and skipped cells"), Paragraph("None: every cell ran and every round succeeded.")]
+    head = ["status", "measure", "variant", "model", "workers", "straggler", "round", "cause"]
+    drop = {i for i in (1, 5) if len({r[i] for r in rows}) == 1}   # one measure, one straggler: no column
+    keep = lambda xs: [x for i, x in enumerate(xs) if i not in drop]   # noqa: E731
     return [Heading("Failed and skipped cells"),
-            Table(["status", "variant", "model", "workers", "round", "cause"], rows, "lllrrl")]
+            Table(keep(head), [keep(r) for r in rows], "".join(keep("llllrlrl")))]
 
 
 def collectives_section(docs: Sequence[tuple[str, Mapping]], figure=None) -> list:
@@ -262,6 +282,11 @@ def collectives_section(docs: Sequence[tuple[str, Mapping]], figure=None) -> lis
     return [Heading("Collectives")] + blocks + ([figure] if figure is not None else [])
 
 
+def _command(argv: Sequence[str]) -> str:
+    words = [str(a) for a in argv]
+    return " ".join(words if words and words[0].startswith("hvdkit") else ["hvdkit-bench", "training", *words])
+
+
 def method_section(doc: Mapping) -> list:
     """How the figures were computed, and where they came from."""
     meta = doc.get("meta") or {}
@@ -270,5 +295,5 @@ def method_section(doc: Mapping) -> list:
         "cells alternate); scaling efficiency = samples/s(N) / (N x samples/s(1)) of the same model and variant",
         "hvdkit advise, per cell: " + advised.PREDICTION_METHOD,
         f"inputs: training.json of {meta.get('date', '?')} on {meta.get('host', '?')}"
-        + (f" (`{' '.join(map(str, meta['argv']))}`)" if meta.get("argv") else ""),
+        + (f" (`{_command(meta['argv'])}`)" if meta.get("argv") else ""),
     ])]

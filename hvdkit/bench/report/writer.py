@@ -7,6 +7,7 @@ import os
 from typing import Mapping, Sequence
 
 from hvdkit.bench.report import advised, sections
+from hvdkit.bench.report.cells import measure_of, primary_measure
 from hvdkit.bench.report.document import Document, Figure, Paragraph
 from hvdkit.errors import UsageError
 from hvdkit.results import atomic_write
@@ -74,7 +75,8 @@ def build_report(training: Mapping, collectives: Sequence[tuple[str, Mapping]] =
                       f"{len(training.get('rows', []))} job rounds, {len(training.get('summary', []))} cells, "
                       f"{len(training.get('skipped', []))} skipped. Every figure is the median [min-max] over a "
                       "cell's successful rounds."))
-    summary = training.get("summary", [])
+    primary = primary_measure(training)
+    summary = [s for s in training.get("summary", []) if measure_of(s) == primary]
     scaling = _figure("report-scaling.png", figures.scaling_figure(summary, projs),
                       "samples/s and scaling efficiency per variant (bars: min-max over rounds); dashed with open "
                       "markers: the calibrated projection to 2x and 4x the hosts")
