@@ -139,7 +139,8 @@ def test_predictions_and_calibrated_projection():
     wl = advised.workload_for(doc, p["cell"])
     one = next(s for s in doc["summary"] if (s["model"], s["variant"], s["workers"]) == ("cnn", "horovod", 1))
     assert wl.nbytes == 1_200_000 and wl.batch == 32
-    assert wl.compute_s == pytest.approx((one["compute_ms"]["median"] + one["data_ms"]["median"]) / 1e3)
+    assert wl.compute_s == pytest.approx((one["step_ms"]["median"] - one["comm_ms"]["median"]
+                                          - one["wait_ms"]["median"]) / 1e3)
     proj = {(q["model"], q["variant"]): q for q in advised.projections(doc, preds)}
     q = proj[("cnn", "horovod")]
     assert q["workers"] == 4 and q["calibration"] == pytest.approx(1500 / p["predicted_sps"])

@@ -3,9 +3,9 @@
 For each measured cell of ``training.json`` (CONTRACTS.md section 3):
 
 * the workload: the cell's ``gradient_bytes`` as one tensor, and as compute the 1-worker
-  step's ``compute_ms + data_ms`` of the same model and measure (the same variant's 1-worker
-  cell, else the median over the model's 1-worker cells): everything a step does besides
-  communicating and waiting; the batch per worker from ``meta.measures[MEASURE].batch_size``
+  step's ``step_ms - comm_ms - wait_ms`` of the same model and measure (the same variant's
+  1-worker cell, else the median over the model's 1-worker cells): everything a step does
+  besides communicating and waiting (compute, data, the harness's own time); the batch per worker from ``meta.measures[MEASURE].batch_size``
   (else ``meta.args.batch_size``, else the rows' samples/s x step time / workers);
 * the cluster: the hosts the cell's worker ranks fill (one rank per slot, host by host, as the
   places launch them), the probed links' median rate (``rate_bps``, bits/s) and half their median
@@ -41,7 +41,7 @@ __all__ = ["advise_variant", "workload_for", "cluster_for", "predictions", "proj
 #: (bytes/s, one-way latency s, label) of the inter-host link a projection from one host assumes
 ASSUMED_LINK = (10e9 / 8, presets.TCP_LATENCY, "10 Gbit/s Ethernet, 30 us (assumed: no link was probed)")
 PREDICTION_METHOD = ("the workload: the cell's gradient bytes as one tensor, as compute the same model's 1-worker "
-                     "compute + data ms (everything but communication and waiting); the cluster: the hosts the "
+                     "step less its communication and wait (compute, data, the harness's own time); the cluster: the hosts the "
                      "worker ranks fill, the probed links' median rate and half their median round trip as the "
                      "one-way latency; on this host or an emulated cluster the ranks share the machine's cores")
 #: host multiples of the projection
@@ -157,9 +157,9 @@ def workload_for(doc: Mapping, cell: Mapping) -> Workload | None:
         r.get("gradient_bytes") for r in doc.get("rows", [])
         if r.get("model") == model and r.get("variant") == cell["variant"] and r.get("status") == "OK"])
     ones = [s for s in doc.get("summary", []) if s["model"] == model and s["workers"] == 1
-            and measure_of(s) == measure and stat(s, "compute_ms") is not None]
+            and measure_of(s) == measure and stat(s, "step_ms") is not None]
     same = [s for s in ones if s["variant"] == cell["variant"]] or ones
-    comp = _median([stat(s, "compute_ms") + (stat(s, "data_ms") or 0.0) for s in same])
+    comp = _median([stat(s, "step_ms") - (stat(s, "comm_ms") or 0.0) - (stat(s, "wait_ms") or 0.0) for s in same])
     batch = _batch(doc, cell)
     if not grads or not comp or not batch:
         return None
