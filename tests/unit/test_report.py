@@ -117,13 +117,26 @@ def test_cluster_for_fills_hosts_and_takes_the_probed_link():
     assert (local.hosts, local.gpus_per_host, local.shared_cores) == (1, 4, 2)
 
 
-def test_advise_variant_maps_layouts_to_the_advisor_rows(monkeypatch):
-    monkeypatch.setattr(advised, "_PREDICT_VARIANT", None)
+def test_advise_variant_asks_predict_variant_by_label(monkeypatch):
     seen = []
-    monkeypatch.setattr(advised, "predict_one", lambda name, wl, cl, opt: seen.append((name, opt.servers,
-                                                                                        opt.staleness)) or name)
-    for args in (("ps-sync:ps_colocated=true", "ps-sync", "colocated", 0), ("ps-sync:num_servers=2", "ps-sync",
-                                                                           "dedicated", 2),
+    monkeypatch.setattr(advised, "_PREDICT_VARIANT", lambda label, wl, cl, opt: seen.append(label) or label)
+    assert advised.advise_variant("ps-sync:num_servers=2", "ps-sync", "dedicated", 2, None, None) == \
+        "ps-sync:num_servers=2"
+
+    def refuse(label, *_):
+        raise ValueError(f"unknown strategy {label!r}")   # UsageError is a ValueError
+    monkeypatch.setattr(advised, "_PREDICT_VARIANT", refuse)
+    assert advised.advise_variant("toy", "toy", "replicas", 0, None, None) is None
+    assert seen == ["ps-sync:num_servers=2"]
+
+
+@pytest.mark.skipif(advised._PREDICT_VARIANT is not None, reason="the advisor has predict_variant: no map is used")
+def test_advise_variant_maps_layouts_to_the_advisor_rows(monkeypatch):
+    seen = []
+    monkeypatch.setattr(advised, "predict_one", lambda name, wl, cl, opt: seen.append(
+        (name, opt.servers, opt.staleness)) or name)
+    for args in (("ps-sync:ps_colocated=true", "ps-sync", "colocated", 0),
+                 ("ps-sync:num_servers=2", "ps-sync", "dedicated", 2),
                  ("ps-ssp:staleness=4", "ps-ssp", "dedicated", 1), ("ps-dcasgd", "ps-dcasgd", "dedicated", 1)):
         advised.advise_variant(*args, None, None)
     assert advised.advise_variant("model-parallel", "model-parallel", "pipeline", 0, None, None) is None

@@ -27,13 +27,13 @@ from typing import Mapping, Sequence
 
 from hvdkit.advise import presets
 from hvdkit.advise.model import Cluster, Options, Prediction, Workload
-from hvdkit.advise.predict import predict_one
 from hvdkit.bench.report.cells import measure_of, measured_cells, primary_measure, stat
 
-try:   # the variants helper's one entry point (issue 23); the strategy map below until it exists
+try:   # the advisor's one entry point for a variant (issue 23); the strategy map below until it exists
     from hvdkit.advise.predict import predict_variant as _PREDICT_VARIANT
 except ImportError:
     _PREDICT_VARIANT = None
+    from hvdkit.advise.predict import predict_one
 
 __all__ = ["advise_variant", "workload_for", "cluster_for", "predictions", "projections", "ASSUMED_LINK",
            "PROJECTION_METHOD", "PREDICTION_METHOD", "FACTORS", "cores_of"]
