@@ -238,9 +238,9 @@ def projection_section(doc: Mapping, projs: Sequence[dict]) -> list:
                          interval_text(q["samples_per_s"]), interval_text(q["efficiency"], 2), q["limiting"]])
     if not rows:
         return blocks + [Paragraph("No cell has a prediction to calibrate: no projection.")]
-    return blocks + [Table(["model", "variant", "measured at N workers: samples/s", "measured / predicted", "hosts",
-                            "workers", "projected samples/s", "projected efficiency", "advise: limited by"],
-                           rows, "llrrrrrrl")]
+    return blocks + [Table(["model", "variant", "measured: N, samples/s", "calibration", "hosts", "workers",
+                            "samples/s", "efficiency", "advise: limited by"], rows, "llrrrrrrl",
+                           "projected; calibration = measured / predicted samples/s at N")]
 
 
 def failures_section(doc: Mapping) -> list:
