@@ -59,7 +59,8 @@ def decisions(doc: Mapping, preds: Sequence[dict] = ()) -> list[tuple[Decision, 
         here = []
         for c in (c for c in group if int(c["workers"]) == w):
             other = conv.get(cell_key(c)[1:], {})
-            here.append({**c, **{k: other[k] for k in _CONVERGENCE if stat(c, k) is None and stat(other, k) is not None}})
+            extra = {k: other[k] for k in _CONVERGENCE if stat(c, k) is None and stat(other, k) is not None}
+            here.append({**c, **extra})
         d = decide(here, {c["variant"]: pred.get(cell_key(c)) for c in here}, doc.get("target_accuracy"))
         skipped = [s for s in _skipped(doc) if s["measure"] == primary and s["model"] == model]
         variants = dict.fromkeys([s["variant"] for s in doc.get("summary", []) if s["model"] == model
@@ -112,20 +113,22 @@ def cluster_section(doc: Mapping) -> list:
     place = doc.get("place") or {}
     hosts = place.get("hosts") or []
     slots = sum(int(h.get("slots") or 0) for h in hosts)
-    gpus = sum(int(h.get("gpus") or 0) for h in hosts)
+    known = [int(h["gpus"]) for h in hosts if h.get("gpus") is not None]
+    gpus = f"{sum(known)} GPUs" if known else "GPUs not counted"
+    cores = advised.cores_of(doc)
     blocks: list = [Heading("The cluster"),
                     Paragraph(f"Place **{place.get('kind', '?')}**: {len(hosts)} host{'s' * (len(hosts) != 1)}, "
-                              f"{slots} slots, {gpus} GPUs" + (f"; this machine has {advised.cores_of(doc)} cores"
-                                                               if advised.cores_of(doc) else "") + ".")]
+                              f"{slots} slots, {gpus}" + (f"; the machine that ran the benchmark has {cores} cores" if cores else "") + ".")]
     if hosts:
         blocks.append(Table(["host", "slots", "GPUs"], [[h.get("name", "?"), str(h.get("slots", "-")),
-                                                         str(h.get("gpus", 0))] for h in hosts], "lrr"))
+                                                         "-" if h.get("gpus") is None else str(h["gpus"])]
+                                                        for h in hosts], "lrr"))
     links = place.get("links") or []
     if links:
         blocks.append(Table(["from", "to", "rate (Gbit/s)", "round trip (ms)"],
                             [[lk.get("src", "?"), lk.get("dst", "?"), _gbit(lk.get("rate_bps")),
                               "-" if lk.get("rtt_ms") is None else f"{float(lk['rtt_ms']):.3f}"] for lk in links],
-                            "llrr", "Probed links (rate: one TCP stream; round trip: ping)"))
+                            "llrr", "Probed links (rate: one TCP stream; round trip: median of 1-byte TCP round trips)"))
     else:
         blocks.append(Paragraph("No link was probed" + (" (one host: its ranks talk through shared memory)."
                                                         if len(hosts) <= 1 else ".")))
