@@ -5,8 +5,9 @@ For each measured cell of ``training.json`` (CONTRACTS.md section 3):
 * the workload: the cell's ``gradient_bytes`` as one tensor, and as compute the 1-worker
   step's ``step_ms - comm_ms - wait_ms`` of the same model and measure (the same variant's
   1-worker cell, else the median over the model's 1-worker cells): everything a step does
-  besides communicating and waiting (compute, data, the harness's own time); the batch per worker from ``meta.measures[MEASURE].batch_size``
-  (else ``meta.args.batch_size``, else the rows' samples/s x step time / workers);
+  besides communicating and waiting (compute, data, the harness's own time); the batch per
+  worker from ``meta.measures[MEASURE].batch_size`` (else ``meta.args.batch_size``, else the
+  rows' samples/s x step time / workers);
 * the cluster: the hosts the cell's worker ranks fill (one rank per slot, host by host, as the
   places launch them), the probed links' median rate (``rate_bps``, bits/s) and half their median
   round trip as the one-way latency; CPU ranks: shared memory inside a host, reduction at 2e9 B/s;
@@ -41,9 +42,10 @@ __all__ = ["advise_variant", "workload_for", "cluster_for", "predictions", "proj
 #: (bytes/s, one-way latency s, label) of the inter-host link a projection from one host assumes
 ASSUMED_LINK = (10e9 / 8, presets.TCP_LATENCY, "10 Gbit/s Ethernet, 30 us (assumed: no link was probed)")
 PREDICTION_METHOD = ("the workload: the cell's gradient bytes as one tensor, as compute the same model's 1-worker "
-                     "step less its communication and wait (compute, data, the harness's own time); the cluster: the hosts the "
-                     "worker ranks fill, the probed links' median rate and half their median round trip as the "
-                     "one-way latency; on this host or an emulated cluster the ranks share the machine's cores")
+                     "step less its communication and wait (compute, data, the harness's own time); the cluster: "
+                     "the hosts the worker ranks fill, the probed links' median rate and half their median round "
+                     "trip as the one-way latency; on this host or an emulated cluster the ranks share the "
+                     "machine's cores")
 #: host multiples of the projection
 FACTORS = (2, 4)
 PROJECTION_METHOD = ("hvdkit advise's samples/s on 2x and 4x the hosts that the variant's largest measured cell "

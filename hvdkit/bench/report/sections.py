@@ -118,7 +118,8 @@ def cluster_section(doc: Mapping) -> list:
     cores = advised.cores_of(doc)
     blocks: list = [Heading("The cluster"),
                     Paragraph(f"Place **{place.get('kind', '?')}**: {len(hosts)} host{'s' * (len(hosts) != 1)}, "
-                              f"{slots} slots, {gpus}" + (f"; the machine that ran the benchmark has {cores} cores" if cores else "") + ".")]
+                              f"{slots} slots, {gpus}"
+                              + (f"; the machine that ran the benchmark has {cores} cores" if cores else "") + ".")]
     if hosts:
         blocks.append(Table(["host", "slots", "GPUs"], [[h.get("name", "?"), str(h.get("slots", "-")),
                                                          "-" if h.get("gpus") is None else str(h["gpus"])]
@@ -128,7 +129,8 @@ def cluster_section(doc: Mapping) -> list:
         blocks.append(Table(["from", "to", "rate (Gbit/s)", "round trip (ms)"],
                             [[lk.get("src", "?"), lk.get("dst", "?"), _gbit(lk.get("rate_bps")),
                               "-" if lk.get("rtt_ms") is None else f"{float(lk['rtt_ms']):.3f}"] for lk in links],
-                            "llrr", "Probed links (rate: one TCP stream; round trip: median of 1-byte TCP round trips)"))
+                            "llrr", "Probed links (rate: one TCP stream; round trip: the median of 1-byte TCP "
+                                    "round trips)"))
     else:
         blocks.append(Paragraph("No link was probed" + (" (one host: its ranks talk through shared memory)."
                                                         if len(hosts) <= 1 else ".")))
