@@ -7,6 +7,7 @@
     hvdkit-bench plot-timeline TRACE -o PNG        # share of each phase per step, per rank, of a --timeline trace
     hvdkit-bench timeline-cost [-np N] [--] [ARGS] # mpirun -np N (default 2): step time with and without --timeline
     hvdkit-bench suite [ARGS]                      # python -m hvdkit.bench.suite ARGS (= benchmarks/run_suite.sh)
+    hvdkit-bench report DIR                        # report.md + report.html of DIR/training.json (python -m hvdkit.bench.report)
 
 PLACE is where the job runs (:mod:`hvdkit.bench.places`): nothing for this host, ``--hosts h1:4,h2:4``,
 ``--hostfile FILE``, ``--slurm`` or ``--emulated H[:SLOTS][@RATE]``, ``--ssh-timeout SECONDS``; across
@@ -33,10 +34,11 @@ COMMANDS = {"throughput": "hvdkit.bench.throughput", "convergence": "hvdkit.benc
             "timeline-cost": "hvdkit.bench.timeline_cost",
             "suite": "hvdkit.bench.suite", "collectives": "hvdkit.bench.collectives",
             "cluster-training": "hvdkit.bench.cluster_training",
-            "cluster-collectives": "hvdkit.bench.cluster_collectives", "advise-check": "hvdkit.bench.advise_check"}
+            "cluster-collectives": "hvdkit.bench.cluster_collectives", "advise-check": "hvdkit.bench.advise_check",
+            "report": "hvdkit.bench.report.cli"}
 
 _USAGE = ("usage: hvdkit-bench {collectives,throughput,convergence,plots,plot-timeline,timeline-cost,suite,"
-          "cluster-collectives,cluster-training,advise-check} [args]\n"
+          "cluster-collectives,cluster-training,advise-check,report} [args]\n"
           "  collectives [-np N] [PLACE] [--] [ARGS]  bandwidth of every allreduce method, -np N ranks (default 2)\n"
           "      PLACE (default this host): --hosts H:S,... | --hostfile F | --slurm | --emulated H[:S][@RATE]\n"
           "  throughput [ARGS]                samples/s and scaling per strategy; harness overhead\n"
@@ -48,6 +50,7 @@ _USAGE = ("usage: hvdkit-bench {collectives,throughput,convergence,plots,plot-ti
           "  cluster-collectives [ARGS]       collectives on emulated clusters (hvdkit-cluster; root)\n"
           "  cluster-training [ARGS]          training scaling on emulated clusters (hvdkit-cluster; root)\n"
           "  advise-check [ARGS]              hvdkit advise's predictions vs the measured and published figures\n"
+          "  report DIR                       the decision report (report.md, report.html) of DIR/training.json\n"
           "hvdkit-bench NAME --help lists NAME's flags.")
 
 

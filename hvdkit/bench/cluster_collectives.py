@@ -273,7 +273,7 @@ def _write_csv(path: str, rows: list[dict]) -> None:
 def plot(rows: list[dict], out: str) -> list[str]:
     """``busbw_<config>_<rate>.png`` per (config, rate): busbw (GB/s) vs size per method
     (median over repeated launches), log-log, the probed link dashed. Returns the paths."""
-    from hvdkit.bench.plots import _colors, _human_bytes, _save, plt
+    from hvdkit.bench.report.figures import colors as _colors, human_bytes as _human_bytes, plt, save_figure as _save
 
     paths = []
     for cfg, rate in dict.fromkeys((r["config"], r["rate"]) for r in rows):

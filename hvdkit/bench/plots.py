@@ -27,33 +27,17 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import matplotlib.ticker  # noqa: E402
 
-__all__ = ["plot_busbw", "plot_throughput", "plot_accuracy", "plot_staleness", "plot_all", "main"]
+# the shared helpers live in the reporting package; the old private names stay for old importers
+from hvdkit.bench.report.figures import DPI as _DPI  # noqa: E402,F401
+from hvdkit.bench.report.figures import busbw_axes, colors as _colors, human_bytes as _human_bytes  # noqa: E402,F401
+from hvdkit.bench.report.figures import save_figure as _save  # noqa: E402
 
-_DPI = 110
+__all__ = ["plot_busbw", "plot_throughput", "plot_accuracy", "plot_staleness", "plot_all", "main"]
 
 
 def _load(path: str) -> dict:
     with open(path) as fh:
         return json.load(fh)
-
-
-def _colors(keys: Sequence[str]) -> dict[str, tuple]:
-    cmap = plt.get_cmap("tab10")
-    return {k: cmap(i % 10) for i, k in enumerate(dict.fromkeys(keys))}
-
-
-def _human_bytes(n: float) -> str:
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= scale:
-            return f"{n / scale:g} {unit}"
-    return f"{n:g} B"
-
-
-def _save(fig, path: str) -> str:
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fig.savefig(path, dpi=_DPI, bbox_inches="tight")
-    plt.close(fig)
-    return path
 
 
 def plot_busbw(collectives: Sequence[str | dict], path: str) -> list[str]:
@@ -74,25 +58,7 @@ def plot_busbw(collectives: Sequence[str | dict], path: str) -> list[str]:
     fig, axes = plt.subplots(1, len(docs), figsize=(6.4 * len(docs), 4.6), squeeze=False)
     colors = _colors([r["method"] for d in docs for r in d["rows"]])
     for ax, d in zip(axes[0], docs):
-        by: dict[str, list] = {}
-        for r in d["rows"]:
-            if r.get("busbw_GBps"):
-                by.setdefault(r["method"], []).append((r["bytes"], r["busbw_GBps"]))
-        for m, pts in by.items():
-            pts.sort()
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=3, color=colors[m], label=m,
-                    ls="--" if m == "memcpy" else "-")
-        n = d.get("meta", {}).get("world_size", "?")
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ticks = sorted({r["bytes"] for r in d["rows"]})
-        step = max(1, len(ticks) // 7)
-        ax.set_xticks(ticks[::step], [_human_bytes(t) for t in ticks[::step]], rotation=30)
-        ax.set_xlabel("message size per rank S (bytes)")
-        ax.set_ylabel("busbw (GB/s, 1e9 B/s)")
-        ax.set_title(f"allreduce busbw vs message size, {n} ranks\nbusbw = S/t x 2(N-1)/N (memcpy: S/t)")
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=8, title="method")
+        busbw_axes(ax, d, colors)
     return [_save(fig, path)]
 
 

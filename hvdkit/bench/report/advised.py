@@ -1,0 +1,239 @@
+"""``hvdkit advise`` next to the measurements: the same cluster, the same model, the prediction and its error.
+
+For each measured cell of ``training.json`` (CONTRACTS.md section 3):
+
+* the workload: the cell's ``gradient_bytes`` as one tensor, and as compute the 1-worker
+  step's ``step_ms - comm_ms - wait_ms`` of the same model and measure (the same variant's
+  1-worker cell, else the median over the model's 1-worker cells): everything a step does
+  besides communicating and waiting (compute, data, the harness's own time); the batch per
+  worker from ``meta.measures[MEASURE].batch_size`` (else ``meta.args.batch_size``, else the
+  rows' samples/s x step time / workers);
+* the cluster: the hosts the cell's worker ranks fill (one rank per slot, host by host, as the
+  places launch them), the probed links' median rate (``rate_bps``, bits/s) and half their median
+  round trip as the one-way latency; CPU ranks: shared memory inside a host, reduction at 2e9 B/s;
+  on this host or an emulated cluster the ranks share the machine's ``meta.cores``;
+* the prediction: :func:`advise_variant`, the one place that calls the advisor.
+
+Projection to 2x and 4x the hosts (:data:`PROJECTION_METHOD`): the advisor's samples/s on 2x
+(4x) the hosts the variant's largest measured cell used, same workers per host, same links,
+times ``measured / predicted`` of that cell (median; the same factor on min and max). On an
+emulated cluster the added hosts share the same cores; real hosts bring their own. Where no
+inter-host link was probed (one host), the projection assumes :data:`ASSUMED_LINK`.
+"""
+from __future__ import annotations
+
+import statistics
+from dataclasses import replace
+from typing import Mapping, Sequence
+
+from hvdkit.advise import presets
+from hvdkit.advise.model import Cluster, Options, Prediction, Workload
+from hvdkit.bench.report.cells import measure_of, measured_cells, primary_measure, stat
+
+try:   # the advisor's one entry point for a variant (issue 23); the strategy map below until it exists
+    from hvdkit.advise.predict import predict_variant as _PREDICT_VARIANT
+except ImportError:
+    _PREDICT_VARIANT = None
+    from hvdkit.advise.predict import predict_one
+
+__all__ = ["advise_variant", "workload_for", "cluster_for", "predictions", "projections", "ASSUMED_LINK",
+           "PROJECTION_METHOD", "PREDICTION_METHOD", "FACTORS", "cores_of"]
+
+#: (bytes/s, one-way latency s, label) of the inter-host link a projection from one host assumes
+ASSUMED_LINK = (10e9 / 8, presets.TCP_LATENCY, "10 Gbit/s Ethernet, 30 us (assumed: no link was probed)")
+PREDICTION_METHOD = ("the workload: the cell's gradient bytes as one tensor, as compute the same model's 1-worker "
+                     "step less its communication and wait (compute, data, the harness's own time); the cluster: "
+                     "the hosts the worker ranks fill, the probed links' median rate and half their median round "
+                     "trip as the one-way latency; on this host or an emulated cluster the ranks share the "
+                     "machine's cores")
+#: host multiples of the projection
+FACTORS = (2, 4)
+PROJECTION_METHOD = ("hvdkit advise's samples/s on 2x and 4x the hosts that the variant's largest measured cell "
+                     "used (same workers per host, same links), multiplied by measured / predicted of that cell "
+                     "(the median; min and max scaled by the same factor); efficiency = that over N x the measured "
+                     "1-worker samples/s")
+
+#: training strategy -> the advisor's row (used only until hvdkit.advise.predict.predict_variant exists)
+_ADVISE_NAME = {"horovod": "horovod", "ring": "ring", "ps-sync": "ps-sync", "ps-async": "ps-async",
+                "ps-dcasgd": "ps-async", "ps-ssp": "ps-ssp"}
+
+
+def _label_opts(variant: str) -> dict[str, str]:
+    _, _, opts = variant.partition(":")
+    return dict(kv.split("=", 1) for kv in opts.split(",") if "=" in kv)
+
+
+def advise_variant(variant: str, strategy: str, layout: str, servers: int, wl: Workload,
+                   cl: Cluster) -> Prediction | None:
+    """The advisor's prediction for one variant, or None where it has no row for it.
+
+    Args:
+        variant: the variant label (``"ps-sync:num_servers=2"``); strategy, layout, servers:
+            the cell's (``servers`` = the dedicated server ranks, K).
+        wl, cl: from :func:`workload_for` and :func:`cluster_for`.
+
+    Uses ``hvdkit.advise.predict.predict_variant(variant, wl, cl, options)`` where it exists;
+    otherwise maps the strategy to the advisor's rows (a colocated ``ps-sync`` is
+    ``ps-colocated``; ``ps-dcasgd`` moves the bytes of ``ps-async``).
+    """
+    opts = Options(jitter_cv=0.0)
+    try:
+        if _PREDICT_VARIANT is not None:
+            return _PREDICT_VARIANT(variant, wl, cl, opts)
+        name = "ps-colocated" if layout == "colocated" else _ADVISE_NAME.get(strategy)
+        if name is None:
+            return None
+        staleness = _label_opts(variant).get("staleness")
+        opts = replace(opts, servers=servers if layout == "dedicated" else 0,
+                       **({"staleness": int(staleness)} if staleness else {}))
+        return predict_one(name, wl, cl, opts)
+    except ValueError:
+        return None
+
+
+def _slot_hosts(place: Mapping) -> list[int]:
+    return [max(1, int(h.get("slots") or 1)) for h in place.get("hosts") or [{"slots": 1}]]
+
+
+def _link(place: Mapping) -> tuple[float, float] | None:
+    links = [lk for lk in place.get("links") or [] if lk.get("rate_bps")]
+    if not links:
+        return None
+    rate = statistics.median(float(lk["rate_bps"]) for lk in links) / 8
+    rtts = [float(lk["rtt_ms"]) for lk in links if lk.get("rtt_ms") is not None]
+    return rate, (statistics.median(rtts) / 2e3 if rtts else presets.TCP_LATENCY)
+
+
+def cluster_for(place: Mapping, workers: int, cores: int | None = None, factor: int = 1) -> Cluster:
+    """The advisor's :class:`Cluster` for ``workers`` worker ranks on ``place`` (``Place.describe()``).
+
+    The worker ranks fill the hosts' slots host by host (this host: all on it); H = the hosts
+    they touch, G = workers / H (H = workers, G = 1 where that does not divide). ``factor``
+    multiplies H (the projection). Raises ValueError for workers < 1.
+    """
+    if workers < 1:
+        raise ValueError(f"workers={workers} must be >= 1")
+    slots, h, left = _slot_hosts(place), 0, workers
+    if place.get("kind") == "local":   # this host: every rank on it, however many slots it has
+        slots, left, h = [workers], 0, 1
+    while left > 0:   # one rank per slot, host by host; past the last host, hosts of its size
+        left -= slots[min(h, len(slots) - 1)]
+        h += 1
+    g = workers // h if workers % h == 0 else 1
+    h = workers // g
+    link = _link(place)
+    gpu = any(int(x.get("gpus") or 0) for x in place.get("hosts") or [])
+    intra_Bps, intra_lat = presets.INTRA["pcie" if gpu else "shm"]
+    inter_Bps, inter_lat = link if link else (ASSUMED_LINK[:2] if h * factor > 1 else (intra_Bps, intra_lat))
+    kind = place.get("kind")
+    # this host's or the emulated hosts' ranks share this machine's cores; a projection to more
+    # real hosts (or from this host to several) brings their cores along
+    shared = cores if kind == "emulated" or (kind == "local" and factor == 1) else None
+    return Cluster(hosts=h * factor, gpus_per_host=g, intra_Bps=intra_Bps, inter_Bps=inter_Bps,
+                   intra_latency_s=intra_lat, inter_latency_s=inter_lat, reduce_Bps=1e11 if gpu else 2e9,
+                   server_Bps=2e9, shared_cores=shared or None, name=place.get("kind", ""))
+
+
+def _median(xs: Sequence[float]) -> float | None:
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
+
+
+def _batch(doc: Mapping, cell: Mapping) -> int | None:
+    meta = doc.get("meta") or {}
+    for src in (((meta.get("measures") or {}).get(measure_of(cell)) or {}), meta.get("args") or {}):
+        if src.get("batch_size"):
+            return int(src["batch_size"])
+    guess = [r["samples_per_s"] * r["step_ms"] / 1e3 / r["workers"] for r in doc.get("rows", [])
+             if r.get("status") == "OK" and r.get("model") == cell["model"] and measure_of(r) == measure_of(cell)
+             and r.get("samples_per_s") and r.get("step_ms")]
+    b = _median(guess)
+    return max(1, round(b)) if b else None
+
+
+def workload_for(doc: Mapping, cell: Mapping) -> Workload | None:
+    """The advisor's :class:`Workload` for a summary cell (module docstring), or None when its
+    gradient bytes or a 1-worker step of its model (same measure) were not measured."""
+    model, measure = cell["model"], measure_of(cell)
+    grads = cell.get("gradient_bytes") or _median([
+        r.get("gradient_bytes") for r in doc.get("rows", [])
+        if r.get("model") == model and r.get("variant") == cell["variant"] and r.get("status") == "OK"])
+    ones = [s for s in doc.get("summary", []) if s["model"] == model and s["workers"] == 1
+            and measure_of(s) == measure and stat(s, "step_ms") is not None]
+    same = [s for s in ones if s["variant"] == cell["variant"]] or ones
+    comp = _median([stat(s, "step_ms") - (stat(s, "comm_ms") or 0.0) - (stat(s, "wait_ms") or 0.0) for s in same])
+    batch = _batch(doc, cell)
+    if not grads or not comp or not batch:
+        return None
+    return Workload(model, (int(grads),), compute_s=comp / 1e3, batch=batch)
+
+
+def _servers(cell: Mapping) -> int:
+    if cell.get("servers") is not None:
+        return int(cell["servers"])
+    if cell.get("layout") != "dedicated":
+        return 0
+    return max(0, int(cell.get("ranks") or cell["workers"]) - int(cell["workers"]))
+
+
+def cores_of(doc: Mapping) -> int | None:
+    """The cores of the machine the benchmark ran on (``meta.cores``), or None."""
+    meta = doc.get("meta") or {}
+    c = meta.get("cores") or (meta.get("host_meta") or {}).get("cores")
+    return int(c) if c else None
+
+
+def predictions(doc: Mapping) -> list[dict]:
+    """One entry per measured summary cell (every measure): ``{"cell", "predicted_sps", "error",
+    "limiting", "step_ms"}``; ``error`` = predicted / measured median samples/s - 1 (None where
+    there is no prediction)."""
+    out = []
+    for c in measured_cells(doc, None):
+        meas = stat(c, "samples_per_s")
+        wl = workload_for(doc, c)
+        p = advise_variant(c["variant"], c.get("strategy", ""), c.get("layout", ""), _servers(c), wl,
+                           cluster_for(doc.get("place") or {}, int(c["workers"]), cores_of(doc))) if wl else None
+        out.append({"cell": c, "predicted_sps": p.samples_per_s if p else None,
+                    "error": p.samples_per_s / meas - 1 if p else None, "limiting": p.limiting if p else None,
+                    "step_ms": p.step_s * 1e3 if p else None})
+    return out
+
+
+def projections(doc: Mapping, preds: Sequence[dict] | None = None) -> list[dict]:
+    """Per (model, variant, straggler) of the primary measure (:func:`.cells.primary_measure`): the
+    calibrated projection to :data:`FACTORS` x the hosts
+    (:data:`PROJECTION_METHOD`). Each entry: ``{"model", "variant", "straggler", "workers"`` (the
+    largest measured), ``"calibration"`` (measured / predicted), ``"points": [{"factor", "workers",
+    "hosts", "samples_per_s": {"median","min","max"}, "efficiency": {...} or None, "limiting"}]}``."""
+    preds = predictions(doc) if preds is None else preds
+    primary = primary_measure(doc)
+    last: dict[tuple, dict] = {}
+    for p in preds:
+        c = p["cell"]
+        if measure_of(c) != primary:
+            continue
+        key = (c["model"], c["variant"], c.get("straggler", "none"))
+        if p["predicted_sps"] and (key not in last or c["workers"] > last[key]["cell"]["workers"]):
+            last[key] = p
+    one = {(s["model"], s["variant"], s.get("straggler", "none")): stat(s, "samples_per_s")
+           for s in measured_cells(doc) if s["workers"] == 1}
+    out = []
+    for (model, variant, strag), p in last.items():
+        c = p["cell"]
+        w = int(c["workers"])
+        cal = c["samples_per_s"]["median"] / p["predicted_sps"]
+        wl = workload_for(doc, c)
+        points = []
+        for f in FACTORS:
+            cl = cluster_for(doc.get("place") or {}, w, cores_of(doc), factor=f)
+            q = advise_variant(variant, c.get("strategy", ""), c.get("layout", ""), _servers(c), wl, cl)
+            if q is None:
+                continue
+            base = one.get((model, variant, strag))
+            sps = {k: q.samples_per_s * c["samples_per_s"][k] / p["predicted_sps"] for k in ("median", "min", "max")}
+            eff = {k: v / (cl.workers * base) for k, v in sps.items()} if base else None
+            points.append({"factor": f, "workers": cl.workers, "hosts": cl.hosts, "samples_per_s": sps,
+                           "efficiency": eff, "limiting": q.limiting})
+        out.append({"model": model, "variant": variant, "straggler": strag, "workers": w, "calibration": cal,
+                    "points": points})
+    return out

@@ -1,0 +1,59 @@
+"""``hvdkit-bench report DIR``: the decision report of a training benchmark's results directory.
+
+    hvdkit-bench report results/mine            # = python -m hvdkit.bench.report results/mine
+
+Reads ``DIR/training.json`` (``hvdkit-bench training --out-dir DIR``) and every
+``DIR/collectives*.json`` (``hvdkit-bench collectives ... --json``), and writes
+
+=====================  ===========================================================================
+report.md              the recommendation per model, the cluster, samples/s and scaling efficiency
+                       per variant with hvdkit advise's prediction and its error, the step split,
+                       convergence, the projection to 2x and 4x the hosts, failed and skipped cells
+report-*.png           its figures
+report.html            the same in one self-contained page (figures embedded, no script, no
+                       network access): open it from disk
+=====================  ===========================================================================
+
+Exit status: 0 written; 2 bad input (no DIR, no training.json, not its JSON); 74 a file
+could not be written.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from hvdkit.errors import OutputError, UsageError
+
+__all__ = ["main", "build_parser"]
+
+PROG = "hvdkit-bench report"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command-line flags (see the module docstring)."""
+    p = argparse.ArgumentParser(prog=PROG, description="The decision report of a training benchmark's results "
+                                "directory.", epilog=__doc__.split("\n\n", 1)[1],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("dir", metavar="DIR", help="the results directory holding training.json")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Write the report; prints the paths of report.md and report.html. Returns the exit status."""
+    a = build_parser().parse_args(argv)
+    from hvdkit.bench.report.writer import write_report
+    try:
+        paths = write_report(a.dir)
+    except UsageError as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 2
+    except OutputError as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return e.exit_status
+    for p in paths[:2]:
+        print(p)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

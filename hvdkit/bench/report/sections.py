@@ -1,0 +1,304 @@
+"""The report's sections, each a list of :mod:`~hvdkit.bench.report.document` blocks built from
+``training.json`` (CONTRACTS.md section 3) and, where given, the collectives benchmark's JSON.
+
+Every figure of a cell is ``median [min-max]`` over the cell's OK rounds, as the training
+benchmark summarised them; nothing here re-measures or re-summarises.
+"""
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+from hvdkit.bench.report import advised
+from hvdkit.bench.report.cells import cell_key, measure_of, measured_cells, primary_measure, stat
+from hvdkit.bench.report.decide import Decision, decide, interval_text
+from hvdkit.bench.report.document import Bullets, Heading, Paragraph, Table
+from hvdkit.bench.report.figures import human_bytes
+
+__all__ = ["decisions", "cluster_section", "throughput_section", "split_section",
+           "convergence_section", "projection_section", "recommendation_section", "failures_section",
+           "collectives_section", "method_section", "pct"]
+
+
+def pct(x: float | None) -> str:
+    """``0.123`` -> ``"+12%"``; None -> ``"-"``."""
+    if x is None:
+        return "-"
+    v = round(x * 100)
+    return f"{v:+d}%" if v else "0%"
+
+
+def _stragglers(doc: Mapping) -> bool:
+    return any(s.get("straggler", "none") != "none" for s in doc.get("summary", []))
+
+
+def _skipped(doc: Mapping) -> list[dict]:
+    """The skipped entries, each with a measure (the primary one where the entry names none)."""
+    primary = primary_measure(doc)
+    return [{**sk, "measure": sk.get("measure") or primary, "straggler": sk.get("straggler", "none")}
+            for sk in doc.get("skipped", [])]
+
+
+_CONVERGENCE = ("time_to_target_s", "staleness_mean")
+
+
+def decisions(doc: Mapping, preds: Sequence[dict] = ()) -> list[tuple[Decision, list[str]]]:
+    """Per (model, straggler) of the primary measure, at the largest worker count any variant of
+    that model was measured at: (the :func:`~hvdkit.bench.report.decide.decide` outcome, the
+    variants of the model not measured there, each with its status and cause). A cell without
+    time to target or staleness takes them from the convergence cell of the same variant, model,
+    workers and straggler, where one was measured."""
+    primary = primary_measure(doc)
+    cells = measured_cells(doc)
+    conv = {cell_key(c)[1:]: c for c in measured_cells(doc, "convergence")}
+    pred = {cell_key(p["cell"]): p["predicted_sps"] for p in preds}
+    rows = [r for r in doc.get("rows", []) if measure_of(r) == primary]
+    out = []
+    for model, strag in dict.fromkeys((c["model"], c.get("straggler", "none")) for c in cells):
+        group = [c for c in cells if c["model"] == model and c.get("straggler", "none") == strag]
+        w = max(int(c["workers"]) for c in group)
+        here = []
+        for c in (c for c in group if int(c["workers"]) == w):
+            other = conv.get(cell_key(c)[1:], {})
+            extra = {k: other[k] for k in _CONVERGENCE if stat(c, k) is None and stat(other, k) is not None}
+            here.append({**c, **extra})
+        d = decide(here, {c["variant"]: pred.get(cell_key(c)) for c in here}, doc.get("target_accuracy"))
+        skipped = [s for s in _skipped(doc) if s["measure"] == primary and s["model"] == model]
+        variants = dict.fromkeys([s["variant"] for s in doc.get("summary", []) if s["model"] == model
+                                  and measure_of(s) == primary] + [s["variant"] for s in skipped])
+        missing = []
+        for v in variants:
+            if any(c["variant"] == v for c in here):
+                continue
+            sk = next((s for s in skipped if s["variant"] == v and int(s["workers"]) == w
+                       and s["straggler"] == strag), None)
+            if sk:
+                missing.append(f"{v} (SKIPPED: {sk.get('reason', '?')})")
+                continue
+            err = next((r.get("error") for r in rows if r["model"] == model and r["variant"] == v
+                        and int(r["workers"]) == w and r.get("status") != "OK" and r.get("error")), None)
+            missing.append(f"{v} (FAILED: {err})" if err else f"{v} (not run at {w} workers)")
+        out.append((d, missing))
+    return out
+
+
+def recommendation_section(doc: Mapping, preds: Sequence[dict] = ()) -> list:
+    """The recommendation per model at its largest measured worker count, with its reasons."""
+    blocks: list = [Heading("Recommendation"),
+                    Paragraph("One variant is recommended only when its samples/s interval (min-max over rounds) "
+                              "does not overlap the runner-up's; otherwise every variant within the noise is named.",
+                              "note")]
+    ds = decisions(doc, preds)
+    if not ds:
+        return blocks + [Paragraph("No cell was measured: nothing to recommend (see the failed and skipped cells).")]
+    strag = _stragglers(doc)
+    for d, missing in ds:
+        where = f"{d.model} at {d.workers} worker{'s' * (d.workers > 1)}"
+        where += f", straggler {d.straggler}" if strag else ""
+        blocks.append(Heading(where, 3))
+        blocks.append(Paragraph(f"**Recommended: {d.headline}**" if d.decided else f"**{d.headline}**",
+                                "verdict" if d.decided else "verdict noise"))
+        reasons = list(d.reasons)
+        if missing:
+            reasons.append(f"not compared (not measured at {d.workers} workers): " + "; ".join(missing))
+        blocks.append(Bullets(reasons))
+    return blocks
+
+
+def _gbit(bps) -> str:
+    return "-" if bps is None else f"{float(bps) / 1e9:.3g}"
+
+
+def cluster_section(doc: Mapping) -> list:
+    """The place: kind, hosts with slots and GPUs, each probed link's rate and round trip."""
+    place = doc.get("place") or {}
+    hosts = place.get("hosts") or []
+    slots = sum(int(h.get("slots") or 0) for h in hosts)
+    known = [int(h["gpus"]) for h in hosts if h.get("gpus") is not None]
+    gpus = f"{sum(known)} GPUs" if known else "GPUs not counted"
+    cores = advised.cores_of(doc)
+    blocks: list = [Heading("The cluster"),
+                    Paragraph(f"Place **{place.get('kind', '?')}**: {len(hosts)} host{'s' * (len(hosts) != 1)}, "
+                              f"{slots} slots, {gpus}"
+                              + (f"; the machine that ran the benchmark has {cores} cores" if cores else "") + ".")]
+    if hosts:
+        blocks.append(Table(["host", "slots", "GPUs"], [[h.get("name", "?"), str(h.get("slots", "-")),
+                                                         "-" if h.get("gpus") is None else str(h["gpus"])]
+                                                        for h in hosts], "lrr"))
+    links = place.get("links") or []
+    if links:
+        blocks.append(Table(["from", "to", "rate (Gbit/s)", "round trip (ms)"],
+                            [[lk.get("src", "?"), lk.get("dst", "?"), _gbit(lk.get("rate_bps")),
+                              "-" if lk.get("rtt_ms") is None else f"{float(lk['rtt_ms']):.3f}"] for lk in links],
+                            "llrr", "Probed links (rate: one TCP stream; round trip: the median of 1-byte TCP "
+                                    "round trips)"))
+    else:
+        blocks.append(Paragraph("No link was probed" + (" (one host: its ranks talk through shared memory)."
+                                                        if len(hosts) <= 1 else ".")))
+    return blocks
+
+
+def _status_cells(doc: Mapping) -> list[dict]:
+    """The primary measure's summary cells in order, plus its skipped ones as cells with status SKIPPED."""
+    primary = primary_measure(doc)
+    cells = [dict(s) for s in doc.get("summary", []) if measure_of(s) == primary]
+    cells += [{**sk, "status": "SKIPPED"} for sk in _skipped(doc) if sk["measure"] == primary]
+    order = {v: i for i, v in enumerate(dict.fromkeys(c["variant"] for c in cells))}
+    return sorted(cells, key=lambda c: (c["model"], c.get("straggler", "none"), order[c["variant"]],
+                                        int(c["workers"])))
+
+
+def _rounds(c: Mapping) -> str:
+    n = str(c.get("n", "-"))
+    return f"{n} (+{c['failed']} failed)" if c.get("failed") else n
+
+
+def throughput_section(doc: Mapping, preds: Sequence[dict], figure=None) -> list:
+    """Per model: samples/s and scaling efficiency per variant and worker count, the advisor's
+    samples/s for the same cell and its error (predicted / measured - 1)."""
+    pred = {cell_key(p["cell"]): p for p in preds}
+    strag = _stragglers(doc)
+    blocks: list = [Heading("Throughput and scaling")]
+    cells = _status_cells(doc)
+    for model in dict.fromkeys(c["model"] for c in cells):
+        rows = []
+        for c in (c for c in cells if c["model"] == model):
+            p = pred.get(cell_key(c), {})
+            if stat(c, "samples_per_s") is not None:
+                sps, eff = interval_text(c["samples_per_s"]), interval_text(c.get("efficiency"), 2)
+            else:
+                sps, eff = c.get("status", "FAILED"), "-"
+            rows.append(([c.get("straggler", "none")] if strag else [])
+                        + [c["variant"], str(c["workers"]), str(c.get("ranks", "-")), _rounds(c), sps, eff,
+                           "-" if p.get("predicted_sps") is None else f"{p['predicted_sps']:.0f}",
+                           pct(p.get("error")), p.get("limiting") or "-"])
+        head = (["straggler"] if strag else []) + ["variant", "workers", "ranks", "rounds", "samples/s", "efficiency",
+                                                   "advise samples/s", "advise error", "advise: limited by"]
+        blocks.append(Table(head, rows, ("l" if strag else "") + "lrrrrrrrl",
+                            f"**{model}**: median [min-max] over the OK rounds; advise error = predicted / "
+                            "measured - 1"))
+    if figure is not None:
+        blocks.append(figure)
+    return blocks
+
+
+def split_section(doc: Mapping, figure=None) -> list:
+    """Per measured cell: the median step and its compute / communication / wait / data
+    milliseconds, and the busiest link's utilisation."""
+    cells = measured_cells(doc)
+    if not cells:
+        return []
+    strag = _stragglers(doc)
+    rows = []
+    for c in cells:
+        ms = lambda k: interval_text(c.get(k), 1)   # noqa: E731
+        rows.append(([c.get("straggler", "none")] if strag else [])
+                    + [c["model"], c["variant"], str(c["workers"]), ms("step_ms"), ms("compute_ms"), ms("comm_ms"),
+                       ms("wait_ms"), ms("data_ms"), interval_text(c.get("utilisation"), 2)])
+    head = (["straggler"] if strag else []) + ["model", "variant", "workers", "step ms", "compute ms", "comm ms",
+                                               "wait ms", "data ms", "link utilisation"]
+    blocks: list = [Heading("Where the step's time goes"),
+                    Table(head, rows, ("l" if strag else "") + "llrrrrrrr",
+                          "milliseconds per step, median [min-max] over rounds; utilisation: the busiest link's "
+                          "bytes per second / its probed rate")]
+    if figure is not None:
+        blocks.append(figure)
+    return blocks
+
+
+def convergence_section(doc: Mapping, figure=None) -> list:
+    """Time to the target accuracy and staleness, for the cells (of any measure) where they were measured."""
+    cells = [c for c in measured_cells(doc, None) if any(stat(c, k) is not None for k in _CONVERGENCE)]
+    if not cells:
+        return []
+    target = doc.get("target_accuracy")
+    rows = [[c["model"], c["variant"], str(c["workers"]), c.get("straggler", "none"), c.get("reached") or _rounds(c),
+             interval_text(c.get("time_to_target_s"), 1), interval_text(c.get("samples_per_s")),
+             interval_text(c.get("staleness_mean"), 2), "-" if c.get("staleness_max") is None
+             else str(c["staleness_max"])] for c in cells]
+    blocks: list = [Heading("Convergence"),
+                    Table(["model", "variant", "workers", "straggler", "rounds reaching it",
+                           f"time to accuracy {target} (s)", "samples/s", "mean staleness", "max staleness"],
+                          rows, "llrlrrrrr",
+                          "median [min-max] over rounds; staleness (updates): server version at apply time minus "
+                          "the version the worker computed on")]
+    if figure is not None:
+        blocks.append(figure)
+    return blocks
+
+
+def projection_section(doc: Mapping, projs: Sequence[dict]) -> list:
+    """The advisor's projection to 2x and 4x the hosts, calibrated by the measurement."""
+    blocks: list = [Heading("Projection to 2x and 4x the hosts"), Paragraph("Method: " + advised.PROJECTION_METHOD
+                                                                            + ".", "note")]
+    place = doc.get("place") or {}
+    if not [lk for lk in place.get("links") or [] if lk.get("rate_bps")]:
+        blocks.append(Paragraph(f"Inter-host link: {advised.ASSUMED_LINK[2]}."))
+    meas = {cell_key(c): c for c in measured_cells(doc)}
+    rows = []
+    for p in projs:
+        c = meas.get((primary_measure(doc), p["model"], p["variant"], p["workers"], p.get("straggler", "none")))
+        for q in p["points"]:
+            rows.append([p["model"], p["variant"], f"{p['workers']}: {interval_text(c['samples_per_s']) if c else '-'}",
+                         f"{p['calibration']:.2f}", f"{q['factor']}x = {q['hosts']}", str(q["workers"]),
+                         interval_text(q["samples_per_s"]), interval_text(q["efficiency"], 2), q["limiting"]])
+    if not rows:
+        return blocks + [Paragraph("No cell has a prediction to calibrate: no projection.")]
+    return blocks + [Table(["model", "variant", "measured: N, samples/s", "calibration", "hosts", "workers",
+                            "samples/s", "efficiency", "advise: limited by"], rows, "llrrrrrrl",
+                           "projected; calibration = measured / predicted samples/s at N")]
+
+
+def failures_section(doc: Mapping) -> list:
+    """Every FAILED round and SKIPPED cell with its cause."""
+    rows = [["FAILED", measure_of(r), r["variant"], r["model"], str(r["workers"]), r.get("straggler", "none"),
+             str(r.get("round", "-")), r.get("error") or "?"]
+            for r in sorted((r for r in doc.get("rows", []) if r.get("status") != "OK"),
+                            key=lambda r: (measure_of(r), r["model"], r["variant"], int(r["workers"]),
+                                           r.get("round", 0)))]
+    rows += [["SKIPPED", s["measure"], s["variant"], s["model"], str(s["workers"]), s["straggler"],
+              ",".join(map(str, s["rounds"])) if s.get("rounds") else "-", s.get("reason") or "?"]
+             for s in _skipped(doc)]
+    if not rows:
+        return [Heading("Failed and skipped cells"), Paragraph("None: every cell ran and every round succeeded.")]
+    head = ["status", "measure", "variant", "model", "workers", "straggler", "round", "cause"]
+    drop = {i for i in (1, 5) if len({r[i] for r in rows}) == 1}   # one measure, one straggler: no column
+    keep = lambda xs: [x for i, x in enumerate(xs) if i not in drop]   # noqa: E731
+    return [Heading("Failed and skipped cells"),
+            Table(keep(head), [keep(r) for r in rows], "".join(keep("llllrlrl")))]
+
+
+def collectives_section(docs: Sequence[tuple[str, Mapping]], figure=None) -> list:
+    """Per collectives JSON: each method's busbw and time at the largest message size."""
+    blocks: list = []
+    for name, d in docs:
+        rows = d.get("rows") or []
+        if not rows:
+            continue
+        top = max(r["bytes"] for r in rows)
+        num = lambda v, d: "-" if v is None else f"{v:.{d}f}"   # noqa: E731
+        table = [[r["method"], human_bytes(r["bytes"]), num(r.get("busbw_GBps"), 3), num(r.get("time_us"), 1),
+                  str(r.get("wrong", "-"))]
+                 for r in rows if r["bytes"] == top]
+        ws = (d.get("meta") or {}).get("world_size", "?")
+        blocks.append(Table(["method", "size", "busbw (GB/s)", "time (us, median)", "#wrong"], table, "lrrrr",
+                            f"`{name}`: {ws} ranks, largest size; ok = {d.get('ok', '?')}"))
+    if not blocks:
+        return []
+    return [Heading("Collectives")] + blocks + ([figure] if figure is not None else [])
+
+
+def _command(argv: Sequence[str]) -> str:
+    words = [str(a) for a in argv]
+    return " ".join(words if words and words[0].startswith("hvdkit") else ["hvdkit-bench", "training", *words])
+
+
+def method_section(doc: Mapping) -> list:
+    """How the figures were computed, and where they came from."""
+    meta = doc.get("meta") or {}
+    return [Heading("How these figures were computed"), Bullets([
+        "samples/s, efficiency, step split: median [min-max] over the OK rounds of each cell (rounds of different "
+        "cells alternate); scaling efficiency = samples/s(N) / (N x samples/s(1)) of the same model and variant",
+        "hvdkit advise, per cell: " + advised.PREDICTION_METHOD,
+        f"inputs: training.json of {meta.get('date', '?')} on {meta.get('host', '?')}"
+        + (f" (`{_command(meta['argv'])}`)" if meta.get("argv") else ""),
+    ])]
