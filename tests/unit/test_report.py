@@ -130,19 +130,6 @@ def test_advise_variant_asks_predict_variant_by_label(monkeypatch):
     assert seen == ["ps-sync:num_servers=2"]
 
 
-@pytest.mark.skipif(advised._PREDICT_VARIANT is not None, reason="the advisor has predict_variant: no map is used")
-def test_advise_variant_maps_layouts_to_the_advisor_rows(monkeypatch):
-    seen = []
-    monkeypatch.setattr(advised, "predict_one", lambda name, wl, cl, opt: seen.append(
-        (name, opt.servers, opt.staleness)) or name)
-    for args in (("ps-sync:ps_colocated=true", "ps-sync", "colocated", 0),
-                 ("ps-sync:num_servers=2", "ps-sync", "dedicated", 2),
-                 ("ps-ssp:staleness=4", "ps-ssp", "dedicated", 1), ("ps-dcasgd", "ps-dcasgd", "dedicated", 1)):
-        advised.advise_variant(*args, None, None)
-    assert advised.advise_variant("model-parallel", "model-parallel", "pipeline", 0, None, None) is None
-    assert seen == [("ps-colocated", 0, 3), ("ps-sync", 2, 3), ("ps-ssp", 1, 4), ("ps-async", 1, 3)]
-
-
 def test_predictions_and_calibrated_projection():
     doc = _doc()
     preds = advised.predictions(doc)

@@ -23,18 +23,13 @@ inter-host link was probed (one host), the projection assumes :data:`ASSUMED_LIN
 from __future__ import annotations
 
 import statistics
-from dataclasses import replace
 from typing import Mapping, Sequence
 
 from hvdkit.advise import presets
 from hvdkit.advise.model import Cluster, Options, Prediction, Workload
 from hvdkit.bench.report.cells import measure_of, measured_cells, primary_measure, stat
 
-try:   # the advisor's one entry point for a variant (issue 23); the strategy map below until it exists
-    from hvdkit.advise.predict import predict_variant as _PREDICT_VARIANT
-except ImportError:
-    _PREDICT_VARIANT = None
-    from hvdkit.advise.predict import predict_one
+from hvdkit.advise.predict import predict_variant as _PREDICT_VARIANT
 
 __all__ = ["advise_variant", "workload_for", "cluster_for", "predictions", "projections", "ASSUMED_LINK",
            "PROJECTION_METHOD", "PREDICTION_METHOD", "FACTORS", "cores_of"]
@@ -53,16 +48,6 @@ PROJECTION_METHOD = ("hvdkit advise's samples/s on 2x and 4x the hosts that the 
                      "(the median; min and max scaled by the same factor); efficiency = that over N x the measured "
                      "1-worker samples/s")
 
-#: training strategy -> the advisor's row (used only until hvdkit.advise.predict.predict_variant exists)
-_ADVISE_NAME = {"horovod": "horovod", "ring": "ring", "ps-sync": "ps-sync", "ps-async": "ps-async",
-                "ps-dcasgd": "ps-async", "ps-ssp": "ps-ssp"}
-
-
-def _label_opts(variant: str) -> dict[str, str]:
-    _, _, opts = variant.partition(":")
-    return dict(kv.split("=", 1) for kv in opts.split(",") if "=" in kv)
-
-
 def advise_variant(variant: str, strategy: str, layout: str, servers: int, wl: Workload,
                    cl: Cluster) -> Prediction | None:
     """The advisor's prediction for one variant, or None where it has no row for it.
@@ -72,22 +57,13 @@ def advise_variant(variant: str, strategy: str, layout: str, servers: int, wl: W
             the cell's (``servers`` = the dedicated server ranks, K).
         wl, cl: from :func:`workload_for` and :func:`cluster_for`.
 
-    Uses ``hvdkit.advise.predict.predict_variant(variant, wl, cl, options)`` where it exists;
-    otherwise maps the strategy to the advisor's rows (a colocated ``ps-sync`` is
-    ``ps-colocated``; ``ps-dcasgd`` moves the bytes of ``ps-async``).
+    Asks ``hvdkit.advise.predict.predict_variant(variant, wl, cl, options)``, which prices the
+    row's own facts (layout, traffic, servers); a row it has no formula for (model-parallel,
+    tf-ps, the one-process tf rows) gives None.
     """
-    opts = Options(jitter_cv=0.0)
     try:
-        if _PREDICT_VARIANT is not None:
-            return _PREDICT_VARIANT(variant, wl, cl, opts)
-        name = "ps-colocated" if layout == "colocated" else _ADVISE_NAME.get(strategy)
-        if name is None:
-            return None
-        staleness = _label_opts(variant).get("staleness")
-        opts = replace(opts, servers=servers if layout == "dedicated" else 0,
-                       **({"staleness": int(staleness)} if staleness else {}))
-        return predict_one(name, wl, cl, opts)
-    except ValueError:
+        return _PREDICT_VARIANT(variant, wl, cl, Options(jitter_cv=0.0))
+    except ValueError:   # UsageError: no formula for this row
         return None
 
 
