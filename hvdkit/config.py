@@ -73,6 +73,15 @@ class Option:
         """``--batch-size`` for ``batch_size``."""
         return "--" + self.name.replace("_", "-")
 
+    def convert(self, raw: Any, source: str) -> Any:
+        """``raw`` (text, or a value of ``type``) as a value of ``type``, not yet validated; a bool
+        takes true/false, yes/no, on/off or 1/0 (what the environment and config files accept).
+
+        Raises:
+            UsageError: ``SOURCE: NAME=RAW is not a valid TYPE`` (or ``... is not a boolean``).
+        """
+        return _convert(self, raw, source)
+
     def validate(self, value: Any) -> Any:
         """``value`` if it passes ``choices`` and ``check``.
 

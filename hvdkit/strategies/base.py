@@ -64,6 +64,36 @@ meta, model)``              during set-up                :class:`~hvdkit.errors.
 ``finish()``                every rank, last             release communicators and threads; tell peers
 ==========================  ===========================  ==================================================
 
+What a row says about itself (class attributes and classmethods: local, no MPI, no TensorFlow;
+read by :mod:`hvdkit.strategies.variants`, the benchmarks and ``hvdkit advise``, which keep no
+table of strategies of their own):
+
+=================================  ==================================================================
+fact                               meaning
+=================================  ==================================================================
+``name``, ``summary``, ``options``  the registry key, its ``--help`` line, its flags (below)
+``layout`` / ``layout_for(opts)``  how a job's ranks are used, one of :data:`LAYOUTS`: ``replicas``
+                                   (every rank a worker holding a replica), ``dedicated`` (workers plus
+                                   K server ranks), ``colocated`` (every rank a worker and a server
+                                   shard), ``pipeline`` (one replica split into stages, one per rank),
+                                   ``tf-ps`` (a chief, K ps tasks, workers). ``layout`` is the row's
+                                   layout at its default options; ``layout_for`` the one at ``opts``
+                                   (the ps-* rows: ``colocated`` with ``ps_colocated``)
+``traffic`` / ``traffic_for``      name of the :mod:`hvdkit.costs` function that prices one step's
+``(opts)``                         bytes on the wire (``ring_allreduce_time``, ``ps_time``,
+                                   ``colocated_ps_time``), or None (no formula: in-process or pipeline)
+``ranks_for(workers, opts)``       MPI ranks (world size) a job with ``workers`` training workers
+                                   needs: ``replicas``/``colocated`` N, ``dedicated`` N + K,
+                                   ``tf-ps`` N + K + 1, ``pipeline`` N stages (one replica); a
+                                   single-process row refuses N > 1 (UsageError)
+``servers_for(workers, opts)``     of those, the dedicated server ranks (0 where none)
+``lockstep``                       the loop ranks take every step together (below)
+=================================  ==================================================================
+
+``opts`` there is a mapping of option name -> value (a variant's ``opts``; missing names take
+their declared defaults). A row's :meth:`Strategy.check` refuses a world smaller than
+``ranks_for(1, opts)`` (the ps-* and tf-ps rows call it), so the rank rule is written once.
+
 A strategy declares its flags once, in ``options`` (:class:`hvdkit.config.Option`: type,
 default, validation, help); they are validated when the flags are parsed, and
 ``self.opts`` holds their values (defaults from the declaration, never at the use site).
@@ -81,7 +111,7 @@ from __future__ import annotations
 import abc
 import contextlib
 import time
-from typing import Any, ClassVar, Sequence
+from typing import Any, ClassVar, Mapping, Sequence
 
 import numpy as np
 
@@ -92,7 +122,11 @@ from hvdkit.errors import UsageError
 from hvdkit.steps import eval_fn, evaluate, make_fused_step, make_step_functions, straggle
 from hvdkit.timing import StepTimer
 
-__all__ = ["Strategy", "ReplicaStrategy", "average_statistics", "check_model_arrays", "NUM_SERVERS", "COMPRESSION"]
+__all__ = ["Strategy", "ReplicaStrategy", "average_statistics", "check_model_arrays", "NUM_SERVERS", "COMPRESSION",
+           "LAYOUTS"]
+
+#: the values of a row's ``layout`` (module docstring: what each means, its rank rule)
+LAYOUTS = ("replicas", "dedicated", "colocated", "pipeline", "tf-ps")
 
 #: the checkpoint array holding the loss scale's state (:meth:`Strategy.loss_scale_state`)
 LOSS_SCALE_KEY = "loss_scale"
@@ -162,6 +196,8 @@ class Strategy(abc.ABC):
         name: the CLI name (the registry key).
         summary: one line for ``--help`` and the README table.
         options: the strategy's flags (:class:`hvdkit.config.Option`), declared once.
+        layout, traffic, lockstep: facts for the benchmarks and the advisor (module docstring), with
+            :meth:`layout_for`, :meth:`traffic_for`, :meth:`ranks_for` and :meth:`servers_for`.
 
     Attributes:
         cfg: the run's :class:`~hvdkit.config.Config`.
@@ -190,6 +226,51 @@ class Strategy(abc.ABC):
     #: ``state()`` may be called after any step (``--checkpoint-every``, a stop on SIGUSR1); False:
     #: at epoch ends only (model-parallel), so a stop on SIGUSR1 waits for the epoch's end
     mid_epoch_state: ClassVar[bool] = True
+    #: how a job's ranks are used at the default options, one of :data:`LAYOUTS` (see :meth:`layout_for`)
+    layout: ClassVar[str] = "replicas"
+    #: the :mod:`hvdkit.costs` function pricing one step's traffic at the default options, or None
+    traffic: ClassVar[str | None] = None
+
+    # -- facts of the row (classmethods: local, no MPI, no TensorFlow) ---------------------
+    @classmethod
+    def layout_for(cls, opts: Mapping[str, Any] | None = None) -> str:
+        """The row's layout (one of :data:`LAYOUTS`) with options ``opts``; default: :attr:`layout`."""
+        return cls.layout
+
+    @classmethod
+    def traffic_for(cls, opts: Mapping[str, Any] | None = None) -> str | None:
+        """Name of the :mod:`hvdkit.costs` function pricing a step with options ``opts``; default :attr:`traffic`."""
+        return cls.traffic
+
+    @classmethod
+    def ranks_for(cls, workers: int, opts: Mapping[str, Any] | None = None) -> int:
+        """MPI ranks a job of this row with ``workers`` training workers needs (default: one per worker).
+
+        Args:
+            workers: training workers N >= 1 (ranks computing gradients; for ``pipeline``, the stages).
+            opts: option name -> value; a missing name takes its declared default.
+
+        Raises:
+            UsageError: N < 1, or a value of ``opts`` its option refuses, or N the row cannot run.
+        """
+        cls._check_workers(workers)
+        return int(workers)
+
+    @classmethod
+    def servers_for(cls, workers: int, opts: Mapping[str, Any] | None = None) -> int:
+        """Of :meth:`ranks_for`'s ranks, the dedicated server ranks (default 0). Raises as :meth:`ranks_for`."""
+        cls._check_workers(workers)
+        return 0
+
+    @classmethod
+    def _check_workers(cls, workers: int) -> None:
+        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+            raise UsageError(f"{cls.name}: workers={workers!r} must be an integer >= 1")
+
+    @classmethod
+    def _opts(cls, opts: Mapping[str, Any] | None):
+        """``opts`` as the namespace of :func:`~hvdkit.config.option_values` (defaults filled, validated)."""
+        return option_values(cls.options, opts or {})
 
     def __init__(self, cfg: Config, world: World):
         self.check(cfg, world)
@@ -348,6 +429,7 @@ class ReplicaStrategy(Strategy):
     """
 
     graph_allreduce: ClassVar[bool] = False
+    traffic = "ring_allreduce_time"   # a bandwidth-optimal allreduce of the gradients every step
     loss_scaling = True  # the finite check runs on the averaged gradients, identical on every rank
 
     def setup(self, model, optimizer) -> None:

@@ -57,15 +57,27 @@ class TFParameterServerStrategy(TFDistribute):
     summary = ("tf.distribute.ParameterServerStrategy + ClusterCoordinator (chief, --num-servers ps, workers); "
                "async updates, one step in flight")
     options = (NUM_SERVERS,)
+    layout, traffic = "tf-ps", "ps_time"   # workers read and update the variables on K ps tasks
     _api = "tf.distribute.experimental.ParameterServerStrategy"
+
+    @classmethod
+    def ranks_for(cls, workers, opts=None) -> int:
+        """N + K + 1: the chief (rank 0), K = ``num_servers`` ps tasks, N workers."""
+        return int(workers) + cls.servers_for(workers, opts) + 1
+
+    @classmethod
+    def servers_for(cls, workers, opts=None) -> int:
+        """K = ``num_servers`` ps tasks (the chief is not counted)."""
+        cls._check_workers(workers)
+        return cls._opts(opts).num_servers
 
     @classmethod
     def check(cls, cfg, world):
         super().check(cfg, world)
-        k = option_values(cls.options, cfg.extra).num_servers
-        if world.size < k + 2:
+        k, need = option_values(cls.options, cfg.extra).num_servers, cls.ranks_for(1, cfg.extra)
+        if world.size < need:
             raise UsageError(f"tf-ps needs a chief, --num-servers={k} ps rank(s) and at least one worker: world size "
-                             f">= {k + 2}, got {world.size}; launch with mpirun -np {k + 2} or more")
+                             f">= {need}, got {world.size}; launch with mpirun -np {need} or more")
 
     def __init__(self, cfg, world):
         super().__init__(cfg, world)

@@ -62,6 +62,19 @@ class _SingleProcess(TFDistribute):
     """A tf.distribute strategy over this process's devices; refuses world size > 1."""
 
     @classmethod
+    def ranks_for(cls, workers, opts=None) -> int:
+        """1: one process, whose replicas are this host's devices.
+
+        Raises:
+            UsageError: ``workers`` > 1 (launch tf-multiworker for several processes).
+        """
+        cls._check_workers(workers)
+        if workers != 1:
+            raise UsageError(f"{cls.name} runs in one process (its replicas are this host's devices): 1 worker, "
+                             f"not {workers}; for several processes use tf-multiworker")
+        return 1
+
+    @classmethod
     def check(cls, cfg, world):
         super().check(cfg, world)
         if world.size > 1:
@@ -142,6 +155,7 @@ class TFMultiWorkerStrategy(TFDistribute):
     """
 
     name = "tf-multiworker"
+    traffic = "ring_allreduce_time"   # RING collectives across the processes (NCCL on GPU)
     summary = "tf.distribute.MultiWorkerMirroredStrategy, one worker per MPI rank (RING on CPU, NCCL on GPU)"
     _api = "tf.distribute.MultiWorkerMirroredStrategy"
 

@@ -175,9 +175,9 @@ def check(w) -> list[str]:
         pulled = s.flat_w.copy()                                    # what the push brought back
         s.client.pull(s.flat_w)                                     # the masters, float32
         masters = s.flat_w.copy()
-        check_flat(f"{label}: masters", -masters, xs, s.layout.bounds, failures)
+        check_flat(f"{label}: masters", -masters, xs, s.flat_layout.bounds, failures)
         fp16_pull = s.client.pull_code != 0
-        m = block_max([masters], s.layout.bounds)
+        m = block_max([masters], s.flat_layout.bounds)
         allowed = error_bound(np.abs(masters), m, 1) if fp16_pull else 0.0
         if np.any(np.abs(pulled - masters) > allowed):
             failures.append(f"{label}: pulled weights off the masters by {np.max(np.abs(pulled - masters)):.3g}")
@@ -185,7 +185,7 @@ def check(w) -> list[str]:
         rep = s.report()
         if s.world.rank == 0:
             ps = rep["ps"]
-            remote = sum(b - a for k, (a, b) in enumerate(zip(s.layout.bounds[:-1], s.layout.bounds[1:]))
+            remote = sum(b - a for k, (a, b) in enumerate(zip(s.flat_layout.bounds[:-1], s.flat_layout.bounds[1:]))
                          if s.server_ranks[k] != 0)
             want = remote * (2 + (2 if fp16_pull else 4))
             if ps["bytes_per_step_per_worker"] != want or ps["compression"] != "fp16":

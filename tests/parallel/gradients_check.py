@@ -191,8 +191,8 @@ def check(w) -> list[str]:
     model.get_layer("temperature").t.assign(1.0)
     ps = PSSync(config("--strategy", "ps-sync", "--ps-colocated"), w)
     ps.setup(model, make_optimizer(ps.cfg, 1))
-    if ps.layout.dtype != np.float64:
-        failures.append(f"ps: layout dtype {ps.layout.dtype}, expected float64 (the model has a float64 variable)")
+    if ps.flat_layout.dtype != np.float64:
+        failures.append(f"ps: layout dtype {ps.flat_layout.dtype}, expected float64 (the model has a float64 variable)")
     total = [np.zeros(v.shape, np.float64) for v in model.trainable_variables]
     before = np.zeros((6, 3), np.float32)
     for rnd in "AB":

@@ -63,6 +63,9 @@ class ModelParallelStrategy(Strategy):
 
     name = "model-parallel"
     mid_epoch_state = False   # rank 0's full model is gathered from the stages at epoch ends only
+    #: one replica split into stages, one per rank: ``ranks_for(N)`` = N stages; activations, not
+    #: gradients, travel (no formula of hvdkit.costs prices them: ``traffic`` None)
+    layout = "pipeline"
     summary = ("pipeline model parallelism: contiguous layer stages one per rank, activations forward and "
                "their gradients backward over mpi4py, GPipe micro-batches; one replica")
     options = (

@@ -94,6 +94,29 @@ class PSStrategy(Strategy):
 
     mode = "sync"
     options = PS_FIELDS
+    layout, traffic = "dedicated", "ps_time"   # at the defaults; --ps-colocated: see layout_for
+
+    @classmethod
+    def layout_for(cls, opts=None) -> str:
+        """``colocated`` with ``ps_colocated`` (every rank a worker and a shard), else ``dedicated``."""
+        return "colocated" if cls._opts(opts).ps_colocated else "dedicated"
+
+    @classmethod
+    def traffic_for(cls, opts=None) -> str:
+        """``colocated_ps_time`` (ring bytes, 2 (N-1)/N S per rank) or ``ps_time`` (K dedicated servers)."""
+        return "colocated_ps_time" if cls._opts(opts).ps_colocated else "ps_time"
+
+    @classmethod
+    def ranks_for(cls, workers, opts=None) -> int:
+        """N + K (the last K = ``num_servers`` ranks serve), or N with ``ps_colocated``."""
+        return int(workers) + cls.servers_for(workers, opts)
+
+    @classmethod
+    def servers_for(cls, workers, opts=None) -> int:
+        """K = ``num_servers`` dedicated server ranks; 0 with ``ps_colocated``."""
+        cls._check_workers(workers)
+        o = cls._opts(opts)
+        return 0 if o.ps_colocated else o.num_servers
 
     @classmethod
     def check(cls, cfg, world):
@@ -105,7 +128,7 @@ class PSStrategy(Strategy):
             if MPI.Query_thread() < MPI.THREAD_MULTIPLE:
                 raise UsageError("--ps-colocated runs a server thread beside each worker and needs "
                                  "MPI_THREAD_MULTIPLE, which this MPI library did not provide")
-        elif n < o.num_servers + 1:
+        elif n < cls.ranks_for(1, cfg.extra):
             k = o.num_servers
             raise UsageError(f"{cls.name} with --num-servers {k} needs at least {k + 1} ranks ({k} server(s) "
                              f"and 1 or more workers), got {n}; launch more ranks or use --ps-colocated")
@@ -150,17 +173,17 @@ class PSStrategy(Strategy):
 
         cfg, w = self.cfg, self.world
         self.model, self.optimizer = model, optimizer
-        self.layout = Layout.of_variables(model.trainable_variables, len(self.server_ranks))
-        flat = self.layout.flatten([v.numpy() for v in model.trainable_variables])
+        self.flat_layout = Layout.of_variables(model.trainable_variables, len(self.server_ranks))
+        flat = self.flat_layout.flatten([v.numpy() for v in model.trainable_variables])
         w.comm.Bcast(flat, root=0)                                    # every replica starts from rank 0's weights
         self.flat_w, self.flat_g = flat, np.empty_like(flat)
         self._assign()
         lr = cfg.lr * self.lr_scale
         # servers, their threads (--ps-colocated) and clients, on a Dup of the world; workers
         # wait twice --ps-timeout for a server, so a server names a hung worker first
-        self.group = PSGroup(w.comm, self.layout, flat, self.server_ranks, self.worker_ranks, self.mode,
+        self.group = PSGroup(w.comm, self.flat_layout, flat, self.server_ranks, self.worker_ranks, self.mode,
                              lambda size: rules.Optimizer(cfg.optimizer, lr, size, momentum=cfg.momentum,
-                                                          dtype=self.layout.dtype.type),
+                                                          dtype=self.flat_layout.dtype.type),
                              timeout=self.timeout, staleness=self.staleness, dc_lambda=self.dc_lambda,
                              dc_adaptive=self.dc_adaptive, compression=self.opts.compression, pull=self.opts.ps_pull)
         self._workers_comm = w.comm.Split(0 if self.is_worker else MPI.UNDEFINED, w.rank)
@@ -171,7 +194,7 @@ class PSStrategy(Strategy):
             self._grads_fn = make_step_functions(model, optimizer, self.loss_scale is not None)[0]
 
     def _assign(self) -> None:
-        for v, a in zip(self.model.trainable_variables, self.layout.unflatten(self.flat_w)):
+        for v, a in zip(self.model.trainable_variables, self.flat_layout.unflatten(self.flat_w)):
             v.assign(a.astype(v.dtype.as_numpy_dtype, copy=False))  # float32 masters of float16 variables round
 
     # -- the step --------------------------------------------------------------------------
@@ -213,7 +236,7 @@ class PSStrategy(Strategy):
     def _flatten(self, grads) -> None:
         """Copy ``grads`` into the flat push buffer (:func:`hvdkit.steps.dense_gradients` first:
         None -> zeros, IndexedSlices -> dense rows, duplicates summed; each cast to ``layout.dtype``)."""
-        self.layout.flatten([g.numpy() for g in dense_gradients(grads, self.model.trainable_variables)],
+        self.flat_layout.flatten([g.numpy() for g in dense_gradients(grads, self.model.trainable_variables)],
                             out=self.flat_g)
 
     def push_pull(self, grads) -> float:
@@ -274,10 +297,10 @@ class PSStrategy(Strategy):
               "pushes": sum(s["pushes"] for s in shards), "updates_applied": sum(s["updates_applied"] for s in shards),
               "staleness_histogram": hist, "max_staleness": max(int(k) for k in hist) if hist else 0,
               "worker_clocks": shards[0]["clocks"], "worker_wait_s": wait,
-              "param_bytes": int(self.layout.size * self.layout.itemsize),
+              "param_bytes": int(self.flat_layout.size * self.flat_layout.itemsize),
               "bytes_per_step_per_worker": self.client.step_bytes,
               "compression": self.opts.compression,
-              "pull_dtype": "float16" if self.client.pull_code else self.layout.dtype.name,
+              "pull_dtype": "float16" if self.client.pull_code else self.flat_layout.dtype.name,
               "shards": shards}
         if self.mode == "ssp":
             ps["staleness"] = self.staleness
@@ -353,8 +376,8 @@ class PSStrategy(Strategy):
         every server starts from exactly the checkpointed weights and optimizer slots of its
         new slice, every worker from the checkpointed weights.
         """
-        for k, (vec, version, iters) in enumerate(resplit_states(self._old_shards(arrays), self.layout)):
-            sl = self.layout.shard_slice(k)
+        for k, (vec, version, iters) in enumerate(resplit_states(self._old_shards(arrays), self.flat_layout)):
+            sl = self.flat_layout.shard_slice(k)
             self.flat_w[sl] = vec[:sl.stop - sl.start]
             if self.client is not None:
                 self.client.versions[k] = version
