@@ -1,7 +1,7 @@
 """Helpers shared by the benchmark drivers: launching MPI jobs, statistics, tables.
 
-The drivers (:mod:`hvdkit.bench.throughput`, :mod:`hvdkit.bench.convergence`) run WITHOUT
-``mpirun``; they start one ``mpirun -np N`` job per measurement through :func:`launch`,
+The drivers (:mod:`hvdkit.bench.training`, :mod:`hvdkit.bench.suite`) run WITHOUT
+``mpirun``; they start one MPI job per measurement through :func:`launch`,
 which puts the job in its own process group and kills the whole group (mpirun and every
 rank) when the hard timeout expires, so a hang costs one row, never the run.
 
@@ -267,7 +267,7 @@ def format_table(title: str, meta_lines: Sequence[str], columns: Sequence[tuple[
     """Render an nccl-tests-style table.
 
     Args:
-        title: first line, e.g. ``"hvdkit.bench.throughput"``.
+        title: first line, e.g. ``"hvdkit-bench training"``.
         meta_lines: ``key: value`` lines (printed after ``# ``).
         columns: (key, header, unit) per column; a unit of ``""`` prints as nothing.
         rows: already formatted cells (:func:`fmt`), keyed by column key.

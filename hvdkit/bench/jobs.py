@@ -262,6 +262,8 @@ def read_row(cell: Cell, rnd: int, s: Settings, res: dict, *, link_Bps: float | 
     """
     v, w = cell.variant, cell.workers
     eps = res["epochs"]
+    if not eps:
+        raise ValueError("no epochs")
     if v.lockstep:
         timed = eps[1:] if s.measure == "throughput" and len(eps) > 1 else eps
         sps = float(np.mean([e["samples_per_s"] for e in timed]))

@@ -31,6 +31,10 @@ Per cell: the median and min-max over its OK rounds. Scaling efficiency(N) = sam
 median(1)), its range min(N) / (N max(1)) .. max(N) / (N min(1)); none where 1 worker was not
 measured.
 
+``--overhead`` (throughput): after the grid, the harness overhead, ``hvdkit.train --strategy
+horovod`` against the bare Horovod loop, ABBA (:mod:`hvdkit.bench.overhead`), in training.json's
+``overhead``.
+
 Output: ``DIR/training.json`` (CONTRACTS.md section 3; rewritten atomically after every job;
 rows carry ``measure``, and rows of the other measure already in the file are kept), an
 nccl-tests-style table on stdout, progress on stderr (job k/n, elapsed, estimated time left),
@@ -123,6 +127,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--timeout", type=float, help="hard timeout of one job, seconds (default 600)")
     g.add_argument("--budget", type=float, default=0.0,
                    help="seconds: start no job once elapsed + the estimated job time exceeds it (default 0: no limit)")
+    g.add_argument("--overhead", action="store_true",
+                   help="throughput: after the grid, hvdkit.train --strategy horovod against the bare Horovod loop "
+                        "(hvdkit.bench.bare_horovod), ABBA, the first model; training.json 'overhead'")
+    g.add_argument("--overhead-ranks", type=int, default=2, help="ranks of the overhead pair (default 2)")
+    g.add_argument("--overhead-rounds", type=int, default=3, help="ABBA rounds of the overhead pair (default 3)")
     g.add_argument("--quick", action="store_true",
                    help="smoke test: 1 model, 1-2 workers, 1 round, few steps (throughput: horovod,ps-sync at 1,2 "
                         "workers, 16x16 images, 2 x 3 steps; convergence: horovod,ps-async at 2 workers, 2 epochs)")
@@ -177,6 +186,8 @@ def settings_from_args(a) -> Settings:
         raise UsageError(f"--threads {a.threads}: must be >= 0 (0: hvdkit's rule)")
     if not 0 < a.target_accuracy <= 1:
         raise UsageError(f"--target-accuracy {a.target_accuracy}: must be in (0, 1], e.g. 0.9")
+    if a.overhead_ranks < 1 or a.overhead_rounds < 1:
+        raise UsageError("--overhead-ranks and --overhead-rounds must be >= 1")
     if not a.timeout > 0 or a.budget < 0:
         raise UsageError("--timeout must be > 0 and --budget >= 0 (seconds)")
     return Settings(measure=a.measure, dataset=a.dataset, image_size=a.image_size, num_classes=a.num_classes,
@@ -389,7 +400,17 @@ def prepare(argv: Sequence[str] | None) -> tuple[Any, Settings, list[Cell], str]
     if a.resume and not os.path.isdir(a.resume):
         raise UsageError(f"--resume {a.resume}: no such directory; give the --out-dir of the run to continue")
     out = os.path.abspath(a.resume or a.out_dir or os.path.join("results", f"training-{datetime.now():%Y%m%d-%H%M%S}"))
+    _check_outputs(out, a.table)
     return a, s, cells, out
+
+
+def _check_outputs(out: str, table: str | None) -> None:
+    from hvdkit.bench._common import check_outputs
+
+    try:
+        check_outputs(PROG, out, [table])
+    except SystemExit as e:
+        raise UsageError(str(e).split(": error: ", 1)[-1]) from None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -399,6 +420,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         a, s, cells, out = prepare(argv)
         place = place_from_args(a)
+        place.out_dir_ok(out)
     except UsageError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2
@@ -421,14 +443,9 @@ def run(a, s: Settings, cells: Sequence[Cell], out: str, place, *, argv: Sequenc
     Raises:
         UsageError: the output directory is unusable for the place, or ``--resume`` settings differ.
     """
-    from hvdkit.bench._common import check_outputs
-
     t0 = time.monotonic() if t0 is None else t0
     place.out_dir_ok(out)
-    try:
-        check_outputs(PROG, out, [a.table])
-    except SystemExit as e:
-        raise UsageError(str(e).split("error: ", 1)[-1]) from None
+    _check_outputs(out, a.table)
     path = os.path.join(out, FILE)
     doc_before = _load_json(path)
     if doc_before and not a.resume and any(r.get("measure", "throughput") == a.measure
@@ -456,6 +473,7 @@ def run(a, s: Settings, cells: Sequence[Cell], out: str, place, *, argv: Sequenc
         f"({place.slots} slots): {len(todo)} jobs to run" + (f", {len(kept)} kept from {path}" if kept else "")
         + (f", {len(skipped)} cells skipped" if skipped else "") + f"; job directories under {out}/runs")
     not_started: list[tuple[Cell, int]] = []
+    extra: dict[str, Any] = {}
     secs: list[float] = [r["job_seconds"] for r in kept if r.get("job_seconds")]
     start = time.monotonic()
 
@@ -466,7 +484,8 @@ def run(a, s: Settings, cells: Sequence[Cell], out: str, place, *, argv: Sequenc
             late.setdefault(c.key, {**_skip_ident(c), "reason": f"not run: over --budget {a.budget:.0f}s", "rounds": []})
             late[c.key]["rounds"].append(rnd)
         write_json(path, {"benchmark": "training", "meta": meta, "place": desc, "rows": other + rows,
-                          "summary": summ, "skipped": skipped + list(late.values()), "target_accuracy": target})
+                          "summary": summ, "skipped": skipped + list(late.values()), "target_accuracy": target,
+                          **extra})
         return summ
 
     write()
@@ -498,8 +517,17 @@ def run(a, s: Settings, cells: Sequence[Cell], out: str, place, *, argv: Sequenc
         log(f"training: job {k}/{len(todo)} {v.label} {cell.model} {cell.workers}w straggler {cell.straggler} "
             f"round {rnd}: {row['status']} {what} ({row['job_seconds']:.0f}s); elapsed {_clock(time.monotonic() - t0)}, "
             f"~{_clock(left)} left")
+    ov = None
+    if a.overhead and a.measure == "throughput" and not not_started:
+        if place.fits(a.overhead_ranks):
+            from hvdkit.bench.overhead import measure_overhead
+            ov = extra["overhead"] = measure_overhead(place, s, cells[0].model, a.overhead_ranks,
+                                                      1 if a.quick else a.overhead_rounds,
+                                                      os.path.join(out, "runs", "overhead"), a.timeout)
+        else:
+            log(f"training: --overhead skipped: needs {a.overhead_ranks} slots, the hosts have {place.slots}")
     summ = write()
-    ok = all(r["status"] == "OK" for r in rows)
+    ok = all(r["status"] == "OK" for r in rows) and not (ov and ov["errors"])
     cols = COLUMNS[:-1] + (CONV_COLUMNS if a.measure == "convergence" else ()) + COLUMNS[-1:]
     footer = ["samples/s: synchronous rows = all workers' samples / the slowest worker's seconds per timed epoch "
               "(mean over epochs); asynchronous PS rows = results.json's all-ranks figure; median and min-max over "
@@ -515,6 +543,11 @@ def run(a, s: Settings, cells: Sequence[Cell], out: str, place, *, argv: Sequenc
         footer.append(f"not started (over --budget {a.budget:.0f}s): {len(not_started)} jobs; --resume {out} runs them")
     footer += [f"FAILED {r['variant']} {r['model']} {r['workers']} workers straggler {r['straggler']} round "
                f"{r['round']}: {r['error']}" for r in rows if r["status"] != "OK"]
+    if ov:
+        footer.append(f"harness overhead ({ov['model']}, {ov['ranks']} ranks, batch {ov['batch']}): hvdkit.train step / "
+                      f"bare Horovod step = {fmt(ov['ratio'], 3)} (per round: "
+                      + ", ".join(f"{x:.3f}" for x in ov["per_round_ratio"]) + ")")
+        footer += [f"FAILED overhead {e}" for e in ov["errors"]]
     footer.append(f"training.json: {path}")
     v = meta["versions"]
     lines = [f"date: {meta['date']}  host: {meta['host']}  cores: {meta['cores']}  load: {meta['loadavg']}",
