@@ -44,7 +44,8 @@ FAILED) jobs. ``--budget SECONDS`` starts no job once elapsed + the estimated jo
 exceed it (the jobs not started are listed as skipped; ``--resume`` runs them later).
 
 Exit status: 0 when every job that ran succeeded, 1 when any failed (its row says FAILED and
-why; the grid goes on), 2 on bad input (one line naming the flag).
+why; the grid goes on), 2 on bad input (one line naming the flag), 130 on Ctrl-C (the running
+job's processes are ended; training.json keeps the finished ones for ``--resume``).
 """
 from __future__ import annotations
 
@@ -430,6 +431,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted; {os.path.join(out, FILE)} holds the finished jobs, --resume {out} runs the "
+              "rest", file=sys.stderr)
+        return 130
 
 
 def run(a, s: Settings, cells: Sequence[Cell], out: str, place, *, argv: Sequence[str] = (),
@@ -453,9 +458,6 @@ def run(a, s: Settings, cells: Sequence[Cell], out: str, place, *, argv: Sequenc
         raise UsageError(f"--out-dir {out}: it holds {a.measure} rows already (training.json); continue them with "
                          f"--resume {out}, or give a new --out-dir")
     kept, other = load_done(doc_before, a.measure, s)
-    keys = {c.key for c in cells}
-    kept = [r for r in kept if (r["variant"], r["model"], r["workers"], r["straggler"]) in keys
-            and r["round"] < a.repeats]
     runnable, skipped = split_fits(cells, place.slots, place.fits)
     todo = schedule(runnable, a.repeats, [_row_key(r) for r in kept])
     desc = place.describe()
