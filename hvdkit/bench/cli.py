@@ -1,11 +1,16 @@
 """``hvdkit-bench`` / ``python -m hvdkit.bench``: one command for the benchmarks of :mod:`hvdkit.bench`.
 
-    hvdkit-bench collectives [-np N] [--] [ARGS]   # mpirun -np N (default 2) python -m hvdkit.bench.collectives ARGS
+    hvdkit-bench collectives [-np N] [PLACE] [--] [ARGS]  # mpirun -np N (default 2) python -m hvdkit.bench.collectives ARGS
     hvdkit-bench training [ARGS]                   # python -m hvdkit.bench.training ARGS (launches its jobs itself)
     hvdkit-bench plots [ARGS]                      # python -m hvdkit.bench.plots ARGS
     hvdkit-bench plot-timeline TRACE -o PNG        # share of each phase per step, per rank, of a --timeline trace
     hvdkit-bench timeline-cost [-np N] [--] [ARGS] # mpirun -np N (default 2): step time with and without --timeline
     hvdkit-bench suite [ARGS]                      # python -m hvdkit.bench.suite ARGS (= benchmarks/run_suite.sh)
+
+PLACE is where the job runs (:mod:`hvdkit.bench.places`): nothing for this host, ``--hosts h1:4,h2:4``,
+``--hostfile FILE``, ``--slurm`` or ``--emulated H[:SLOTS][@RATE]``, ``--ssh-timeout SECONDS``; across
+hosts the command is ``hvdkit-launch``'s (MPI's network chosen and checked, Open MPI's ring and
+keep-alives), and an emulated cluster's probed link is given to the benchmark's prediction.
 
 ``hvdkit-bench <name> --help`` shows that benchmark's flags. ``collectives`` run inside an
 MPI job (``mpirun -np 4 hvdkit-bench collectives ...``) benchmarks in place instead of
@@ -18,7 +23,6 @@ import os
 import subprocess
 import sys
 
-from hvdkit.bench._common import mpirun_cmd
 
 __all__ = ["main", "COMMANDS"]
 
@@ -31,7 +35,8 @@ COMMANDS = {"training": "hvdkit.bench.training",
 
 _USAGE = ("usage: hvdkit-bench {collectives,training,plots,plot-timeline,timeline-cost,suite,"
           "cluster-collectives,advise-check} [args]\n"
-          "  collectives [-np N] [--] [ARGS]  bandwidth of every allreduce method under mpirun -np N (default 2)\n"
+          "  collectives [-np N] [PLACE] [--] [ARGS]  bandwidth of every allreduce method under mpirun -np N (default 2);\n"
+          "                                   PLACE: --hosts H:S,... | --hostfile F | --slurm | --emulated H[:S][@RATE]\n"
           "  training [ARGS]                  strategy variants x workers x models x stragglers, on this host or\n"
           "                                   --hosts/--hostfile/--slurm/--emulated: samples/s, scaling, link\n"
           "                                   utilisation; --measure convergence: time to target, staleness\n"
@@ -48,21 +53,63 @@ def _in_mpi_job() -> bool:
     return any(v in os.environ for v in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "HOROVOD_RANK"))
 
 
+def _place_parser(name: str):
+    """``hvdkit-bench NAME``'s own flags: ``-np N`` and the place (:mod:`hvdkit.bench.places`);
+    everything else goes to the benchmark."""
+    import argparse
+
+    from hvdkit.bench.places import add_place_arguments
+
+    p = argparse.ArgumentParser(prog=f"hvdkit-bench {name}", allow_abbrev=False, add_help=False)
+    p.add_argument("-np", "-n", "--np", dest="np", default="2")
+    add_place_arguments(p)
+    return p
+
+
+def _link_args(args: list[str], place) -> list[str]:
+    """``--link-bandwidth RATE --link-latency S`` from the place's probed links (median rate,
+    half the median round trip), unless ``args`` names a link already; [] without probed links."""
+    links = [x for x in place.describe()["links"] if x.get("rate_bps")]
+    if not links or any(a.split("=")[0] in ("--link-bandwidth", "--cluster-json") for a in args):
+        return []
+    import statistics
+    rtts = [x["rtt_ms"] for x in links if x.get("rtt_ms") is not None]
+    return ["--link-bandwidth", f"{statistics.median(x['rate_bps'] for x in links):.0f}bit",
+            "--link-latency", f"{statistics.median(rtts) / 2e3:.6g}" if rtts else "0"]
+
+
 def _collectives(args: list[str], name: str = "collectives") -> int:
-    np_ = 2
-    if len(args) >= 2 and args[0] in ("-np", "-n", "--np"):
-        try:
-            np_ = int(args[1])
-        except ValueError:
-            print(f"hvdkit-bench {name}: error: {args[0]} {args[1]!r} must be an integer rank count",
-                  file=sys.stderr)
-            return 2
-        args = args[2:]
-    if args[:1] == ["--"]:
-        args = args[1:]
+    """``hvdkit-bench collectives [-np N] [--hosts ... | --hostfile F | --slurm | --emulated H] [--] ARGS``:
+    one MPI job of N ranks (default 2) at the place (:func:`hvdkit.bench.places.place_from_args`) running
+    the benchmark with ARGS; inside an MPI job, the benchmark itself."""
+    from hvdkit.bench.places import place_from_args
+    from hvdkit.errors import UsageError
+
     if _in_mpi_job():  # the module imports mpi4py.MPI (initialises MPI), so here only
-        return int(importlib.import_module(COMMANDS[name]).main(args) or 0)
-    return subprocess.call(mpirun_cmd(np_, COMMANDS[name], args))
+        return int(importlib.import_module(COMMANDS[name]).main(args[1:] if args[:1] == ["--"] else args) or 0)
+    own, rest = (args[:args.index("--")], args[args.index("--") + 1:]) if "--" in args else (args, [])
+    try:
+        try:
+            ns, unknown = _place_parser(name).parse_known_args(own)
+        except SystemExit:   # argparse printed the usage line and the error
+            return 2
+        rest = unknown + rest
+        try:
+            np_ = int(ns.np)
+        except ValueError:
+            raise UsageError(f"-np {ns.np!r} must be an integer rank count") from None
+        place = place_from_args(ns)
+        if "--json" in rest[:-1]:   # rank 0 writes it, on the first host
+            place.out_dir_ok(os.path.dirname(os.path.abspath(rest[rest.index("--json") + 1])), flag="--json")
+        if not place.fits(np_):
+            raise UsageError(f"-np {np_}: the hosts have {place.slots} slots ({place.source}); give -np {place.slots} "
+                             f"or fewer, or more slots")
+        with place:
+            cmd = place.command(np_, [sys.executable, "-m", COMMANDS[name], *rest, *_link_args(rest, place)])
+            return subprocess.call(cmd)
+    except UsageError as e:
+        print(f"hvdkit-bench {name}: error: {e}", file=sys.stderr)
+        return 2
 
 
 def main(argv: list[str] | None = None) -> int:

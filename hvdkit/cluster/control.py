@@ -8,9 +8,9 @@ the SSH files of :mod:`hvdkit.cluster.ssh`. One cluster at a time per machine.
 Nothing is left behind: :func:`down` removes every process in the hosts, the namespaces
 (their links with them), this machine's ``hvdc-`` links, the ``/etc/hosts`` block and the
 directory; :func:`up` first removes what an earlier cluster left (a crashed ``up``, a killed
-``run``), as ``mn -c`` does for Mininet; :func:`run` tears down on a normal end, on Ctrl-C
-or SIGTERM, and, through a watchdog process started before anything else, when it is itself
-killed with SIGKILL.
+``run``), as ``mn -c`` does for Mininet; :func:`session` (and :func:`run`, which uses it) tears
+down on a normal end, on Ctrl-C or SIGTERM, and, through a watchdog process started before
+anything else, when it is itself killed with SIGKILL.
 """
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from datetime import datetime, timezone
 
@@ -28,7 +29,7 @@ from hvdkit.cluster import names, net, ssh
 from hvdkit.cluster.spec import MACHINE_ADDRESS, ClusterSpec, Host, format_rate, plan
 from hvdkit.errors import UsageError
 
-__all__ = ["DEFAULT_DIR", "cluster_dir", "unavailable", "up", "down", "load", "run", "environment",
+__all__ = ["DEFAULT_DIR", "cluster_dir", "unavailable", "up", "down", "load", "session", "run", "environment",
            "link", "save_probe", "Unavailable"]
 
 DEFAULT_DIR = "/run/hvdkit-cluster"
@@ -217,49 +218,68 @@ def _reaper(d: str) -> subprocess.Popen:
                             stdout=subprocess.DEVNULL)
 
 
-def run(spec: ClusterSpec, argv: list[str], d: str | None = None, log=print, before=None) -> int:
-    """Up, call ``before(state)`` if given (e.g. a probe), run ``argv`` with
-    :func:`environment`, down; returns the command's exit status (128 + signal number if a
-    signal ended it)."""
+@contextlib.contextmanager
+def session(spec: ClusterSpec, d: str | None = None, log=print):
+    """``with session(spec) as state:``: the cluster of ``spec`` up for the block, then down, on
+    a normal end, an error, Ctrl-C or SIGTERM (raised in the main thread as ``SystemExit(143)``,
+    so the block unwinds), and through the watchdog (:func:`_reaper`, started first) when this
+    process is killed with SIGKILL. Yields the state :func:`up` returns.
+
+    Raises:
+        Unavailable, UsageError, RuntimeError, TimeoutError, OSError: as :func:`up` (nothing is
+            left behind).
+    """
     d = cluster_dir(d)
     reaper = _reaper(d)
-    old = signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(SystemExit(143)))
-    proc = None
+    main = threading.current_thread() is threading.main_thread()
+    old = signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(SystemExit(143))) if main else None
     try:
-        state = up(spec, d, owner_pid=os.getpid(), log=log)
-        log(f"# cluster up: {', '.join(h['name'] for h in state['hosts'])} "
-            f"({format_rate(spec.bandwidth_bps) if spec.bandwidth_bps else 'unshaped'} links) in "
-            f"{state['seconds_to_up']} s; running: {' '.join(argv)}")
-        if before is not None:
-            before(state)
-        env = dict(os.environ, **environment(state))
-        try:
-            proc = subprocess.Popen(argv, env=env)
-        except OSError as e:
-            raise UsageError(f"cannot run {argv[0]!r}: {e.strerror}") from None
-        try:
-            rc = proc.wait()
-        except KeyboardInterrupt:   # the command got the same SIGINT: give it time to end
-            try:
-                rc = proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                rc = proc.wait()
-        return rc if rc >= 0 else 128 - rc
+        yield up(spec, d, owner_pid=os.getpid(), log=log)
     finally:
-        if proc is not None and proc.poll() is None:
-            proc.terminate()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=10)
-            if proc.poll() is None:
-                proc.kill()
-        signal.signal(signal.SIGTERM, old)
+        if main:
+            signal.signal(signal.SIGTERM, old)
         down(d, log=lambda *_: None)
         with contextlib.suppress(OSError):
             reaper.stdin.write(b"done")
             reaper.stdin.close()
         with contextlib.suppress(subprocess.TimeoutExpired):
             reaper.wait(timeout=30)
+
+
+def run(spec: ClusterSpec, argv: list[str], d: str | None = None, log=print, before=None) -> int:
+    """Up, call ``before(state)`` if given (e.g. a probe), run ``argv`` with
+    :func:`environment`, down (:func:`session`); returns the command's exit status (128 + signal
+    number if a signal ended it)."""
+    try:
+        with session(spec, d, log=log) as state:
+            log(f"# cluster up: {', '.join(h['name'] for h in state['hosts'])} "
+                f"({format_rate(spec.bandwidth_bps) if spec.bandwidth_bps else 'unshaped'} links) in "
+                f"{state['seconds_to_up']} s; running: {' '.join(argv)}")
+            if before is not None:
+                before(state)
+            env = dict(os.environ, **environment(state))
+            try:
+                proc = subprocess.Popen(argv, env=env)
+            except OSError as e:
+                raise UsageError(f"cannot run {argv[0]!r}: {e.strerror}") from None
+            try:
+                try:
+                    rc = proc.wait()
+                except KeyboardInterrupt:   # the command got the same SIGINT: give it time to end
+                    try:
+                        rc = proc.wait(timeout=10)
+                    except subprocess.TimeoutExpired:
+                        proc.kill()
+                        rc = proc.wait()
+                return rc if rc >= 0 else 128 - rc
+            finally:
+                if proc.poll() is None:
+                    proc.terminate()
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        proc.wait(timeout=10)
+                    if proc.poll() is None:
+                        proc.kill()
+    finally:
         log("# cluster down")
 
 

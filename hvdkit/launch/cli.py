@@ -128,11 +128,14 @@ def _parser() -> argparse.ArgumentParser:
                    help="(inside a job) apply --cpu-ranks to this process and exec PROGRAM; "
                         "--cpu-ranks adds this wrapper itself")
     g = p.add_argument_group("templates")
-    g.add_argument("--render", choices=tuple(TEMPLATES), metavar="{slurm,k8s}",
-                   help="print a job template filled in: slurm (sbatch script) or k8s (Kubeflow MPIJob)")
+    g.add_argument("--render", choices=tuple(TEMPLATES), metavar="{" + ",".join(TEMPLATES) + "}",
+                   help="print a job template filled in: slurm (sbatch script of one training job), suite (sbatch "
+                        "script of the benchmark suite across the allocation: hvdkit-bench suite --slurm) or k8s "
+                        "(Kubeflow MPIJob)")
     g.add_argument("--set", dest="set_values", action="append", default=[], metavar="KEY=VALUE",
-                   help="a template value; slurm: " + ", ".join(TEMPLATES["slurm"][1]) + "; k8s: "
-                        + ", ".join(TEMPLATES["k8s"][1]) + ", np")
+                   help="a template value; " + "; ".join(f"{name}: " + ", ".join(values) + (", np" if name == "k8s"
+                                                                                             else "")
+                                                           for name, (_, values) in TEMPLATES.items()))
     g.add_argument("--template", metavar="PATH", help="render this file instead of the template shipped with hvdkit")
     p.add_argument("program", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     return p

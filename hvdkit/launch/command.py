@@ -246,7 +246,8 @@ def plan_command(spec: LaunchSpec, *, mpi: str, is_root: bool, cores: int,
 
 def local_command(np: int, program: Sequence[str], *, forward: Sequence[str] = LOCAL_FORWARD,
                   oversubscribe: bool = True, mpi_args: Sequence[str] = (), mpi: str = OPENMPI,
-                  binary: str | None = None, is_root: bool | None = None) -> list[str]:
+                  binary: str | None = None, is_root: bool | None = None,
+                  env_set: Sequence[tuple[str, str]] = ()) -> list[str]:
     """``mpirun`` running ``program`` on ``np`` ranks of this host: the command the tests and
     the benchmarks launch, built by :func:`build_command`.
 
@@ -266,6 +267,7 @@ def local_command(np: int, program: Sequence[str], *, forward: Sequence[str] = L
         binary: the launcher; None: ``mpirun`` / ``mpiexec`` (by ``mpi``) as found on PATH.
         is_root: None: whether this process runs as root (Open MPI then gets
             ``--allow-run-as-root``).
+        env_set: ``(NAME, VALUE)`` pairs set on every rank (``-x NAME=VALUE``).
 
     Returns:
         the argv list; ``[0]`` is the launcher's path.
@@ -283,5 +285,5 @@ def local_command(np: int, program: Sequence[str], *, forward: Sequence[str] = L
     if is_root is None:
         is_root = hasattr(os, "geteuid") and os.geteuid() == 0
     spec = LaunchSpec(np=np, program=tuple(program), env_forward=tuple(forward), mpi_args=tuple(mpi_args),
-                      binary=binary)
+                      binary=binary, env_set=tuple(env_set))
     return build_command(spec, mpi=mpi, is_root=is_root, slots=0 if oversubscribe else local_cores())

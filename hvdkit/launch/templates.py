@@ -1,4 +1,5 @@
-"""Job templates: a Slurm batch script and a Kubeflow ``MPIJob``, filled in with ``--set``.
+"""Job templates: a Slurm batch script, the benchmark suite's Slurm batch script and a Kubeflow
+``MPIJob``, filled in with ``--set``.
 
 The templates ship inside the package (``hvdkit/launch/jobs/``, package data) and are read
 with :mod:`importlib.resources`, so an installed hvdkit renders them without a checkout.
@@ -21,21 +22,29 @@ TEMPLATES: dict[str, tuple[str, dict[str, str]]] = {
         "job_name": "hvdkit", "nodes": "2", "gpus_per_node": "4", "cpus_per_task": "8",
         "time": "01:00:00", "venv": ".venv",
         "train_args": "--model resnet50 --dataset synthetic --epochs 1"}),
+    "suite": ("hvdkit-suite.sbatch", {
+        "job_name": "hvdkit-suite", "nodes": "2", "gpus_per_node": "4", "cpus_per_task": "8",
+        "time": "04:00:00", "venv": ".venv", "suite_args": ""}),
     "k8s": ("mpijob.yaml", {
         "name": "hvdkit", "image": "hvdkit:gpu", "workers": "2", "gpus_per_worker": "4",
         "train_args": "--model resnet50 --dataset synthetic --epochs 1"}),
 }
+def _choices() -> str:
+    names = list(TEMPLATES)
+    return ", ".join(names[:-1]) + " or " + names[-1]
+
+
 _PLACEHOLDER = re.compile(r"\{\{\s*([a-z_]+)\s*\}\}")
 
 
 def template_text(name: str) -> str:
-    """The unrendered text of template ``name`` ("slurm" or "k8s"), from the package data.
+    """The unrendered text of template ``name`` (a key of :data:`TEMPLATES`), from the package data.
 
     Raises:
         UsageError: an unknown template, or its file is missing from the installed package.
     """
     if name not in TEMPLATES:
-        raise UsageError(f"--render {name!r}: choose {' or '.join(TEMPLATES)}")
+        raise UsageError(f"--render {name!r}: choose {_choices()}")
     resource = resources.files("hvdkit.launch").joinpath("jobs").joinpath(TEMPLATES[name][0])
     try:
         return resource.read_text(encoding="utf-8")
@@ -52,7 +61,7 @@ def template_values(name: str, overrides: Mapping[str, str] | None = None) -> di
         UsageError: an unknown template or key, or a count that is not a positive integer.
     """
     if name not in TEMPLATES:
-        raise UsageError(f"--render {name!r}: choose {' or '.join(TEMPLATES)}")
+        raise UsageError(f"--render {name!r}: choose {_choices()}")
     values = dict(TEMPLATES[name][1])
     known = set(values) | ({"np"} if name == "k8s" else set())
     for k, v in (overrides or {}).items():
@@ -84,7 +93,7 @@ def render_template(text: str, values: Mapping[str, str]) -> str:
 
 
 def render(name: str, overrides: Mapping[str, str] | None = None, template: str | None = None) -> str:
-    """Template ``name`` ("slurm" or "k8s") rendered with its defaults and ``overrides``.
+    """Template ``name`` (a key of :data:`TEMPLATES`) rendered with its defaults and ``overrides``.
 
     ``template`` is a path to a file to render instead of the packaged template.
 

@@ -381,7 +381,7 @@ def test_render_cli_and_defaults(tmp_path):
     ("k8s", {"workers": "0"}, "positive integer"),
     ("k8s", {"name": "Bad_Name"}, "Kubernetes name"),
     ("slurm", {"nodes": "two"}, "positive integer"),
-    ("pbs", {}, "choose slurm or k8s"),
+    ("pbs", {}, "choose slurm, suite or k8s"),
 ])
 def test_template_value_errors(name, over, match):
     with pytest.raises(UsageError, match=match):
