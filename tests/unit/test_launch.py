@@ -453,7 +453,7 @@ def test_benchmark_outputs_are_checked_before_any_job_runs(tmp_path):
     r = subprocess.run([sys.executable, "-m", "hvdkit.bench.training", "--quick", "--out-dir", str(tmp_path / "t"),
                         "--table", str(tmp_path / "f" / "x.txt")], capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and r.stderr.strip() == \
-        f"hvdkit-bench training: error: {tmp_path}/f/x.txt: {tmp_path}/f is a file", r.stderr
+        f"hvdkit-bench training: error: {tmp_path}/f/x.txt: {tmp_path}/f is a file, not a directory", r.stderr
 
 
 def test_network_interface_goes_to_mpi_and_to_the_ranks():
