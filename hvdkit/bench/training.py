@@ -81,6 +81,7 @@ _DEFAULTS = {
     "repeats": (3, 2, 1, 1),
     "image_size": (32, 32, 16, 16), "batch_size": (32, 32, 16, 32), "steps_per_iter": (4, 4, 3, 3),
     "iters": (2, 2, 2, 2), "epochs": (8, 8, 2, 2), "timeout": (600.0, 600.0, 180.0, 180.0),
+    "target_accuracy": (0.9, 0.9, 0.8, 0.8),
 }
 
 
@@ -102,8 +103,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "times slower), e.g. none,1:2 (default none)")
     g.add_argument("--measure", choices=jobs.MEASURES, default="throughput",
                    help="throughput (default) or convergence (accuracy against time and samples, time to target)")
-    g.add_argument("--target-accuracy", type=float, default=0.9,
-                   help="--measure convergence: eval accuracy to reach (default 0.9)")
+    g.add_argument("--target-accuracy", type=float,
+                   help="--measure convergence: eval accuracy to reach (default 0.9; --quick 0.8)")
     g = p.add_argument_group("data and steps")
     g.add_argument("--dataset", default="digits", help="--measure convergence: hvdkit dataset (default digits)")
     g.add_argument("--epochs", type=int, help="--measure convergence: epochs per job (default 8)")
@@ -459,6 +460,8 @@ def run(a, s: Settings, cells: Sequence[Cell], out: str, place, *, argv: Sequenc
                          f"--resume {out}, or give a new --out-dir")
     kept, other = load_done(doc_before, a.measure, s)
     runnable, skipped = split_fits(cells, place.slots, place.fits)
+    skipped = [{**x, "measure": a.measure} for x in skipped]
+    other_skipped = [x for x in (doc_before or {}).get("skipped") or [] if x.get("measure") != a.measure]
     todo = schedule(runnable, a.repeats, [_row_key(r) for r in kept])
     desc = place.describe()
     link = _link_Bps(desc)
@@ -483,10 +486,12 @@ def run(a, s: Settings, cells: Sequence[Cell], out: str, place, *, argv: Sequenc
         summ = summarise(other + rows, cells)
         late = {}
         for c, rnd in not_started:
-            late.setdefault(c.key, {**_skip_ident(c), "reason": f"not run: over --budget {a.budget:.0f}s", "rounds": []})
+            late.setdefault(c.key, {**_skip_ident(c), "reason": f"not run: over --budget {a.budget:.0f}s",
+                                    "measure": a.measure, "rounds": []})
             late[c.key]["rounds"].append(rnd)
         write_json(path, {"benchmark": "training", "meta": meta, "place": desc, "rows": other + rows,
-                          "summary": summ, "skipped": skipped + list(late.values()), "target_accuracy": target,
+                          "summary": summ, "skipped": other_skipped + skipped + list(late.values()),
+                          "target_accuracy": target,
                           **extra})
         return summ
 

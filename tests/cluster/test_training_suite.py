@@ -1,9 +1,9 @@
 """``hvdkit-bench suite --quick --emulated 3:1`` end to end: the suite brings up 3 emulated hosts of
 one slot each (the hostfile path of :mod:`hvdkit.bench.places`), runs the collectives across them,
 the training grid and convergence (tiny jobs), the report where installed, and takes the cluster
-down. It ends 0; training.json has OK rows whose ranks ran on 3 distinct hosts (ps-sync at 2
-workers: 2 workers + 1 server, one per host) and lists the cells that need more than 3 slots as
-skipped; no namespace is left behind.
+down. The training grid is horovod and ps-sync at 1 and 3 workers: it ends 0; training.json has
+OK rows whose workers ran on 3 distinct hosts (horovod at 3 workers, one per host) and lists
+ps-sync at 3 workers (3 + 1 server = 4 ranks) as skipped; no namespace is left behind.
 """
 from __future__ import annotations
 
@@ -23,8 +23,8 @@ def test_suite_quick_on_three_emulated_hosts(shared_dir):
     from hvdkit.cluster import net
 
     out = os.path.join(shared_dir, "suite")
-    r = launch([sys.executable, "-m", "hvdkit.bench", "suite", "--quick", "--emulated", "3:1", "--out-dir", out],
-               timeout=600)
+    r = launch([sys.executable, "-m", "hvdkit.bench", "suite", "--quick", "--emulated", "3:1", "--out-dir", out,
+                "--training-args", "--workers 1,3"], timeout=600)
     assert r.returncode == 0, r.output[-4000:]
     assert r.stdout.strip().splitlines()[-1] == "OK"
     assert not net.leftovers(), net.leftovers()
@@ -35,8 +35,10 @@ def test_suite_quick_on_three_emulated_hosts(shared_dir):
     assert {x["measure"] for x in ok} == {"throughput", "convergence"}
     hosts = {h for x in ok for h in x["rank_hosts"]}
     assert len(hosts) == 3, hosts
-    three = [x for x in ok if len(set(x["rank_hosts"])) == 3]
-    assert three and all(x["variant"] == "ps-sync" and x["ranks"] == 3 for x in three), three
+    three = [x for x in ok if len(set(x["rank_hosts"])) == 3]   # results.json lists the workers' hosts
+    assert three and all(x["variant"] == "horovod" and x["workers"] == 3 for x in three), three
+    assert {(x["variant"], x["workers"], x["reason"]) for x in doc["skipped"]} == \
+        {("ps-sync", 3, "needs 4 slots, the hosts have 3")}
     assert all(x["utilisation"] is not None and x["utilisation"] >= 0 for x in ok if x["measure"] == "throughput")
     assert os.path.isfile(os.path.join(out, "collectives.json"))
     suite = json.load(open(os.path.join(out, "suite.json")))

@@ -222,7 +222,7 @@ def test_run_writes_the_contract_json_skips_and_resumes(tmp_path, monkeypatch, c
                                                             "skipped", "target_accuracy"}
     assert doc["place"]["kind"] == "local" and {"date", "host", "argv", "versions", "args"} <= set(doc["meta"])
     assert doc["skipped"] == [{"variant": "ps-sync", "model": "cnn", "workers": 2, "ranks": 3, "straggler": "none",
-                               "reason": "needs 3 slots, the hosts have 2"}]
+                               "reason": "needs 3 slots, the hosts have 2", "measure": "throughput"}]
     assert [(k[0], k[2], r) for k, r in calls] == [("horovod", 1, 0), ("ps-sync", 1, 0), ("horovod", 2, 0),
                                                    ("horovod", 1, 1), ("ps-sync", 1, 1), ("horovod", 2, 1)]
     assert len(doc["rows"]) == 6 and all(r["status"] == "OK" for r in doc["rows"])
@@ -245,6 +245,15 @@ def test_run_writes_the_contract_json_skips_and_resumes(tmp_path, monkeypatch, c
     with pytest.raises(UsageError, match="holds throughput rows already"):
         a, s, cells, out2 = training.prepare(["--out-dir", out])
         training.run(a, s, cells, out2, place)
+
+    a, s, cells, out = training.prepare(["--out-dir", out, "--measure", "convergence", "--variants", "ps-sync",
+                                         "--workers", "2", "--repeats", "1"])
+    assert training.run(a, s, cells, out, place) == 0     # into the same training.json: the throughput rows stay
+    doc = json.load(open(os.path.join(out, "training.json")))
+    assert [r["measure"] for r in doc["rows"]].count("throughput") == 9 and doc["target_accuracy"] == 0.9
+    assert {(x["measure"], x["variant"], x["workers"]) for x in doc["skipped"]} == \
+        {("throughput", "ps-sync", 2), ("convergence", "ps-sync", 2)}
+    assert {x["measure"] for x in doc["summary"]} == {"throughput"}     # the convergence cell was skipped
 
 
 def test_a_failed_job_is_a_row_the_grid_goes_on_and_resume_runs_it_again(tmp_path, monkeypatch, capsys):
