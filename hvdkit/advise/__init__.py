@@ -1,12 +1,12 @@
 """``hvdkit advise``: predict each strategy's step time on a cluster, before running it.
 
 :mod:`~hvdkit.advise.model` holds the formulas (pure arithmetic, each citing its source),
-:mod:`~hvdkit.advise.predict` the strategy rows and the recommendation,
+:mod:`~hvdkit.advise.predict` the strategy variants' steps (from the rows' facts) and the recommendation,
 :mod:`~hvdkit.advise.presets` the known models and cluster shorthands,
 :mod:`~hvdkit.advise.cli` the command line (the only module that may load TensorFlow, for
 ``--measure`` and registry models).
 """
 from hvdkit.advise.model import Cluster, Options, Prediction, Workload
-from hvdkit.advise.predict import STRATEGIES, predict, predict_one, recommend
+from hvdkit.advise.predict import OWN_ROWS, predict, predict_variant, recommend
 
-__all__ = ["Cluster", "Options", "Prediction", "Workload", "STRATEGIES", "predict", "predict_one", "recommend"]
+__all__ = ["Cluster", "Options", "Prediction", "Workload", "OWN_ROWS", "predict", "predict_variant", "recommend"]

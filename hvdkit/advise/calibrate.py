@@ -12,12 +12,38 @@ import numpy as np
 
 from hvdkit import costs
 
-__all__ = ["fit_collectives", "fit_for", "fitted_options", "METHOD"]
+__all__ = ["fit_collectives", "fit_for", "fitted_options", "collective_method"]
 
-#: advise strategy -> cluster_collectives method ("ps": K = 1 dedicated server, "ps2": K = 2); with one
-#: rank per host (the only calibrated case) Horovod's hierarchical allreduce is its flat ring
-METHOD = {"horovod": "horovod", "horovod-hier": "horovod", "ring": "ring", "ps-colocated": "ps-colocated",
-          "ps-sync": "ps", "ps-async": "ps", "ps-ssp": "ps"}
+
+def collective_method(row, hosts: int) -> tuple[str | None, int]:
+    """(the ``cluster_collectives`` method measuring ``row``'s step communication alone, its ranks)
+    for one rank per host (the only calibrated case), from the row's facts (:class:`~hvdkit.advise.predict.Priced`).
+
+    The collectives benchmark names its methods: a ring by the strategy that runs it (``horovod``,
+    ``ring``; Horovod's hierarchical allreduce is its flat ring at one rank per host), ``ps`` / ``ps2``
+    for K = 1 / 2 dedicated servers (H + K ranks), ``ps-colocated``; ``-fp16`` after a method when
+    the row sends float16 (``compression=fp16``; ``ps-fp16-push`` when only the push is). Other rows
+    (BytePS, K > 2): (None, ranks), the formulas stand.
+    """
+    label = row.label.partition(":")[0]
+    if row.comm == "hierarchical":
+        method = "horovod"
+    elif row.comm == "ring":
+        method = label
+    elif row.comm == "colocated":
+        method = "ps-colocated"
+    elif row.comm == "ps" and row.servers in (1, 2):
+        return (_fp16("ps" if row.servers == 1 else "ps2", row.wire_fraction), hosts + row.servers)
+    else:
+        return None, hosts
+    return _fp16(method, row.wire_fraction), hosts
+
+
+def _fp16(method: str, wire_fraction: float) -> str:
+    """``method`` with the ``-fp16`` suffix of the collectives benchmark's compressed rows."""
+    if wire_fraction == 1.0:
+        return method
+    return method + ("-fp16" if wire_fraction == 0.5 else "-fp16-push")
 
 
 def fit_collectives(doc: dict, link_Bps: float | None = None, min_bytes: int = 1 << 20) -> dict:
@@ -52,7 +78,7 @@ def fit_collectives(doc: dict, link_Bps: float | None = None, min_bytes: int = 1
 
 def _bytes_factor(method: str, ranks: int) -> float:
     """Busiest-link bytes per S of one allreduce-equivalent (the formulas' beta factor)."""
-    k = {"ps": 1, "ps2": 2}.get(method, 0)
+    k = {"ps": 1, "ps2": 2}.get(method.split("-fp16")[0], 0)
     if k:
         return 2 * max(1.0, (ranks - k) / k)
     return 2 * (ranks - 1) / ranks
@@ -70,20 +96,13 @@ def fit_for(fits: dict, method: str, ranks: int) -> tuple[float, float] | None:
     return a, b * _bytes_factor(method, ranks) / _bytes_factor(method, have[-1])
 
 
-def fitted_options(fits: dict, strategies, hosts: int, servers: int) -> tuple:
-    """``Options.fitted`` for one rank per host: ``((strategy, a, b), ...)`` for each strategy with a
-    measured method (PS rows: K = ``servers`` dedicated hosts, 1 or 2; colocated and rings: H ranks)."""
+def fitted_options(fits: dict, rows, hosts: int) -> tuple:
+    """``Options.fitted`` for one rank per host: ``((label, a, b), ...)`` for each of ``rows``
+    (:class:`~hvdkit.advise.predict.Priced`) with a measured method (:func:`collective_method`)."""
     out = []
-    for s in strategies:
-        method = METHOD.get(s)
-        if method == "ps":
-            k = servers or hosts
-            if k not in (1, 2):
-                continue
-            method, ranks = ("ps" if k == 1 else "ps2"), hosts + k
-        else:
-            ranks = hosts
+    for row in rows:
+        method, ranks = collective_method(row, hosts)
         fit = fit_for(fits, method, ranks) if method and ranks > 1 else None
         if fit:
-            out.append((s, *fit))
+            out.append((row.label, *fit))
     return tuple(out)

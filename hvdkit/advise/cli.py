@@ -4,6 +4,8 @@
     hvdkit advise --model vgg16 --gpu v100 --cluster 8x8:nvlink,20gbit --overlap --json
     hvdkit advise --model mlp-wide --measure --cluster /run/hvdkit-cluster/cluster.json
     hvdkit advise --model cnn --compute-ms 7 --batch 32 --cluster 4x1:shm,1gbit --plot eff.png
+    hvdkit advise --model resnet50 --cluster 4x1:shm,1gbit \
+        --strategies horovod,ps-sync:num_servers=2,ps-sync:ps_colocated=true,ps-ssp:staleness=4
     hvdkit advise --model mlp-wide --compute-ms 44 --batch 32 --cluster cluster.json --hosts 4 \
         --shared-cores 2 --calibrate cluster_collectives.json     # measured collectives, not formulas
 
@@ -12,6 +14,12 @@ architectures, throughput from published runs; see :mod:`hvdkit.advise.presets`)
 registry model or MODULE:FUNCTION (built once with TensorFlow to read its gradient tensors).
 Compute per step: --compute-ms, --images-per-s (per accelerator), --measure (times a few local
 forward + backward steps here), or the known model's published figure for --gpu.
+
+Strategies: variants NAME[:option=value,...] with the options, names and defaults of
+`python -m hvdkit.train --help` (ps-sync at its defaults is one dedicated server); in a list, a
+token with "=" and no ":" continues the variant before it. Besides the strategy rows, advise
+prices two systems of its own: horovod-hier (Horovod's hierarchical allreduce, --strategy
+horovod with HOROVOD_HIERARCHICAL_ALLREDUCE=1) and byteps (not in hvdkit, marked * in the table).
 
 Columns: step (ms per step: one batch on every worker), comm (communication seconds of a step),
 exposed (the part not hidden behind compute), eff (scaling efficiency: throughput / (N x one
@@ -27,7 +35,7 @@ import time
 
 from hvdkit.advise import presets
 from hvdkit.advise.model import Cluster, Options, Workload
-from hvdkit.advise.predict import STRATEGIES, predict, recommend
+from hvdkit.advise.predict import default_rows, parse_rows, predict, recommend
 from hvdkit.errors import UsageError
 
 __all__ = ["main", "build_parser", "workload_from_args", "render_table"]
@@ -66,11 +74,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--shared-cores", type=int,
                    help="all ranks share this many cores (an emulated cluster on one machine)")
     g = p.add_argument_group("strategy options")
-    g.add_argument("--strategies", default=",".join(STRATEGIES), help="comma-separated rows (default all)")
+    g.add_argument("--strategies", default=",".join(default_rows()),
+                   help="comma-separated variants, e.g. ps-sync:num_servers=2,ps-sync:ps_colocated=true (default "
+                        "every row advise can price: %(default)s)")
     g.add_argument("--fusion-bytes", type=int, default=Options.fusion_bytes,
                    help="fusion threshold / bucket size (default 64 MiB, Horovod's)")
-    g.add_argument("--servers", type=int, default=0, help="K dedicated PS server hosts (default 0: one per host)")
-    g.add_argument("--staleness", type=int, default=Options.staleness, help="SSP bound (default 3)")
+    g.add_argument("--servers", "--staleness", action=_Gone, help=argparse.SUPPRESS)
     g.add_argument("--overlap", action="store_true",
                    help="Horovod overlaps fused buckets with the backward pass (its DistributedOptimizer in a "
                         "TF1 graph); hvdkit's horovod row allreduces after the backward pass (default off)")
@@ -85,6 +94,16 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--json", action="store_true", help="print JSON (inputs, one object per strategy, the recommendation)")
     g.add_argument("--plot", metavar="PNG", help="draw scaling efficiency against the number of hosts per strategy")
     return p
+
+
+class _Gone(argparse.Action):
+    """Flags that became options of the variants (the training names): refused with the spelling to use."""
+
+    example = {"--servers": "ps-sync:num_servers=2", "--staleness": "ps-ssp:staleness=4"}
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        raise UsageError(f"{option_string} is now an option of the variant, as in training: e.g. --strategies "
+                         f"{self.example[option_string]}")
 
 
 def _registry_tensors(name: str, image_size: int, classes: int):
@@ -157,7 +176,7 @@ def _cluster(a, hosts: int | None = None) -> Cluster:
         raise UsageError(str(e)) from None
 
 
-def _calibrated(path: str, cl: Cluster, opt: Options, names) -> Options:
+def _calibrated(path: str, cl: Cluster, opt: Options, rows) -> Options:
     """``opt`` with the fitted collectives of ``path`` for this cluster (one rank per host only)."""
     from dataclasses import replace
 
@@ -170,20 +189,21 @@ def _calibrated(path: str, cl: Cluster, opt: Options, names) -> Options:
             fits = fit_collectives(json.load(fh), cl.inter_Bps)
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise UsageError(f"--calibrate {path}: {e}") from None
-    return replace(opt, fitted=fitted_options(fits, names, cl.hosts, opt.servers))
+    return replace(opt, fitted=fitted_options(fits, rows, cl.hosts))
 
 
 def render_table(preds, wl: Workload, cl: Cluster, why: str) -> str:
     """The text table: ``#`` metadata lines, a header row and a units row, one row per strategy."""
+    w = max([13] + [len(p.strategy) + 1 for p in preds])
     lines = [f"# model {wl.name}: {wl.nbytes / 1e6:.1f} MB of gradients in {len(wl.tensor_bytes)} tensors, "
              f"compute {wl.compute_s * 1e3:.1f} ms per batch of {wl.batch}",
              f"# cluster {cl.name}: {cl.hosts} hosts x {cl.gpus_per_host} = {cl.workers} workers; intra "
              f"{cl.intra_Bps * 8 / 1e9:g} Gbit/s, inter {cl.inter_Bps * 8 / 1e9:g} Gbit/s, latency "
              f"{cl.inter_latency_s * 1e6:g} us" + (f"; {cl.shared_cores} shared cores" if cl.shared_cores else ""),
-             f"{'strategy':<13} {'step':>9} {'comm':>9} {'exposed':>9} {'eff':>5} {'link':>9}  limiting",
-             f"{'':<13} {'ms':>9} {'ms':>9} {'ms':>9} {'%':>5} {'MB':>9}"]
+             f"{'strategy':<{w}} {'step':>9} {'comm':>9} {'exposed':>9} {'eff':>5} {'link':>9}  limiting",
+             f"{'':<{w}} {'ms':>9} {'ms':>9} {'ms':>9} {'%':>5} {'MB':>9}"]
     for p in preds:
-        lines.append(f"{p.strategy + ('' if p.hvdkit else '*'):<13} {p.step_s * 1e3:9.1f} {p.comm_s * 1e3:9.1f} "
+        lines.append(f"{p.strategy + ('' if p.hvdkit else '*'):<{w}} {p.step_s * 1e3:9.1f} {p.comm_s * 1e3:9.1f} "
                      f"{p.exposed_s * 1e3:9.1f} {p.efficiency * 100:5.0f} {p.link_bytes / 1e6:9.1f}  {p.limiting}"
                      + (f" (staleness {p.staleness:.0f})" if p.staleness else ""))
     if any(not p.hvdkit for p in preds):
@@ -192,16 +212,16 @@ def render_table(preds, wl: Workload, cl: Cluster, why: str) -> str:
     return "\n".join(lines)
 
 
-def _plot(path: str, a, wl: Workload, opt: Options, names) -> None:
+def _plot(path: str, a, wl: Workload, opt: Options, rows) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     base = _cluster(a)
     hosts = sorted({1, 2, 4, 8, 16, 32, 64, 128, base.hosts} | ({2 * base.hosts} if base.hosts < 128 else set()))
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for name in names:
-        eff = [predict(wl, _cluster(a, h), opt, [name])[0].efficiency * 100 for h in hosts]
-        ax.plot(hosts, eff, marker="o", label=name + ("" if STRATEGIES[name][1] else " (not in hvdkit)"))
+    for row in rows:
+        eff = [predict(wl, _cluster(a, h), opt, [row])[0].efficiency * 100 for h in hosts]
+        ax.plot(hosts, eff, marker="o", label=row.label + ("" if row.hvdkit else " (not in hvdkit)"))
     ax.set_xscale("log", base=2)
     ax.set_xlabel(f"hosts (x {base.gpus_per_host} accelerators)")
     ax.set_ylabel("predicted scaling efficiency, %")
@@ -218,25 +238,24 @@ def main(argv: list[str] | None = None) -> int:
     """Print the table (or ``--json``); 0 on success, 2 on bad input (one line on stderr)."""
     try:
         a = build_parser().parse_args(argv)
-        names = [s.strip() for s in a.strategies.split(",") if s.strip()]
-        bad = [s for s in names if s not in STRATEGIES]
-        if bad or not names:
-            raise UsageError(f"--strategies {a.strategies!r}: choose from {', '.join(STRATEGIES)}")
+        try:
+            rows = parse_rows(a.strategies)
+        except UsageError as e:
+            raise UsageError(f"--strategies: {e}") from None
         if a.hosts is not None and a.hosts < 1 or a.shared_cores is not None and a.shared_cores < 1:
             raise UsageError("--hosts and --shared-cores must be >= 1")
         try:
-            opt = Options(fusion_bytes=a.fusion_bytes, servers=a.servers, staleness=a.staleness,
-                          overlap=a.overlap, jitter_cv=a.jitter)
+            opt = Options(fusion_bytes=a.fusion_bytes, overlap=a.overlap, jitter_cv=a.jitter)
         except ValueError as e:
             raise UsageError(str(e)) from None
         cl = _cluster(a)
         if a.calibrate:
-            opt = _calibrated(a.calibrate, cl, opt, names)
+            opt = _calibrated(a.calibrate, cl, opt, rows)
         wl = workload_from_args(a)
     except UsageError as e:
         print(f"hvdkit: error: {e}", file=sys.stderr)
         return 2
-    preds = predict(wl, cl, opt, names)
+    preds = predict(wl, cl, opt, rows)
     best, why = recommend(preds, a.max_staleness) if any(p.hvdkit for p in preds) else (None, "no hvdkit row chosen")
     if a.json:
         print(json.dumps({"model": {"name": wl.name, "gradient_bytes": wl.nbytes, "tensors": len(wl.tensor_bytes),
@@ -247,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print(render_table(preds, wl, cl, why))
     if a.plot:
-        _plot(a.plot, a, wl, opt, names)
+        _plot(a.plot, a, wl, opt, rows)
         if not a.json:
             print(f"# plot: {a.plot}")
     return 0

@@ -106,37 +106,36 @@ class Cluster:
 
 @dataclass(frozen=True)
 class Options:
-    """Strategy options (the flags of ``hvdkit-train`` they stand for).
+    """Assumptions shared by every strategy of a prediction (a variant's own options, such as
+    ``num_servers`` or ``staleness``, are in the variant: :mod:`hvdkit.strategies.variants`).
 
     Attributes:
-        fusion_bytes: fusion threshold (``--fusion-bytes``; Horovod's HOROVOD_FUSION_THRESHOLD, 64 MiB).
-        servers: K dedicated PS server hosts (``--num-servers``); 0 = one per worker host (K = H).
-        staleness: SSP bound s (``--staleness``).
+        fusion_bytes: fusion threshold (Horovod's HOROVOD_FUSION_THRESHOLD, 64 MiB) of the rows without
+            a ``fusion_bytes`` option of their own (``ring:fusion_bytes=B`` sets the ring's).
         overlap: communicate fused buckets during the backward pass (Horovod's DistributedOptimizer
             in a TF1 graph); hvdkit's rows send after the backward pass, so False by default.
         jitter_cv: coefficient of variation of one worker's step compute time (the straggler term).
         ps_local_aggregation: sum the G gradients of a host before pushing (BytePS); hvdkit's PS
             pushes every worker's gradient (False).
-        fitted: ``((strategy, alpha_s, s_per_byte), ...)``: a measured Hockney fit ``t = a + b x bytes``
-            of that strategy's allreduce-equivalent on this cluster (e.g. from ``hvdkit-bench
+        fitted: ``((label, alpha_s, s_per_byte), ...)``: a measured Hockney fit ``t = a + b x bytes``
+            of that variant's (its label) allreduce-equivalent on this cluster (e.g. from ``hvdkit-bench
             cluster-collectives``), used per bucket instead of the formula.
     """
     fusion_bytes: int = 64 * 1024 * 1024
-    servers: int = 0
-    staleness: int = 3
     overlap: bool = False
     jitter_cv: float = 0.02
     ps_local_aggregation: bool = False
     fitted: tuple = ()
 
     def __post_init__(self):
-        if self.fusion_bytes < 0 or self.servers < 0 or self.staleness < 0 or self.jitter_cv < 0:
-            raise ValueError(f"options {self}: fusion_bytes, servers, staleness and jitter_cv must be >= 0")
+        if self.fusion_bytes < 0 or self.jitter_cv < 0:
+            raise ValueError(f"options {self}: fusion_bytes and jitter_cv must be >= 0")
 
 
 @dataclass
 class Prediction:
-    """One strategy's predicted step (seconds; a "step" = one batch on every worker)."""
+    """One strategy's predicted step (seconds; a "step" = one batch on every worker); ``strategy`` is
+    the variant's label (``ps-sync:num_servers=2``) or an own row's name."""
     strategy: str
     step_s: float
     compute_s: float

@@ -6,8 +6,9 @@ comparisons (markdown tables, ``--json``)::
     python -m hvdkit.bench.advise_check                    # = hvdkit-bench advise-check
     python -m hvdkit.bench.advise_check --markdown benchmarks/figures/advise_check.md --json advise_check.json
 
-1. Emulated cluster (``--training``, default ``benchmarks/figures/cluster_training.json``;
-   ``--collectives``, ``cluster_collectives.json``): every (model, strategy, workers) point,
+1. Emulated cluster (``--training``: ``hvdkit-bench training``'s training.json on hosts or
+   ``--emulated``, or the older ``benchmarks/figures/cluster_training.json`` (the default);
+   ``--collectives``, ``cluster_collectives.json``): every (model, strategy variant, workers) point,
    measured step time (median over repeats) against two predictions:
    ``probe``: the formulas with the probed link (B = link_Bps, alpha = rtt/2) and nothing else;
    ``fit``: the same step with each strategy's communication replaced by a Hockney fit
@@ -31,48 +32,103 @@ import sys
 from dataclasses import replace
 
 from hvdkit.advise import presets
-from hvdkit.advise.calibrate import fit_collectives, fit_for
+from hvdkit.advise.calibrate import collective_method, fit_collectives, fit_for
 from hvdkit.advise.model import Cluster, Options, Workload
-from hvdkit.advise.predict import predict_one
+from hvdkit.advise.predict import predict_variant, priced
 from hvdkit.errors import UsageError
 from hvdkit.results import write_json
+from hvdkit.strategies.variants import parse_variant
 
-__all__ = ["main", "measured_comparison", "published_comparison", "LABELS", "PUBLISHED"]
+__all__ = ["main", "measured_points", "measured_comparison", "published_comparison", "variant_of", "PUBLISHED"]
 
 PROG = "python -m hvdkit.bench.advise_check"
 
-#: cluster_training label -> (advise strategy, K dedicated servers, cluster_collectives method)
-LABELS = {"horovod": ("horovod", 0, "horovod"), "ring": ("ring", 0, "ring"), "ps-sync-k1": ("ps-sync", 1, "ps"),
-          "ps-sync-k2": ("ps-sync", 2, "ps2"), "ps-sync-coloc": ("ps-colocated", 0, "ps-colocated"),
-          "ps-async-k1": ("ps-async", 1, "ps")}
+
+def variant_of(row: dict) -> str:
+    """The variant label of a training benchmark's summary row: its ``variant``, or, in the files of
+    the older cluster_training driver, the one its ``strategy``, ``layout`` and ``servers`` spell.
+
+    Raises:
+        UsageError: the row names no strategy hvdkit has (as :func:`~hvdkit.strategies.variants.parse_variant`).
+    """
+    if row.get("variant"):
+        return parse_variant(row["variant"]).label
+    layout, text = row.get("layout"), row["strategy"]
+    if layout == "colocated":
+        text += ":ps_colocated=true"
+    elif layout == "dedicated":
+        text += f":num_servers={int(row['servers'])}"
+    return parse_variant(text).label
+
+
+def measured_points(training: dict) -> tuple[dict, dict]:
+    """``(meta, points)`` of a training benchmark document, in either format it was written in.
+
+    ``meta``: ``cores``, ``batch_size``, ``rtt_s``, ``link_Bps`` (bytes/s), ``bandwidth`` (a label).
+    ``points``: (model, variant label, workers) -> ``step_ms`` (median over the OK rounds),
+    ``min_ms``, ``max_ms``, ``gradient_bytes``, ``link_Bps``, ``hosts``. Formats: ``hvdkit-bench
+    training``'s training.json (its OK throughput rows without a straggler; the link rate and round
+    trip of its place's probed links) and the older cluster_training --json (its summary).
+
+    Raises:
+        UsageError: a training.json whose place has no probed link (this host: nothing to compare).
+    """
+    meta = training["meta"]
+    if training.get("benchmark") != "training":   # cluster_training --json: one summary row per point
+        out = {}
+        for s in training["summary"]:
+            if s.get("repeats_ok"):
+                b = int(meta.get("batch_size", 32)) * s["workers"] * 1e3   # ms x samples/s of one global step
+                out[(s["model"], variant_of(s), s["workers"])] = {
+                    "step_ms": s["step_ms"], "min_ms": b / s["samples_per_s_max"], "max_ms": b / s["samples_per_s_min"],
+                    "gradient_bytes": s["gradient_bytes"], "link_Bps": s["link_Bps"], "hosts": s["hosts"]}
+        return {**meta, "batch_size": int(meta.get("batch_size", 32))}, out
+    links = (training.get("place") or {}).get("links") or []
+    rates = [x["rate_bps"] / 8 for x in links if x.get("rate_bps")]
+    if not rates:
+        raise UsageError("the training benchmark ran on a place without probed links (this host): run it on "
+                         "--hosts, --hostfile or --emulated to compare with hvdkit advise")
+    rtts = [x["rtt_ms"] / 1e3 for x in links if x.get("rtt_ms") is not None]
+    norm = {"cores": meta.get("cores"), "batch_size": int((meta.get("args") or {}).get("batch_size", 32)),
+            "link_Bps": min(rates), "rtt_s": statistics.median(rtts) if rtts else 0.0, "bandwidth": "probed"}
+    cells: dict = {}
+    for r in training.get("rows", []):
+        if r.get("status") == "OK" and r.get("straggler") in (None, "", "none") \
+                and r.get("measure", "throughput") == "throughput":
+            cells.setdefault((r["model"], variant_of(r), r["workers"]), []).append(r)
+    out = {key: {"step_ms": statistics.median(x["step_ms"] for x in rs), "min_ms": min(x["step_ms"] for x in rs),
+                 "max_ms": max(x["step_ms"] for x in rs), "gradient_bytes": rs[0]["gradient_bytes"],
+                 "link_Bps": norm["link_Bps"],
+                 "hosts": len(set(rs[0].get("rank_hosts") or [])) or rs[0].get("ranks", key[2])}
+           for key, rs in cells.items()}
+    return norm, out
 
 
 def measured_comparison(training: dict, fits: dict) -> tuple[list[dict], dict]:
-    """One row per (model, label, workers) of ``training``'s summary, and the summary statistics."""
-    meta = training["meta"]
+    """One row per (model, variant, workers) measured (:func:`measured_points`), and the summary statistics."""
+    meta, summ = measured_points(training)
     cores = int(meta.get("cores") or 0) or None
-    summ = {(s["model"], s["label"], s["workers"]): s for s in training["summary"] if s.get("repeats_ok")}
     rows = []
     for (model, label, w), s in sorted(summ.items()):
-        if label not in LABELS or (model, "horovod", 1) not in summ:
+        if (model, "horovod", 1) not in summ:
             continue
-        strategy, k, method = LABELS[label]
+        row = priced(label, w)
+        method, ranks = collective_method(row, w)
         wl = Workload(model, (int(s["gradient_bytes"]),), compute_s=summ[(model, "horovod", 1)]["step_ms"] / 1e3,
-                      batch=int(meta.get("batch_size", 32)))
+                      batch=meta["batch_size"])
         cl = Cluster(hosts=w, gpus_per_host=1, intra_Bps=presets.INTRA["shm"][0], inter_Bps=s["link_Bps"],
                      intra_latency_s=presets.INTRA["shm"][1], inter_latency_s=meta["rtt_s"] / 2,
                      reduce_Bps=2e9, server_Bps=2e9, shared_cores=cores)
-        opt = Options(servers=k, jitter_cv=0.0)
-        probe = predict_one(strategy, wl, cl, opt)
-        fit = fit_for(fits, method, w + k)
-        fitted = predict_one(strategy, wl, cl, replace(opt, fitted=((strategy, *fit),))) if fit else None
+        opt = Options(jitter_cv=0.0)
+        probe = predict_variant(row, wl, cl, opt)
+        fit = fit_for(fits, method, ranks) if method else None
+        fitted = predict_variant(row, wl, cl, replace(opt, fitted=((label, *fit),))) if fit else None
         meas = s["step_ms"] / 1e3
-        lo, hi = (wl.batch * w / s[f"samples_per_s_{m}"] * 1e3 for m in ("max", "min"))   # step range over repeats
-        rows.append({"model": model, "label": label, "workers": w, "hosts": s["hosts"], "measured_ms": meas * 1e3,
-                     "measured_min_ms": lo, "measured_max_ms": hi, "oversubscribed": s["hosts"] > (cores or 1e9),
+        rows.append({"model": model, "variant": label, "workers": w, "hosts": s["hosts"], "measured_ms": meas * 1e3,
+                     "measured_min_ms": s["min_ms"], "measured_max_ms": s["max_ms"], "oversubscribed": s["hosts"] > (cores or 1e9),
                      "probe_ms": probe.step_s * 1e3, "fit_ms": fitted.step_s * 1e3 if fitted else None,
                      "probe_err": probe.step_s / meas - 1, "fit_err": fitted.step_s / meas - 1 if fitted else None,
-                     "fit_ranks_measured": (method, w + k) in fits or (w == 1 and k == 0)})
+                     "fit_ranks_measured": (method, ranks) in fits or ranks == 1})
     stats = {}
     for col in ("probe", "fit"):
         errs = [abs(r[f"{col}_err"]) for r in rows if r[f"{col}_err"] is not None]
@@ -93,8 +149,8 @@ def measured_comparison(training: dict, fits: dict) -> tuple[list[dict], dict]:
             if len(grp) < 2:
                 continue
             total += 1
-            meas = [r["label"] for r in sorted(grp, key=lambda r: r["measured_ms"])]
-            pred = [r["label"] for r in sorted(grp, key=lambda r: r[f"{col}_ms"])]
+            meas = [r["variant"] for r in sorted(grp, key=lambda r: r["measured_ms"])]
+            pred = [r["variant"] for r in sorted(grp, key=lambda r: r[f"{col}_ms"])]
             same += meas == pred
             best += meas[0] == pred[0]
         stats[col] = {"median_abs_err": statistics.median(errs) if errs else None, "points": len(errs),
@@ -114,7 +170,8 @@ PUBLISHED = [
      "cluster": "128x4:pcie,25gbit+rdma", "gpu": "p100", "what": "Horovod, 128 hosts x 4 Pascal, 25 Gbit/s RoCE"}
     for m, pub in (("inception3", 0.90), ("resnet101", 0.90), ("vgg16", 0.68))
 ] + [
-    {"source": _HVD + " (Fig. 1)", "model": m, "kind": "efficiency", "strategy": "ps-colocated", "published": 0.50,
+    {"source": _HVD + " (Fig. 1)", "model": m, "kind": "efficiency", "strategy": "ps-sync:ps_colocated=true",
+     "published": 0.50,
      "cluster": "32x4:pcie,25gbit", "gpu": "p100", "what": "standard distributed TF (PS on every host), 128 GPUs"}
     for m in ("inception3", "resnet101")
 ] + [
@@ -141,9 +198,9 @@ def _figure(p: dict, wl: Workload, cl: Cluster, eta: float = 1.0):
     opt = Options(overlap=True)
     slow = replace(cl, intra_Bps=cl.intra_Bps * eta, inter_Bps=cl.inter_Bps * eta)
     if p["kind"] == "speedup":
-        mine, hvd = predict_one(p["strategy"], wl, cl, opt), predict_one("horovod", wl, slow, opt)
+        mine, hvd = predict_variant(p["strategy"], wl, cl, opt), predict_variant("horovod", wl, slow, opt)
         return hvd.step_s / mine.step_s, mine, hvd
-    mine = predict_one(p["strategy"], wl, slow, opt)
+    mine = predict_variant(p["strategy"], wl, slow, opt)
     return mine.efficiency, mine, None
 
 
@@ -195,14 +252,16 @@ def markdown(rows: list[dict], stats: dict, pub: list[dict], meta: dict) -> str:
            "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in rows:
         fit = "-" if r["fit_ms"] is None else f"{r['fit_ms']:.1f}" + ("" if r["fit_ranks_measured"] else "†")
-        out.append(f"| {r['model']} | {r['label']} | {r['workers']} | {r['measured_ms']:.1f} | {r['probe_ms']:.1f} | "
+        out.append(f"| {r['model']} | {r['variant']} | {r['workers']} | {r['measured_ms']:.1f} | {r['probe_ms']:.1f} | "
                    f"{_pct(r['probe_err'])} | {fit} | {_pct(r['fit_err'])} |")
     out.append("")
     for col, what in (("probe", "probe only (formulas + probed link)"), ("fit", "fitted collectives")):
         s = stats[col]
-        out.append(f"- {what}: median |error| {s['median_abs_err'] * 100:.0f}% over {s['points']} points "
-                   f"({s['within_15pct']} within 15%): {s['median_abs_err_ranks_le_cores'] * 100:.0f}% over the "
-                   f"{s['points_ranks_le_cores']} with ranks <= cores, {s['median_abs_err_ranks_gt_cores'] * 100:.0f}% "
+        err = {k: "-" if s[k] is None else f"{s[k] * 100:.0f}%"   # None: no such point
+               for k in ("median_abs_err", "median_abs_err_ranks_le_cores", "median_abs_err_ranks_gt_cores")}
+        out.append(f"- {what}: median |error| {err['median_abs_err']} over {s['points']} points "
+                   f"({s['within_15pct']} within 15%): {err['median_abs_err_ranks_le_cores']} over the "
+                   f"{s['points_ranks_le_cores']} with ranks <= cores, {err['median_abs_err_ranks_gt_cores']} "
                    f"over the {s['points_ranks_gt_cores']} with more ranks than cores; predicted ranking = measured "
                    f"in {s['rankings_equal']} of {s['rankings']} (model, workers) groups, the fastest in "
                    f"{s['best_equal']}; of the {s['pairs_distinct']} strategy pairs whose measured ranges do not "
@@ -231,7 +290,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--training", default="benchmarks/figures/cluster_training.json",
-                   help="cluster_training --json output (default benchmarks/figures/cluster_training.json)")
+                   help="hvdkit-bench training's training.json (on hosts or --emulated), or an older "
+                        "cluster_training --json output (default benchmarks/figures/cluster_training.json)")
     p.add_argument("--collectives", default="benchmarks/figures/cluster_collectives.json",
                    help="cluster_collectives --json output (default benchmarks/figures/cluster_collectives.json)")
     p.add_argument("--markdown", metavar="FILE", help="write the tables as markdown")
@@ -249,9 +309,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"hvdkit: error: {e}", file=sys.stderr)
         return 2
     training, coll = docs
-    rows, stats = measured_comparison(training, fit_collectives(coll, training["meta"].get("link_Bps")))
+    try:
+        meta = measured_points(training)[0]
+        rows, stats = measured_comparison(training, fit_collectives(coll, meta.get("link_Bps")))
+    except UsageError as e:
+        print(f"hvdkit: error: {a.training}: {e}", file=sys.stderr)
+        return 2
     pub = published_comparison()
-    md = markdown(rows, stats, pub, training["meta"])
+    md = markdown(rows, stats, pub, meta)
     print(md)
     if a.markdown:
         with open(a.markdown, "w") as fh:

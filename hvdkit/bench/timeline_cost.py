@@ -35,7 +35,8 @@ __all__ = ["main"]
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="hvdkit-bench timeline-cost",
                                 description="step time with and without --timeline, interleaved (run under mpirun)")
-    p.add_argument("--strategies", default="horovod,ring,ps-sync", help="comma-separated (default: %(default)s)")
+    p.add_argument("--strategies", default="horovod,ring,ps-sync",
+                   help="comma-separated variants NAME[:option=value,...] (default: %(default)s)")
     p.add_argument("--rounds", type=int, default=8, help="pairs of runs per strategy (default: %(default)s)")
     p.add_argument("--steps", type=int, default=200, help="training steps per run (default: %(default)s)")
     p.add_argument("--model", default="mlp", help="--model of the runs (default: %(default)s)")
@@ -50,7 +51,17 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark on every rank of the MPI job; rank 0 prints the table. Returns the exit status."""
+    from hvdkit.errors import UsageError
+    from hvdkit.mpistart import launcher_rank
+    from hvdkit.strategies.variants import parse_variants
+
     a = _parser().parse_args(argv)
+    try:
+        variants = parse_variants(a.strategies)
+    except UsageError as e:
+        if (launcher_rank(os.environ) or (0, 1))[0] == 0:
+            print(f"hvdkit: error: --strategies: {e}", file=sys.stderr)
+        return 2
     if a.rounds < 1 or a.steps < 3 or a.block < 1 or (a.interleave == "steps" and a.steps < 2 * a.block + 2):
         print("hvdkit: error: --rounds and --block must be >= 1 and --steps >= 3 (with --interleave steps, "
               ">= 2 x --block + 2)", file=sys.stderr)
@@ -93,7 +104,8 @@ def main(argv: list[str] | None = None) -> int:
 
         Timeline.in_window, Timeline.set_step = in_blocks, set_step
     w = world()
-    strategies = [s for s in a.strategies.split(",") if s]
+    strategies = [v.label for v in variants]
+    train_args = {v.label: v.train_args() for v in variants}
     work = w.comm.bcast(tempfile.mkdtemp(prefix="hvdkit-tlcost-") if w.is_rank0 else None, root=0)
     rows: dict[str, dict[str, list[float]]] = {s: {"off": [], "on": [], "mean_off": [], "mean_on": []}
                                                for s in strategies}
@@ -101,8 +113,8 @@ def main(argv: list[str] | None = None) -> int:
         for s in strategies:
             modes = ("off", "on") if i % 2 == 0 else ("on", "off")
             for mode in (modes if a.interleave == "runs" else ("on",)):
-                d = os.path.join(work, f"{s}-{i}-{mode}")
-                args = ["--strategy", s, "--model", a.model, "--max-steps", str(a.steps), "--epochs", "1000",
+                d = os.path.join(work, f"{s.replace(':', '_').replace(',', '_')}-{i}-{mode}")
+                args = [*train_args[s], "--model", a.model, "--max-steps", str(a.steps), "--epochs", "1000",
                         "--output-dir", d, "--no-tensorboard", "--no-checkpoint", "--progress-seconds", "1e9",
                         *a.extra.split()] + (["--timeline", d + ".trace.json"] if mode == "on" else [])
                 tf.keras.backend.clear_session()

@@ -6,7 +6,10 @@ Importing a strategy module is cheap: each imports its framework (Horovod, tf.di
 only when a strategy object is created, so a run of one strategy never loads another's.
 
 A new strategy is one module (or package) with one class, plus one line in :data:`_ROWS` and
-one in setup.cfg's rows contract (rows never import each other).
+one in setup.cfg's rows contract (rows never import each other). The class also declares what
+others need to know about it (its layout, ``ranks_for``, its traffic formula: the facts table of
+:mod:`hvdkit.strategies.base`); the benchmarks and ``hvdkit advise`` ask the row through
+:mod:`hvdkit.strategies.variants` (``NAME[:option=value,...]``) and keep no table of their own.
 """
 from __future__ import annotations
 

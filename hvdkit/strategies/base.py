@@ -68,27 +68,33 @@ What a row says about itself (class attributes and classmethods: local, no MPI, 
 read by :mod:`hvdkit.strategies.variants`, the benchmarks and ``hvdkit advise``, which keep no
 table of strategies of their own):
 
-=================================  ==================================================================
-fact                               meaning
-=================================  ==================================================================
-``name``, ``summary``, ``options``  the registry key, its ``--help`` line, its flags (below)
-``layout`` / ``layout_for(opts)``  how a job's ranks are used, one of :data:`LAYOUTS`: ``replicas``
-                                   (every rank a worker holding a replica), ``dedicated`` (workers plus
-                                   K server ranks), ``colocated`` (every rank a worker and a server
-                                   shard), ``pipeline`` (one replica split into stages, one per rank),
-                                   ``tf-ps`` (a chief, K ps tasks, workers). ``layout`` is the row's
-                                   layout at its default options; ``layout_for`` the one at ``opts``
-                                   (the ps-* rows: ``colocated`` with ``ps_colocated``)
-``traffic`` / ``traffic_for``      name of the :mod:`hvdkit.costs` function that prices one step's
-``(opts)``                         bytes on the wire (``ring_allreduce_time``, ``ps_time``,
-                                   ``colocated_ps_time``), or None (no formula: in-process or pipeline)
-``ranks_for(workers, opts)``       MPI ranks (world size) a job with ``workers`` training workers
-                                   needs: ``replicas``/``colocated`` N, ``dedicated`` N + K,
-                                   ``tf-ps`` N + K + 1, ``pipeline`` N stages (one replica); a
-                                   single-process row refuses N > 1 (UsageError)
-``servers_for(workers, opts)``     of those, the dedicated server ranks (0 where none)
-``lockstep``                       the loop ranks take every step together (below)
-=================================  ==================================================================
+======================================  ==============================================================
+fact                                    meaning
+======================================  ==============================================================
+``name``, ``summary``, ``options``      the registry key, its ``--help`` line, its flags (below)
+``layout``, ``layout_for(opts)``        how a job's ranks are used, one of :data:`LAYOUTS`:
+                                        ``replicas`` (every rank a worker holding a replica),
+                                        ``dedicated`` (workers plus K server ranks), ``colocated``
+                                        (every rank a worker and a server shard), ``pipeline`` (one
+                                        replica split into stages, one per rank), ``tf-ps`` (a chief,
+                                        K ps tasks, workers). ``layout`` is the row's layout at its
+                                        default options, ``layout_for`` the one at ``opts`` (the ps-*
+                                        rows: ``colocated`` with ``ps_colocated``)
+``traffic``, ``traffic_for(opts)``      name of the :mod:`hvdkit.costs` function that prices one
+                                        step's bytes on the wire (``ring_allreduce_time``,
+                                        ``ps_time``, ``colocated_ps_time``), or None (no formula:
+                                        in one process, or a pipeline's activations)
+``ranks_for(workers, opts)``            MPI ranks (world size) a job with N = ``workers`` training
+                                        workers needs: ``replicas`` and ``colocated`` N,
+                                        ``dedicated`` N + K, ``tf-ps`` N + K + 1, ``pipeline`` N
+                                        stages (one replica); a one-process row refuses N > 1
+                                        (UsageError)
+``servers_for(workers, opts)``          of those, the dedicated server ranks (0 where none)
+``lockstep``                            the loop ranks take every step together (below)
+``staleness_bound(opts)``               how many steps a worker's gradient may lag the weights it is
+                                        applied to: 0 (lockstep rows, the default), s (ps-ssp's
+                                        bound), None (no bound: ps-async, ps-dcasgd)
+======================================  ==============================================================
 
 ``opts`` there is a mapping of option name -> value (a variant's ``opts``; missing names take
 their declared defaults). A row's :meth:`Strategy.check` refuses a world smaller than
@@ -241,6 +247,12 @@ class Strategy(abc.ABC):
     def traffic_for(cls, opts: Mapping[str, Any] | None = None) -> str | None:
         """Name of the :mod:`hvdkit.costs` function pricing a step with options ``opts``; default :attr:`traffic`."""
         return cls.traffic
+
+    @classmethod
+    def staleness_bound(cls, opts: Mapping[str, Any] | None = None) -> int | None:
+        """Steps a gradient may lag the weights it is applied to: 0 when :attr:`lockstep` (the
+        default), else None (no bound); a bounded-staleness row returns its bound."""
+        return 0 if cls.lockstep else None
 
     @classmethod
     def ranks_for(cls, workers: int, opts: Mapping[str, Any] | None = None) -> int:

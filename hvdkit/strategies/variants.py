@@ -21,14 +21,15 @@ variant: ``ps-ssp:staleness=4,num_servers=2,ring`` is ``ps-ssp:num_servers=2,sta
 
 Everything a caller needs to know about a variant is asked of its row (the facts in
 :mod:`hvdkit.strategies.base`): :attr:`Variant.layout`, :meth:`Variant.ranks`,
-:meth:`Variant.servers`, :attr:`Variant.lockstep`, :attr:`Variant.traffic`, and
+:meth:`Variant.servers`, :attr:`Variant.lockstep`, :attr:`Variant.staleness_bound`,
+:attr:`Variant.traffic`, and
 :meth:`Variant.train_args`, the ``hvdkit.train`` flags that run it. A row registered at run time
 (an entry added to ``STRATEGIES``) is a variant at once.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from hvdkit.errors import UsageError
 from hvdkit.strategies import STRATEGIES
@@ -100,6 +101,11 @@ class Variant:
     def lockstep(self) -> bool:
         """The row's ``lockstep``: False for the asynchronous ps modes (each worker at its own pace)."""
         return bool(self.cls.lockstep)
+
+    @property
+    def staleness_bound(self) -> int | None:
+        """The row's ``staleness_bound``: 0 for lockstep rows, s for ps-ssp, None where unbounded."""
+        return self.cls.staleness_bound(self.opts)
 
     def ranks(self, workers: int) -> int:
         """MPI ranks a job with ``workers`` training workers needs (the row's ``ranks_for``).
@@ -193,24 +199,31 @@ def split_variants(text: str) -> list[str]:
     return out
 
 
-def parse_variants(text: str | Iterable[str]) -> list[Variant]:
+def parse_variants(text: str | Iterable[str], parse: Callable[[str], Any] = parse_variant,
+                   choices: Iterable[str] | None = None) -> list:
     """Every variant of a comma-separated list (or of each string of an iterable of such lists),
-    in order (:func:`split_variants`, then :func:`parse_variant`).
+    in order (:func:`split_variants`, then ``parse`` of each).
+
+    Args:
+        parse: one variant's text -> an object with a ``label`` (default :func:`parse_variant`:
+            :class:`Variant`; ``hvdkit advise`` passes its own, which knows its own rows too).
+        choices: the names an empty list's message offers (default: the registry's).
 
     Raises:
-        UsageError: as :func:`parse_variant`; also an empty list, or one variant listed twice
-            (two spellings of one label count as twice).
+        UsageError: as ``parse``; also an empty list, or one variant listed twice (two spellings
+            of one label count as twice).
     """
     texts = [text] if isinstance(text, str) else list(text)
-    out: list[Variant] = []
+    out: list = []
     for t in texts:
         for one in split_variants(t):
-            v = parse_variant(one)
-            if v in out:
+            v = parse(one)
+            if any(v.label == w.label for w in out):
                 raise UsageError(f"strategy list {', '.join(texts)!r}: {v.label} is listed twice")
             out.append(v)
     if not out:
-        raise UsageError(f"strategy list {', '.join(texts)!r}: no strategy given; choose from {', '.join(STRATEGIES)}")
+        raise UsageError(f"strategy list {', '.join(texts)!r}: no strategy given; choose from "
+                         f"{', '.join(STRATEGIES if choices is None else choices)}")
     return out
 
 

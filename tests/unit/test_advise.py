@@ -9,7 +9,7 @@ from hvdkit.advise import presets
 from hvdkit.advise.cli import main as advise_main
 from hvdkit.advise.model import (Cluster, Options, Workload, async_throughput, colocated_time, flat_ring_time,
                                  hierarchical_time, overlapped_step, ps_sync_time, ring_time, straggler_factor)
-from hvdkit.advise.predict import predict, predict_one, recommend
+from hvdkit.advise.predict import parse_rows, predict, predict_variant, recommend
 from hvdkit.cli import main as hvdkit_main
 
 INF = math.inf
@@ -77,7 +77,7 @@ def test_async_throughput_and_staleness():
 
 def test_predict_horovod_hand_value():
     wl = Workload("x", (1_000_000,), compute_s=0.1, batch=10)
-    p = predict_one("horovod", wl, _cl(2, 1), Options(jitter_cv=0.0))
+    p = predict_variant("horovod", wl, _cl(2, 1), Options(jitter_cv=0.0))
     assert p.step_s == pytest.approx(0.1 + 0.01) and p.exposed_s == pytest.approx(0.01)
     assert p.efficiency == pytest.approx(0.1 / 0.11) and p.link_bytes == pytest.approx(1e6) and p.link == "NIC"
     assert p.samples_per_s == pytest.approx(20 / 0.11)
@@ -85,17 +85,18 @@ def test_predict_horovod_hand_value():
 
 def test_predict_ps_async_staleness_and_shared_cores():
     wl = Workload("x", (1_000_000,), compute_s=0.1, batch=10)
-    p = predict_one("ps-async", wl, _cl(4, 1), Options(jitter_cv=0.0, servers=4))
+    p = predict_variant("ps-async:num_servers=4", wl, _cl(4, 1), Options(jitter_cv=0.0))
     # cycle 0.1 + 2 * 1e6/1e8 = 0.12; 4 workers; servers take 4 * 1e8/1e6 = 400 steps/s
     assert p.step_s == pytest.approx(0.12) and p.staleness == pytest.approx(3.0)
-    q = predict_one("horovod", wl, _cl(4, 1, shared_cores=2), Options(jitter_cv=0.0))
+    q = predict_variant("horovod", wl, _cl(4, 1, shared_cores=2), Options(jitter_cv=0.0))
     assert q.compute_s == pytest.approx(0.2) and q.limiting == "shared cores"
 
 
 def test_one_worker_talks_only_to_dedicated_servers():
     wl = Workload("x", (1_000_000,), compute_s=0.1)
-    for p in predict(wl, _cl(1, 1), Options(jitter_cv=0.0)):
-        if p.strategy in ("horovod", "horovod-hier", "ring", "ps-colocated"):
+    for p in predict(wl, _cl(1, 1), Options(jitter_cv=0.0), parse_rows(
+            "horovod,horovod-hier,ring,ps-sync,ps-sync:ps_colocated=true,ps-ssp,ps-async,num_servers=2,byteps")):
+        if p.strategy in ("horovod", "horovod-hier", "ring", "ps-sync:ps_colocated=true"):
             assert p.comm_s == 0 and p.step_s == pytest.approx(0.1) and p.efficiency == pytest.approx(1.0)
         else:   # push + pull to a server host: 2 x 1e6 / 1e8 (byteps: pipelined, one direction)
             assert p.comm_s == pytest.approx(0.01 if p.strategy == "byteps" else 0.02), p.strategy
@@ -103,8 +104,71 @@ def test_one_worker_talks_only_to_dedicated_servers():
 
 def test_fitted_collective_replaces_the_formula():
     wl = Workload("x", (1_000_000,), compute_s=0.1)
-    p = predict_one("ring", wl, _cl(2, 1), Options(jitter_cv=0.0, fitted=(("ring", 0.005, 2e-8),)))
+    p = predict_variant("ring", wl, _cl(2, 1), Options(jitter_cv=0.0, fitted=(("ring", 0.005, 2e-8),)))
     assert p.comm_s == pytest.approx(0.005 + 0.02) and p.terms["latency"] == pytest.approx(0.005)
+
+
+def test_variants_are_priced_from_their_rows_facts():
+    """K, the staleness bound, the layout and fp16 on the wire come from the variant, in the training
+    names and defaults (ps-sync: one dedicated server; ps-ssp: the row's staleness default)."""
+    from hvdkit.strategies.variants import parse_variant
+    wl, cl, opt = Workload("x", (1_000_000,), compute_s=0.1, batch=10), _cl(4, 1), Options(jitter_cv=0.1)
+    one, two = predict_variant("ps-sync", wl, cl, opt), predict_variant("ps-sync:num_servers=2", wl, cl, opt)
+    assert one.comm_s == pytest.approx(ps_sync_time(1e6, cl, 1))
+    assert two.comm_s == pytest.approx(ps_sync_time(1e6, cl, 2))
+    assert two.strategy == "ps-sync:num_servers=2" and two.step_s < one.step_s
+    assert predict_variant("ps-sync:ps_colocated=true", wl, cl, opt).comm_s == pytest.approx(colocated_time(1e6, cl))
+    s_default = parse_variant("ps-ssp").opts["staleness"]
+    assert predict_variant("ps-ssp", wl, cl, opt).step_s == \
+        predict_variant(f"ps-ssp:staleness={s_default}", wl, cl, opt).step_s != \
+        predict_variant(f"ps-ssp:staleness={s_default + 3}", wl, cl, opt).step_s
+    assert predict_variant("ps-async", wl, cl, opt).step_s == predict_variant("ps-dcasgd", wl, cl, opt).step_s
+    full, half = predict_variant("ring", wl, cl, opt), predict_variant("ring:compression=fp16", wl, cl, opt)
+    assert half.link_bytes == pytest.approx(full.link_bytes / 2) and half.comm_s == pytest.approx(full.comm_s / 2)
+    push = predict_variant("ps-sync:compression=fp16,ps_pull=float32", wl, cl, opt)
+    assert push.link_bytes == pytest.approx(one.link_bytes * 0.75)
+    one_bucket = predict_variant("ring:fusion_bytes=0", wl, cl, Options(fusion_bytes=100_000, jitter_cv=0.0))
+    buckets = predict_variant("ring", wl, cl, Options(fusion_bytes=100_000, jitter_cv=0.0))
+    assert one_bucket.comm_s == pytest.approx(flat_ring_time(1e6, cl)) and buckets.comm_s == pytest.approx(
+        10 * flat_ring_time(1e5, cl))   # ring's own fusion_bytes=64 MiB by default: Options' is Horovod's
+    assert predict_variant(parse_variant("horovod"), wl, cl, opt).step_s == full.step_s
+
+
+def test_the_former_rows_are_these_variants():
+    """The step times the advise of before the variants printed for resnet50 on 16x8:nvlink,25gbit (its
+    rows ps-sync, ps-colocated, ps-ssp, ps-async with one server per host and staleness 3), spelt as variants."""
+    wl = Workload("resnet50", presets.known_tensors("resnet50"),
+                  compute_s=64 / presets.KNOWN_MODELS["resnet50"]["images_per_s"]["p100"], batch=64)
+    cl = presets.parse_cluster("16x8:nvlink,25gbit")
+    rows = parse_rows("horovod,horovod-hier,ring,ps-sync:num_servers=16,ps-sync:ps_colocated=true,"
+                      "ps-ssp:num_servers=16,staleness=3,ps-async:num_servers=16,byteps")
+    assert [round(p.step_s * 1e3, 1) for p in predict(wl, cl, Options(), rows)] == \
+        [391.6, 376.1, 391.6, 998.8, 966.1, 824.9, 815.8, 310.7]
+
+
+@pytest.mark.parametrize("text, words", [
+    ("model-parallel", r"no formula for model-parallel \(layout pipeline, traffic none\)"),
+    ("tf-ps", r"no formula for tf-ps \(layout tf-ps, traffic ps_time\)"),
+    ("tf-mirrored", r"no formula for tf-mirrored \(layout replicas, traffic none\)"),
+    ("byteps:num_servers=2", "byteps takes no options"),
+    ("nope", "unknown strategy 'nope'; choose one of: horovod, ring"),
+    ("ps-sync:servers=2", "its options: num_servers"),
+])
+def test_rows_advise_cannot_price_are_refused_in_one_line(text, words):
+    from hvdkit.errors import UsageError
+    wl = Workload("x", (1_000_000,), compute_s=0.1)
+    with pytest.raises(UsageError, match=words) as e:
+        predict_variant(text, wl, _cl(2, 1))
+    assert "\n" not in str(e.value) and ("byteps" in str(e.value)) == (text in ("byteps:num_servers=2", "nope"))
+
+
+def test_default_rows_come_from_the_registry_and_advise_keeps_only_its_own():
+    from hvdkit.advise.predict import OWN_ROWS, default_rows
+    from hvdkit.strategies import STRATEGIES
+    rows = default_rows()
+    assert rows[:2] == ["horovod", "horovod-hier"] and rows[-1] == "byteps"
+    assert set(OWN_ROWS) == {"horovod-hier", "byteps"} and not set(OWN_ROWS) & set(STRATEGIES)
+    assert set(rows) - set(OWN_ROWS) <= set(STRATEGIES) and "model-parallel" not in rows
 
 
 def test_recommend_skips_rows_hvdkit_lacks_and_explains():
@@ -147,11 +211,23 @@ def test_cli_table_json_and_plot(capsys, tmp_path):
     doc = json.loads(capsys.readouterr().out)
     assert [s["strategy"] for s in doc["strategies"]] == ["horovod", "ps-sync"]
     assert doc["recommendation"]["strategy"] in ("horovod", "ps-sync") and png.stat().st_size > 1000
+    assert advise_main(["--model", "resnet50", "--cluster", "4x1:shm,1gbit", "--strategies",
+                        "ps-sync:num_servers=2,ps-sync:ps_colocated=true,ps-ssp:staleness=4,num_servers=2"]) == 0
+    out = capsys.readouterr().out
+    assert all(f"\n{v} " in out for v in ("ps-sync:num_servers=2", "ps-sync:ps_colocated=true",
+                                          "ps-ssp:num_servers=2,staleness=4"))
 
 
 @pytest.mark.parametrize("args, words", [
     (["--model", "resnet50", "--cluster", "16x8:nvlink,25gbt"], "rate '25gbt'"),
     (["--model", "resnet50", "--cluster", "16x8", "--strategies", "nope"], "--strategies"),
+    (["--model", "resnet50", "--cluster", "16x8", "--strategies", "ps-sync:num_servers=0"],
+     "--strategies: variant 'ps-sync:num_servers=0': --num-servers=0 must be >= 1"),
+    (["--model", "resnet50", "--cluster", "16x8", "--strategies", "num_servers=2"], "has no strategy before it"),
+    (["--model", "resnet50", "--cluster", "16x8", "--strategies", ","], "no strategy given; choose from horovod"),
+    (["--model", "resnet50", "--cluster", "16x8", "--strategies", "ring,byteps,ring"], "ring is listed twice"),
+    (["--model", "resnet50", "--cluster", "16x8", "--servers", "2"], "--strategies ps-sync:num_servers=2"),
+    (["--model", "resnet50", "--cluster", "16x8", "--staleness", "2"], "--strategies ps-ssp:staleness=4"),
     (["--model", "resnet50", "--cluster", "16x8", "--measure"], "--measure"),
     (["--model", "cnn", "--cluster", "2x1"], "--compute-ms"),
     (["--model", "nosuch", "--cluster", "2x1", "--compute-ms", "3"], "nosuch"),
@@ -190,6 +266,40 @@ def test_advise_check_reads_the_recorded_benchmarks(tmp_path, capsys):
     assert capsys.readouterr().err.startswith("hvdkit: error: ")
 
 
+def test_advise_check_reads_a_training_json(tmp_path, capsys):
+    """hvdkit-bench training's training.json (CONTRACTS.md section 3): the OK throughput rows without a
+    straggler, by variant; the probed link of its place; a place without links is refused."""
+    import os
+
+    from hvdkit.bench import advise_check
+    from tests.conftest import ROOT
+
+    def row(variant, w, step_ms, rnd, **kw):
+        return {"variant": variant, "model": "cnn", "workers": w, "ranks": w, "straggler": "none", "round": rnd,
+                "status": "OK", "step_ms": step_ms, "gradient_bytes": 400_000, "rank_hosts": [f"h{i}" for i in
+                                                                                               range(w)], **kw}
+    doc = {"benchmark": "training", "meta": {"cores": 2, "args": {"batch_size": 32}},
+           "place": {"kind": "emulated", "links": [{"src": "h0", "dst": "h1", "rate_bps": 1e9, "rtt_ms": 0.2}]},
+           "rows": [row("horovod", 1, 10.0, 0), row("horovod", 1, 12.0, 1), row("horovod", 2, 30.0, 0),
+                    row("ps-sync", 2, 50.0, 0), row("ps-sync", 2, 70.0, 1), row("ps-sync", 2, 60.0, 2),
+                    row("ps-sync", 2, 900.0, 3, status="FAILED"), row("ps-sync", 2, 900.0, 4, straggler="1:3")]}
+    rows, stats = advise_check.measured_comparison(doc, {})
+    got = {(r["variant"], r["workers"]): r for r in rows}
+    assert sorted(got) == [("horovod", 1), ("horovod", 2), ("ps-sync", 2)]
+    ps = got[("ps-sync", 2)]
+    assert (ps["measured_ms"], ps["measured_min_ms"], ps["measured_max_ms"], ps["hosts"]) == (60.0, 50.0, 70.0, 2)
+    assert got[("horovod", 1)]["probe_ms"] == pytest.approx(11.0)     # the measured 1-worker step is the compute
+    assert stats["probe"]["points"] == 3
+    f = tmp_path / "training.json"
+    f.write_text(json.dumps(doc))
+    coll = os.path.join(ROOT, "benchmarks", "figures", "cluster_collectives.json")
+    assert advise_check.main(["--training", str(f), "--collectives", coll]) == 0
+    assert "| cnn | ps-sync | 2 | 60.0 |" in capsys.readouterr().out
+    f.write_text(json.dumps({**doc, "place": {"kind": "local", "links": []}}))
+    assert advise_check.main(["--training", str(f), "--collectives", coll]) == 2
+    assert "without probed links" in capsys.readouterr().err
+
+
 def test_calibrate_hockney_fits_and_their_use(tmp_path, capsys):
     from hvdkit.advise.calibrate import fit_collectives, fit_for, fitted_options
 
@@ -205,7 +315,7 @@ def test_calibrate_hockney_fits_and_their_use(tmp_path, capsys):
     a, b = fit_for(fits, "ps", 4)    # 3 workers + 1 server, from 2 + 1: bytes factor 2*3 / 2*2
     assert a == pytest.approx(0.0, abs=1e-9) and b == pytest.approx(0.01 / (1 << 20) * 1.5)
     assert fit_for(fits, "horovod", 2) is None
-    assert fitted_options(fits, ["ring", "ps-sync", "horovod-hier"], 2, 1) == \
+    assert fitted_options(fits, parse_rows("ring,ps-sync,horovod-hier"), 2) == \
         (("ring", *fits[("ring", 2)]), ("ps-sync", *fit_for(fits, "ps", 3)))
     f = tmp_path / "coll.json"
     f.write_text(json.dumps(doc))

@@ -129,8 +129,8 @@ class PSStrategy(Strategy):
                 raise UsageError("--ps-colocated runs a server thread beside each worker and needs "
                                  "MPI_THREAD_MULTIPLE, which this MPI library did not provide")
         elif n < cls.ranks_for(1, cfg.extra):
-            k = o.num_servers
-            raise UsageError(f"{cls.name} with --num-servers {k} needs at least {k + 1} ranks ({k} server(s) "
+            k, need = o.num_servers, cls.ranks_for(1, cfg.extra)
+            raise UsageError(f"{cls.name} with --num-servers {k} needs at least {need} ranks ({k} server(s) "
                              f"and 1 or more workers), got {n}; launch more ranks or use --ps-colocated")
 
     def __init__(self, cfg, world):
@@ -413,6 +413,11 @@ class PSSSP(PSStrategy):
     name, mode = "ps-ssp", "ssp"
     lockstep = False   # workers at their own pace
     summary = "parameter server, stale synchronous parallel: workers at most --staleness clocks apart"
+
+    @classmethod
+    def staleness_bound(cls, opts=None) -> int:
+        """s = ``staleness``: the fastest worker is at most s clocks ahead of the slowest."""
+        return cls._opts(opts).staleness
 
 
 class PSDCASGD(PSStrategy):
