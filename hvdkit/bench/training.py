@@ -22,7 +22,7 @@ burst of outside load hits all cells alike.
 
 ``--measure throughput`` (default): synthetic images, 1 warm-up epoch + ``--iters`` timed epochs
 of ``--steps-per-iter`` steps; samples/s, the compute/comm/wait/data split per step, the busiest
-link's bytes and utilisation (places with a probed link rate). ``--measure convergence``: the
+link's bytes and utilisation (places with probed links: the slowest link's rate). ``--measure convergence``: the
 ``--dataset`` for ``--epochs`` epochs; accuracy against training time and samples per epoch, the
 time and samples to ``--target-accuracy``, staleness (PS rows). Figures: see :mod:`hvdkit.bench.jobs`.
 
@@ -360,9 +360,10 @@ def _clock(seconds: float) -> str:
 
 
 def _link_Bps(desc: dict) -> float | None:
-    """The median probed link rate of a place, bytes/s (``links[].rate_bps`` are bits/s), or None."""
+    """The slowest probed link rate of a place, bytes/s (``links[].rate_bps`` are bits/s), or None
+    (the rate hvdkit-bench advise-check prices the same rows with)."""
     rates = [x["rate_bps"] for x in desc.get("links") or [] if x.get("rate_bps")]
-    return float(np.median(rates)) / 8 if rates else None
+    return float(min(rates)) / 8 if rates else None
 
 
 def _load_json(path: str) -> dict | None:

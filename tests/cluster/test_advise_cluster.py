@@ -1,6 +1,6 @@
 """``hvdkit advise`` against a measurement on 2-3 emulated hosts (a small version of
-``hvdkit-bench advise-check``): cnn, horovod and ps-sync with one dedicated server, 1 and 2
-workers, 1 Gbit/s links. The prediction (formulas + the probed link, compute = the measured
+``hvdkit-bench advise-check``): ``hvdkit-bench training --emulated 3:1`` (one rank per host), cnn,
+horovod and ps-sync with one dedicated server, 1 and 2 workers, 1 Gbit/s links. The prediction (formulas + the probed link, compute = the measured
 1-worker Horovod step) is within a factor 2.5 of every measured step (the machine's 2 cores are
 shared, so one job's step can double under outside load), and orders horovod and ps-sync-k1 at
 2 workers as measured (the model predicts ps-sync-k1 ~2.6x slower).
@@ -19,14 +19,14 @@ from tests.conftest import launch
 pytestmark = [pytest.mark.cluster, needs_cluster]
 
 
-def test_predicted_steps_track_measured_ones(cluster, shared_dir):
+def test_predicted_steps_track_measured_ones(shared_dir):
     from hvdkit.bench.advise_check import measured_comparison
-    j = os.path.join(shared_dir, "ct.json")
-    r = launch([sys.executable, "-m", "hvdkit.bench.cluster_training", "--models", "cnn",
-                "--strategies", "horovod,ps-sync-k1", "--workers", "1,2", "--repeats", "1",
-                "--steps-per-iter", "4", "--iters", "2", "--batch-size", "32", "--probe-seconds", "0.5", "--running",
-                "--out-dir", os.path.join(shared_dir, "ct"), "--json", j], timeout=150, env=cluster.env)
+    out = os.path.join(shared_dir, "ct")
+    r = launch([sys.executable, "-m", "hvdkit.bench", "training", "--emulated", "3:1", "--models", "cnn",
+                "--variants", "horovod,ps-sync", "--workers", "1,2", "--repeats", "1",
+                "--steps-per-iter", "4", "--iters", "2", "--batch-size", "32", "--out-dir", out], timeout=240)
     assert r.returncode == 0, r.output[-3000:]
+    j = os.path.join(out, "training.json")
     rows, stats = measured_comparison(json.load(open(j)), {})
     assert sorted((x["variant"], x["workers"]) for x in rows) == \
         [("horovod", 1), ("horovod", 2), ("ps-sync", 1), ("ps-sync", 2)]   # ps-sync-k1: one dedicated server
