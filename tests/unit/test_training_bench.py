@@ -330,3 +330,24 @@ def test_plots_read_training_json(tmp_path, monkeypatch):
     pngs = plot_all(str(tmp_path), training=os.path.join(out, "training.json"))
     assert [os.path.basename(p) for p in pngs] == ["throughput.png", "step_split.png"]
     assert all(open(p, "rb").read(4) == b"\x89PNG" for p in pngs)
+
+
+def test_suite_usage_errors_and_summary_from_training_json(tmp_path, monkeypatch, capsys):
+    from hvdkit.bench import suite
+
+    assert suite.main(["--skip", "nope"]) == 2
+    assert suite.main(["--resume", str(tmp_path / "none")]) == 2
+    assert suite.main(["--emulated", "3:0"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["hvdkit-bench suite: error: --skip nope: choose from collectives, training, convergence, report",
+                   f"hvdkit-bench suite: error: --resume {tmp_path}/none: no such directory; give the --out-dir of "
+                   "the suite to continue",
+                   "hvdkit-bench suite: error: --emulated '3:0': write H[:SLOTS][@RATE] with H, SLOTS >= 1, e.g. 3, "
+                   "3:2 or 3:2@200mbit"]
+    _fake_jobs(monkeypatch)
+    a, s, cells, out = _args(tmp_path, "--variants", "horovod", "--workers", "1,2", "--repeats", "1")
+    training.run(a, s, cells, out, FakePlace())
+    meta = {"date": "d", "host": "h", "cores": 2, "loadavg": [0, 0, 0], "place": {"kind": "local", "hosts": []}}
+    got = suite.summarize(out, meta, [{"step": "training", "status": "OK", "seconds": 1.0}])
+    assert got["figures"] == {"scaling efficiency cnn/horovod, 2 workers, straggler none": pytest.approx(1.0)}
+    assert "| training | OK | 1 |" in got["markdown"]
