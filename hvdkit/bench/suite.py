@@ -17,7 +17,8 @@ collectives.json            the largest N's (what the report reads)
 training.json               :mod:`hvdkit.bench.training`: the throughput grid (its defaults,
                             ``--training-args``), then ``--measure convergence``
                             (``--convergence-args``) into the same file
-training.txt, convergence.txt  their stdout tables
+training.txt               the throughput grid's stdout table
+convergence.txt            convergence's stdout table
 report.md, report.html      ``python -m hvdkit.bench.report DIR`` (skipped where that module is
                             not installed)
 *.png                       busbw, throughput, step_split, accuracy, staleness
