@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# The hvdkit benchmark suite: collectives, throughput and convergence at small sizes, plots and a
-# summary, in results/<YYYY-MM-DD>/ (about 12-15 minutes on 2 cores). Arguments pass through:
+# The hvdkit benchmark suite (hvdkit-bench suite): collectives, the training grid, convergence, the
+# report, plots and a summary, in results/<YYYY-MM-DD>/, on this host or --hostfile FILE / --hosts /
+# --slurm / --emulated H. Arguments pass through:
 #   bash benchmarks/run_suite.sh                 # the full small suite
 #   bash benchmarks/run_suite.sh --quick         # smoke test (~2 minutes)
 #   bash benchmarks/run_suite.sh --skip collectives --out-dir results/mine
+#   bash benchmarks/run_suite.sh --hostfile hosts.txt --out-dir /shared/suite
 # Python: $HVDKIT_PYTHON, else the repository's .venv, else python3 on PATH.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -4,9 +4,9 @@ Each is a module run with ``python -m hvdkit.bench.<name>`` or ``hvdkit-bench <n
 (:mod:`hvdkit.bench.cli`; ``python -m hvdkit.bench`` is the same):
 
 * :mod:`hvdkit.bench.collectives` runs under ``mpirun -np N`` (nccl-tests-style table).
-* :mod:`hvdkit.bench.throughput` and :mod:`hvdkit.bench.convergence` are drivers run WITHOUT
-  mpirun: they launch ``mpirun -np N python -m hvdkit.train`` jobs with hard timeouts and
-  read each job's ``results.json``.
+* :mod:`hvdkit.bench.training` is the training benchmark, run WITHOUT mpirun: it launches
+  ``hvdkit.train`` jobs on a place (:mod:`hvdkit.bench.places`) with hard timeouts;
+  :mod:`hvdkit.bench.jobs` builds every job's command and reads every ``results.json``.
 * :mod:`hvdkit.bench.bare_horovod` is the bare Horovod TF2 loop the harness is compared with.
 * :mod:`hvdkit.bench.plots` draws the PNGs; :mod:`hvdkit.bench.suite` runs everything.
 * :mod:`hvdkit.bench._common` holds what the drivers share (jobs, tables, statistics).

@@ -1,7 +1,7 @@
 """Helpers shared by the benchmark drivers: launching MPI jobs, statistics, tables.
 
-The drivers (:mod:`hvdkit.bench.throughput`, :mod:`hvdkit.bench.convergence`) run WITHOUT
-``mpirun``; they start one ``mpirun -np N`` job per measurement through :func:`launch`,
+The drivers (:mod:`hvdkit.bench.training`, :mod:`hvdkit.bench.suite`) run WITHOUT
+``mpirun``; they start one MPI job per measurement through :func:`launch`,
 which puts the job in its own process group and kills the whole group (mpirun and every
 rank) when the hard timeout expires, so a hang costs one row, never the run.
 
@@ -31,7 +31,7 @@ from hvdkit.errors import UsageError
 from hvdkit.launch import local_command
 from hvdkit.results import make_writable_dir
 
-__all__ = ["Job", "mpirun_cmd", "cluster_mpirun_cmd", "launch", "load_results", "mean_conf", "quartiles", "paired_ratio_ci", "format_table",
+__all__ = ["Job", "mpirun_cmd", "cluster_mpirun_cmd", "launch", "load_results", "quartiles", "paired_ratio_ci", "format_table",
            "parse_table", "host_meta", "meta_lines", "emit", "fmt", "log", "check_outputs"]
 
 
@@ -130,11 +130,26 @@ def _env() -> dict[str, str]:
     return e
 
 
+def _end_group(p: subprocess.Popen) -> None:
+    """SIGTERM the process group of ``p`` (mpirun and every rank), SIGKILL it 5 s later if still there."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(p.pid, sig)
+        except ProcessLookupError:
+            break
+        try:
+            p.wait(timeout=5)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+
+
 def launch(cmd: Sequence[str], timeout: float, log_path: str | None = None) -> Job:
     """Run ``cmd`` in its own process group with a hard ``timeout`` (seconds).
 
     On timeout the whole group (mpirun and every rank) gets SIGTERM, then SIGKILL 5 s
-    later. The combined output is also written to ``log_path`` when given. The job runs in
+    later; so does an interrupt of the caller (KeyboardInterrupt, re-raised). The combined output is
+    also written to ``log_path`` when given. The job runs in
     this process's working directory and environment (plus ``TF_CPP_MIN_LOG_LEVEL=2`` unless
     set, and this interpreter's bin/ first on PATH), so its ranks import the same hvdkit and
     relative paths mean the same to the job as to the driver.
@@ -149,18 +164,12 @@ def launch(cmd: Sequence[str], timeout: float, log_path: str | None = None) -> J
         out, _ = p.communicate(timeout=timeout)
         rc = p.returncode
     except subprocess.TimeoutExpired:
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            try:
-                os.killpg(p.pid, sig)
-            except ProcessLookupError:
-                break
-            try:
-                p.wait(timeout=5)
-                break
-            except subprocess.TimeoutExpired:
-                continue
+        _end_group(p)
         out, _ = p.communicate()
         rc = None
+    except BaseException:   # Ctrl-C / SIGTERM of the driver: the job's own session would outlive it
+        _end_group(p)
+        raise
     job = Job(list(cmd), rc, time.monotonic() - t0, out or "")
     if log_path:
         os.makedirs(os.path.dirname(os.path.abspath(log_path)), exist_ok=True)
@@ -178,18 +187,6 @@ def load_results(out_dir: str) -> dict[str, Any]:
     """
     with open(os.path.join(out_dir, "results.json")) as fh:
         return json.load(fh)
-
-
-def mean_conf(values: Iterable[float]) -> tuple[float, float]:
-    """(mean, 1.96 x standard deviation) of ``values``, as Horovod's synthetic benchmark reports.
-
-    The standard deviation is the population one (``np.std``, ddof 0), as there. An empty
-    input gives (nan, nan); one value gives (value, 0).
-    """
-    v = np.asarray([x for x in values if x is not None], np.float64)
-    if v.size == 0:
-        return math.nan, math.nan
-    return float(v.mean()), float(1.96 * v.std())
 
 
 def quartiles(values: Sequence[float]) -> tuple[float, float, float]:
@@ -267,7 +264,7 @@ def format_table(title: str, meta_lines: Sequence[str], columns: Sequence[tuple[
     """Render an nccl-tests-style table.
 
     Args:
-        title: first line, e.g. ``"hvdkit.bench.throughput"``.
+        title: first line, e.g. ``"hvdkit-bench training"``.
         meta_lines: ``key: value`` lines (printed after ``# ``).
         columns: (key, header, unit) per column; a unit of ``""`` prints as nothing.
         rows: already formatted cells (:func:`fmt`), keyed by column key.

@@ -1,8 +1,7 @@
 """``hvdkit-bench`` / ``python -m hvdkit.bench``: one command for the benchmarks of :mod:`hvdkit.bench`.
 
-    hvdkit-bench collectives [-np N] [PLACE] [--] [ARGS]  # mpirun -np N (default 2) ... hvdkit.bench.collectives ARGS
-    hvdkit-bench throughput [ARGS]                 # python -m hvdkit.bench.throughput ARGS (launches mpirun itself)
-    hvdkit-bench convergence [ARGS]                # python -m hvdkit.bench.convergence ARGS
+    hvdkit-bench collectives [-np N] [PLACE] [--] [ARGS]  # mpirun -np N (default 2) python -m hvdkit.bench.collectives ARGS
+    hvdkit-bench training [ARGS]                   # python -m hvdkit.bench.training ARGS (launches its jobs itself)
     hvdkit-bench plots [ARGS]                      # python -m hvdkit.bench.plots ARGS
     hvdkit-bench plot-timeline TRACE -o PNG        # share of each phase per step, per rank, of a --timeline trace
     hvdkit-bench timeline-cost [-np N] [--] [ARGS] # mpirun -np N (default 2): step time with and without --timeline
@@ -29,26 +28,25 @@ import sys
 __all__ = ["main", "COMMANDS"]
 
 #: name -> module run in this process
-COMMANDS = {"throughput": "hvdkit.bench.throughput", "convergence": "hvdkit.bench.convergence",
+COMMANDS = {"training": "hvdkit.bench.training",
             "plots": "hvdkit.bench.plots", "plot-timeline": "hvdkit.bench.plot_timeline",
             "timeline-cost": "hvdkit.bench.timeline_cost",
             "suite": "hvdkit.bench.suite", "collectives": "hvdkit.bench.collectives",
-            "cluster-training": "hvdkit.bench.cluster_training",
             "cluster-collectives": "hvdkit.bench.cluster_collectives", "advise-check": "hvdkit.bench.advise_check",
             "report": "hvdkit.bench.report.cli"}
 
-_USAGE = ("usage: hvdkit-bench {collectives,throughput,convergence,plots,plot-timeline,timeline-cost,suite,"
-          "cluster-collectives,cluster-training,advise-check,report} [args]\n"
-          "  collectives [-np N] [PLACE] [--] [ARGS]  bandwidth of every allreduce method, -np N ranks (default 2)\n"
-          "      PLACE (default this host): --hosts H:S,... | --hostfile F | --slurm | --emulated H[:S][@RATE]\n"
-          "  throughput [ARGS]                samples/s and scaling per strategy; harness overhead\n"
-          "  convergence [ARGS]               accuracy vs time per strategy, with and without a straggler\n"
+_USAGE = ("usage: hvdkit-bench {collectives,training,plots,plot-timeline,timeline-cost,suite,"
+          "cluster-collectives,advise-check,report} [args]\n"
+          "  collectives [-np N] [PLACE] [--] [ARGS]  bandwidth of every allreduce method under mpirun -np N (default 2);\n"
+          "                                   PLACE: --hosts H:S,... | --hostfile F | --slurm | --emulated H[:S][@RATE]\n"
+          "  training [ARGS]                  strategy variants x workers x models x stragglers, on this host or\n"
+          "                                   --hosts/--hostfile/--slurm/--emulated: samples/s, scaling, link\n"
+          "                                   utilisation; --measure convergence: time to target, staleness\n"
           "  plots [ARGS]                     PNGs from the JSON files\n"
           "  plot-timeline TRACE -o PNG       per rank, the share of each phase per step of a --timeline trace\n"
           "  timeline-cost [-np N] [--] [ARGS] step time with and without --timeline, interleaved (mpirun -np N)\n"
-          "  suite [ARGS]                     all of them at small sizes into results/<date>/\n"
+          "  suite [ARGS]                     collectives, training, convergence and the report on one place\n"
           "  cluster-collectives [ARGS]       collectives on emulated clusters (hvdkit-cluster; root)\n"
-          "  cluster-training [ARGS]          training scaling on emulated clusters (hvdkit-cluster; root)\n"
           "  advise-check [ARGS]              hvdkit advise's predictions vs the measured and published figures\n"
           "  report DIR                       the decision report (report.md, report.html) of DIR/training.json\n"
           "hvdkit-bench NAME --help lists NAME's flags.")

@@ -1,17 +1,17 @@
 """PNG plots of the benchmark JSON files (matplotlib, Agg backend: no display needed).
 
-    python -m hvdkit.bench.plots --collectives c2.json c4.json --throughput t.json \\
-        --convergence conv.json --out-dir results/today
+    python -m hvdkit.bench.plots --collectives c2.json c4.json --training DIR/training.json --out-dir DIR
 
 Pictures (each function returns the paths it wrote):
 
 * :func:`plot_busbw`: busbw (GB/s) vs message size per method, log-log, one panel per
   collectives JSON (world size), from ``hvdkit.bench.collectives --json``;
-* :func:`plot_throughput`: samples/s (mean +- 1.96 sd) and scaling efficiency vs workers
-  per model/strategy, and the per-step compute / comm / wait / data split;
-* :func:`plot_accuracy`: eval accuracy vs training seconds and vs samples seen, per
-  strategy, without and with the straggler (one thin line per seed);
-* :func:`plot_staleness`: staleness histogram per asynchronous mode (summed over seeds).
+* :func:`plot_throughput`: samples/s and scaling efficiency vs workers (median, min-max over
+  rounds) per model/variant, and the per-step compute / comm / wait / data split, from
+  ``training.json`` (:mod:`hvdkit.bench.training`);
+* :func:`plot_accuracy`: eval accuracy vs training seconds and vs samples seen per variant,
+  one column per straggler condition (``--measure convergence`` rows);
+* :func:`plot_staleness`: mean and max staleness per parameter-server cell.
 """
 from __future__ import annotations
 
@@ -62,69 +62,66 @@ def plot_busbw(collectives: Sequence[str | dict], path: str) -> list[str]:
     return [_save(fig, path)]
 
 
-def plot_throughput(throughput: Sequence[str | dict], path: str, split_path: str | None = None) -> list[str]:
-    """Samples/s and scaling efficiency vs workers; optionally the per-step time split.
+def _training(doc: str | dict) -> dict:
+    return _load(doc) if isinstance(doc, str) else doc
+
+
+def plot_throughput(training: str | dict, path: str, split_path: str | None = None) -> list[str]:
+    """Samples/s and scaling efficiency vs workers (median, min-max bars) per model/variant/straggler;
+    optionally the per-step time split.
 
     Args:
-        throughput: ``hvdkit.bench.throughput --json`` outputs (rows with set "scaling").
+        training: ``DIR/training.json`` of :mod:`hvdkit.bench.training` (its ``summary`` entries of
+            ``measure`` throughput).
         path: PNG of samples/s (left) and efficiency (right).
-        split_path: PNG of stacked compute/comm/wait/data milliseconds per step.
+        split_path: PNG of stacked compute/comm/wait/data milliseconds per step (medians).
 
     Returns:
-        The paths written ([] when no scaling row succeeded).
+        The paths written ([] when no cell has an OK round).
     """
-    docs = [_load(t) if isinstance(t, str) else t for t in throughput]
-    rows = [r for d in docs for r in d.get("rows", []) if r.get("set") == "scaling" and r.get("status") == "OK"]
-    if not rows:
+    summ = [s for s in _training(training).get("summary", [])
+            if s.get("measure", "throughput") == "throughput" and s.get("samples_per_s")]
+    if not summ:
         return []
-    keys = [f"{r['model']}/{r['strategy']}" + (f" ({r['layout']})" if r["layout"] != "replicas" else "")
-            for r in rows]
+    keys = [f"{s['model']}/{s['variant']}" + ("" if s["straggler"] == "none" else f" straggler {s['straggler']}")
+            for s in summ]
     colors = _colors(keys)
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12.5, 4.6))
     series: dict[str, list] = {}
-    for k, r in zip(keys, rows):
-        series.setdefault(k, []).append(r)
-    for k, rs in series.items():
-        rs.sort(key=lambda r: r["workers"])
-        w = [r["workers"] for r in rs]
-        ax1.errorbar(w, [r["samples_per_s"] for r in rs], yerr=[r["conf95"] for r in rs], fmt="o-", capsize=3,
-                     color=colors[k], label=k)
-        e = [(r["workers"], r["efficiency"], r.get("eff_conf95") or 0) for r in rs if r.get("efficiency") is not None]
-        if e:
-            ax2.errorbar([x[0] for x in e], [x[1] for x in e], yerr=[x[2] for x in e], fmt="o-", capsize=3,
-                         color=colors[k], label=k)
-    workers = sorted({r["workers"] for r in rows})
-    for ax in (ax1, ax2):
-        ax.set_xticks(workers)
+    for k, s in zip(keys, summ):
+        series.setdefault(k, []).append(s)
+    for ax, fig_key in ((ax1, "samples_per_s"), (ax2, "efficiency")):
+        for k, ss in series.items():
+            ss = sorted((s for s in ss if s.get(fig_key)), key=lambda s: s["workers"])
+            if not ss:
+                continue
+            y = [s[fig_key]["median"] for s in ss]
+            err = [[s[fig_key]["median"] - s[fig_key]["min"] for s in ss],
+                   [s[fig_key]["max"] - s[fig_key]["median"] for s in ss]]
+            ax.errorbar([s["workers"] for s in ss], y, yerr=err, fmt="o-", capsize=3, color=colors[k], label=k)
+        ax.set_xticks(sorted({s["workers"] for s in summ}))
         ax.set_xlabel("workers N")
         ax.grid(True, alpha=0.3)
-    rates = [r["samples_per_s"] for r in rows if r["samples_per_s"]]
-    if rates and max(rates) / max(min(rates), 1e-9) > 20:  # e.g. cnn and resnet50 together
-        ax1.set_yscale("log")
     ax1.set_ylabel("training throughput (samples/s, all workers)")
-    ax1.set_title("samples/s vs workers (mean +- 1.96 sd over iterations)")
+    ax1.set_title("samples/s vs workers (median, min-max over rounds)")
     ax1.legend(fontsize=8)
     ax2.axhline(1.0, color="grey", lw=1, ls=":", label="ideal (1.0)")
-    ax2.axhline(0.9, color="red", lw=1, ls="--", label="target 0.9")
     ax2.set_ylabel("scaling efficiency = X(N) / (N x X(1))")
     ax2.set_ylim(bottom=0)
     ax2.set_title("scaling efficiency vs workers")
     ax2.legend(fontsize=8)
-    p = d0 = docs[0].get("meta", {}).get("parameters", {})
-    fig.suptitle(f"synthetic {p.get('image_size', '?')}x{p.get('image_size', '?')}x3, batch {p.get('batch_size', '?')}"
-                 f"/worker, {d0.get('iters', '?')} x {d0.get('steps_per_iter', '?')} steps", fontsize=10)
     out = [_save(fig, path)]
     if split_path:
-        fig, ax = plt.subplots(figsize=(max(6.0, 0.55 * len(rows) + 2), 4.6))
-        labels = [f"{k}\n{r['workers']}w" for k, r in zip(keys, rows)]
-        bottom = [0.0] * len(rows)
+        fig, ax = plt.subplots(figsize=(max(6.0, 0.55 * len(summ) + 2), 4.6))
+        labels = [f"{k}\n{s['workers']}w" for k, s in zip(keys, summ)]
+        bottom = [0.0] * len(summ)
         for phase, color in (("compute_ms", "tab:blue"), ("comm_ms", "tab:orange"), ("wait_ms", "tab:red"),
-                             ("data_ms", "tab:green"), ("other_ms", "tab:grey")):
-            vals = [r.get(phase) or 0.0 for r in rows]
-            ax.bar(range(len(rows)), vals, bottom=bottom, color=color, label=phase[:-3])
+                             ("data_ms", "tab:green")):
+            vals = [(s.get(phase) or {}).get("median") or 0.0 for s in summ]
+            ax.bar(range(len(summ)), vals, bottom=bottom, color=color, label=phase[:-3])
             bottom = [b + v for b, v in zip(bottom, vals)]
-        ax.set_xticks(range(len(rows)), labels, rotation=60, ha="right", fontsize=7)
-        ax.set_ylabel("time per step (ms, mean over ranks)")
+        ax.set_xticks(range(len(summ)), labels, rotation=60, ha="right", fontsize=7)
+        ax.set_ylabel("time per step (ms, mean over ranks; median over rounds)")
         ax.set_title("where a training step's time goes (warm-up step excluded)")
         ax.legend(fontsize=8)
         ax.grid(True, axis="y", alpha=0.3)
@@ -132,38 +129,40 @@ def plot_throughput(throughput: Sequence[str | dict], path: str, split_path: str
     return out
 
 
-def plot_accuracy(convergence: str | dict, path: str) -> list[str]:
-    """Eval accuracy vs training seconds (top) and vs samples seen (bottom), per condition.
+def plot_accuracy(training: str | dict, path: str) -> list[str]:
+    """Eval accuracy vs training seconds (top) and vs samples seen (bottom), one panel column per
+    straggler condition, one line per (variant, workers, round).
 
     Args:
-        convergence: a ``hvdkit.bench.convergence --json`` output (its ``runs`` with curves).
+        training: ``DIR/training.json`` (rows of ``measure`` convergence, with ``accuracy_curve``).
         path: the PNG to write.
 
     Returns:
-        [path], or [] when no run succeeded.
+        [path], or [] when no convergence row succeeded.
     """
-    d = _load(convergence) if isinstance(convergence, str) else convergence
-    runs = [r for r in d.get("runs", []) if r.get("status") == "OK" and r.get("curve")]
-    if not runs:
+    d = _training(training)
+    rows = [r for r in d.get("rows", []) if r.get("status") == "OK" and r.get("accuracy_curve")]
+    if not rows:
         return []
-    conds = list(dict.fromkeys(r["straggler"] for r in runs))
-    colors = _colors([r["label"] for r in runs])
-    target = d.get("meta", {}).get("parameters", {}).get("target")
+    conds = list(dict.fromkeys(r["straggler"] for r in rows))
+    keys = [f"{r['variant']} {r['workers']}w" for r in rows]
+    colors = _colors(keys)
+    target = d.get("target_accuracy")
     fig, axes = plt.subplots(2, len(conds), figsize=(6.4 * len(conds), 8.4), squeeze=False)
     for j, cond in enumerate(conds):
-        seen_label = set()
-        for r in (r for r in runs if r["straggler"] == cond):
-            c = r["curve"]
-            lab = None if r["label"] in seen_label else r["label"]
-            seen_label.add(r["label"])
-            acc = [p["eval_accuracy"] for p in c]
-            axes[0][j].plot([p["train_time_s"] for p in c], acc, "o-", ms=3, lw=1.2, color=colors[r["label"]],
-                            label=lab, alpha=0.85)
-            axes[1][j].plot([p["samples"] for p in c], acc, "o-", ms=3, lw=1.2, color=colors[r["label"]],
-                            label=lab, alpha=0.85)
+        seen = set()
+        for k, r in zip(keys, rows):
+            if r["straggler"] != cond:
+                continue
+            c = r["accuracy_curve"]
+            lab = None if k in seen else k
+            seen.add(k)
+            acc = [p["accuracy"] for p in c]
+            axes[0][j].plot([p["seconds"] for p in c], acc, "o-", ms=3, lw=1.2, color=colors[k], label=lab, alpha=0.85)
+            axes[1][j].plot([p["samples"] for p in c], acc, "o-", ms=3, lw=1.2, color=colors[k], label=lab, alpha=0.85)
         title = "no straggler" if cond == "none" else f"straggler {cond} (rank:slowdown)"
         axes[0][j].set_xlabel("training time (s; slowest worker, no eval/start-up)")
-        axes[1][j].set_xlabel("samples seen (all workers)")
+        axes[1][j].set_xlabel("samples seen (all workers; asynchronous PS: rank 0's)")
         for i in (0, 1):
             ax = axes[i][j]
             if target:
@@ -172,66 +171,45 @@ def plot_accuracy(convergence: str | dict, path: str) -> list[str]:
             ax.set_title(f"{title}: accuracy vs {'time' if i == 0 else 'samples'}")
             ax.grid(True, alpha=0.3)
             ax.legend(fontsize=8)
-    p = d.get("meta", {}).get("parameters", {})
-    fig.suptitle(f"{p.get('model', '?')} on {p.get('dataset', '?')}, {p.get('workers', '?')} workers, seeds "
-                 f"{p.get('seeds', '?')} (one line per seed)", fontsize=10)
-    fig.tight_layout(rect=(0, 0, 1, 0.97))
-    return [_save(fig, path)]
-
-
-def plot_staleness(convergence: str | dict, path: str) -> list[str]:
-    """Staleness histogram per asynchronous mode and condition (summed over seeds).
-
-    Args:
-        convergence: a ``hvdkit.bench.convergence --json`` output (``rows`` with
-            ``staleness_histogram``: staleness -> count of applied gradients).
-        path: the PNG to write.
-
-    Returns:
-        [path], or [] when no row has a histogram with staleness > 0.
-    """
-    d = _load(convergence) if isinstance(convergence, str) else convergence
-    rows = [r for r in d.get("rows", []) if r.get("staleness_histogram")
-            and any(int(k) > 0 for k in r["staleness_histogram"])]
-    if not rows:
-        return []
-    labels = list(dict.fromkeys(r["label"] for r in rows))
-    conds = list(dict.fromkeys(r["straggler"] for r in rows))
-    fig, axes = plt.subplots(len(conds), len(labels), figsize=(3.6 * len(labels), 3.2 * len(conds)), squeeze=False)
-    for i, cond in enumerate(conds):
-        for j, lab in enumerate(labels):
-            ax = axes[i][j]
-            r = next((r for r in rows if r["label"] == lab and r["straggler"] == cond), None)
-            if r is None:
-                ax.axis("off")
-                continue
-            h = {int(k): v for k, v in r["staleness_histogram"].items()}
-            total = sum(h.values()) or 1
-            ax.bar(list(h), [v / total for v in h.values()], color="tab:purple")
-            ax.set_title(f"{lab}, straggler {cond}\nmax {max(h)}  mean {sum(k * v for k, v in h.items()) / total:.2f}",
-                         fontsize=9)
-            ax.set_xlabel("staleness (updates)")
-            ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
-            ax.set_ylabel("fraction of applied gradients")
-            ax.grid(True, axis="y", alpha=0.3)
-    fig.suptitle("staleness histograms of the asynchronous parameter-server modes (staleness = server updates "
-                 "between a worker's pull and the apply of its gradient)", fontsize=10)
     fig.tight_layout()
     return [_save(fig, path)]
 
 
-def plot_all(out_dir: str, collectives: Sequence[str] = (), throughput: Sequence[str] = (),
-             convergence: str | None = None) -> list[str]:
-    """Every plot whose input is given; returns the PNG paths written in ``out_dir``."""
+def plot_staleness(training: str | dict, path: str) -> list[str]:
+    """Mean and max staleness (server updates between a worker's pull and the apply of its
+    gradient) per parameter-server cell of ``training.json``'s summary.
+
+    Returns:
+        [path], or [] when no cell has staleness > 0.
+    """
+    summ = [s for s in _training(training).get("summary", []) if s.get("staleness_max")]
+    if not summ:
+        return []
+    fig, ax = plt.subplots(figsize=(max(5.0, 0.8 * len(summ) + 2), 4.0))
+    x = range(len(summ))
+    ax.bar(x, [s["staleness_max"] for s in summ], color="tab:purple", alpha=0.35, label="max")
+    ax.bar(x, [(s.get("staleness_mean") or {}).get("median") or 0 for s in summ], color="tab:purple", label="mean")
+    ax.set_xticks(list(x), [f"{s['variant']}\n{s['workers']}w {s['straggler']}" for s in summ], fontsize=7)
+    ax.set_ylabel("staleness (updates)")
+    ax.yaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+    ax.set_title("staleness of the parameter-server modes")
+    ax.legend(fontsize=8)
+    ax.grid(True, axis="y", alpha=0.3)
+    fig.tight_layout()
+    return [_save(fig, path)]
+
+
+def plot_all(out_dir: str, collectives: Sequence[str] = (), training: str | None = None) -> list[str]:
+    """Every plot whose input is given (collectives --json files, a training.json); returns the
+    PNG paths written in ``out_dir``."""
     out = []
     if collectives:
         out += plot_busbw(collectives, os.path.join(out_dir, "busbw.png"))
-    if throughput:
-        out += plot_throughput(throughput, os.path.join(out_dir, "throughput.png"),
-                               os.path.join(out_dir, "step_split.png"))
-    if convergence:
-        out += plot_accuracy(convergence, os.path.join(out_dir, "accuracy.png"))
-        out += plot_staleness(convergence, os.path.join(out_dir, "staleness.png"))
+    if training:
+        doc = _load(training)
+        out += plot_throughput(doc, os.path.join(out_dir, "throughput.png"), os.path.join(out_dir, "step_split.png"))
+        out += plot_accuracy(doc, os.path.join(out_dir, "accuracy.png"))
+        out += plot_staleness(doc, os.path.join(out_dir, "staleness.png"))
     return out
 
 
@@ -239,11 +217,10 @@ def main(argv: list[str] | None = None) -> int:
     """CLI: draw every plot whose JSON is given; prints the PNG paths; returns 0."""
     p = argparse.ArgumentParser(prog="python -m hvdkit.bench.plots", description=__doc__.split("\n\n")[0])
     p.add_argument("--collectives", nargs="*", default=[], help="hvdkit.bench.collectives --json files")
-    p.add_argument("--throughput", nargs="*", default=[], help="hvdkit.bench.throughput --json files")
-    p.add_argument("--convergence", help="a hvdkit.bench.convergence --json file")
+    p.add_argument("--training", help="a training.json of hvdkit-bench training")
     p.add_argument("--out-dir", default=".", help="where the PNGs go (default .)")
     a = p.parse_args(argv)
-    for path in plot_all(a.out_dir, a.collectives, a.throughput, a.convergence):
+    for path in plot_all(a.out_dir, a.collectives, a.training):
         print(path)
     return 0
 

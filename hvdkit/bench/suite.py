@@ -1,38 +1,47 @@
-"""The benchmark suite: collectives, throughput and convergence at small sizes, then plots and a summary.
+"""The benchmark suite on one place: collectives, the training grid, convergence, then the report.
 
-    bash benchmarks/run_suite.sh                 # about 12-15 minutes on 2 cores
-    hvdkit-bench suite --quick                   # smoke test (~2 minutes)
-    hvdkit-bench suite --skip convergence --out-dir results/mine
+    hvdkit-bench suite                                  # this host
+    hvdkit-bench suite --quick                          # smoke test (a few minutes)
+    hvdkit-bench suite --hostfile hosts.txt --out-dir /shared/suite     # the user's cluster
+    hvdkit-bench suite --emulated 3 --quick --out-dir /var/tmp/suite     # 3 emulated hosts
+    hvdkit-bench suite --resume /shared/suite           # finish a suite that was stopped
 
-Writes ``results/<YYYY-MM-DD>/`` (or ``--out-dir``; an existing non-empty directory of
-the day gets a ``-HHMMSS`` suffix):
+The place (this host, ``--hosts``, ``--hostfile``, ``--slurm``, ``--emulated``; see
+:mod:`hvdkit.bench.places`) is brought up once and every step runs on it. Writes ``DIR`` (default
+``results/<YYYY-MM-DD>``, with a ``-HHMMSS`` suffix when that exists and is not empty):
 
 =========================  ==================================================================
-collectives_np{N}.json/txt  ``mpirun -np N python -m hvdkit.bench.collectives`` (N = 2, then 4
-                            if the time budget allows)
-throughput.json/csv/txt     ``hvdkit.bench.throughput`` (cnn, 32x32, horovod/ring/ps-sync at
-                            1, 2, 4 workers; harness overhead vs bare Horovod)
-throughput_resnet50.*       resnet50 at 32x32, horovod and ps-sync at 1 and 2 workers (if the
-                            budget allows)
-convergence.json/csv/txt    ``hvdkit.bench.convergence`` (mlp on digits, 4 workers, every
-                            strategy, with and without a 2x straggler, 2 seeds)
-convergence_curves.csv      every run's per-epoch accuracy, time and samples
+collectives_np{N}.json/txt  ``python -m hvdkit.bench.collectives`` on N ranks of the place (this
+                            host: N = 2, then 4 within the budget; other places: every slot)
+collectives.json            the largest N's (what the report reads)
+training.json               :mod:`hvdkit.bench.training`: the throughput grid (its defaults,
+                            ``--training-args``), then ``--measure convergence``
+                            (``--convergence-args``) into the same file
+training.txt               the throughput grid's stdout table
+convergence.txt            convergence's stdout table
+report.md, report.html      ``python -m hvdkit.bench.report DIR`` (skipped where that module is
+                            not installed)
 *.png                       busbw, throughput, step_split, accuracy, staleness
-cluster/                    ``hvdkit.bench.cluster_collectives`` on an emulated cluster (3 hosts
-                            x 1 rank, 1gbit; root only, within the budget, not in --quick)
-summary.md                  the key ratios, load, durations, status of each step
-suite.json                  the same, machine-readable
-runs/                       every hvdkit.train job's directory (results.json, job.log)
+summary.md, suite.json      the key figures, load, durations, status of each step
+runs/                       every job's directory (results.json, job.log)
 =========================  ==================================================================
 
-Every step is a subprocess with a hard timeout. Exit status 0 when every step succeeded,
-1 otherwise (the summary says which step failed and where its log is).
+``--budget SECONDS``: the training grid may use up to 60% of it (all of what is left when
+convergence is skipped), convergence the rest; each stops starting jobs when its estimate exceeds
+its share, and the later collectives sizes start only within the budget. ``--resume DIR``
+keeps the finished collectives files and the OK rows of training.json and runs the rest, so a
+suite killed halfway loses only the job that was running. Progress on stderr.
+
+Exit status 0 when every step that ran succeeded, 1 when a step or a job failed, 2 on bad input
+(a flag, a place that does not answer).
 """
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
+import shutil
 import sys
 import time
 from datetime import datetime
@@ -40,157 +49,188 @@ from typing import Any
 
 import numpy as np
 
-from hvdkit.bench._common import fmt, host_meta, launch, log, mpirun_cmd
+from hvdkit.bench._common import fmt, host_meta, launch, log
+from hvdkit.errors import UsageError
 from hvdkit.results import write_json
 
-__all__ = ["main", "build_parser", "summarize"]
+__all__ = ["main", "build_parser", "summarize", "STEPS"]
 
-STEPS = ("collectives", "throughput", "convergence", "cluster")
+PROG = "hvdkit-bench suite"
+STEPS = ("collectives", "training", "convergence", "report")
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The command-line flags (see the module docstring)."""
-    p = argparse.ArgumentParser(prog="hvdkit-bench suite", description=__doc__.split("\n\n")[0],
+    from hvdkit.bench.places import add_place_arguments
+
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0],
                                 epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out-dir", default="", help="results directory (default results/<YYYY-MM-DD>)")
-    p.add_argument("--quick", action="store_true", help="smoke test: every benchmark in its --quick mode, 2 ranks")
+    p.add_argument("--out-dir", default="", help="results directory (default results/<YYYY-MM-DD>); on other hosts "
+                                                 "than this one, a directory they share")
+    p.add_argument("--resume", metavar="DIR", default="", help="continue the suite in DIR (finished parts are kept)")
+    p.add_argument("--quick", action="store_true", help="smoke test: every step in its --quick mode")
     p.add_argument("--skip", default="", help=f"comma-separated steps to skip: {', '.join(STEPS)}")
-    p.add_argument("--collectives-np", default="2,4", help="rank counts for collectives (default 2,4; the last ones "
-                                                            "are skipped when over budget)")
-    p.add_argument("--resnet50", action=argparse.BooleanOptionalAction, default=True,
-                   help="also measure resnet50 throughput at 32x32 if the budget allows (default on; off in --quick)")
-    p.add_argument("--budget", type=float, default=840.0,
-                   help="seconds; optional steps (collectives beyond the first N, resnet50) start only while the "
-                        "elapsed time + their estimate stays below it (default 840)")
-    p.add_argument("--throughput-args", default="", help="extra flags for hvdkit.bench.throughput")
-    p.add_argument("--convergence-args", default="", help="extra flags for hvdkit.bench.convergence")
+    p.add_argument("--collectives-np", default="", help="rank counts for collectives (default: this host 2,4; "
+                                                        "other places: every slot; the later ones within the budget)")
+    p.add_argument("--budget", type=float, default=1800.0, help="seconds for the whole suite (default 1800)")
+    p.add_argument("--training-args", default="", help="extra flags for hvdkit-bench training (the throughput grid)")
+    p.add_argument("--convergence-args", default="", help="extra flags for hvdkit-bench training --measure convergence")
     p.add_argument("--collectives-args", default="", help="extra flags for hvdkit.bench.collectives")
-    p.add_argument("--cluster-args", default="", help="extra flags for hvdkit.bench.cluster_collectives (the cluster "
-                                                      "step: 3 hosts x 1 rank at 1gbit, 1-16 MiB, into cluster/; runs "
-                                                      "as root with network namespaces, within --budget, not in --quick)")
+    add_place_arguments(p)
     return p
 
 
 def _out_dir(a) -> str:
+    if a.resume:
+        if not os.path.isdir(a.resume):
+            raise UsageError(f"--resume {a.resume}: no such directory; give the --out-dir of the suite to continue")
+        return os.path.abspath(a.resume)
     if a.out_dir:
-        return a.out_dir
+        return os.path.abspath(a.out_dir)
     d = os.path.join("results", f"{datetime.now():%Y-%m-%d}")
     if os.path.isdir(d) and os.listdir(d):
         d += f"-{datetime.now():%H%M%S}"
-    return d
+    return os.path.abspath(d)
 
 
 class _Suite:
-    """Runs steps, records their status, duration and files."""
+    """Records the steps' status, duration and files; logs progress."""
 
-    def __init__(self, out: str):
-        self.out, self.t0, self.steps = out, time.monotonic(), []
+    def __init__(self, out: str, budget: float, n_steps: int):
+        self.out, self.budget, self.n, self.t0, self.steps = out, budget, n_steps, time.monotonic(), []
 
     def elapsed(self) -> float:
         return time.monotonic() - self.t0
 
-    def run(self, name: str, cmd: list[str], timeout: float, files: list[str]) -> bool:
-        """Run one step; its stdout+stderr go to ``<name>.log``; returns True on exit 0."""
-        log(f"suite: {name} (elapsed {self.elapsed():.0f}s) ...")
-        job = launch(cmd, timeout, os.path.join(self.out, f"{name}.log"))
-        missing = [f for f in files if not os.path.isfile(os.path.join(self.out, f))]
-        ok = job.ok and not missing
-        self.steps.append({"step": name, "status": "OK" if ok else "FAILED", "seconds": round(job.seconds, 1),
-                           "returncode": job.returncode, "log": f"{name}.log", "files": files,
-                           "error": None if ok else (job.why() if not job.ok else f"missing {missing}")})
-        log(f"suite: {name} {'OK' if ok else 'FAILED'} in {job.seconds:.0f}s"
-            + ("" if ok else f": {self.steps[-1]['error']}"))
-        return ok
+    def start(self, name: str) -> None:
+        log(f"suite: step {len(self.steps) + 1}/{self.n} {name} (elapsed {self.elapsed():.0f}s of "
+            f"{self.budget:.0f}s budget)")
+
+    def record(self, name: str, status: str, seconds: float, files: list[str], error: str | None = None) -> None:
+        self.steps.append({"step": name, "status": status, "seconds": round(seconds, 1), "files": files,
+                           "error": error})
+        log(f"suite: {name} {status} in {seconds:.0f}s" + (f": {error}" if error else ""))
 
     def skip(self, name: str, why: str) -> None:
-        self.steps.append({"step": name, "status": "SKIPPED", "seconds": 0.0, "error": why, "files": []})
-        log(f"suite: {name} skipped: {why}")
+        self.record(name, "SKIPPED", 0.0, [], why)
 
 
-def _py(module: str, *args: str) -> list[str]:
-    return [sys.executable, "-m", module, *args]
+def _collectives(s: _Suite, place, a, nps: list[int]) -> None:
+    args = (["--max-bytes", "64K", "--step", "16", "--iters", "3", "--warmup", "1"] if a.quick else
+            ["--max-bytes", "16M", "--iters", "10", "--warmup", "3"]) + a.collectives_args.split()
+    done = []
+    for i, np_ in enumerate(nps):
+        name = f"collectives_np{np_}"
+        jpath = os.path.join(s.out, name + ".json")
+        if a.resume and os.path.isfile(jpath):
+            s.record(name, "OK", 0.0, [name + ".json"], None)
+            done.append(jpath)
+            continue
+        if not place.fits(np_):
+            s.skip(name, f"needs {np_} slots, the hosts have {place.slots}")
+            continue
+        est = 60.0 if a.quick else 150.0
+        if i and s.elapsed() + est > s.budget:
+            s.skip(name, f"over budget ({s.elapsed():.0f}s elapsed of {s.budget:.0f}s)")
+            continue
+        s.start(name)
+        try:
+            cmd = place.command(np_, [sys.executable, "-m", "hvdkit.bench.collectives", *args, "--json", jpath])
+        except UsageError as e:
+            s.record(name, "FAILED", 0.0, [], str(e))
+            continue
+        job = launch(cmd, 300 if a.quick else 900, os.path.join(s.out, name + ".log"))
+        ok = job.ok and os.path.isfile(jpath)
+        if ok:
+            _stdout_table(s.out, name)
+            done.append(jpath)
+        s.record(name, "OK" if ok else "FAILED", job.seconds, [name + ".json", name + ".txt"] if ok else [],
+                 None if ok else (job.why() if not job.ok else f"missing {name}.json"))
+    if done:
+        shutil.copyfile(done[-1], os.path.join(s.out, "collectives.json"))
+
+
+def _training(s: _Suite, place, a, measure: str, extra: str, share_until: float) -> None:
+    from hvdkit.bench import training
+
+    name = "training" if measure == "throughput" else "convergence"
+    argv = ["--measure", measure, *(["--resume", s.out] if a.resume else ["--out-dir", s.out]),
+            "--table", os.path.join(s.out, f"{name}.txt"), "--budget", f"{share_until:.0f}",
+            *(["--quick"] if a.quick else []), *extra.split()]
+    s.start(name)
+    t = time.monotonic()
+    try:
+        targs, settings, cells, out = training.prepare(argv)
+        rc = training.run(targs, settings, cells, out, place, argv=argv, t0=s.t0)
+    except UsageError as e:
+        s.record(name, "FAILED", time.monotonic() - t, [], f"{training.PROG}: {e}")
+        return
+    s.record(name, "OK" if rc == 0 else "FAILED", time.monotonic() - t, ["training.json", f"{name}.txt"],
+             None if rc == 0 else "a job failed (its FAILED row in training.json says why)")
+
+
+def _report(s: _Suite) -> None:
+    if importlib.util.find_spec("hvdkit.bench.report") is None:
+        s.skip("report", "hvdkit.bench.report is not installed here")
+        return
+    s.start("report")
+    job = launch([sys.executable, "-m", "hvdkit.bench.report", s.out], 300, os.path.join(s.out, "report.log"))
+    s.record("report", "OK" if job.ok else "FAILED", job.seconds, ["report.md", "report.html"] if job.ok else [],
+             None if job.ok else job.why())
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the suite; returns 0 when every step that ran succeeded, else 1."""
+    """Run the suite; returns 0 when every step that ran succeeded, 1 when one failed, 2 on bad input."""
+    from hvdkit.bench.places import place_from_args
+
     a = build_parser().parse_args(argv)
-    skip = {s for s in a.skip.split(",") if s}
-    if skip - set(STEPS):
-        raise SystemExit(f"hvdkit-bench suite: error: --skip {sorted(skip - set(STEPS))}: choose from {', '.join(STEPS)}")
-    out = _out_dir(a)
-    os.makedirs(out, exist_ok=True)
-    s = _Suite(out)
-    meta = {**host_meta(), "quick": a.quick, "out_dir": out}
+    try:
+        skip = {x for x in a.skip.split(",") if x}
+        if skip - set(STEPS):
+            raise UsageError(f"--skip {','.join(sorted(skip - set(STEPS)))}: choose from {', '.join(STEPS)}")
+        if a.resume and a.out_dir and os.path.abspath(a.resume) != os.path.abspath(a.out_dir):
+            raise UsageError(f"--resume {a.resume} and --out-dir {a.out_dir}: give one directory")
+        if not a.budget > 0:
+            raise UsageError(f"--budget {a.budget}: must be > 0 seconds")
+        try:
+            nps = [int(x) for x in a.collectives_np.split(",") if x.strip()]
+        except ValueError:
+            nps = [0]
+        if any(n < 2 for n in nps):
+            raise UsageError(f"--collectives-np {a.collectives_np!r}: comma-separated rank counts >= 2")
+        out = _out_dir(a)
+        place = place_from_args(a)
+        os.makedirs(out, exist_ok=True)
+    except UsageError as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 2
+    meta = {**host_meta(), "quick": a.quick, "out_dir": out, "argv": sys.argv[1:] if argv is None else list(argv)}
+    s = _Suite(out, a.budget, len(STEPS) - len(skip))
     log(f"suite: writing {out}; load {meta['loadavg']}")
-    q = ["--quick"] if a.quick else []
-    nps = [int(x) for x in a.collectives_np.split(",") if x.strip()] or [2]
-    if a.quick:
-        nps = nps[:1]
-    coll_args = (["--max-bytes", "64K", "--step", "16", "--iters", "3", "--warmup", "1"] if a.quick else
-                 ["--max-bytes", "16M", "--iters", "10", "--warmup", "3"]) + a.collectives_args.split()
-    coll_est = {2: 60.0, 4: 150.0}
-
-    def collectives(np_: int) -> None:
-        name = f"collectives_np{np_}"
-        cmd = mpirun_cmd(np_, "hvdkit.bench.collectives", [*coll_args, "--json", os.path.join(out, name + ".json")])
-        if s.run(name, cmd, 300 if a.quick else 900, [name + ".json"]):
-            _stdout_table(out, name)
-
-    if "collectives" not in skip:
-        collectives(nps[0])
-    if "throughput" not in skip:
-        base = ["--json", os.path.join(out, "throughput.json"), "--csv", os.path.join(out, "throughput.csv"),
-                "--table", os.path.join(out, "throughput.txt"), "--out-dir", os.path.join(out, "runs", "throughput")]
-        s.run("throughput", _py("hvdkit.bench.throughput", *q, *base, *a.throughput_args.split()),
-              600 if a.quick else 1800, ["throughput.json", "throughput.csv", "throughput.txt"])
-    if "convergence" not in skip:
-        base = ["--json", os.path.join(out, "convergence.json"), "--csv", os.path.join(out, "convergence.csv"),
-                "--curves-csv", os.path.join(out, "convergence_curves.csv"),
-                "--table", os.path.join(out, "convergence.txt"), "--out-dir", os.path.join(out, "runs", "convergence")]
-        s.run("convergence", _py("hvdkit.bench.convergence", *q, *base, *a.convergence_args.split()),
-              600 if a.quick else 1800, ["convergence.json", "convergence.csv", "convergence.txt"])
-    if "throughput" not in skip and a.resnet50 and not a.quick:
-        if s.elapsed() + 150 < a.budget:
-            args = ["--models", "resnet50", "--strategies", "horovod,ps-sync", "--ranks", "1,2", "--batch-size", "16",
-                    "--steps-per-iter", "3", "--iters", "3", "--no-overhead",
-                    "--json", os.path.join(out, "throughput_resnet50.json"),
-                    "--csv", os.path.join(out, "throughput_resnet50.csv"),
-                    "--table", os.path.join(out, "throughput_resnet50.txt"),
-                    "--out-dir", os.path.join(out, "runs", "throughput_resnet50")]
-            s.run("throughput_resnet50", _py("hvdkit.bench.throughput", *args), 900,
-                  ["throughput_resnet50.json", "throughput_resnet50.txt"])
-        else:
-            s.skip("throughput_resnet50", f"over budget ({s.elapsed():.0f}s elapsed of {a.budget:.0f}s)")
-    if "collectives" not in skip:
-        for np_ in nps[1:]:
-            if s.elapsed() + coll_est.get(np_, 200.0) < a.budget:
-                collectives(np_)
-            else:
-                s.skip(f"collectives_np{np_}", f"over budget ({s.elapsed():.0f}s elapsed of {a.budget:.0f}s)")
-
-    if "cluster" not in skip and not a.quick:
-        why = _cluster_unavailable()
-        if why:
-            s.skip("cluster_collectives", why)
-        elif s.elapsed() + 240 < a.budget:
-            s.run("cluster_collectives", _py("hvdkit.bench.cluster_collectives", "--configs", "3x1", "--rates", "1gbit",
-                                             "--min-bytes", "1M", "--max-bytes", "16M", "--variants", "main,ompi-ring",
-                                             "--out-dir", os.path.join(out, "cluster"), *a.cluster_args.split()),
-                  900, ["cluster/cluster_collectives.json", "cluster/cluster_collectives.csv"])
-        else:
-            s.skip("cluster_collectives", f"over budget ({s.elapsed():.0f}s elapsed of {a.budget:.0f}s)")
-
-    def have(name: str) -> str | None:
-        p = os.path.join(out, name)
-        return p if os.path.isfile(p) else None
+    try:
+        with place:
+            place.out_dir_ok(out)
+            meta["place"] = place.describe()
+            if not nps:
+                nps = ([2] if a.quick else [2, 4]) if place.kind == "local" else [max(2, place.slots)]
+            if "collectives" not in skip:
+                _collectives(s, place, a, nps)
+            if "training" not in skip:
+                share = a.budget * (0.6 if "convergence" not in skip else 1.0)
+                _training(s, place, a, "throughput", a.training_args, share)
+            if "convergence" not in skip:
+                _training(s, place, a, "convergence", a.convergence_args, a.budget)
+    except UsageError as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 2
+    if "report" not in skip:
+        _report(s)
 
     from hvdkit.bench.plots import plot_all
 
-    pngs = []
+    have = lambda f: os.path.join(out, f) if os.path.isfile(os.path.join(out, f)) else None   # noqa: E731
     try:
-        pngs = plot_all(out, [p for p in (have(f"collectives_np{n}.json") for n in nps) if p],
-                        [p for p in (have("throughput.json"), have("throughput_resnet50.json")) if p],
-                        have("convergence.json"))
+        pngs = plot_all(out, [p for p in (have(f"collectives_np{n}.json") for n in nps) if p], have("training.json"))
         s.steps.append({"step": "plots", "status": "OK", "seconds": 0.0, "files": [os.path.basename(p) for p in pngs]})
     except Exception as e:  # noqa: BLE001 - a broken plot must not lose the numbers; it is reported
         s.steps.append({"step": "plots", "status": "FAILED", "seconds": 0.0, "error": f"{type(e).__name__}: {e}",
@@ -206,18 +246,6 @@ def main(argv: list[str] | None = None) -> int:
     print(summary["markdown"])
     print("OK" if ok else "FAILED")
     return 0 if ok else 1
-
-
-def _cluster_unavailable() -> str | None:
-    """Why the emulated-cluster step cannot run here (not root, no namespaces, a cluster already up), or None."""
-    try:
-        from hvdkit.cluster import control
-    except ImportError as e:
-        return f"hvdkit.cluster unavailable: {e}"
-    why = control.unavailable()
-    if why is None and (control.load() or {}).get("state") == "up":
-        why = "an emulated cluster is already up (one per machine)"
-    return why and f"no emulated cluster: {why}"
 
 
 def _stdout_table(out: str, name: str) -> None:
@@ -238,61 +266,53 @@ def _load(path: str) -> Any:
 
 
 def summarize(out: str, meta: dict, steps: list[dict]) -> dict:
-    """The key ratios of whatever the suite produced in ``out``, as figures and markdown.
+    """The key figures of whatever the suite produced in ``out``, as figures and markdown.
 
     Returns:
         ``{"figures": {name: value}, "markdown": str}``; a figure whose inputs are
         missing is None (and "-" in the markdown).
     """
     fig: dict[str, Any] = {}
+    place = meta.get("place") or {}
+    hosts = ", ".join(f"{h.get('name')}:{h.get('slots')}" for h in place.get("hosts") or [])
     lines = [f"# hvdkit benchmark suite, {meta['date']}", "",
-             f"Host {meta['host']}, {meta['cores']} cores; load average (1/5/15 min) {meta['loadavg']} before, "
-             f"{meta.get('loadavg_after')} after; {meta.get('seconds', 0):.0f} s in all"
+             f"Place {place.get('kind', '?')} ({hosts}); driver host {meta['host']}, {meta['cores']} cores; load "
+             f"average (1/5/15 min) {meta['loadavg']} before, {meta.get('loadavg_after')} after; "
+             f"{meta.get('seconds', 0):.0f} s in all"
              f"{' (--quick: smoke-test sizes, figures are not meaningful)' if meta.get('quick') else ''}.", "",
-             "Ratios are measured side by side in this run, on a shared machine: read them with the interquartile "
-             "ranges (p25, p75) and the ratios' confidence intervals in the tables (`*.txt`) and the load above in "
-             "mind.", "", "## Key ratios", "",
-             "| figure | value | target | from |", "| --- | --- | --- | --- |"]
+             "Figures are medians over rounds measured side by side in this run; read them with their min-max "
+             "(training.txt, training.json) and the load above in mind.", "", "## Key figures", "",
+             "| figure | value | from |", "| --- | --- | --- |"]
 
-    def row(name: str, value: Any, target: str, src: str, digits: int = 3) -> None:
+    def row(name: str, value: Any, src: str, digits: int = 3) -> None:
         fig[name] = value
-        lines.append(f"| {name} | {fmt(value, digits)} | {target} | {src} |")
+        lines.append(f"| {name} | {fmt(value, digits)} | {src} |")
 
-    for n in (2, 4):
-        c = _load(os.path.join(out, f"collectives_np{n}.json"))
+    for f in sorted(x for x in os.listdir(out) if x.startswith("collectives_np") and x.endswith(".json")):
+        c = _load(os.path.join(out, f))
         if not c:
             continue
+        n = c.get("meta", {}).get("world_size", "?")
         by = {(r["method"], r["bytes"]): r["busbw_GBps"] for r in c.get("rows", [])}
         big = sorted(b for (m, b) in by if m == "ring" and b >= 1 << 20 and ("mpi", b) in by)
         vals = [by[("ring", b)] / by[("mpi", b)] for b in big if by[("mpi", b)]]
         row(f"ring busbw / MPI Allreduce busbw, >= 1 MiB, {n} ranks (median over sizes)",
-            float(np.median(vals)) if vals else None, ">= 0.9", f"collectives_np{n}.json")
-    t = _load(os.path.join(out, "throughput.json"))
-    if t:
-        eff = t.get("efficiency", {})
-        for key in sorted(eff):
-            for n, e in eff[key].items():
-                tgt = ">= 0.9" if n == "2" and key in ("cnn/horovod", "cnn/ps-sync") else "-"
-                row(f"scaling efficiency {key}, {n} workers", e, tgt, "throughput.json")
-        o = t.get("overhead") or {}
-        row(f"hvdkit.train step / bare Horovod step ({o.get('model')}, {o.get('ranks')} ranks)", o.get("ratio"),
-            "<= 1.03", "throughput.json")
-    t = _load(os.path.join(out, "throughput_resnet50.json"))
-    if t:
-        for key in sorted(t.get("efficiency", {})):
-            for n, e in t["efficiency"][key].items():
-                row(f"scaling efficiency {key}, {n} workers", e, "-", "throughput_resnet50.json")
-    c = _load(os.path.join(out, "convergence.json"))
-    if c:
-        for x in c.get("ratios", []):
-            if x["denominator"] == "ps-sync" and x["numerator"].startswith(("ps-async", "ps-ssp", "ps-dcasgd")):
-                tgt = "<= 0.7 (straggler)" if x["straggler"] != "none" else "-"
-                row(f"time to target {x['numerator']} / ps-sync, straggler {x['straggler']}", x["ratio"], tgt,
-                    "convergence.json")
-        p = c.get("meta", {}).get("parameters", {})
-        lines += ["", f"Convergence: {p.get('model')} on {p.get('dataset')}, {p.get('workers')} workers, target "
-                      f"{p.get('target')}, seeds {p.get('seeds')}, PS layout {p.get('ps_layout')}. Reached the target "
-                      "(seeds): " + ", ".join(f"{r['label']}/{r['straggler']} {r['reached']}" for r in c.get("rows", []))]
+            float(np.median(vals)) if vals else None, f)
+    t = _load(os.path.join(out, "training.json")) or {}
+    conv = []
+    for x in t.get("summary", []):
+        if x.get("measure", "throughput") == "throughput" and x.get("efficiency") and x["workers"] > 1:
+            row(f"scaling efficiency {x['model']}/{x['variant']}, {x['workers']} workers, straggler {x['straggler']}",
+                x["efficiency"]["median"], "training.json")
+        elif x.get("measure") == "convergence":
+            conv.append(x)
+    for x in conv:
+        row(f"time to {t.get('target_accuracy')} {x['model']}/{x['variant']}, {x['workers']} workers, straggler "
+            f"{x['straggler']} (s; reached {x.get('reached')})",
+            (x.get("time_to_target_s") or {}).get("median"), "training.json", 2)
+    if t.get("skipped"):
+        lines += ["", "Skipped cells: " + "; ".join(f"{x['variant']} {x['model']} {x['workers']}w: {x['reason']}"
+                                                    for x in t["skipped"])]
     lines += ["", "## Steps", "", "| step | status | seconds | note |", "| --- | --- | --- | --- |"]
     for st in steps:
         lines.append(f"| {st['step']} | {st['status']} | {st.get('seconds', 0):.0f} | {st.get('error') or ''} |")

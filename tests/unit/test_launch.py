@@ -456,11 +456,10 @@ def test_benchmark_outputs_are_checked_before_any_job_runs(tmp_path):
                                     (tmp_path / "ok", [str(tmp_path)], "is a directory; name a file")):
         with pytest.raises(SystemExit, match=message):
             check_outputs("b", str(out_dir), files)
-    for name in ("throughput", "convergence"):
-        r = subprocess.run([sys.executable, "-m", f"hvdkit.bench.{name}", "--quick", "--out-dir", str(tmp_path / name),
-                            "--json", str(tmp_path / "f" / "x.json")], capture_output=True, text=True, timeout=60)
-        assert r.returncode != 0 and f"hvdkit.bench.{name}: error: {tmp_path}/f/x.json: {tmp_path}/f is a file" \
-            in r.stderr, r.stderr
+    r = subprocess.run([sys.executable, "-m", "hvdkit.bench.training", "--quick", "--out-dir", str(tmp_path / "t"),
+                        "--table", str(tmp_path / "f" / "x.txt")], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and r.stderr.strip() == \
+        f"hvdkit-bench training: error: {tmp_path}/f/x.txt: {tmp_path}/f is a file, not a directory", r.stderr
 
 
 def test_network_interface_goes_to_mpi_and_to_the_ranks():

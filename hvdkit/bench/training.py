@@ -1,0 +1,575 @@
+"""The training benchmark: strategy variants x workers x models x stragglers x rounds, on any place.
+
+Run it WITHOUT mpirun: it launches one ``hvdkit.train`` job per (cell, round) on the place
+(this host by default; ``--hosts``, ``--hostfile``, ``--slurm`` or ``--emulated``, see
+:mod:`hvdkit.bench.places`), each with a hard ``--timeout``, and reads each job's results.json
+(:mod:`hvdkit.bench.jobs`)::
+
+    hvdkit-bench training                                        # horovod,ring,ps-sync x 1,2,4 workers, cnn
+    hvdkit-bench training --variants horovod,ps-sync:num_servers=2,ps-ssp:staleness=4 --workers 1,2
+    hvdkit-bench training --hostfile hosts.txt --out-dir /shared/run1       # real hosts over SSH
+    hvdkit-bench training --emulated 3 --quick --out-dir /var/tmp/t          # 3 emulated hosts
+    hvdkit-bench training --measure convergence --variants ps-sync,ps-async --stragglers none,1:2
+    hvdkit-bench training --resume /shared/run1                  # finish a run that was stopped
+    python -m hvdkit.bench.training --help
+
+A variant is ``NAME[:option=value,...]`` (:mod:`hvdkit.strategies.variants`; in a list, a token
+with ``=`` and no ``:`` continues the previous variant). A cell is (variant, model, workers,
+straggler); its rank count is the strategy row's (a dedicated PS needs workers + K ranks). A cell
+needing more ranks than the place's slots is skipped and listed, not run. Every round runs every
+cell once, in a fixed order (stragglers, workers, models, variants), then the next round, so a
+burst of outside load hits all cells alike.
+
+``--measure throughput`` (default): synthetic images, 1 warm-up epoch + ``--iters`` timed epochs
+of ``--steps-per-iter`` steps; samples/s, the compute/comm/wait/data split per step, the busiest
+link's bytes and utilisation (places with probed links: the slowest link's rate). ``--measure convergence``: the
+``--dataset`` for ``--epochs`` epochs; accuracy against training time and samples per epoch, the
+time and samples to ``--target-accuracy``, staleness (PS rows). Figures: see :mod:`hvdkit.bench.jobs`.
+
+Per cell: the median and min-max over its OK rounds. Scaling efficiency(N) = samples/s(N) /
+(N x samples/s(1)) of the same model, variant and straggler (DESIGN.md): median(N) / (N
+median(1)), its range min(N) / (N max(1)) .. max(N) / (N min(1)); none where 1 worker was not
+measured.
+
+``--overhead`` (throughput): after the grid, the harness overhead, ``hvdkit.train --strategy
+horovod`` against the bare Horovod loop, ABBA (:mod:`hvdkit.bench.overhead`), in training.json's
+``overhead``.
+
+Output: ``DIR/training.json`` (CONTRACTS.md section 3; rewritten atomically after every job;
+rows carry ``measure``, and rows of the other measure already in the file are kept), an
+nccl-tests-style table on stdout, progress on stderr (job k/n, elapsed, estimated time left),
+every job's directory (results.json, job.log) under ``DIR/runs/``. ``--resume DIR`` keeps the OK
+rows of DIR/training.json measured with the same settings and runs only the missing (and the
+FAILED) jobs. ``--budget SECONDS`` starts no job once elapsed + the estimated job time would
+exceed it (the jobs not started are listed as skipped; ``--resume`` runs them later).
+
+Exit status: 0 when every job that ran succeeded, 1 when any failed (its row says FAILED and
+why; the grid goes on), 2 on bad input (one line naming the flag), 130 on Ctrl-C (the running
+job's processes are ended; training.json keeps the finished ones for ``--resume``).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from datetime import datetime
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+from hvdkit.bench import jobs
+from hvdkit.bench._common import emit, fmt, format_table, host_meta, load_results, log
+from hvdkit.bench.jobs import Cell, Settings
+from hvdkit.errors import UsageError
+from hvdkit.results import write_json
+
+__all__ = ["main", "build_parser", "run", "expand_grid", "schedule", "split_fits", "summarise", "load_done",
+           "settings_from_args", "PROG"]
+
+PROG = "hvdkit-bench training"
+FILE = "training.json"
+#: the statistics of a summary entry, each {"median", "min", "max"} over the cell's OK rounds
+STATS = ("samples_per_s", "step_ms", "compute_ms", "comm_ms", "wait_ms", "data_ms", "utilisation", "model_busy",
+         "time_to_target_s", "samples_to_target", "final_accuracy", "staleness_mean")
+#: flag defaults that depend on --measure and --quick: (throughput, convergence, quick throughput, quick convergence)
+_DEFAULTS = {
+    "variants": ("horovod,ring,ps-sync", "horovod,ring,ps-sync,ps-async,ps-ssp,ps-dcasgd", "horovod,ps-sync",
+                 "horovod,ps-async"),
+    "workers": ("1,2,4", "4", "1,2", "2"),
+    "models": ("cnn", "mlp", "cnn", "mlp"),
+    "repeats": (3, 2, 1, 1),
+    "image_size": (32, 32, 16, 16), "batch_size": (32, 32, 16, 32), "steps_per_iter": (4, 4, 3, 3),
+    "iters": (2, 2, 2, 2), "epochs": (8, 8, 2, 2), "timeout": (600.0, 600.0, 180.0, 180.0),
+    "target_accuracy": (0.9, 0.9, 0.8, 0.8),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command-line flags (see the module docstring)."""
+    from hvdkit.bench.places import add_place_arguments
+
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0],
+                                epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
+    d = {k: v[0] for k, v in _DEFAULTS.items()}
+    g = p.add_argument_group("what to measure")
+    g.add_argument("--variants", help=f"comma-separated NAME[:option=value,...] (default {d['variants']}; "
+                                      f"convergence: {_DEFAULTS['variants'][1]})")
+    g.add_argument("--workers", help=f"comma-separated worker counts (default {d['workers']}; convergence: 4)")
+    g.add_argument("--models", help="comma-separated hvdkit models (default cnn; convergence: mlp)")
+    g.add_argument("--repeats", type=int, help="rounds: every cell runs once per round (default 3; convergence: 2)")
+    g.add_argument("--stragglers", default="none",
+                   help="comma-separated: none or RANK:FACTOR (hvdkit.train --straggler: RANK computes FACTOR >= 1 "
+                        "times slower), e.g. none,1:2 (default none)")
+    g.add_argument("--measure", choices=jobs.MEASURES, default="throughput",
+                   help="throughput (default) or convergence (accuracy against time and samples, time to target)")
+    g.add_argument("--target-accuracy", type=float,
+                   help="--measure convergence: eval accuracy to reach (default 0.9; --quick 0.8)")
+    g = p.add_argument_group("data and steps")
+    g.add_argument("--dataset", default="digits", help="--measure convergence: hvdkit dataset (default digits)")
+    g.add_argument("--epochs", type=int, help="--measure convergence: epochs per job (default 8)")
+    g.add_argument("--image-size", type=int, help="throughput: synthetic images SIZE x SIZE x 3 (default 32)")
+    g.add_argument("--num-classes", type=int, default=10, help="throughput: classes of the synthetic labels (default 10)")
+    g.add_argument("--batch-size", type=int, help="samples per worker per step (default 32)")
+    g.add_argument("--steps-per-iter", type=int, help="throughput: steps per timed epoch (default 4)")
+    g.add_argument("--iters", type=int, help="throughput: timed epochs after one warm-up epoch (default 2)")
+    g.add_argument("--threads", type=int, default=1,
+                   help="TensorFlow intra-op threads per rank (default 1: the same CPU share at every N; 0: hvdkit's "
+                        "rule, cores / ranks on the host)")
+    g.add_argument("--seed", type=int, default=0, help="seed of weights and data (default 0)")
+    g.add_argument("--train-args", default="", help="extra flags for every hvdkit.train job, e.g. '--lr 0.05'")
+    add_place_arguments(p)
+    g = p.add_argument_group("output and limits")
+    g.add_argument("--out-dir", default="", help="training.json and the job directories (runs/); on other hosts "
+                                                 "than this one, a directory they share (default "
+                                                 "results/training-<time>)")
+    g.add_argument("--resume", metavar="DIR", default="",
+                   help="continue the run in DIR: keep its OK rows, run the missing and FAILED jobs")
+    g.add_argument("--table", metavar="FILE", help="also write the stdout table to FILE")
+    g.add_argument("--timeout", type=float, help="hard timeout of one job, seconds (default 600)")
+    g.add_argument("--budget", type=float, default=0.0,
+                   help="seconds: start no job once elapsed + the estimated job time exceeds it (default 0: no limit)")
+    g.add_argument("--overhead", action="store_true",
+                   help="throughput: after the grid, hvdkit.train --strategy horovod against the bare Horovod loop "
+                        "(hvdkit.bench.bare_horovod), ABBA, the first model; training.json 'overhead'")
+    g.add_argument("--overhead-ranks", type=int, default=2, help="ranks of the overhead pair (default 2)")
+    g.add_argument("--overhead-rounds", type=int, default=3, help="ABBA rounds of the overhead pair (default 3)")
+    g.add_argument("--quick", action="store_true",
+                   help="smoke test: 1 model, 1-2 workers, 1 round, few steps (throughput: horovod,ps-sync at 1,2 "
+                        "workers, 16x16 images, 2 x 3 steps; convergence: horovod,ps-async at 2 workers, 2 epochs)")
+    return p
+
+
+def _ints(text: str, flag: str) -> list[int]:
+    try:
+        vals = list(dict.fromkeys(int(x) for x in text.split(",") if x.strip()))
+    except ValueError:
+        vals = []
+    if not vals or min(vals) < 1:
+        raise UsageError(f"{flag} {text!r}: give comma-separated integers >= 1, e.g. 1,2,4")
+    return vals
+
+
+def _stragglers(text: str) -> list[str]:
+    from hvdkit.config import Config
+
+    out = []
+    for s in (x.strip() for x in text.split(",")):
+        if not s:
+            continue
+        if s != "none":
+            try:
+                Config(straggler=s)          # hvdkit.train's own rule for --straggler
+            except UsageError as e:
+                raise UsageError(f"--stragglers: {e}") from None
+        out.append(s)
+    if not out:
+        raise UsageError(f"--stragglers {text!r}: give none and/or RANK:FACTOR, e.g. none,1:2")
+    return list(dict.fromkeys(out))
+
+
+def _fill_defaults(a) -> None:
+    col = (2 if a.quick else 0) + (1 if a.measure == "convergence" else 0)
+    for k, vals in _DEFAULTS.items():
+        if getattr(a, k) is None:
+            setattr(a, k, vals[col])
+
+
+def settings_from_args(a) -> Settings:
+    """The :class:`~hvdkit.bench.jobs.Settings` of parsed (and default-filled) flags.
+
+    Raises:
+        UsageError: a count below 1, or a target accuracy outside (0, 1].
+    """
+    for name in ("repeats", "image_size", "batch_size", "steps_per_iter", "iters", "epochs", "num_classes"):
+        if getattr(a, name) < 1:
+            raise UsageError(f"--{name.replace('_', '-')} {getattr(a, name)}: must be >= 1")
+    if a.threads < 0:
+        raise UsageError(f"--threads {a.threads}: must be >= 0 (0: hvdkit's rule)")
+    if not 0 < a.target_accuracy <= 1:
+        raise UsageError(f"--target-accuracy {a.target_accuracy}: must be in (0, 1], e.g. 0.9")
+    if a.overhead_ranks < 1 or a.overhead_rounds < 1:
+        raise UsageError("--overhead-ranks and --overhead-rounds must be >= 1")
+    if not a.timeout > 0 or a.budget < 0:
+        raise UsageError("--timeout must be > 0 and --budget >= 0 (seconds)")
+    return Settings(measure=a.measure, dataset=a.dataset, image_size=a.image_size, num_classes=a.num_classes,
+                    batch_size=a.batch_size, steps_per_iter=a.steps_per_iter, iters=a.iters, epochs=a.epochs,
+                    threads=a.threads, seed=a.seed, train_args=tuple(a.train_args.split()))
+
+
+def expand_grid(variants: Sequence, models: Sequence[str], workers: Sequence[int],
+                stragglers: Sequence[str]) -> list[Cell]:
+    """Every cell of the grid in the fixed order of a round: stragglers, then workers, then
+    models, then variants (innermost), each in the order given. Duplicate variants (same
+    label) appear once."""
+    seen: dict[str, Any] = {}
+    for v in variants:
+        seen.setdefault(v.label, v)
+    return [Cell(v, m, w, s) for s in stragglers for w in workers for m in models for v in seen.values()]
+
+
+def split_fits(cells: Iterable[Cell], slots: int, fits=None) -> tuple[list[Cell], list[dict]]:
+    """(cells that can run, skipped entries) on a place with ``slots`` slots: a cell needing more
+    ranks is skipped (``reason``: "needs R slots, the hosts have S"), as is a straggler cell whose
+    straggler rank is not a worker rank of that job (workers are ranks 0..W-1).
+
+    Args:
+        fits: the place's ``fits(ranks)`` (default: ranks <= slots).
+    """
+    fits = fits or (lambda r: r <= slots)
+    ok, skipped = [], []
+    for c in cells:
+        reason = None
+        if not fits(c.ranks):
+            reason = f"needs {c.ranks} slots, the hosts have {slots}"
+        elif c.straggler != "none" and int(c.straggler.split(":")[0]) >= c.workers:
+            reason = f"straggler rank {c.straggler.split(':')[0]} is not one of the {c.workers} worker rank(s)"
+        if reason:
+            skipped.append({**_skip_ident(c), "reason": reason})
+        else:
+            ok.append(c)
+    return ok, skipped
+
+
+def _skip_ident(c: Cell) -> dict:
+    i = c.ident()
+    return {k: i[k] for k in ("variant", "model", "workers", "ranks", "straggler")}
+
+
+def _row_key(r: dict) -> tuple:
+    return (r["variant"], r["model"], r["workers"], r["straggler"], r["round"])
+
+
+def schedule(cells: Sequence[Cell], rounds: int, done: Iterable[tuple] = ()) -> list[tuple[Cell, int]]:
+    """The jobs to run, round by round: every cell once per round in ``cells``' order, then the
+    next round; a (cell key, round) in ``done`` (``Cell.key + (round,)``) is left out."""
+    done = set(done)
+    return [(c, r) for r in range(rounds) for c in cells if c.key + (r,) not in done]
+
+
+def _settings_dict(s: Settings) -> dict:
+    d = dict(s.__dict__)
+    d["train_args"] = list(s.train_args)
+    return d
+
+
+def load_done(doc: dict | None, measure: str, s: Settings) -> tuple[list[dict], list[dict]]:
+    """From an earlier training.json: (its OK rows of ``measure``, which ``--resume`` keeps; its rows of
+    the other measure, kept untouched). FAILED rows are dropped, so their jobs run again.
+
+    Raises:
+        UsageError: its ``measure`` rows were measured with other settings (batch, steps, ...).
+    """
+    if not doc:
+        return [], []
+    rows = doc.get("rows") or []
+    mine = [r for r in rows if r.get("measure", "throughput") == measure]
+    other = [r for r in rows if r.get("measure", "throughput") != measure]
+    before = ((doc.get("meta") or {}).get("measures") or {}).get(measure)
+    if mine and before is not None:
+        now = _settings_dict(s)
+        diff = [k for k in now if k in before and before[k] != now[k]]
+        if diff:
+            k = diff[0]
+            raise UsageError(f"--resume: the {measure} rows there were measured with {k}={before[k]!r}, this run "
+                             f"asks {k}={now[k]!r}; give the same flags, or a new --out-dir")
+    return [r for r in mine if r.get("status") == "OK"], other
+
+
+def _stat(values: Iterable[Any]) -> dict | None:
+    v = [float(x) for x in values if x is not None]
+    if not v:
+        return None
+    return {"median": float(np.median(v)), "min": min(v), "max": max(v)}
+
+
+def summarise(rows: Sequence[dict], cells: Sequence[Cell] | None = None) -> list[dict]:
+    """One summary per cell (variant, model, workers, straggler, measure) with rows: ``n`` OK rounds,
+    ``failed`` rounds, status ``OK`` (no round failed) or ``FAILED``, and {"median", "min", "max"}
+    over the OK rounds of every figure of :data:`STATS` (None where no OK round has it), plus
+    ``efficiency`` (module docstring). Ordered as ``cells`` (then first appearance)."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        groups.setdefault((r.get("measure", "throughput"), r["variant"], r["model"], r["workers"], r["straggler"]),
+                          []).append(r)
+    out = []
+    for (measure, variant, model, w, strag), rs in groups.items():
+        ok = [r for r in rs if r["status"] == "OK"]
+        r0 = rs[0]
+        s = {"measure": measure, "variant": variant, "strategy": r0["strategy"], "layout": r0["layout"],
+             "model": model, "workers": w, "ranks": r0["ranks"], "servers": r0.get("servers", 0), "straggler": strag,
+             "n": len(ok), "failed": len(rs) - len(ok), "status": "OK" if len(ok) == len(rs) else "FAILED"}
+        for k in STATS:
+            s[k] = _stat(r.get(k) for r in ok)
+        s["gradient_bytes"] = ok[0]["gradient_bytes"] if ok else None
+        s["link_bytes_per_step"] = ok[0]["link_bytes_per_step"] if ok else None
+        mx = [r["staleness_max"] for r in ok if r.get("staleness_max") is not None]
+        s["staleness_max"] = max(mx) if mx else None
+        if measure == "convergence":
+            s["reached"] = f"{sum(1 for r in ok if r.get('time_to_target_s') is not None)}/{len(ok)}"
+        out.append(s)
+    base = {(s["measure"], s["variant"], s["model"], s["straggler"]): s for s in out if s["workers"] == 1}
+    for s in out:
+        b = base.get((s["measure"], s["variant"], s["model"], s["straggler"]))
+        n, x = s["workers"], s["samples_per_s"]
+        if b is None or x is None or b["samples_per_s"] is None:
+            s["efficiency"] = None
+            continue
+        y = b["samples_per_s"]
+        s["efficiency"] = {"median": x["median"] / (n * y["median"]), "min": x["min"] / (n * y["max"]),
+                           "max": x["max"] / (n * y["min"])}
+    order = {c.key: i for i, c in enumerate(cells or ())}
+    return sorted(out, key=lambda s: (s["measure"], order.get((s["variant"], s["model"], s["workers"],
+                                                               s["straggler"]), len(order))))
+
+
+COLUMNS = (("variant", "variant", ""), ("model", "model", ""), ("workers", "workers", ""), ("ranks", "ranks", ""),
+           ("straggler", "straggler", "(rank:x)"), ("n", "n", "(rounds)"), ("sps", "samples/s", "(median)"),
+           ("sps_range", "range", "(min-max)"), ("eff", "eff", "(median)"), ("eff_range", "range", "(min-max)"),
+           ("step", "step", "(ms)"), ("compute", "compute", "(ms)"), ("comm", "comm", "(ms)"), ("wait", "wait", "(ms)"),
+           ("data", "data", "(ms)"), ("util", "link_util", "(ratio)"), ("status", "status", ""))
+CONV_COLUMNS = (("final", "final_acc", "(median)"), ("t_target", "t_target", "(s)"),
+                ("samples_target", "samples", "(to_target)"), ("reached", "reached", "(rounds)"),
+                ("stale_mean", "stale_mean", "(updates)"), ("stale_max", "stale_max", "(updates)"))
+
+
+def _med(s: dict, k: str, digits: int) -> str:
+    return fmt(s[k]["median"] if s.get(k) else None, digits)
+
+
+def _range(s: dict, k: str, digits: int) -> str:
+    x = s.get(k)
+    return f"{x['min']:.{digits}f}-{x['max']:.{digits}f}" if x else "-"
+
+
+def table_cells(s: dict) -> dict[str, str]:
+    """One summary entry as the stdout table's formatted cells (:func:`hvdkit.bench._common.fmt`)."""
+    c = {k: fmt(s.get(k)) for k in ("variant", "model", "workers", "ranks", "straggler", "n", "status")}
+    c.update(sps=_med(s, "samples_per_s", 1), sps_range=_range(s, "samples_per_s", 1), eff=_med(s, "efficiency", 3),
+             eff_range=_range(s, "efficiency", 3), step=_med(s, "step_ms", 2), compute=_med(s, "compute_ms", 2),
+             comm=_med(s, "comm_ms", 2), wait=_med(s, "wait_ms", 2), data=_med(s, "data_ms", 2),
+             util=_med(s, "utilisation", 3), final=_med(s, "final_accuracy", 3), t_target=_med(s, "time_to_target_s", 2),
+             samples_target=_med(s, "samples_to_target", 0), reached=fmt(s.get("reached")),
+             stale_mean=_med(s, "staleness_mean", 2), stale_max=fmt(s.get("staleness_max")))
+    return c
+
+
+def _clock(seconds: float) -> str:
+    m, sec = divmod(int(round(seconds)), 60)
+    return f"{m // 60}:{m % 60:02d}:{sec:02d}" if m >= 60 else f"{m}:{sec:02d}"
+
+
+def _link_Bps(desc: dict) -> float | None:
+    """The slowest probed link rate of a place, bytes/s (``links[].rate_bps`` are bits/s), or None
+    (the rate hvdkit-bench advise-check prices the same rows with)."""
+    rates = [x["rate_bps"] for x in desc.get("links") or [] if x.get("rate_bps")]
+    return float(min(rates)) / 8 if rates else None
+
+
+def _load_json(path: str) -> dict | None:
+    import json
+    try:
+        with open(path) as fh:
+            return json.load(fh)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as e:
+        raise UsageError(f"--resume: {path} is not readable JSON ({e}); move it away or give a new --out-dir") from None
+
+
+def prepare(argv: Sequence[str] | None) -> tuple[Any, Settings, list[Cell], str]:
+    """Parse and check the flags (no job, no place brought up): (args, settings, cells, out_dir).
+
+    Raises:
+        UsageError: any bad value (the message names the flag and what to do).
+    """
+    from hvdkit.models import check_model_name
+    from hvdkit.strategies.variants import parse_variants
+
+    a = build_parser().parse_args(argv)
+    _fill_defaults(a)
+    s = settings_from_args(a)
+    variants = parse_variants(a.variants)
+    if not variants:
+        raise UsageError(f"--variants {a.variants!r}: name at least one strategy variant, e.g. horovod")
+    models = [m.strip() for m in a.models.split(",") if m.strip()]
+    if not models:
+        raise UsageError("--models: name at least one model, e.g. cnn")
+    for m in models:
+        check_model_name(m)
+    cells = expand_grid(variants, models, _ints(a.workers, "--workers"), _stragglers(a.stragglers))
+    if a.resume and a.out_dir and os.path.abspath(a.resume) != os.path.abspath(a.out_dir):
+        raise UsageError(f"--resume {a.resume} and --out-dir {a.out_dir}: give one directory (--resume DIR continues DIR)")
+    if a.resume and not os.path.isdir(a.resume):
+        raise UsageError(f"--resume {a.resume}: no such directory; give the --out-dir of the run to continue")
+    out = os.path.abspath(a.resume or a.out_dir or os.path.join("results", f"training-{datetime.now():%Y%m%d-%H%M%S}"))
+    _check_outputs(out, a.table)
+    return a, s, cells, out
+
+
+def _check_outputs(out: str, table: str | None) -> None:
+    from hvdkit.bench._common import check_outputs
+
+    try:
+        check_outputs(PROG, out, [table])
+    except SystemExit as e:
+        raise UsageError(str(e).split(": error: ", 1)[-1]) from None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the grid on the place the flags name; print the table; the exit status (module docstring)."""
+    from hvdkit.bench.places import place_from_args
+
+    try:
+        a, s, cells, out = prepare(argv)
+        place = place_from_args(a)
+        place.out_dir_ok(out)
+    except UsageError as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 2
+    try:
+        with place:
+            return run(a, s, cells, out, place, argv=sys.argv[1:] if argv is None else list(argv))
+    except UsageError as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted; {os.path.join(out, FILE)} holds the finished jobs, --resume {out} runs the "
+              "rest", file=sys.stderr)
+        return 130
+
+
+def run(a, s: Settings, cells: Sequence[Cell], out: str, place, *, argv: Sequence[str] = (),
+        t0: float | None = None) -> int:
+    """Run the grid on a place that is up (``with place:``); write ``out/training.json`` after every job
+    and print the table. ``t0``: the ``time.monotonic()`` that ``--budget`` counts from (default now).
+
+    Returns:
+        0 when every job that ran succeeded, 1 when any failed.
+
+    Raises:
+        UsageError: the output directory is unusable for the place, or ``--resume`` settings differ.
+    """
+    t0 = time.monotonic() if t0 is None else t0
+    place.out_dir_ok(out)
+    _check_outputs(out, a.table)
+    path = os.path.join(out, FILE)
+    doc_before = _load_json(path)
+    if doc_before and not a.resume and any(r.get("measure", "throughput") == a.measure
+                                           for r in doc_before.get("rows") or []):
+        raise UsageError(f"--out-dir {out}: it holds {a.measure} rows already (training.json); continue them with "
+                         f"--resume {out}, or give a new --out-dir")
+    kept, other = load_done(doc_before, a.measure, s)
+    runnable, skipped = split_fits(cells, place.slots, place.fits)
+    skipped = [{**x, "measure": a.measure} for x in skipped]
+    other_skipped = [x for x in (doc_before or {}).get("skipped") or [] if x.get("measure") != a.measure]
+    todo = schedule(runnable, a.repeats, [_row_key(r) for r in kept])
+    desc = place.describe()
+    link = _link_Bps(desc)
+    meta_before = (doc_before or {}).get("meta") or {}
+    measures = dict(meta_before.get("measures") or {}, **{a.measure: _settings_dict(s)})
+    args = {k: v for k, v in vars(a).items() if isinstance(v, (str, int, float, bool, type(None)))}
+    meta = {**host_meta(), "argv": list(argv), "versions": meta_before.get("versions") or {}, "args": args,
+            "measures": measures, "out_dir": out}
+    target = a.target_accuracy if a.measure == "convergence" else (doc_before or {}).get("target_accuracy")
+    rows = list(kept)
+    for c in skipped:
+        log(f"training: skipped {c['variant']} {c['model']} {c['workers']}w {c['straggler']}: {c['reason']}")
+    log(f"training: {a.measure}, {len(cells)} cells x {a.repeats} rounds on {desc.get('kind')} "
+        f"({place.slots} slots): {len(todo)} jobs to run" + (f", {len(kept)} kept from {path}" if kept else "")
+        + (f", {len(skipped)} cells skipped" if skipped else "") + f"; job directories under {out}/runs")
+    not_started: list[tuple[Cell, int]] = []
+    extra: dict[str, Any] = {}
+    secs: list[float] = [r["job_seconds"] for r in kept if r.get("job_seconds")]
+    start = time.monotonic()
+
+    def write() -> list[dict]:
+        summ = summarise(other + rows, cells)
+        late = {}
+        for c, rnd in not_started:
+            late.setdefault(c.key, {**_skip_ident(c), "reason": f"not run: over --budget {a.budget:.0f}s",
+                                    "measure": a.measure, "rounds": []})
+            late[c.key]["rounds"].append(rnd)
+        write_json(path, {"benchmark": "training", "meta": meta, "place": desc, "rows": other + rows,
+                          "summary": summ, "skipped": other_skipped + skipped + list(late.values()),
+                          "target_accuracy": target,
+                          **extra})
+        return summ
+
+    write()
+    for k, (cell, rnd) in enumerate(todo, 1):
+        est = float(np.median(secs)) if secs else None
+        elapsed = time.monotonic() - t0
+        if a.budget and est is not None and elapsed + est > a.budget:
+            not_started = todo[k - 1:]
+            log(f"training: --budget {a.budget:.0f}s: stopping with {len(not_started)} of {len(todo)} jobs not "
+                f"started ({_clock(elapsed)} elapsed, ~{_clock(est)} per job); --resume {out} runs them")
+            break
+        v = cell.variant
+        d = os.path.join(out, "runs", a.measure, f"{v.label.replace(':', '_').replace(',', '_').replace('=', '-')}-"
+                                                 f"{cell.model}-{cell.workers}w-{cell.straggler.replace(':', 'x')}-r{rnd}")
+        row = jobs.run_job(place, cell, rnd, s, d, timeout=a.timeout, link_Bps=link,
+                           target=target if a.measure == "convergence" else None)
+        row["measure"] = a.measure
+        rows.append(row)
+        secs.append(row["job_seconds"])
+        if row["status"] == "OK" and not meta["versions"]:
+            try:
+                meta["versions"] = load_results(d).get("versions") or {}
+            except (OSError, ValueError):
+                pass
+        write()
+        done_s = time.monotonic() - start
+        left = done_s / k * (len(todo) - k)
+        what = (f"{row['samples_per_s']:.1f} samples/s" if row["status"] == "OK" else row["error"][:300])
+        log(f"training: job {k}/{len(todo)} {v.label} {cell.model} {cell.workers}w straggler {cell.straggler} "
+            f"round {rnd}: {row['status']} {what} ({row['job_seconds']:.0f}s); elapsed {_clock(time.monotonic() - t0)}, "
+            f"~{_clock(left)} left")
+    ov = None
+    if a.overhead and a.measure == "throughput" and not not_started:
+        if place.fits(a.overhead_ranks):
+            from hvdkit.bench.overhead import measure_overhead
+            ov = extra["overhead"] = measure_overhead(place, s, cells[0].model, a.overhead_ranks,
+                                                      1 if a.quick else a.overhead_rounds,
+                                                      os.path.join(out, "runs", "overhead"), a.timeout)
+        else:
+            log(f"training: --overhead skipped: needs {a.overhead_ranks} slots, the hosts have {place.slots}")
+    summ = write()
+    ok = all(r["status"] == "OK" for r in rows) and not (ov and ov["errors"])
+    cols = COLUMNS[:-1] + (CONV_COLUMNS if a.measure == "convergence" else ()) + COLUMNS[-1:]
+    footer = ["samples/s: synchronous rows = all workers' samples / the slowest worker's seconds per timed epoch "
+              "(mean over epochs); asynchronous PS rows = results.json's all-ranks figure; median and min-max over "
+              "the OK rounds",
+              "eff = samples/s(N) / (N x samples/s(1)) of the same variant, model and straggler; link_util = busiest "
+              "link's bytes per step x steps/s / the probed link rate (- where not probed)"]
+    if a.measure == "convergence":
+        footer.append(f"t_target = training seconds (slowest worker, epoch-1 tracing capped) to the first epoch with "
+                      f"eval accuracy >= {target}")
+    footer += [f"SKIPPED {x['variant']} {x['model']} {x['workers']} workers straggler {x['straggler']}: {x['reason']}"
+               for x in skipped]
+    if not_started:
+        footer.append(f"not started (over --budget {a.budget:.0f}s): {len(not_started)} jobs; --resume {out} runs them")
+    footer += [f"FAILED {r['variant']} {r['model']} {r['workers']} workers straggler {r['straggler']} round "
+               f"{r['round']}: {r['error']}" for r in rows if r["status"] != "OK"]
+    if ov:
+        footer.append(f"harness overhead ({ov['model']}, {ov['ranks']} ranks, batch {ov['batch']}): hvdkit.train step / "
+                      f"bare Horovod step = {fmt(ov['ratio'], 3)} (per round: "
+                      + ", ".join(f"{x:.3f}" for x in ov["per_round_ratio"]) + ")")
+        footer += [f"FAILED overhead {e}" for e in ov["errors"]]
+    footer.append(f"training.json: {path}")
+    v = meta["versions"]
+    lines = [f"date: {meta['date']}  host: {meta['host']}  cores: {meta['cores']}  load: {meta['loadavg']}",
+             "versions: " + "  ".join(f"{k} {v.get(k)}" for k in ("python", "tensorflow", "horovod", "mpi4py", "hvdkit")),
+             f"place: {desc.get('kind')}  hosts: " + ",".join(f"{h.get('name')}:{h.get('slots')}"
+                                                              for h in desc.get("hosts") or [])
+             + (f"  link: {link * 8 / 1e9:.3f} Gbit/s" if link else ""),
+             "parameters: " + "  ".join(f"{k}={x}" for k, x in _settings_dict(s).items())
+             + f"  rounds={a.repeats}  timeout={a.timeout:.0f}s",
+             f"out_dir: {out}"]
+    rows_tbl = [table_cells(x) for x in summ if x["measure"] == a.measure]
+    emit(format_table(PROG, lines, cols, rows_tbl, footer, ok), a.table)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
