@@ -192,12 +192,14 @@ CASES = {"ps-sync": ("ps-sync", ()), "ps-sync-every10": ("ps-sync", ("--checkpoi
 
 
 def _stats(xs: list) -> dict:
+    """median, min, max, IQR and n of the values that are not None, and ``spread``: "median [min-max]"."""
     xs = [x for x in xs if x is not None]
     if not xs:
-        return {"median": None, "min": None, "max": None, "iqr": None, "n": 0}
+        return {"median": None, "min": None, "max": None, "iqr": None, "n": 0, "spread": None}
     q1, med, q3 = np.percentile(xs, [25, 50, 75])
-    return {"median": round(float(med), 2), "min": min(xs), "max": max(xs), "iqr": round(float(q3 - q1), 2),
-            "n": len(xs)}
+    med = round(float(med), 2)
+    return {"median": med, "min": min(xs), "max": max(xs), "iqr": round(float(q3 - q1), 2),
+            "n": len(xs), "spread": f"{med:g} [{min(xs):g}-{max(xs):g}]"}
 
 
 def measure(repeats: int, cases: list[str], work: str, log=print) -> dict:
