@@ -42,6 +42,9 @@ happened. The cases alternate round by round.
     flock /tmp/hvdkit-mpi.lock .venv/bin/python -m tests.cluster.elastic_kill --repeats 3 \\
         --json benchmarks/figures/cluster_elastic.json
 
+``--code NAME=CHECKOUT,...`` names the checkouts of the cost jobs (``--code ''``: none);
+``--merge A.json B.json --json OUT.json`` joins the figures of several runs (e.g. the
+``-commit1`` cases run apart, to keep each hold of the cluster short) and summarises them again.
 Every job runs this checkout's hvdkit (``PYTHONPATH``, on every rank too); a ``cost`` job the
 checkout its ``--code`` entry names.
 """
@@ -217,6 +220,46 @@ def _work_dir():
         shutil.rmtree(work, ignore_errors=True)
 
 
+def summarize(rows: list[dict], cost: list[dict]) -> tuple[list[dict], list[dict]]:
+    """The summary of the event rows (by event, commit interval, and whether rank 0's host was
+    lost; None: either) and of the cost jobs (by checkout: ms per step at each interval and
+    ``cost_pct`` per round), every figure as :func:`tests.cluster.restart_kill._stats`."""
+    summary = []
+    for event in ("kill", "link"):
+        for every in sorted({x["commit_every"] for x in rows}):
+            for rank0 in (True, False, None):   # None: either
+                sel = [x for x in rows if x["event"] == event and x["ok"] and x["commit_every"] == every
+                       and (rank0 is None or (x["lost_rank"] == 0) == rank0)]
+                summary.append({"event": event, "commit_every": every, "lost_host_was_rank0": rank0, "n": len(sel),
+                                **{k: _stats([x[k] for x in sel]) for k in KEYS}})
+    cost_summary = []
+    for name in dict.fromkeys(x["code"] for x in cost):
+        ok = [x for x in cost if x["code"] == name and x["error"] is None]
+        by = {(x["round"], x["commit_every"]): x["ms_per_step"] for x in ok}
+        rounds = sorted({r for r, _ in by})
+        pct = [round(100 * (by[(r, 1)] / by[(r, 10)] - 1), 2) for r in rounds if (r, 1) in by and (r, 10) in by]
+        cost_summary.append({"code": name, **{f"ms_per_step_commit{e}": _stats([x["ms_per_step"] for x in ok
+                                                                                 if x["commit_every"] == e])
+                                              for e in (1, 10)}, "cost_pct": _stats(pct)})
+    return summary, cost_summary
+
+
+def merge(docs: list[dict]) -> dict:
+    """One figures document from several runs of this script (e.g. the ``-commit1`` cases in a
+    second run, to keep each hold of the cluster short): their jobs, rows and cost jobs (rounds
+    numbered on across runs), summarised again; ``meta`` the first's, with every run's date,
+    load and cases."""
+    out = {"meta": dict(docs[0]["meta"]), "jobs": [], "rows": [], "cost": []}
+    shift = 0
+    for d in docs:
+        for key in ("jobs", "rows", "cost"):
+            out[key] += [{**x, "round": x["round"] + shift} for x in d.get(key, [])]
+        shift += d["meta"]["repeats"]
+    out["meta"]["runs"] = [{k: d["meta"].get(k) for k in ("date", "loadavg", "cases", "repeats", "code")} for d in docs]
+    out["summary"], out["cost_summary"] = summarize(out["rows"], out["cost"])
+    return out
+
+
 def measure(repeats: int, cases: list[str], code: dict[str, str] | None = None, log=print) -> dict:
     """Bring up 3 hosts x 1 slot (1 Gbit/s), run every case and every cost job (``code``: name ->
     checkout; none: no cost jobs) ``repeats`` times (round by round), remove the cluster.
@@ -248,22 +291,7 @@ def measure(repeats: int, cases: list[str], code: dict[str, str] | None = None, 
                     log(f"FAILED: {row['error']}\n{row.get('output_tail', '')}")
     finally:
         stop_cluster()
-    summary = []
-    for event in ("kill", "link"):
-        for every in sorted({CASES[c][2] for c in cases}):
-            for rank0 in (True, False, None):   # None: either
-                sel = [x for x in rows if x["event"] == event and x["ok"] and x["commit_every"] == every
-                       and (rank0 is None or (x["lost_rank"] == 0) == rank0)]
-                summary.append({"event": event, "commit_every": every, "lost_host_was_rank0": rank0, "n": len(sel),
-                                **{k: _stats([x[k] for x in sel]) for k in KEYS}})
-    cost_summary = []
-    for name in code:
-        ok = [x for x in cost if x["code"] == name and x["error"] is None]
-        by = {(x["round"], x["commit_every"]): x["ms_per_step"] for x in ok}
-        pct = [round(100 * (by[(r, 1)] / by[(r, 10)] - 1), 2) for r in range(repeats) if (r, 1) in by and (r, 10) in by]
-        cost_summary.append({"code": name, **{f"ms_per_step_commit{e}": _stats([x["ms_per_step"] for x in ok
-                                                                                 if x["commit_every"] == e])
-                                              for e in (1, 10)}, "cost_pct": _stats(pct)})
+    summary, cost_summary = summarize(rows, cost)
     meta = {"benchmark": "cluster_elastic", "host": platform.node(), "cores": os.cpu_count(),
             "loadavg": list(os.getloadavg()), "date": datetime.now().isoformat(timespec="seconds"),
             "cluster": {"hosts": 3, "slots": 1, "bandwidth_bps": 10**9},
@@ -277,12 +305,20 @@ def measure(repeats: int, cases: list[str], code: dict[str, str] | None = None, 
                        "link": "after h3's rejoin: the link of the case's host (not rank 0) down, the host out of the "
                                "hostfile; link up and the host written back once rank 0 logs world size 2"},
             "definitions": __doc__.split("Figures of each event", 1)[1].split("Who holds", 1)[0].strip(),
-            "cases": CASES, "repeats": repeats}
+            "cases": {c: CASES[c] for c in cases}, "repeats": repeats}
     return {"meta": meta, "jobs": jobs, "rows": rows, "cost": cost, "summary": summary, "cost_summary": cost_summary}
 
 
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["--merge"]:   # --merge A.json B.json ... --json OUT.json
+        i = argv.index("--json")
+        docs = []
+        for path in argv[1:i]:
+            with open(path) as f:
+                docs.append(json.load(f))
+        doc = merge(docs)
+        return report(doc, argv[i + 1], all(j["error"] is None for j in doc["jobs"]))
     code = {"this": ROOT}
     if "--code" in argv:   # NAME=CHECKOUT,... (an empty value: no cost jobs)
         i = argv.index("--code")
