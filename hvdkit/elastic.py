@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
 import sys
 import time
 
@@ -65,8 +66,6 @@ __all__ = ["HorovodComm", "horovod_world", "TrainingState", "run"]
 def _connected_tcp() -> dict[int, str]:
     """This process's connected TCP sockets (IPv4/IPv6): fd -> its ``/proc/self/fd`` link
     (``socket:[INODE]``, which names the socket whatever fd it has). Linux; {} elsewhere."""
-    import socket
-
     out = {}
     try:
         fds = os.listdir("/proc/self/fd")
@@ -104,8 +103,6 @@ def _release_peers() -> int:
     milliseconds. Released: every connected TCP socket but those this process had before Horovod
     started and those to Horovod's rendezvous server (``HOROVOD_GLOO_RENDEZVOUS_ADDR:PORT``).
     Horovod's reset (``shutdown``, ``init``) then builds new ones. Never raises."""
-    import socket
-
     addr = os.environ.get("HOROVOD_GLOO_RENDEZVOUS_ADDR", "")
     port = int(os.environ.get("HOROVOD_GLOO_RENDEZVOUS_PORT", "0") or 0)
     n = 0
@@ -152,10 +149,9 @@ HOSTS_EVERY = 10
 
 
 def _state_class():
-    from horovod.common.elastic import ObjectState
     import horovod.tensorflow as hvd
-
     import tensorflow as tf
+    from horovod.common.elastic import ObjectState
 
     class TrainingState(ObjectState):
         """Horovod elastic state: the model's and optimizer's variables (saved into a second set of

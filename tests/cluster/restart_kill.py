@@ -199,7 +199,7 @@ def _stats(xs: list) -> dict:
     q1, med, q3 = np.percentile(xs, [25, 50, 75])
     med = round(float(med), 2)
     return {"median": med, "min": min(xs), "max": max(xs), "iqr": round(float(q3 - q1), 2),
-            "n": len(xs), "spread": f"{med:g} [{min(xs):g}-{max(xs):g}]"}
+            "n": len(xs), "spread": f"{med:g} [{round(min(xs), 2):g}-{round(max(xs), 2):g}]"}
 
 
 def measure(repeats: int, cases: list[str], work: str, log=print) -> dict:
