@@ -236,6 +236,7 @@ def _run(cfg: Config, w: World, tl) -> dict | None:
                           global_step=prog.global_step, history=prog.history, membership=[])
     state.reached, state.last_step_t = prog.global_step, None   # not state: what this process last did
     state.pending = None   # (membership entry, rank 0's last step time before the change) until the first step
+    state.spent = {"save": [], "hosts": []}   # seconds of each save and each check for new hosts, this process
     commit_every = strategy.opts.commit_every
     hosts_every = commit_every * -(-HOSTS_EVERY // commit_every)   # at a save: Horovod's re-form syncs the saved state
 
@@ -248,16 +249,21 @@ def _run(cfg: Config, w: World, tl) -> dict | None:
             log0(f"# training again with world size {entry['world_size']}, {entry['seconds_without_training']:.1f} s "
                  f"after the last step before the change; {entry['steps_repeated']} steps repeated")
         if end_of_epoch or p.global_step % commit_every == 0:
+            t = time.perf_counter()
             state.save()   # local: what a lost peer's restore goes back to
+            state.spent["save"].append(time.perf_counter() - t)
         if end_of_epoch or p.global_step % hosts_every == 0:
+            t = time.perf_counter()
             state.check_host_updates()   # a broadcast over every rank: hosts added or removed re-form here
+            state.spent["hosts"].append(time.perf_counter() - t)
 
     @hvd.elastic.run
     def train(state):
         with _peer_loss_restores():   # a peer lost inside a collective: restore and go on
             _enter(loop, state, hvd)
             train_epochs(loop, state, commit)
-            elastic = {"commit_every": commit_every, "hosts_every": hosts_every, "membership": state.membership}
+            elastic = {"commit_every": commit_every, "hosts_every": hosts_every, **_commit_costs(state.spent),
+                       "membership": state.membership}
             result = finish(loop, state.history, loop.out_dir, extra={"elastic": elastic})
             write_timeline(cfg, loop.world, tl, {"elastic": elastic})   # the final membership's processes
             return result
@@ -265,6 +271,19 @@ def _run(cfg: Config, w: World, tl) -> dict | None:
     result = train(state)
     strategy.finish()
     return result
+
+
+def _commit_costs(spent: dict[str, list[float]]) -> dict:
+    """results.json's figures of this process's commits: ``saves`` and ``save_ms`` (the median save,
+    milliseconds), ``host_checks`` and ``host_check_ms`` (the median check for new hosts), and
+    ``commit_s`` (seconds in both, in all)."""
+    import statistics
+
+    def ms(xs):
+        return round(1e3 * statistics.median(xs), 4) if xs else None
+
+    return {"saves": len(spent["save"]), "save_ms": ms(spent["save"]), "host_checks": len(spent["hosts"]),
+            "host_check_ms": ms(spent["hosts"]), "commit_s": round(sum(spent["save"]) + sum(spent["hosts"]), 4)}
 
 
 def _enter(loop: Loop, state, hvd) -> None:

@@ -31,7 +31,12 @@ alternating round by round:
 
 * ``ms_per_step``: the job's median over epochs 2-6 of the epoch's training seconds (the
   slowest rank's) / its steps;
-* ``cost_pct``: per round and checkout, (ms_per_step at ``--commit-every 1`` / at 10 - 1) x 100.
+* ``cost_pct``: per round and checkout, (ms_per_step at ``--commit-every 1`` / at 10 - 1) x 100
+  (end to end: the step's time varies by 10-20 % from epoch to epoch on the loaded machine);
+* ``commit_ms_per_step``: rank 0's own seconds in saves and checks for new hosts
+  (results.json's ``elastic.commit_s``) / the job's steps, in ms; ``commit_pct_of_step`` its share
+  of ``ms_per_step``; ``save_ms``, ``host_check_ms``: the median save and check (checkouts that
+  record them).
 
 Who holds rank 0 is set through horovodrun's ``PYTHONHASHSEED``: Horovod's driver orders the
 first hosts by iterating a ``set``; seed 0 gives h1, h2, h3 (the killed h3 is rank 2, then h2,
@@ -109,11 +114,12 @@ def cost_job(cluster, work: str, commit_every: int, code: str) -> dict:
     _write(hostfile, ["h1", "h2", "h3"])
     job = Job(cluster, work, hostfile, out, env={"PYTHONHASHSEED": "0", "PYTHONPATH": code},
               flags=_flags(COST_EPOCHS, commit_every))
-    rc, error, per = None, None, []
+    rc, error, per, el, steps = None, None, [], {}, []
     try:
         rc = job.finish(timeout=180)
         with open(os.path.join(out, "results.json")) as f:
-            epochs = json.load(f)["epochs"]
+            res = json.load(f)
+        epochs, el = res["epochs"], res.get("elastic", {})
         steps = [e["step"] for e in epochs]
         per = [round(1e3 * e["train_s"] / (s - p), 3) for e, s, p in zip(epochs[1:], steps[1:], steps)]
     except Exception as e:   # noqa: BLE001 - a failed job is a row
@@ -122,8 +128,13 @@ def cost_job(cluster, work: str, commit_every: int, code: str) -> dict:
         _end(job)
     if error is None and (rc != 0 or not per):
         error = f"status {rc}, {len(per)} epochs after the first"
-    row = {"commit_every": commit_every, "ms_per_step": round(float(np.median(per)), 3) if per else None,
-           "epoch_ms_per_step": per, "status": rc, "error": error}
+    ms_step = round(float(np.median(per)), 3) if per else None
+    commit_ms = (round(1e3 * el["commit_s"] / steps[-1], 4) if el.get("commit_s") is not None and steps else None)
+    row = {"commit_every": commit_every, "ms_per_step": ms_step, "epoch_ms_per_step": per,
+           # rank 0's own time in saves and host checks, per step (checkouts that record it: results.json's elastic)
+           "commit_ms_per_step": commit_ms, "save_ms": el.get("save_ms"), "host_check_ms": el.get("host_check_ms"),
+           "commit_pct_of_step": round(100 * commit_ms / ms_step, 2) if commit_ms is not None and ms_step else None,
+           "status": rc, "error": error}
     if error:
         row["output_tail"] = job.text()[-3000:]
     return row
@@ -238,9 +249,10 @@ def summarize(rows: list[dict], cost: list[dict]) -> tuple[list[dict], list[dict
         by = {(x["round"], x["commit_every"]): x["ms_per_step"] for x in ok}
         rounds = sorted({r for r, _ in by})
         pct = [round(100 * (by[(r, 1)] / by[(r, 10)] - 1), 2) for r in rounds if (r, 1) in by and (r, 10) in by]
-        cost_summary.append({"code": name, **{f"ms_per_step_commit{e}": _stats([x["ms_per_step"] for x in ok
-                                                                                 if x["commit_every"] == e])
-                                              for e in (1, 10)}, "cost_pct": _stats(pct)})
+        cost_summary.append({"code": name, **{f"{k}_commit{e}": _stats([x.get(k) for x in ok if x["commit_every"] == e])
+                                              for k in ("ms_per_step", "commit_ms_per_step", "commit_pct_of_step",
+                                                        "save_ms", "host_check_ms") for e in (1, 10)},
+                             "cost_pct": _stats(pct)})
     return summary, cost_summary
 
 
