@@ -23,7 +23,7 @@ from hvdkit.launch.command import (FORWARD_NAMES, FORWARD_PREFIXES, LaunchSpec, 
 from hvdkit.launch.hosts import hosts_arg, total_slots
 from hvdkit.launch.mpi import HOROVODRUN, MPI, MPICH, OPENMPI, detect_mpi, local_cores
 from hvdkit.launch.rankexec import rank_exec_env
-from hvdkit.launch.restart import RESTART_ENV, run_once, run_with_restarts
+from hvdkit.launch.restart import RESTART_ENV, restart_mpi_args, run_once, run_with_restarts
 from hvdkit.launch.supervise import FORWARD, FORWARD_NO_STOP, run_job
 from hvdkit.launch.slurm import allocation, describe
 from hvdkit.launch.templates import TEMPLATES, render
@@ -232,6 +232,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         if ns.max_restarts:   # every attempt's ranks see HVDKIT_RESTART (results.json: restarts)
             spec = replace(spec, env_forward=tuple(sorted({*spec.env_forward, RESTART_ENV})))
+            if ns.launcher == MPI and mpi == OPENMPI:   # no 1 s wait for SIGKILL after a loss (restart.py)
+                spec = replace(spec, mpi_args=restart_mpi_args(spec.mpi_args, spec.program, dict(os.environ)))
         if ns.max_restarts and not ns.dry_run:
             _exec(build(list(spec.program)), dict(os.environ), dry_run=True, check_only=True)
             fwd = FORWARD_NO_STOP if ns.launcher == HOROVODRUN else FORWARD

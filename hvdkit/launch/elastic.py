@@ -39,9 +39,14 @@ ends; ssh's defaults send no keep-alives, so a host whose link goes down (rather
 processes die) stalled the whole job for as long as the link stayed down (the survivors wait
 in the driver's rendezvous for every worker of the old membership to report), forever if it
 never came back. :func:`write_ssh_keepalive` therefore puts an ``ssh`` first on horovodrun's
-PATH that adds ``-o ServerAliveInterval=I -o ServerAliveCountMax=3`` (I = ``--gloo-timeout``
-/ 3, rounded up): a silent host's session ends about as soon as the survivors' collectives
-time out (measured on the emulated cluster: tests/cluster/test_elastic.py).
+PATH that adds ``-o ServerAliveInterval=1 -o ServerAliveCountMax=C`` (C = ``--gloo-timeout`` - 1,
+at least 1). ssh drops the session when a probe falls due with C unanswered, C + 1 intervals
+after the last packet it received, and an idle session receives a probe's answer every interval:
+a silent host's session ends ``--gloo-timeout`` - 1 to ``--gloo-timeout`` seconds after its link
+went down, by the time the survivors' collectives time out. The job re-forms only once that
+session has ended (Horovod's driver waits for every worker of the old membership to report), so
+this is what bounds the re-form after a link loss; it was 6-8 s at a 5 s timeout with probes
+every 2 s, 3 allowed (measured: benchmarks/figures/cluster_elastic.json, tests/cluster/elastic_kill.py).
 """
 from __future__ import annotations
 
@@ -56,7 +61,7 @@ from hvdkit.launch.hosts import check_launcher, hosts_arg, read_hostfile
 from hvdkit.launch.mpi import HOROVODRUN, OPENMPI
 
 __all__ = ["discovered", "slots_of", "write_discovery_script", "write_rank_command", "rank_command_path",
-           "elastic_command", "check_own_name", "LOCAL_NAMES", "write_ssh_keepalive"]
+           "elastic_command", "check_own_name", "LOCAL_NAMES", "keepalive_probes", "write_ssh_keepalive"]
 
 LOCAL_NAMES = ("localhost", "127.0.0.1")
 #: seconds a failed host stays out before horovodrun tries it again (if the script lists it)
@@ -127,10 +132,19 @@ def write_rank_command(out_dir: str, program: Sequence[str]) -> str:
     return path
 
 
+def keepalive_probes(gloo_timeout: int) -> tuple[int, int]:
+    """(ServerAliveInterval, ServerAliveCountMax) of horovodrun's ssh for a ``--gloo-timeout`` of
+    ``gloo_timeout`` seconds: probes every second, ``gloo_timeout - 1`` (at least 1) unanswered
+    allowed, so the session to a silent host ends between ``gloo_timeout - 1`` and ``gloo_timeout``
+    seconds (at least 1 to 2 s) after the last packet from it (module docstring)."""
+    return 1, max(1, gloo_timeout - 1)
+
+
 def write_ssh_keepalive(out_dir: str, gloo_timeout: int, path: str) -> str | None:
     """Write ``OUT_DIR/ssh-keepalive/ssh`` (mode 0755): the ``ssh`` that ``path`` (a PATH value)
-    finds now, with ``-o ServerAliveInterval=I -o ServerAliveCountMax=3``, I = ceil(gloo_timeout / 3)
-    seconds, so that a session to a silent host ends after 3 unanswered probes (module docstring).
+    finds now, with ``-o ServerAliveInterval=1 -o ServerAliveCountMax=C``, C = max(1, gloo_timeout - 1)
+    (``gloo_timeout`` in seconds), so that a session to a silent host ends within ``gloo_timeout``
+    seconds of its last answer (module docstring).
     Returns the directory, to go first on horovodrun's PATH; None when ``path`` has no ssh.
 
     Raises:
@@ -143,13 +157,13 @@ def write_ssh_keepalive(out_dir: str, gloo_timeout: int, path: str) -> str | Non
                                                      if p and os.path.abspath(p) != os.path.abspath(d)))
     if not real:
         return None
-    every = -(-gloo_timeout // 3)
+    every, count = keepalive_probes(gloo_timeout)
     try:
         os.makedirs(d, exist_ok=True)
         with open(os.path.join(d, "ssh.tmp"), "w") as f:
             f.write("#!/bin/sh\n# hvdkit-launch --elastic: horovodrun's ssh, with keep-alives "
                     "(a host that falls silent ends its session)\n"
-                    f'exec {shlex.quote(real)} -o ServerAliveInterval={every} -o ServerAliveCountMax=3 "$@"\n')
+                    f'exec {shlex.quote(real)} -o ServerAliveInterval={every} -o ServerAliveCountMax={count} "$@"\n')
         os.chmod(os.path.join(d, "ssh.tmp"), 0o755)
         os.replace(os.path.join(d, "ssh.tmp"), os.path.join(d, "ssh"))
     except OSError as e:

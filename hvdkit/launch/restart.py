@@ -28,6 +28,16 @@ host or a killed rank, or ssh's ``Connection to HOST closed`` when a host's proc
 Ctrl-C, SIGTERM or SIGHUP of the launcher is passed to the job and ends the loop (no
 restart); a SIGKILL of the launcher ends the job too (:mod:`hvdkit.launch.supervise`).
 Like torchrun's ``--max-restarts``.
+
+Through Open MPI's ``mpirun`` a restarted job's attempts run with ``--mca odls_base_sigkill_timeout 0``
+(:func:`restart_mpi_args`): when a rank or host is lost, each host's daemon sends SIGTERM to its
+ranks and sleeps that many seconds (1 by default, in full, whether the ranks are gone or not)
+before SIGKILL, and the attempt ends only after it: 1.05 s of every restart's 6.7 s, measured on
+the emulated cluster (benchmarks/figures/cluster_restarts.json, tests/cluster/restart_kill.py).
+Nothing of hvdkit's needs that second (checkpoints are written atomically) but the trace a
+failed rank 0 writes on SIGTERM (:mod:`hvdkit.timeline`): with ``--timeline`` on the command line
+or ``HVDKIT_TIMELINE`` set, and when the user sets the parameter (``--mpi-args``,
+``OMPI_MCA_odls_base_sigkill_timeout``), Open MPI's value is kept.
 """
 from __future__ import annotations
 
@@ -42,9 +52,12 @@ from hvdkit.checkpoints import CHECKPOINT
 from hvdkit.errors import EXIT_ENVIRONMENT, EXIT_STOPPED, EXIT_USAGE, UsageError
 from hvdkit.launch.supervise import run_job
 
-__all__ = ["RESTART_ENV", "CHECKPOINT", "output_dir_of", "with_resume", "cause_of", "run_once", "run_with_restarts"]
+__all__ = ["RESTART_ENV", "CHECKPOINT", "SIGKILL_WAIT", "output_dir_of", "with_resume", "restart_mpi_args", "cause_of",
+           "run_once", "run_with_restarts"]
 
 RESTART_ENV = "HVDKIT_RESTART"
+#: Open MPI's parameter: seconds between a daemon's SIGTERM and SIGKILL of its ranks when a job ends early
+SIGKILL_WAIT = "odls_base_sigkill_timeout"
 _CAUSES = re.compile(r"^hvdkit: (FAILED|error)|Remote daemon|exited on signal|returned\s*$|"
                      r"non-zero (exit|status)|noticed that process rank|"
                      r"^Connection to \S+ closed", re.I)   # ssh's line when a host's processes die
@@ -75,6 +88,18 @@ def with_resume(program: Sequence[str], out_dir: str) -> list[str]:
     if os.path.exists(os.path.join(out_dir, CHECKPOINT)) and "--resume" not in args:
         args = [a for a in args if a != "--overwrite"] + ["--resume"]
     return args
+
+
+def restart_mpi_args(mpi_args: Sequence[str], program: Sequence[str], environ: dict[str, str]) -> tuple[str, ...]:
+    """``mpi_args`` plus ``--mca odls_base_sigkill_timeout 0`` for a ``--max-restarts`` job run by
+    Open MPI's mpirun (the module docstring), unless the user set that parameter (in ``mpi_args`` or
+    ``OMPI_MCA_odls_base_sigkill_timeout``) or the job writes a trace (``--timeline`` in ``program``,
+    or ``HVDKIT_TIMELINE`` in ``environ``). Pure."""
+    out = tuple(mpi_args)
+    if (any(SIGKILL_WAIT in a for a in mpi_args) or "OMPI_MCA_" + SIGKILL_WAIT in environ
+            or environ.get("HVDKIT_TIMELINE") or any(a == "--timeline" or a.startswith("--timeline=") for a in program)):
+        return out
+    return (*out, "--mca", SIGKILL_WAIT, "0")
 
 
 def cause_of(lines: Sequence[str]) -> str:

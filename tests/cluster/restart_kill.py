@@ -18,6 +18,14 @@ progress line past a given step of a given epoch. :class:`KillRun` holds what ha
   written after the kill (``checkpoint_after_kill``: an asynchronous PS's rank 0 trains on
   alone until the job is ended, and may finish the epoch and checkpoint it).
 
+Where the seconds of ``to_training_s`` go (ps-sync, measured 2026-12-01 with each rank's start
+time and ``python -X importtime``, 2 rounds): the failed attempt is over 0.06 s after the kill
+(Open MPI's 1 s wait before SIGKILL is off for ``--max-restarts``: :mod:`hvdkit.launch.restart`);
+mpirun, ssh and orted have the ranks running 0.6-0.8 s after it; Python, hvdkit and MPI_Init take
+0.6-0.7 s more; TensorFlow's import 3.0-3.6 s (three ranks import at once on the 2 cores); the
+strategy, model and checkpoint 0.4-0.5 s (the header); the first step and its progress line
+0.5 s. TensorFlow's import alone is most of a 4 s budget here.
+
 Run as a script it measures these costs (``--repeats`` rounds, the cases interleaved round by
 round; median, min, max, IQR) on a cluster it brings up and removes itself::
 
@@ -192,12 +200,14 @@ CASES = {"ps-sync": ("ps-sync", ()), "ps-sync-every10": ("ps-sync", ("--checkpoi
 
 
 def _stats(xs: list) -> dict:
+    """median, min, max, IQR and n of the values that are not None, and ``spread``: "median [min-max]"."""
     xs = [x for x in xs if x is not None]
     if not xs:
-        return {"median": None, "min": None, "max": None, "iqr": None, "n": 0}
+        return {"median": None, "min": None, "max": None, "iqr": None, "n": 0, "spread": None}
     q1, med, q3 = np.percentile(xs, [25, 50, 75])
-    return {"median": round(float(med), 2), "min": min(xs), "max": max(xs), "iqr": round(float(q3 - q1), 2),
-            "n": len(xs)}
+    med = round(float(med), 2)
+    return {"median": med, "min": min(xs), "max": max(xs), "iqr": round(float(q3 - q1), 2),
+            "n": len(xs), "spread": f"{med:g} [{round(min(xs), 2):g}-{round(max(xs), 2):g}]"}
 
 
 def measure(repeats: int, cases: list[str], work: str, log=print) -> dict:

@@ -181,9 +181,19 @@ def test_the_ssh_wrapper_adds_keepalives_to_the_ssh_on_path(tmp_path):
     assert d == os.path.join(out, "ssh-keepalive")
     args = subprocess.run([os.path.join(d, "ssh"), "-o", "X=1", "h3", "cd /x && run 'a b'"], capture_output=True,
                           text=True, timeout=30).stdout.splitlines()
-    assert args == ["-o", "ServerAliveInterval=2", "-o", "ServerAliveCountMax=3",
-                    "-o", "X=1", "h3", "cd /x && run 'a b'"]
+    assert args == ["-o", "ServerAliveInterval=1", "-o", "ServerAliveCountMax=4",
+                    "-o", "X=1", "h3", "cd /x && run 'a b'"]   # a silent host dropped 4-5 s after its last answer
     assert write_ssh_keepalive(out, 30, str(tmp_path / "empty")) is None
+
+
+@pytest.mark.parametrize("timeout, probes", [(1, (1, 1)), (2, (1, 1)), (5, (1, 4)), (30, (1, 29))])
+def test_ssh_drops_a_silent_host_by_the_gloo_timeout(timeout, probes):
+    """ssh ends the session (count + 1) x interval after the last packet received: never later than
+    the Gloo timeout (at least 1 s: 2 s), which the re-form after a link loss waits for."""
+    from hvdkit.launch.elastic import keepalive_probes
+
+    every, count = keepalive_probes(timeout)
+    assert (every, count) == probes and (count + 1) * every <= max(timeout, 2)
 
 
 def test_elastic_overwrite_deletes_the_checkpoint_only_when_the_launch_goes_ahead(tmp_path, capsys):

@@ -73,3 +73,33 @@ def test_the_cause_is_hvdkits_line_else_mpiruns():
     # every process of an emulated host killed (tests/cluster/test_restarts_cluster.py): ssh names the host
     assert cause_of(["Connection to h3 closed by remote host.\n", "ORTE was unable to reliably start one or more "
                      "daemons.\n", "  Peer host:  h3\n"]) == "Connection to h3 closed by remote host."
+
+
+@pytest.mark.parametrize("mpi_args, program, environ, added", [
+    ((), ["--epochs", "3"], {}, True),
+    (("--mca", "odls_base_sigkill_timeout", "3"), [], {}, False),           # the user's value
+    ((), [], {"OMPI_MCA_odls_base_sigkill_timeout": "2"}, False),
+    ((), ["--timeline", "t.json"], {}, False),                              # a failed rank 0 writes its trace
+    ((), ["--timeline=t.json"], {}, False),
+    ((), [], {"HVDKIT_TIMELINE": "t.json"}, False),
+    ((), ["--timeline-steps", "2:4"], {}, True),
+])
+def test_restarted_jobs_end_without_open_mpis_second_before_sigkill(mpi_args, program, environ, added):
+    """A --max-restarts job's attempt ends as soon as its ranks are killed: Open MPI's daemons sleep
+    odls_base_sigkill_timeout (1 s) between SIGTERM and SIGKILL, unless the user or a trace needs it."""
+    from hvdkit.launch.restart import restart_mpi_args
+
+    out = restart_mpi_args(mpi_args, program, environ)
+    assert out == (*mpi_args, *(("--mca", "odls_base_sigkill_timeout", "0") if added else ()))
+
+
+def test_the_restart_launch_command_carries_it(tmp_path, capsys):
+    """hvdkit-launch --max-restarts --dry-run through mpirun prints the parameter; without
+    --max-restarts it is not there."""
+    from hvdkit.launch import cli
+
+    prog = ["--", "--epochs", "1", "--output-dir", str(tmp_path / "o")]
+    assert cli.main(["-np", "2", "--max-restarts", "1", "--dry-run", *prog]) == 0
+    assert "--mca odls_base_sigkill_timeout 0" in capsys.readouterr().out
+    assert cli.main(["-np", "2", "--dry-run", *prog]) == 0
+    assert "odls_base_sigkill_timeout" not in capsys.readouterr().out
