@@ -27,10 +27,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import matplotlib.ticker  # noqa: E402
 
-# the shared helpers live in the reporting package; the old private names stay for old importers
-from hvdkit.bench.report.figures import DPI as _DPI  # noqa: E402,F401
-from hvdkit.bench.report.figures import busbw_axes, colors as _colors, human_bytes as _human_bytes  # noqa: E402,F401
-from hvdkit.bench.report.figures import save_figure as _save  # noqa: E402
+# the shared plot helpers live in the reporting package (hvdkit.bench.report.figures)
+from hvdkit.bench.report.figures import busbw_axes, colors as _colors, save_figure as _save  # noqa: E402
 
 __all__ = ["plot_busbw", "plot_throughput", "plot_accuracy", "plot_staleness", "plot_all", "main"]
 

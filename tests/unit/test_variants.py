@@ -223,10 +223,8 @@ def test_a_row_registered_at_run_time_appears_in_advise(monkeypatch, capsys):
     assert [s["strategy"] for s in doc["strategies"]] == ["toy:toy_helpers=2", "ring"]
 
 
-# Files the training helper of issue 23 deletes (their drivers become `hvdkit-bench training`); until
-# then they keep their own spellings. Remove a file from here when it is deleted.
-BEING_REPLACED = {"hvdkit/bench/cluster_training.py", "hvdkit/bench/throughput.py", "hvdkit/bench/convergence.py",
-                  "hvdkit/bench/suite.py"}
+#: files allowed a table of their own: none (the drivers that had one became `hvdkit-bench training`)
+BEING_REPLACED: set = set()
 #: the registry itself
 REGISTRY = {"hvdkit/strategies/__init__.py"}
 
