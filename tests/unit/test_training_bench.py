@@ -351,3 +351,20 @@ def test_suite_usage_errors_and_summary_from_training_json(tmp_path, monkeypatch
     got = suite.summarize(out, meta, [{"step": "training", "status": "OK", "seconds": 1.0}])
     assert got["figures"] == {"scaling efficiency cnn/horovod, 2 workers, straggler none": pytest.approx(1.0)}
     assert "| training | OK | 1 |" in got["markdown"]
+
+
+def test_a_row_registered_at_run_time_is_a_cell_with_its_own_ranks(monkeypatch):
+    """The toy row of test_variants.py (2 helper ranks per 4 workers) in the grid: its cells ask the
+    place for the ranks its row declares and pass its options as flags; nothing else is edited."""
+    from hvdkit.strategies import STRATEGIES
+    from tests.unit.test_variants import ToyRow
+
+    monkeypatch.setitem(STRATEGIES, "toy", ToyRow)
+    cells = training.expand_grid(parse_variants("toy:toy_helpers=2,ring"), ["cnn"], [5], ["none"])
+    place = FakePlace(slots=16)
+    cmd = jobs.job_command(place, cells[0], Settings(batch_size=16, steps_per_iter=3, iters=2), "/out/t")
+    assert (cells[0].ranks, cells[0].servers, place.commands[0][0]) == (9, 4, 9)
+    args = cmd[cmd.index("hvdkit.train") + 1:]
+    assert args[:4] == ["--strategy", "toy", "--toy-helpers", "2"]
+    fits, skipped = training.split_fits(cells, 8)
+    assert [c.variant.label for c in fits] == ["ring"] and "needs 9 slots" in str(skipped)
