@@ -19,8 +19,7 @@ training.json               :mod:`hvdkit.bench.training`: the throughput grid (i
                             (``--convergence-args``) into the same file
 training.txt               the throughput grid's stdout table
 convergence.txt            convergence's stdout table
-report.md, report.html      ``python -m hvdkit.bench.report DIR`` (skipped where that module is
-                            not installed)
+report.md, report.html      ``python -m hvdkit.bench.report DIR``: the decision report
 *.png                       busbw, throughput, step_split, accuracy, staleness
 summary.md, suite.json      the key figures, load, durations, status of each step
 runs/                       every job's directory (results.json, job.log)
@@ -38,7 +37,6 @@ Exit status 0 when every step that ran succeeded, 1 when a step or a job failed,
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import shutil
@@ -170,9 +168,6 @@ def _training(s: _Suite, place, a, measure: str, extra: str, share_until: float)
 
 
 def _report(s: _Suite) -> None:
-    if importlib.util.find_spec("hvdkit.bench.report") is None:
-        s.skip("report", "hvdkit.bench.report is not installed here")
-        return
     s.start("report")
     job = launch([sys.executable, "-m", "hvdkit.bench.report", s.out], 300, os.path.join(s.out, "report.log"))
     s.record("report", "OK" if job.ok else "FAILED", job.seconds, ["report.md", "report.html"] if job.ok else [],

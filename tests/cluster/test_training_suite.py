@@ -1,7 +1,7 @@
 """``hvdkit-bench suite --quick --emulated 3:1`` end to end: the suite brings up 3 emulated hosts of
 one slot each (the hostfile path of :mod:`hvdkit.bench.places`), runs the collectives across them,
-the training grid and convergence (tiny jobs), the report where installed, and takes the cluster
-down. The training grid is horovod and ps-sync at 1 and 3 workers: it ends 0; training.json has
+the training grid and convergence (tiny jobs), the report (rendered in headless Chromium where
+installed), and takes the cluster down. The training grid is horovod and ps-sync at 1 and 3 workers: it ends 0; training.json has
 OK rows whose workers ran on 3 distinct hosts (horovod at 3 workers, one per host) and lists
 ps-sync at 3 workers (3 + 1 server = 4 ranks) as skipped; no namespace is left behind.
 """
@@ -43,3 +43,10 @@ def test_suite_quick_on_three_emulated_hosts(shared_dir):
     assert os.path.isfile(os.path.join(out, "collectives.json"))
     suite = json.load(open(os.path.join(out, "suite.json")))
     assert [st["step"] for st in suite["steps"]][:3] == ["collectives_np3", "training", "convergence"]
+    assert {st["step"]: st["status"] for st in suite["steps"]}.get("report") == "OK", suite["steps"]
+    report = open(os.path.join(out, "report.md")).read()
+    assert "horovod" in report and "ps-sync" in report, report[:2000]
+    from tests.unit.test_report_browser import CHROMIUM, assert_renders
+    if CHROMIUM:   # the page the suite wrote, rendered as a user opens it
+        import pathlib
+        assert assert_renders(pathlib.Path(out) / "report.html", pathlib.Path(shared_dir)) >= 1

@@ -39,23 +39,29 @@ def _render(page, shot) -> str:
     return r.stdout + r.stderr
 
 
+def assert_renders(page, tmp_dir, images: int | None = None) -> int:
+    """Headless Chromium renders ``page`` with no console message and every image loaded (``images``
+    of them when given); returns the number of images. Also used by the cluster suite test."""
+    log = _render(page, tmp_dir / "report.png")
+    console = [ln for ln in log.splitlines() if ":CONSOLE" in ln or "Uncaught" in ln]
+    assert not console, "\n".join(console)
+    png = (tmp_dir / "report.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 100_000      # a 1200 x 3000 page of tables and plots
+
+    probe = tmp_dir / "probe.html"
+    probe.write_text(page.read_text().replace("</body>", PROBE + "</body>"))
+    log = _render(probe, tmp_dir / "probe.png")
+    m = re.search(r'"HVDKIT-IMAGES (\d+)/(\d+)"', log)
+    assert m, log[-3000:]
+    assert m.group(1) == m.group(2) and (images is None or int(m.group(2)) == images), m.group(0)
+    others = [ln for ln in log.splitlines() if (":CONSOLE" in ln or "Uncaught" in ln) and "HVDKIT-IMAGES" not in ln]
+    assert not others, "\n".join(others)
+    return int(m.group(2))
+
+
 def test_chromium_renders_the_report(tmp_path):
     for name in ("training.json", "collectives.json"):
         shutil.copy(os.path.join(FIX, name), tmp_path / name)
     from hvdkit.bench.report.writer import write_report
     write_report(str(tmp_path))
-    page = tmp_path / "report.html"
-    log = _render(page, tmp_path / "report.png")
-    console = [ln for ln in log.splitlines() if ":CONSOLE" in ln or "Uncaught" in ln]
-    assert not console, "\n".join(console)
-    png = (tmp_path / "report.png").read_bytes()
-    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 100_000      # a 1200 x 3000 page of tables and plots
-
-    probe = tmp_path / "probe.html"
-    probe.write_text(page.read_text().replace("</body>", PROBE + "</body>"))
-    log = _render(probe, tmp_path / "probe.png")
-    m = re.search(r'"HVDKIT-IMAGES (\d+)/(\d+)"', log)
-    assert m, log[-3000:]
-    assert m.group(1) == m.group(2) == "4", m.group(0)
-    others = [ln for ln in log.splitlines() if (":CONSOLE" in ln or "Uncaught" in ln) and "HVDKIT-IMAGES" not in ln]
-    assert not others, "\n".join(others)
+    assert_renders(tmp_path / "report.html", tmp_path, images=4)
