@@ -28,8 +28,10 @@ def test_an_emulated_place_runs_on_both_hosts_and_leaves_nothing():
     with place_from_args(a) as place:
         assert not _gone()
         assert place.kind == "emulated" and [(h.name, h.slots) for h in place.hosts] == [("h1", 1), ("h2", 1)]
-        r = subprocess.run(place.command(2, ["hostname"]), capture_output=True, text=True, timeout=120)
-        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+        cmd = place.command(2, ["hostname"])
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        # (a full run once saw status 1 with no output at all: the command and PATH say where it ran)
+        assert r.returncode == 0, (cmd, os.environ.get("PATH"), r.stdout[-2000:] + r.stderr[-2000:])
         assert sorted(r.stdout.split()) == ["h1", "h2"], r.stdout
         d = place.describe()
         assert [h["name"] for h in d["hosts"]] == ["h1", "h2"] and all(h["gpus"] == 0 for h in d["hosts"])
