@@ -29,7 +29,7 @@ def test_an_emulated_place_runs_on_both_hosts_and_leaves_nothing():
         assert not _gone()
         assert place.kind == "emulated" and [(h.name, h.slots) for h in place.hosts] == [("h1", 1), ("h2", 1)]
         cmd = place.command(2, ["hostname"])
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
         # (a full run once saw status 1 with no output at all: the command and PATH say where it ran)
         assert r.returncode == 0, (cmd, os.environ.get("PATH"), r.stdout[-2000:] + r.stderr[-2000:])
         assert sorted(r.stdout.split()) == ["h1", "h2"], r.stdout
@@ -52,7 +52,6 @@ def test_sigterm_inside_an_emulated_place_takes_the_cluster_down():
     namespace, link or /etc/hosts line left."""
     import signal
     import sys
-    import time
 
     code = ("import argparse, sys, time\n"
             "from hvdkit.bench.places import place_from_args\n"
