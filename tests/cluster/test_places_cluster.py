@@ -4,8 +4,6 @@ links, and the cluster is gone after the ``with``, also when the block raises. O
 (``hostname`` on 2 ranks)."""
 from __future__ import annotations
 
-import argparse
-import os
 import subprocess
 
 import pytest
@@ -20,30 +18,56 @@ def _gone() -> bool:
     return not net.leftovers() and control.load() is None
 
 
+#: the place as a driver uses it, in a process of its own (as hvdkit-bench runs): the command on 2
+#: ranks, the place's description, the /tmp refusal, PATH restored, and a raise inside the block
+PLACE_CHECK = """
+import argparse, json, os, subprocess, sys
+from hvdkit.bench.places import place_from_args
+path = os.environ.get("PATH")
+out = {}
+with place_from_args(argparse.Namespace(emulated="2@500mbit", ssh_timeout=10.0, probe_seconds=0.3)) as place:
+    out["hosts"] = [(h.name, h.slots) for h in place.hosts]
+    out["kind"] = place.kind
+    cmd = place.command(2, ["hostname"])
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    out["run"] = [r.returncode, r.stdout, r.stderr[-2000:], cmd]
+    out["describe"] = place.describe()
+    try:
+        place.out_dir_ok("/tmp/results")
+        out["tmp"] = None
+    except Exception as e:
+        out["tmp"] = str(e)
+out["path_restored"] = os.environ.get("PATH") == path
+try:
+    with place_from_args(argparse.Namespace(emulated="2", probe_seconds=0.1)):
+        raise RuntimeError("inside the block")
+except RuntimeError as e:
+    out["raised"] = str(e)
+print("RESULT " + json.dumps(out))
+"""
+
+
 def test_an_emulated_place_runs_on_both_hosts_and_leaves_nothing():
-    from hvdkit.bench.places import place_from_args
+    import json
+    import sys
 
-    a = argparse.Namespace(emulated="2@500mbit", ssh_timeout=10.0, probe_seconds=0.3)
-    path = os.environ.get("PATH")
-    with place_from_args(a) as place:
-        assert not _gone()
-        assert place.kind == "emulated" and [(h.name, h.slots) for h in place.hosts] == [("h1", 1), ("h2", 1)]
-        cmd = place.command(2, ["hostname"])
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
-        # (a full run once saw status 1 with no output at all: the command and PATH say where it ran)
-        assert r.returncode == 0, (cmd, os.environ.get("PATH"), r.stdout[-2000:] + r.stderr[-2000:])
-        assert sorted(r.stdout.split()) == ["h1", "h2"], r.stdout
-        d = place.describe()
-        assert [h["name"] for h in d["hosts"]] == ["h1", "h2"] and all(h["gpus"] == 0 for h in d["hosts"])
-        assert {(x["src"], x["dst"]) for x in d["links"]} == {("h1", "h2"), ("h2", "h1")}
-        assert all(0 < x["rate_bps"] <= 5.5e8 and x["rtt_ms"] > 0 for x in d["links"]), d["links"]
-        with pytest.raises(Exception, match=r"/tmp is private to each host"):
-            place.out_dir_ok("/tmp/results")
-    assert _gone() and os.environ.get("PATH") == path   # the cluster's ssh is off PATH again
-
-    with pytest.raises(RuntimeError, match="inside the block"):
-        with place_from_args(argparse.Namespace(emulated="2", probe_seconds=0.1)):
-            raise RuntimeError("inside the block")
+    assert _gone()
+    p = subprocess.run([sys.executable, "-c", PLACE_CHECK], capture_output=True, text=True, timeout=300,
+                       stdin=subprocess.DEVNULL)
+    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert p.returncode == 0 and lines, p.stdout[-2000:] + p.stderr[-3000:]
+    out = json.loads(lines[-1][len("RESULT "):])
+    assert out["kind"] == "emulated" and out["hosts"] == [["h1", 1], ["h2", 1]]
+    rc, stdout, stderr, cmd = out["run"]
+    assert rc == 0, (cmd, stdout, stderr)
+    assert sorted(stdout.split()) == ["h1", "h2"], stdout
+    d = out["describe"]
+    assert [h["name"] for h in d["hosts"]] == ["h1", "h2"] and all(h["gpus"] == 0 for h in d["hosts"])
+    assert {(x["src"], x["dst"]) for x in d["links"]} == {("h1", "h2"), ("h2", "h1")}
+    assert all(0 < x["rate_bps"] <= 5.5e8 and x["rtt_ms"] > 0 for x in d["links"]), d["links"]
+    assert out["tmp"] and "/tmp is private to each host" in out["tmp"], out["tmp"]
+    assert out["path_restored"] is True                        # the cluster's ssh is off PATH again
+    assert out["raised"] == "inside the block"
     assert _gone()
 
 
