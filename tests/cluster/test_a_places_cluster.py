@@ -1,7 +1,12 @@
 """An emulated place (``--emulated 2``) brought up through :class:`hvdkit.bench.places.Place`: a
 command built by ``place.command`` runs one rank on each host, the place describes the probed
 links, and the cluster is gone after the ``with``, also when the block raises. One MPI job
-(``hostname`` on 2 ranks)."""
+(``hostname`` on 2 ranks).
+
+Named to run first among the cluster modules: after some earlier module of a full run (one of
+test_addresses, test_advise_cluster, test_cluster_collectives, test_elastic; not the others, tried)
+its mpirun ended with status 1 and no output, in the test's process and in a fresh one alike, three
+full runs of three; the cause is not found yet (an open item of issue 23)."""
 from __future__ import annotations
 
 import subprocess
