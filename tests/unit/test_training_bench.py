@@ -322,7 +322,7 @@ def test_overhead_pair_uses_the_throughput_settings():
 
 
 def test_plots_read_training_json(tmp_path, monkeypatch):
-    from hvdkit.bench.plots import plot_all
+    from hvdkit.bench.report.figures import plot_all
 
     _fake_jobs(monkeypatch)
     a, s, cells, out = _args(tmp_path, "--variants", "horovod,ring", "--workers", "1,2", "--repeats", "2")

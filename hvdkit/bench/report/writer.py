@@ -78,13 +78,15 @@ def build_report(training: Mapping, collectives: Sequence[tuple[str, Mapping]] =
     primary = primary_measure(training)
     summary = [s for s in training.get("summary", []) if measure_of(s) == primary]
     scaling = _figure("report-scaling.png", figures.scaling_figure(summary, projs),
-                      "samples/s and scaling efficiency per variant (bars: min-max over rounds); dashed with open "
-                      "markers: the calibrated projection to 2x and 4x the hosts")
+                      "samples/s and scaling efficiency per variant (bars: min-max over rounds; dotted and other "
+                      "styles: with a straggler); dashed with open markers: the calibrated projection to 2x and 4x "
+                      "the hosts")
     split = _figure("report-split.png", figures.split_figure(summary),
                     "median milliseconds per step: compute, communication, wait, data")
     acc = _figure("report-accuracy.png", figures.accuracy_figure(training.get("rows", []),
                                                                   training.get("target_accuracy")),
-                  "accuracy vs training time, one line per round")
+                  "accuracy vs training time (top) and samples seen (bottom), one line per round, "
+                  "one column per model and straggler condition")
     coll = _figure("report-busbw.png", figures.busbw_figure([d for _, d in collectives]),
                    "collectives: busbw vs message size") if collectives else []
     doc.add(*sections.recommendation_section(training, preds))
