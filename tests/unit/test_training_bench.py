@@ -368,3 +368,30 @@ def test_a_row_registered_at_run_time_is_a_cell_with_its_own_ranks(monkeypatch):
     assert args[:4] == ["--strategy", "toy", "--toy-helpers", "2"]
     fits, skipped = training.split_fits(cells, 8)
     assert [c.variant.label for c in fits] == ["ring"] and "needs 9 slots" in str(skipped)
+
+
+def test_rank_hosts_lists_the_dedicated_servers_hosts_in_rank_order():
+    """results.json ``ranks`` holds the training ranks only: a dedicated server's host comes from its
+    shard statistics (it was missing, so a PS job on 3 hosts looked like 2)."""
+    res = _results([10.0, 100.0])
+    res["ranks"] = [{"rank": 0, "host": "h1"}, {"rank": 1, "host": "h2"}]
+    res["ps"] = {"server_ranks": [2, 3], "shards": [{"shard": 0, "host": "h3"}, {"shard": 1, "host": "h3"}],
+                 "staleness_histogram": {}}
+    assert jobs.rank_hosts(res) == ["h1", "h2", "h3", "h3"]
+    row = jobs.read_row(Cell(parse_variant("ps-sync:num_servers=2"), "cnn", 2), 0, Settings(), res)
+    assert row["rank_hosts"] == ["h1", "h2", "h3", "h3"] and row["ranks"] == 4
+    res["ps"] = {"server_ranks": [0, 1], "shards": [{"host": "h1"}, {"host": "h2"}]}   # colocated: listed once
+    assert jobs.rank_hosts(res) == ["h1", "h2"]
+    res["ps"] = {"server_ranks": [2], "shards": [{"shard": 0}]}   # an older results.json: no server host
+    assert jobs.rank_hosts(res) == ["h1", "h2"]
+
+
+def test_report_counts_the_distinct_hosts_of_every_rank():
+    from hvdkit.bench.report import sections
+    from hvdkit.bench.report.document import Document
+
+    doc = {"place": {"kind": "hostfile", "hosts": [{"name": f"h{i}", "slots": 1} for i in (1, 2, 3)]},
+           "rows": [{"status": "OK", "rank_hosts": ["h1", "h2", "h3"]}, {"status": "FAILED", "rank_hosts": ["h9"]}],
+           "summary": []}
+    md = Document("t").add(*sections.cluster_section(doc)).markdown()
+    assert "ran on 3 distinct hosts (h1, h2, h3;" in md and "h9" not in md

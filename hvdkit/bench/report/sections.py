@@ -109,7 +109,8 @@ def _gbit(bps) -> str:
 
 
 def cluster_section(doc: Mapping) -> list:
-    """The place: kind, hosts with slots and GPUs, each probed link's rate and round trip."""
+    """The place: kind, hosts with slots and GPUs, the distinct hosts the OK rows' ranks ran on
+    (``rank_hosts``), each probed link's rate and round trip."""
     place = doc.get("place") or {}
     hosts = place.get("hosts") or []
     slots = sum(int(h.get("slots") or 0) for h in hosts)
@@ -124,6 +125,12 @@ def cluster_section(doc: Mapping) -> list:
         blocks.append(Table(["host", "slots", "GPUs"], [[h.get("name", "?"), str(h.get("slots", "-")),
                                                          "-" if h.get("gpus") is None else str(h["gpus"])]
                                                         for h in hosts], "lrr"))
+    ran = list(dict.fromkeys(h for r in doc.get("rows", []) if r.get("status") == "OK"
+                             for h in r.get("rank_hosts") or [] if h))
+    if ran:
+        blocks.append(Paragraph(f"The successful jobs' ranks ran on {len(ran)} distinct host"
+                                f"{'s' * (len(ran) != 1)} ({', '.join(ran)}; every rank of results.json, "
+                                "dedicated parameter servers included)."))
     links = place.get("links") or []
     if links:
         blocks.append(Table(["from", "to", "rate (Gbit/s)", "round trip (ms)"],
