@@ -395,3 +395,31 @@ def test_report_counts_the_distinct_hosts_of_every_rank():
            "summary": []}
     md = Document("t").add(*sections.cluster_section(doc)).markdown()
     assert "ran on 3 distinct hosts (h1, h2, h3;" in md and "h9" not in md
+
+
+def test_hvdkit_env_settings_are_recorded_shown_and_resume_refuses_a_change(tmp_path, monkeypatch, capsys):
+    """HVDKIT_* variables reach every job (hvdkit.train reads them for any setting its command line
+    does not give): training.json, the table and the report say which were set; the launcher's and
+    the emulator's own variables are not settings."""
+    from hvdkit.bench.report import sections
+
+    for k in [k for k in os.environ if k.startswith("HVDKIT_")]:
+        monkeypatch.delenv(k)
+    monkeypatch.setenv("HVDKIT_LR", "0.5")
+    monkeypatch.setenv("HVDKIT_CLUSTER_HOSTFILE", "/tmp/hosts")
+    _fake_jobs(monkeypatch)
+    a, s, cells, out = _args(tmp_path, "--variants", "horovod", "--workers", "1", "--repeats", "1")
+    assert training.run(a, s, cells, out, FakePlace()) == 0
+    meta = json.load(open(os.path.join(out, "training.json")))["meta"]
+    assert meta["hvdkit_env"] == {"HVDKIT_LR": "0.5"} == meta["measures"]["throughput"]["hvdkit_env"]
+    assert "# hvdkit_env: HVDKIT_LR=0.5" in capsys.readouterr().out
+    assert sections.env_text(meta).endswith(": `HVDKIT_LR=0.5`")
+    assert sections.env_text({}) is None
+
+    monkeypatch.delenv("HVDKIT_LR")
+    with pytest.raises(UsageError, match=r"measured with HVDKIT_LR=0\.5, this run has HVDKIT_LR unset; set the same"):
+        a, s, cells, out = training.prepare(["--resume", out, "--variants", "horovod", "--workers", "1"])
+        training.run(a, s, cells, out, FakePlace())
+    a, s, cells, out2 = _args(tmp_path / "b", "--variants", "horovod", "--workers", "1", "--repeats", "1")
+    assert training.run(a, s, cells, out2, FakePlace()) == 0
+    assert "# hvdkit_env: none" in capsys.readouterr().out

@@ -16,7 +16,7 @@ from hvdkit.bench.report.figures import human_bytes
 
 __all__ = ["decisions", "cluster_section", "throughput_section", "split_section",
            "convergence_section", "projection_section", "recommendation_section", "failures_section",
-           "collectives_section", "method_section", "pct"]
+           "collectives_section", "method_section", "env_text", "pct"]
 
 
 def pct(x: float | None) -> str:
@@ -299,13 +299,35 @@ def _command(argv: Sequence[str]) -> str:
     return " ".join(words if words and words[0].startswith("hvdkit") else ["hvdkit-bench", "training", *words])
 
 
+def env_text(meta: Mapping) -> str | None:
+    """The ``HVDKIT_*`` settings the jobs ran with (training.json ``meta.measures[M].hvdkit_env``,
+    else ``meta.hvdkit_env``), as one line; None where the file did not record them."""
+    per = {m: d["hvdkit_env"] for m, d in (meta.get("measures") or {}).items()
+           if isinstance(d, Mapping) and isinstance(d.get("hvdkit_env"), Mapping)}
+    if not per and isinstance(meta.get("hvdkit_env"), Mapping):
+        per = {"": meta["hvdkit_env"]}
+    if not per:
+        return None
+
+    def one(env: Mapping) -> str:
+        return ", ".join(f"`{k}={v}`" for k, v in env.items()) if env else "none"
+
+    envs = list(per.values())
+    text = one(envs[0]) if all(e == envs[0] for e in envs) else \
+        "; ".join(f"{m}: {one(e)}" for m, e in per.items())
+    return ("HVDKIT_* settings in every job's environment (hvdkit.train takes them for any setting its command "
+            f"line does not give): {text}")
+
+
 def method_section(doc: Mapping) -> list:
-    """How the figures were computed, and where they came from."""
+    """How the figures were computed, where they came from, and the ``HVDKIT_*`` settings in effect."""
     meta = doc.get("meta") or {}
+    env = env_text(meta)
     return [Heading("How these figures were computed"), Bullets([
         "samples/s, efficiency, step split: median [min-max] over the OK rounds of each cell (rounds of different "
         "cells alternate); scaling efficiency = samples/s(N) / (N x samples/s(1)) of the same model and variant",
         "hvdkit advise, per cell: " + advised.PREDICTION_METHOD,
         f"inputs: training.json of {meta.get('date', '?')} on {meta.get('host', '?')}"
         + (f" (`{_command(meta['argv'])}`)" if meta.get("argv") else ""),
+        env or "HVDKIT_* settings of the jobs: not recorded (a training.json from before hvdkit recorded them)",
     ])]
