@@ -27,9 +27,12 @@ link's bytes and utilisation (places with probed links: the slowest link's rate)
 time and samples to ``--target-accuracy``, staleness (PS rows). Figures: see :mod:`hvdkit.bench.jobs`.
 
 Per cell: the median and min-max over its OK rounds. Scaling efficiency(N) = samples/s(N) /
-(N x samples/s(1)) of the same model, variant and straggler (DESIGN.md): median(N) / (N
-median(1)), its range min(N) / (N max(1)) .. max(N) / (N min(1)); none where 1 worker was not
-measured.
+(N x samples/s(1)) of the same model and variant (DESIGN.md): median(N) / (N median(1)), its
+range min(N) / (N max(1)) .. max(N) / (N min(1)). The baseline samples/s(1) is always the
+1-worker cell *without* a straggler, straggler cells included: a straggler cell's efficiency is
+what is left of ideal scaling with the straggler (at 1 worker with straggler 0:F it is the
+slowdown itself). None, with ``efficiency_note`` saying why ("n/a: ..."), where that cell was not
+measured; ``efficiency_base`` names the baseline otherwise.
 
 ``--overhead`` (throughput): after the grid, the harness overhead, ``hvdkit.train --strategy
 horovod`` against the bare Horovod loop, ABBA (:mod:`hvdkit.bench.overhead`), in training.json's
@@ -328,14 +331,24 @@ def summarise(rows: Sequence[dict], cells: Sequence[Cell] | None = None) -> list
         if measure == "convergence":
             s["reached"] = f"{sum(1 for r in ok if r.get('time_to_target_s') is not None)}/{len(ok)}"
         out.append(s)
-    base = {(s["measure"], s["variant"], s["model"], s["straggler"]): s for s in out if s["workers"] == 1}
+    base = {(s["measure"], s["variant"], s["model"]): s for s in out
+            if s["workers"] == 1 and s["straggler"] == "none"}
     for s in out:
-        b = base.get((s["measure"], s["variant"], s["model"], s["straggler"]))
+        b = base.get((s["measure"], s["variant"], s["model"]))
         n, x = s["workers"], s["samples_per_s"]
-        if b is None or x is None or b["samples_per_s"] is None:
+        s["efficiency_base"] = s["efficiency_note"] = None
+        if x is None:
             s["efficiency"] = None
+            s["efficiency_note"] = "n/a: no OK round"
+            continue
+        if b is None or b["samples_per_s"] is None:
+            s["efficiency"] = None
+            s["efficiency_note"] = (f"n/a: the baseline, {s['variant']} {s['model']} at 1 worker without a straggler, "
+                                    + ("had no OK round" if b is not None else "was not measured (add 1 to --workers"
+                                       + (" and none to --stragglers)" if s["straggler"] != "none" else ")")))
             continue
         y = b["samples_per_s"]
+        s["efficiency_base"] = "1 worker, no straggler"
         s["efficiency"] = {"median": x["median"] / (n * y["median"]), "min": x["min"] / (n * y["max"]),
                            "max": x["max"] / (n * y["min"])}
     order = {c.key: i for i, c in enumerate(cells or ())}
@@ -563,8 +576,12 @@ def run(a, s: Settings, cells: Sequence[Cell], out: str, place, *, argv: Sequenc
     footer = ["samples/s: synchronous rows = all workers' samples / the slowest worker's seconds per timed epoch "
               "(mean over epochs); asynchronous PS rows = results.json's all-ranks figure; median and min-max over "
               "the OK rounds",
-              "eff = samples/s(N) / (N x samples/s(1)) of the same variant, model and straggler; link_util = busiest "
-              "link's bytes per step x steps/s / the probed link rate (- where not probed)"]
+              "eff = samples/s(N) / (N x samples/s(1)) of the same variant and model, samples/s(1) = its 1-worker "
+              "cell without a straggler (straggler cells too); link_util = busiest link's bytes per step x steps/s / "
+              "the probed link rate (- where not probed)"]
+    footer += list(dict.fromkeys(f"eff {x['efficiency_note']}" for x in summ
+                                 if x["measure"] == a.measure and x.get("efficiency_note")
+                                 and x["samples_per_s"] is not None))
     if a.measure == "convergence":
         footer.append(f"t_target = training seconds (slowest worker, epoch-1 tracing capped) to the first epoch with "
                       f"eval accuracy >= {target}")

@@ -423,3 +423,27 @@ def test_hvdkit_env_settings_are_recorded_shown_and_resume_refuses_a_change(tmp_
     a, s, cells, out2 = _args(tmp_path / "b", "--variants", "horovod", "--workers", "1", "--repeats", "1")
     assert training.run(a, s, cells, out2, FakePlace()) == 0
     assert "# hvdkit_env: none" in capsys.readouterr().out
+
+
+def test_straggler_cells_scale_against_the_one_worker_cell_without_a_straggler():
+    """A straggler cell's efficiency: samples/s(N, straggler) / (N x samples/s(1, none)) of the same
+    variant (straggler rank 1 cannot run at 1 worker, so the straggler cells had no baseline and
+    no efficiency); without that baseline, None and a note saying why."""
+    rows = [_row("horovod", 1, 0, 100.0), _row("horovod", 2, 0, 120.0, straggler="1:2"),
+            _row("horovod", 2, 0, 180.0), _row("ring", 2, 0, 90.0, straggler="1:2")]
+    s = {(x["variant"], x["workers"], x["straggler"]): x for x in training.summarise(rows)}
+    slow = s[("horovod", 2, "1:2")]
+    assert slow["efficiency"]["median"] == pytest.approx(120 / 200) and slow["efficiency_base"] == "1 worker, no straggler"
+    assert s[("horovod", 2, "none")]["efficiency"]["median"] == pytest.approx(180 / 200)
+    ring = s[("ring", 2, "1:2")]
+    assert ring["efficiency"] is None and ring["efficiency_base"] is None
+    assert ring["efficiency_note"] == ("n/a: the baseline, ring cnn at 1 worker without a straggler, was not measured "
+                                       "(add 1 to --workers and none to --stragglers)")
+
+    from hvdkit.bench.report import sections
+    from hvdkit.bench.report.document import Document
+    doc = {"summary": [{**x, "measure": "throughput"} for x in s.values()], "rows": [], "skipped": []}
+    md = Document("t").add(*sections.throughput_section(doc, [])).markdown()
+    assert "| 1:2 | ring | 2 | 2 | 1 | 90 [90-90] | n/a |" in md
+    assert "efficiency of ring at 2 workers, straggler 1:2: n/a: the baseline, ring cnn at 1 worker" in md
+    assert "| 1:2 | horovod | 2 | 2 | 1 | 120 [120-120] | 0.60 [0.60-0.60] |" in md

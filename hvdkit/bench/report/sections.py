@@ -167,11 +167,16 @@ def throughput_section(doc: Mapping, preds: Sequence[dict], figure=None) -> list
     blocks: list = [Heading("Throughput and scaling")]
     cells = _status_cells(doc)
     for model in dict.fromkeys(c["model"] for c in cells):
-        rows = []
+        rows, notes = [], []
         for c in (c for c in cells if c["model"] == model):
             p = pred.get(cell_key(c), {})
             if stat(c, "samples_per_s") is not None:
                 sps, eff = interval_text(c["samples_per_s"]), interval_text(c.get("efficiency"), 2)
+                if c.get("efficiency") is None and c.get("efficiency_note"):
+                    eff = "n/a"
+                    notes.append(f"efficiency of {c['variant']} at {c['workers']} workers"
+                                 + ("" if c.get("straggler", "none") == "none" else f", straggler {c['straggler']}")
+                                 + f": {c['efficiency_note']}")
             else:
                 sps, eff = c.get("status", "FAILED"), "-"
             rows.append(([c.get("straggler", "none")] if strag else [])
@@ -182,7 +187,10 @@ def throughput_section(doc: Mapping, preds: Sequence[dict], figure=None) -> list
                                                    "advise samples/s", "advise error", "advise: limited by"]
         blocks.append(Table(head, rows, ("l" if strag else "") + "lrrrrrrrl",
                             f"**{model}**: median [min-max] over the OK rounds; advise error = predicted / "
-                            "measured - 1"))
+                            "measured - 1" + ("; efficiency of a straggler cell: against the variant's 1-worker cell "
+                                              "without a straggler" if strag else "")))
+        if notes:
+            blocks.append(Bullets(notes))
     if figure is not None:
         blocks.append(figure)
     return blocks
@@ -325,7 +333,8 @@ def method_section(doc: Mapping) -> list:
     env = env_text(meta)
     return [Heading("How these figures were computed"), Bullets([
         "samples/s, efficiency, step split: median [min-max] over the OK rounds of each cell (rounds of different "
-        "cells alternate); scaling efficiency = samples/s(N) / (N x samples/s(1)) of the same model and variant",
+        "cells alternate); scaling efficiency = samples/s(N) / (N x samples/s(1)) of the same model and variant, "
+        "samples/s(1) = its 1-worker cell without a straggler (for straggler cells too)",
         "hvdkit advise, per cell: " + advised.PREDICTION_METHOD,
         f"inputs: training.json of {meta.get('date', '?')} on {meta.get('host', '?')}"
         + (f" (`{_command(meta['argv'])}`)" if meta.get("argv") else ""),
