@@ -1,5 +1,7 @@
-"""``hvdkit-bench plots``: the PNG files of benchmark JSON files (the pictures themselves are
-:mod:`hvdkit.bench.report.figures`, the one home of every benchmark plot).
+"""hvdkit-bench plots: the PNG files of benchmark JSON files.
+
+The pictures themselves are drawn by :mod:`hvdkit.bench.report.figures`, the one home of every
+benchmark plot; this module only reads the files and names the PNGs::
 
     python -m hvdkit.bench.plots --collectives c2.json c4.json --training DIR/training.json --out-dir DIR
 
@@ -12,14 +14,28 @@ its JSON has something to draw (:func:`hvdkit.bench.report.figures.plot_all`).
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 
 __all__ = ["main"]
 
 
+def _read(flag: str, path: str) -> dict:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            doc = json.load(fh)
+    except FileNotFoundError:
+        raise ValueError(f"{flag} {path}: no such file") from None
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{flag} {path}: not readable JSON ({e})") from None
+    if not isinstance(doc, dict):
+        raise ValueError(f"{flag} {path}: expected a JSON object (the benchmark's --json / training.json)")
+    return doc
+
+
 def main(argv: list[str] | None = None) -> int:
     """CLI: draw every plot whose JSON is given; prints the PNG paths; returns 0, or 2 when an
-    input is not readable JSON (one line naming it)."""
+    input is missing or not readable JSON (one line naming the flag and the file)."""
     p = argparse.ArgumentParser(prog="hvdkit-bench plots", description=__doc__.split("\n\n")[0])
     p.add_argument("--collectives", nargs="*", default=[], help="hvdkit.bench.collectives --json files")
     p.add_argument("--training", help="a training.json of hvdkit-bench training")
@@ -28,9 +44,16 @@ def main(argv: list[str] | None = None) -> int:
     from hvdkit.bench.report.figures import plot_all   # matplotlib: only when drawing
 
     try:
-        paths = plot_all(a.out_dir, a.collectives, a.training)
+        colls = [_read("--collectives", c) for c in a.collectives]
+        training = _read("--training", a.training) if a.training else None
+        paths = plot_all(a.out_dir, colls, training)
     except (OSError, ValueError) as e:
         print(f"hvdkit-bench plots: error: {e}", file=sys.stderr)
+        return 2
+    except (KeyError, TypeError) as e:   # a JSON object without the benchmark's fields
+        print(f"hvdkit-bench plots: error: the files given lack the benchmark's fields ({type(e).__name__}: {e}); "
+              "give hvdkit.bench.collectives --json outputs and a training.json of hvdkit-bench training",
+              file=sys.stderr)
         return 2
     for path in paths:
         print(path)
