@@ -14,23 +14,19 @@ its JSON has something to draw (:func:`hvdkit.bench.report.figures.plot_all`).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 __all__ = ["main"]
 
 
 def _read(flag: str, path: str) -> dict:
+    from hvdkit.bench.report.writer import read_json
+    from hvdkit.errors import UsageError
+
     try:
-        with open(path, encoding="utf-8") as fh:
-            doc = json.load(fh)
-    except FileNotFoundError:
-        raise ValueError(f"{flag} {path}: no such file") from None
-    except (OSError, ValueError) as e:
-        raise ValueError(f"{flag} {path}: not readable JSON ({e})") from None
-    if not isinstance(doc, dict):
-        raise ValueError(f"{flag} {path}: expected a JSON object (the benchmark's --json / training.json)")
-    return doc
+        return read_json(path)
+    except UsageError as e:
+        raise ValueError(f"{flag} {e}") from None
 
 
 def main(argv: list[str] | None = None) -> int:
