@@ -26,15 +26,16 @@ import sys
 import time
 import traceback
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-
-from mpi4py import MPI
 
 from hvdkit.errors import (EXIT_ENVIRONMENT, EXIT_FAILURE, EXIT_STOPPED, EXIT_USAGE, OutputError, StopRequested,
                            UsageError)
 from hvdkit.lifecycle import stop_signal
+
+if TYPE_CHECKING:   # mpi4py.MPI is imported where it is used: importing it starts MPI (MPI_Init)
+    from mpi4py import MPI
 
 __all__ = ["World", "world", "set_world", "log0", "agree", "agree_alone", "run_guarded", "poll", "exchange", "free_port",
            "bcast_arrays", "StopFlag", "EXIT_USAGE", "EXIT_FAILURE", "EXIT_ENVIRONMENT", "EXIT_STOPPED"]
@@ -92,6 +93,8 @@ def world(comm: MPI.Comm | None = None) -> World:
     global _WORLD
     if comm is None and _WORLD is not None:
         return _WORLD
+    from mpi4py import MPI   # here, not at import: importing mpi4py.MPI starts MPI (MPI_Init)
+
     comm = comm or MPI.COMM_WORLD
     local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
     leader = local.allreduce(comm.Get_rank(), op=MPI.MIN)   # lowest rank on this host names it
@@ -245,6 +248,8 @@ class StopFlag:
         self._all = np.zeros(1, np.int32)
         self._req = None
         self.due = False
+        from mpi4py import MPI
+        self._max = MPI.MAX
 
     @property
     def acts(self) -> bool:
@@ -263,7 +268,7 @@ class StopFlag:
             self.due = bool(self._all[0])
         if not self.due:
             self._mine[0] = 1 if stop_signal() else 0
-            self._req = self.comm.Iallreduce(self._mine, self._all, op=MPI.MAX)
+            self._req = self.comm.Iallreduce(self._mine, self._all, op=self._max)
         return self.due
 
     def close(self) -> None:

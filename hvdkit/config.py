@@ -21,7 +21,7 @@ from typing import Any, Callable, Mapping, Sequence
 from hvdkit.errors import UsageError
 
 __all__ = ["Config", "Option", "FIELDS", "at_least", "above", "option_values", "build_parser", "parse_config",
-           "ENV_PREFIX"]
+           "env_settings", "ENV_PREFIX"]
 
 ENV_PREFIX = "HVDKIT_"
 # Environment variables with this prefix that are not Config fields but are known.
@@ -334,6 +334,16 @@ def build_parser(prog: str = "python -m hvdkit.train", extra_fields: Sequence[Op
     return p
 
 
+def env_settings(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The ``HVDKIT_<NAME>`` variables of ``env`` (default ``os.environ``) that
+    :func:`parse_config` reads as settings, name -> raw value, sorted by name: every ``HVDKIT_*``
+    but the launcher's and the cluster emulator's own (``HVDKIT_PYTHON``, ``HVDKIT_VENV``,
+    ``HVDKIT_RESTART``, ``HVDKIT_CLUSTER_*``). Unknown names are included (parse_config refuses them)."""
+    env = os.environ if env is None else env
+    return {k: env[k] for k in sorted(env) if k.startswith(ENV_PREFIX) and k not in _ENV_RESERVED
+            and not k.startswith(_ENV_RESERVED_PREFIX)}
+
+
 def _fields(extra_fields: Sequence[Option]) -> dict[str, Option]:
     """Every option by name: :data:`FIELDS`, then ``extra_fields``.
 
@@ -370,9 +380,7 @@ def parse_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | Non
     # lowest precedence first: defaults < env < file < flags
     for f in fields.values():
         values[f.name] = f.default
-    for key, raw in env.items():
-        if not key.startswith(ENV_PREFIX) or key in _ENV_RESERVED or key.startswith(_ENV_RESERVED_PREFIX):
-            continue
+    for key, raw in env_settings(env).items():
         name = key[len(ENV_PREFIX):].lower()
         if name not in fields:
             raise UsageError(f"unknown environment variable {key}; known: "

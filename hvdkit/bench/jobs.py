@@ -32,6 +32,9 @@ Figures of a row (units in the names: ``_ms`` milliseconds, ``_s`` seconds, ``_b
   seconds :func:`train_clock`, cumulative samples, eval accuracy), ``time_to_target_s`` and
   ``samples_to_target`` (the first epoch at or above the target), ``final_accuracy``,
   ``staleness_mean`` / ``staleness_max`` (PS rows: the servers' staleness histogram).
+
+Where a row ran: ``rank_hosts``, every rank's host in rank order, dedicated server ranks
+included (:func:`rank_hosts`).
 """
 from __future__ import annotations
 
@@ -46,7 +49,7 @@ import numpy as np
 from hvdkit import costs
 from hvdkit.bench._common import launch
 
-__all__ = ["Settings", "Cell", "train_args", "job_command", "read_row", "failed_row", "run_job",
+__all__ = ["Settings", "Cell", "train_args", "job_command", "read_row", "failed_row", "run_job", "rank_hosts",
            "busiest_link_bytes", "model_seconds", "train_clock", "curve", "to_target", "staleness"]
 
 MEASURES = ("throughput", "convergence")
@@ -242,6 +245,32 @@ def staleness(res: dict) -> tuple[float | None, int | None]:
 
 # ---------------------------------------------------------------- rows
 
+def rank_hosts(res: dict) -> list[str | None]:
+    """The host of every rank of a job, in rank order, servers included.
+
+    results.json ``ranks`` lists the loop ranks only (the ranks that train: a dedicated
+    parameter server's ranks serve and are not among them); their hosts come from there, and a
+    dedicated server rank's host from ``ps.shards[k].host`` (shard k is served by
+    ``ps.server_ranks[k]``; hvdkit's servers report their host with their statistics). A
+    colocated shard's server rank is a worker rank, listed once. A server whose host is not in
+    results.json (one written before the servers reported it) is left out.
+
+    Args:
+        res: a parsed results.json (``ranks``: ``[{"rank", "host"}]``; ``ps``: optional).
+
+    Returns:
+        One host name (None where a rank did not say) per rank found, ascending rank.
+    """
+    hosts: dict[int, str | None] = {}
+    for i, r in enumerate(res.get("ranks") or []):
+        hosts[int(r.get("rank", i))] = r.get("host")
+    ps = res.get("ps") or {}
+    for rank, shard in zip(ps.get("server_ranks") or [], ps.get("shards") or []):
+        if isinstance(shard, dict) and shard.get("host") is not None:
+            hosts.setdefault(int(rank), shard["host"])
+    return [hosts[r] for r in sorted(hosts)]
+
+
 def failed_row(cell: Cell, rnd: int, error: str, job_seconds: float = 0.0, out_dir: str = "") -> dict[str, Any]:
     """The FAILED row of a job (``error``: one line with the cause)."""
     return {**cell.ident(), "round": rnd, "status": "FAILED", "error": " ".join(error.split())[:500],
@@ -286,7 +315,7 @@ def read_row(cell: Cell, rnd: int, s: Settings, res: dict, *, link_Bps: float | 
         **{f"{k}_ms": float(t[f"{k}_s"]) * 1e3 for k in ("compute", "comm", "wait", "data")},
         "gradient_bytes": gb, "link_bytes_per_step": nbytes, "utilisation": util, "model_busy": busy,
         "job_seconds": round(job_seconds, 2), "output_dir": out_dir,
-        "rank_hosts": [r.get("host") for r in res.get("ranks", [])]}
+        "rank_hosts": rank_hosts(res)}
     if s.measure == "convergence":
         pts = curve(res)
         hit = to_target(pts, target) if target is not None else None

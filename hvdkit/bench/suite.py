@@ -221,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     if "report" not in skip:
         _report(s)
 
-    from hvdkit.bench.plots import plot_all
+    from hvdkit.bench.report.figures import plot_all
 
     have = lambda f: os.path.join(out, f) if os.path.isfile(os.path.join(out, f)) else None   # noqa: E731
     try:

@@ -27,9 +27,12 @@ link's bytes and utilisation (places with probed links: the slowest link's rate)
 time and samples to ``--target-accuracy``, staleness (PS rows). Figures: see :mod:`hvdkit.bench.jobs`.
 
 Per cell: the median and min-max over its OK rounds. Scaling efficiency(N) = samples/s(N) /
-(N x samples/s(1)) of the same model, variant and straggler (DESIGN.md): median(N) / (N
-median(1)), its range min(N) / (N max(1)) .. max(N) / (N min(1)); none where 1 worker was not
-measured.
+(N x samples/s(1)) of the same model and variant (DESIGN.md): median(N) / (N median(1)), its
+range min(N) / (N max(1)) .. max(N) / (N min(1)). The baseline samples/s(1) is always the
+1-worker cell *without* a straggler, straggler cells included: a straggler cell's efficiency is
+what is left of ideal scaling with the straggler (at 1 worker with straggler 0:F it is the
+slowdown itself). None, with ``efficiency_note`` saying why ("n/a: ..."), where that cell was not
+measured; ``efficiency_base`` names the baseline otherwise.
 
 ``--overhead`` (throughput): after the grid, the harness overhead, ``hvdkit.train --strategy
 horovod`` against the bare Horovod loop, ABBA (:mod:`hvdkit.bench.overhead`), in training.json's
@@ -40,7 +43,14 @@ rows carry ``measure``, and rows of the other measure already in the file are ke
 nccl-tests-style table on stdout, progress on stderr (job k/n, elapsed, estimated time left),
 every job's directory (results.json, job.log) under ``DIR/runs/``. ``--resume DIR`` keeps the OK
 rows of DIR/training.json measured with the same settings and runs only the missing (and the
-FAILED) jobs. ``--budget SECONDS`` starts no job once elapsed + the estimated job time would
+FAILED) jobs.
+
+``HVDKIT_*`` settings (``HVDKIT_LR=0.05``, ...: :func:`hvdkit.config.env_settings`) in the
+benchmark's environment reach every job and rank (they are forwarded to other hosts), where
+``hvdkit.train`` takes them for any setting its command line does not give. They are recorded,
+not stripped: in training.json's ``meta.hvdkit_env`` and per measure in
+``meta.measures[MEASURE].hvdkit_env``, on the table's ``hvdkit_env:`` line and in the report;
+``--resume`` refuses a run whose ``HVDKIT_*`` settings differ from those its kept rows had. ``--budget SECONDS`` starts no job once elapsed + the estimated job time would
 exceed it (the jobs not started are listed as skipped; ``--resume`` runs them later).
 
 Exit status: 0 when every job that ran succeeded, 1 when any failed (its row says FAILED and
@@ -253,12 +263,18 @@ def _settings_dict(s: Settings) -> dict:
     return d
 
 
-def load_done(doc: dict | None, measure: str, s: Settings) -> tuple[list[dict], list[dict]]:
+def load_done(doc: dict | None, measure: str, s: Settings,
+              env: dict[str, str] | None = None) -> tuple[list[dict], list[dict]]:
     """From an earlier training.json: (its OK rows of ``measure``, which ``--resume`` keeps; its rows of
     the other measure, kept untouched). FAILED rows are dropped, so their jobs run again.
 
+    Args:
+        env: this run's ``HVDKIT_*`` settings (:func:`hvdkit.config.env_settings`); None: not
+            compared. A file that did not record them is not compared either.
+
     Raises:
-        UsageError: its ``measure`` rows were measured with other settings (batch, steps, ...).
+        UsageError: its ``measure`` rows were measured with other settings (batch, steps, ...) or
+            other ``HVDKIT_*`` settings.
     """
     if not doc:
         return [], []
@@ -273,6 +289,13 @@ def load_done(doc: dict | None, measure: str, s: Settings) -> tuple[list[dict], 
             k = diff[0]
             raise UsageError(f"--resume: the {measure} rows there were measured with {k}={before[k]!r}, this run "
                              f"asks {k}={now[k]!r}; give the same flags, or a new --out-dir")
+        old = before.get("hvdkit_env")
+        if env is not None and old is not None and old != env:
+            k = next(k for k in sorted(set(old) | set(env)) if old.get(k) != env.get(k))
+            was = f"{k}={old[k]}" if k in old else f"{k} unset"
+            now_ = f"{k}={env[k]}" if k in env else f"{k} unset"
+            raise UsageError(f"--resume: the {measure} rows there were measured with {was}, this run has {now_}; "
+                             "set the same HVDKIT_* variables, or give a new --out-dir")
     return [r for r in mine if r.get("status") == "OK"], other
 
 
@@ -308,14 +331,24 @@ def summarise(rows: Sequence[dict], cells: Sequence[Cell] | None = None) -> list
         if measure == "convergence":
             s["reached"] = f"{sum(1 for r in ok if r.get('time_to_target_s') is not None)}/{len(ok)}"
         out.append(s)
-    base = {(s["measure"], s["variant"], s["model"], s["straggler"]): s for s in out if s["workers"] == 1}
+    base = {(s["measure"], s["variant"], s["model"]): s for s in out
+            if s["workers"] == 1 and s["straggler"] == "none"}
     for s in out:
-        b = base.get((s["measure"], s["variant"], s["model"], s["straggler"]))
+        b = base.get((s["measure"], s["variant"], s["model"]))
         n, x = s["workers"], s["samples_per_s"]
-        if b is None or x is None or b["samples_per_s"] is None:
+        s["efficiency_base"] = s["efficiency_note"] = None
+        if x is None:
             s["efficiency"] = None
+            s["efficiency_note"] = "n/a: no OK round"
+            continue
+        if b is None or b["samples_per_s"] is None:
+            s["efficiency"] = None
+            s["efficiency_note"] = (f"n/a: the baseline, {s['variant']} {s['model']} at 1 worker without a straggler, "
+                                    + ("had no OK round" if b is not None else "was not measured (add 1 to --workers"
+                                       + (" and none to --stragglers)" if s["straggler"] != "none" else ")")))
             continue
         y = b["samples_per_s"]
+        s["efficiency_base"] = "1 worker, no straggler"
         s["efficiency"] = {"median": x["median"] / (n * y["median"]), "min": x["min"] / (n * y["max"]),
                            "max": x["max"] / (n * y["min"])}
     order = {c.key: i for i, c in enumerate(cells or ())}
@@ -459,7 +492,10 @@ def run(a, s: Settings, cells: Sequence[Cell], out: str, place, *, argv: Sequenc
                                            for r in doc_before.get("rows") or []):
         raise UsageError(f"--out-dir {out}: it holds {a.measure} rows already (training.json); continue them with "
                          f"--resume {out}, or give a new --out-dir")
-    kept, other = load_done(doc_before, a.measure, s)
+    from hvdkit.config import env_settings
+
+    env = env_settings()
+    kept, other = load_done(doc_before, a.measure, s, env)
     runnable, skipped = split_fits(cells, place.slots, place.fits)
     skipped = [{**x, "measure": a.measure} for x in skipped]
     other_skipped = [x for x in (doc_before or {}).get("skipped") or [] if x.get("measure") != a.measure]
@@ -467,10 +503,10 @@ def run(a, s: Settings, cells: Sequence[Cell], out: str, place, *, argv: Sequenc
     desc = place.describe()
     link = _link_Bps(desc)
     meta_before = (doc_before or {}).get("meta") or {}
-    measures = dict(meta_before.get("measures") or {}, **{a.measure: _settings_dict(s)})
+    measures = dict(meta_before.get("measures") or {}, **{a.measure: {**_settings_dict(s), "hvdkit_env": env}})
     args = {k: v for k, v in vars(a).items() if isinstance(v, (str, int, float, bool, type(None)))}
     meta = {**host_meta(), "argv": list(argv), "versions": meta_before.get("versions") or {}, "args": args,
-            "measures": measures, "out_dir": out}
+            "measures": measures, "hvdkit_env": env, "out_dir": out}
     target = a.target_accuracy if a.measure == "convergence" else (doc_before or {}).get("target_accuracy")
     rows = list(kept)
     for c in skipped:
@@ -540,8 +576,12 @@ def run(a, s: Settings, cells: Sequence[Cell], out: str, place, *, argv: Sequenc
     footer = ["samples/s: synchronous rows = all workers' samples / the slowest worker's seconds per timed epoch "
               "(mean over epochs); asynchronous PS rows = results.json's all-ranks figure; median and min-max over "
               "the OK rounds",
-              "eff = samples/s(N) / (N x samples/s(1)) of the same variant, model and straggler; link_util = busiest "
-              "link's bytes per step x steps/s / the probed link rate (- where not probed)"]
+              "eff = samples/s(N) / (N x samples/s(1)) of the same variant and model, samples/s(1) = its 1-worker "
+              "cell without a straggler (straggler cells too); link_util = busiest link's bytes per step x steps/s / "
+              "the probed link rate (- where not probed)"]
+    footer += list(dict.fromkeys(f"eff {x['efficiency_note']}" for x in summ
+                                 if x["measure"] == a.measure and x.get("efficiency_note")
+                                 and x["samples_per_s"] is not None))
     if a.measure == "convergence":
         footer.append(f"t_target = training seconds (slowest worker, epoch-1 tracing capped) to the first epoch with "
                       f"eval accuracy >= {target}")
@@ -565,6 +605,8 @@ def run(a, s: Settings, cells: Sequence[Cell], out: str, place, *, argv: Sequenc
              + (f"  link: {link * 8 / 1e9:.3f} Gbit/s" if link else ""),
              "parameters: " + "  ".join(f"{k}={x}" for k, x in _settings_dict(s).items())
              + f"  rounds={a.repeats}  timeout={a.timeout:.0f}s",
+             "hvdkit_env: " + ("  ".join(f"{k}={x}" for k, x in env.items()) if env
+                               else "none (no HVDKIT_* setting in the jobs' environment)"),
              f"out_dir: {out}"]
     rows_tbl = [table_cells(x) for x in summ if x["measure"] == a.measure]
     emit(format_table(PROG, lines, cols, rows_tbl, footer, ok), a.table)

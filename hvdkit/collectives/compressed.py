@@ -36,11 +36,15 @@ the 2-core CI machine).
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-from mpi4py import MPI
 
 from hvdkit.collectives.ring import _TAG_ALLGATHER, _TAG_REDUCE_SCATTER, RingAllreduce, chunk_bounds
 from hvdkit.compression import decode, encode
+
+if TYPE_CHECKING:   # mpi4py.MPI is imported where it is used: importing it starts MPI
+    from mpi4py import MPI
 
 __all__ = ["Fp16RingAllreduce", "pack", "unpack", "pieces", "packed_bytes"]
 
@@ -162,7 +166,7 @@ class Fp16RingAllreduce(RingAllreduce):
             sends.append(self._isend(msg, right, tag))
             drain(False)
         drain(True)
-        MPI.Request.Waitall(sends)
+        self._MPI.Request.Waitall(sends)
 
     def _ring(self, x: np.ndarray, average: bool) -> None:
         """Reduce-scatter then allgather on the 1-D contiguous view ``x`` (N > 1), fp16 on the wire."""

@@ -61,11 +61,12 @@ Example (every rank runs it; ``mpirun -np 4 python script.py``)::
 from __future__ import annotations
 
 import time
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
-from mpi4py import MPI
-from mpi4py.util import dtlib
+
+if TYPE_CHECKING:   # mpi4py.MPI is imported where it is used: importing it starts MPI (MPI_Init)
+    from mpi4py import MPI
 
 __all__ = ["RingAllreduce", "ring_allreduce", "chunk_bounds", "bucket_bounds", "flatten", "unflatten",
            "ring_bytes_per_rank"]
@@ -227,6 +228,9 @@ class RingAllreduce:
             raise ValueError(f"fusion_bytes={fusion_bytes} must be >= 0 (0: no buckets)")
         if comm.Get_size() > _TAG_ALLGATHER:
             raise ValueError(f"world size {comm.Get_size()} exceeds {_TAG_ALLGATHER} (the tag scheme's limit)")
+        from mpi4py import MPI   # here, not at import: importing mpi4py.MPI starts MPI (MPI_Init)
+
+        self._MPI = MPI
         self.comm = comm.Dup()
         self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
         self.fusion_bytes = fusion_bytes
@@ -301,7 +305,7 @@ class RingAllreduce:
 
     def free(self) -> None:
         """Release the duplicated communicator (collective). Idempotent."""
-        if self.comm != MPI.COMM_NULL:
+        if self.comm != self._MPI.COMM_NULL:
             self.comm.Free()
         self._scratch.clear()
 
@@ -310,6 +314,7 @@ class RingAllreduce:
         if not isinstance(sendbuf, np.ndarray):
             raise TypeError(f"sendbuf must be a numpy array, got {type(sendbuf).__name__}")
         if not _raw(sendbuf.dtype):
+            from mpi4py.util import dtlib
             try:
                 ok = sendbuf.dtype.kind in "fiuc" and dtlib.from_numpy_dtype(sendbuf.dtype) is not None
             except Exception:  # noqa: BLE001 - ValueError, or MPI.Exception for e.g. float16
@@ -338,7 +343,7 @@ class RingAllreduce:
         code = sum(map(ord, flat.dtype.str))  # small integer identifying the dtype
         mine = np.array([flat.size, -flat.size, code, -code], np.int64)
         ext = np.empty_like(mine)
-        self.comm.Allreduce(mine, ext, op=MPI.MAX)
+        self.comm.Allreduce(mine, ext, op=self._MPI.MAX)
         if ext[0] != -ext[1] or ext[2] != -ext[3]:
             raise ValueError(f"ring allreduce: rank {self.rank} has {flat.size} elements of {flat.dtype} but "
                              f"the ranks disagree (lengths {-ext[1]}..{ext[0]}); every rank must pass the same "
@@ -365,7 +370,7 @@ class RingAllreduce:
             if nrecv:
                 reqs.append(comm.Irecv(_wire(scratch[:nrecv]), source=left, tag=_TAG_REDUCE_SCATTER + s))
             reqs.append(self._isend(x[b[send_c]:b[send_c + 1]], right, _TAG_REDUCE_SCATTER + s))
-            MPI.Request.Waitall([q for q in reqs if q is not None])
+            self._MPI.Request.Waitall([q for q in reqs if q is not None])
             if nrecv:
                 seg = x[b[recv_c]:b[recv_c + 1]]
                 np.add(seg, scratch[:nrecv], out=seg)
@@ -379,7 +384,7 @@ class RingAllreduce:
             if b[recv_c + 1] > b[recv_c]:
                 reqs.append(comm.Irecv(_wire(x[b[recv_c]:b[recv_c + 1]]), source=left, tag=_TAG_ALLGATHER + s))
             reqs.append(self._isend(x[b[send_c]:b[send_c + 1]], right, _TAG_ALLGATHER + s))
-            MPI.Request.Waitall([q for q in reqs if q is not None])
+            self._MPI.Request.Waitall([q for q in reqs if q is not None])
 
     def _isend(self, seg: np.ndarray, dest: int, tag: int):
         """Isend ``seg`` unless it is empty (the receiver skips the same empty chunk)."""

@@ -65,7 +65,7 @@ def test_tables_round_trip_and_failed_footer():
 
 
 def test_plots_from_small_json(tmp_path):
-    from hvdkit.bench.plots import plot_all
+    from hvdkit.bench.report.figures import plot_all
 
     coll = tmp_path / "c.json"
     coll.write_text(json.dumps({"meta": {"world_size": 2}, "ok": True, "rows": [

@@ -276,3 +276,44 @@ def test_missing_figures_print_as_dashes():
     assert "| horovod | 4 | 4 | 3 | 1500 [1450-1550] | - | - | - | - |" in md
     assert "No cell has a prediction to calibrate: no projection." in md
     assert "## Convergence" not in md and "**Recommended: horovod**" in md
+
+
+# ---------------------------------------------------------------- the pictures (one home: report.figures)
+
+def _with_straggler(doc: dict) -> dict:
+    """The fixture plus a straggler copy of every throughput cell and convergence row."""
+    extra = [{**s, "straggler": "1:2"} for s in doc["summary"] if s.get("measure", "throughput") == "throughput"]
+    rows = [{**r, "straggler": "1:2"} for r in doc["rows"] if r.get("accuracy_curve")]
+    return {**doc, "summary": doc["summary"] + extra, "rows": doc["rows"] + rows}
+
+
+def test_plot_all_writes_every_suite_png_from_the_report_figures(tmp_path):
+    from hvdkit.bench import plots
+    from hvdkit.bench.report import figures
+
+    (tmp_path / "t.json").write_text(json.dumps(_with_straggler(_doc())))
+    paths = figures.plot_all(str(tmp_path), [os.path.join(FIX, "collectives.json")], str(tmp_path / "t.json"))
+    assert [os.path.basename(p) for p in paths] == list(figures.PNG_NAMES)
+    assert all(open(p, "rb").read(8) == b"\x89PNG\r\n\x1a\n" for p in paths)
+    assert plots.main(["--training", str(tmp_path / "t.json"), "--out-dir", str(tmp_path / "cli")]) == 0
+    assert sorted(os.listdir(tmp_path / "cli")) == ["accuracy.png", "staleness.png", "step_split.png",
+                                                   "throughput.png"]
+    assert plots.main(["--training", str(tmp_path / "none.json"), "--out-dir", str(tmp_path)]) == 2
+
+
+def test_figures_draw_straggler_cells_beside_the_cells_without():
+    """The report's scaling and accuracy pictures keep the straggler condition (they drew only the
+    cells without a straggler, and accuracy only against time)."""
+    from hvdkit.bench.report import figures
+
+    doc = _with_straggler(_doc())
+    thr = [s for s in doc["summary"] if s.get("measure", "throughput") == "throughput"]
+    fig = figures.scaling_figure(thr)
+    labels = {t for ax in fig.axes for t in ax.get_legend_handles_labels()[1]}
+    v = thr[0]["variant"]
+    assert {v, f"{v}, straggler 1:2"} <= labels
+    acc = figures.accuracy_figure(doc["rows"], doc["target_accuracy"])
+    titles = [ax.get_title() for ax in acc.axes]
+    assert any("straggler 1:2" in t and t.endswith("vs samples") for t in titles)
+    assert any("no straggler" in t and t.endswith("vs time") for t in titles)
+    figures.plt.close("all")

@@ -322,7 +322,7 @@ def test_overhead_pair_uses_the_throughput_settings():
 
 
 def test_plots_read_training_json(tmp_path, monkeypatch):
-    from hvdkit.bench.plots import plot_all
+    from hvdkit.bench.report.figures import plot_all
 
     _fake_jobs(monkeypatch)
     a, s, cells, out = _args(tmp_path, "--variants", "horovod,ring", "--workers", "1,2", "--repeats", "2")
@@ -368,3 +368,82 @@ def test_a_row_registered_at_run_time_is_a_cell_with_its_own_ranks(monkeypatch):
     assert args[:4] == ["--strategy", "toy", "--toy-helpers", "2"]
     fits, skipped = training.split_fits(cells, 8)
     assert [c.variant.label for c in fits] == ["ring"] and "needs 9 slots" in str(skipped)
+
+
+def test_rank_hosts_lists_the_dedicated_servers_hosts_in_rank_order():
+    """results.json ``ranks`` holds the training ranks only: a dedicated server's host comes from its
+    shard statistics (it was missing, so a PS job on 3 hosts looked like 2)."""
+    res = _results([10.0, 100.0])
+    res["ranks"] = [{"rank": 0, "host": "h1"}, {"rank": 1, "host": "h2"}]
+    res["ps"] = {"server_ranks": [2, 3], "shards": [{"shard": 0, "host": "h3"}, {"shard": 1, "host": "h3"}],
+                 "staleness_histogram": {}}
+    assert jobs.rank_hosts(res) == ["h1", "h2", "h3", "h3"]
+    row = jobs.read_row(Cell(parse_variant("ps-sync:num_servers=2"), "cnn", 2), 0, Settings(), res)
+    assert row["rank_hosts"] == ["h1", "h2", "h3", "h3"] and row["ranks"] == 4
+    res["ps"] = {"server_ranks": [0, 1], "shards": [{"host": "h1"}, {"host": "h2"}]}   # colocated: listed once
+    assert jobs.rank_hosts(res) == ["h1", "h2"]
+    res["ps"] = {"server_ranks": [2], "shards": [{"shard": 0}]}   # an older results.json: no server host
+    assert jobs.rank_hosts(res) == ["h1", "h2"]
+
+
+def test_report_counts_the_distinct_hosts_of_every_rank():
+    from hvdkit.bench.report import sections
+    from hvdkit.bench.report.document import Document
+
+    doc = {"place": {"kind": "hostfile", "hosts": [{"name": f"h{i}", "slots": 1} for i in (1, 2, 3)]},
+           "rows": [{"status": "OK", "rank_hosts": ["h1", "h2", "h3"]}, {"status": "FAILED", "rank_hosts": ["h9"]}],
+           "summary": []}
+    md = Document("t").add(*sections.cluster_section(doc)).markdown()
+    assert "ran on 3 distinct hosts (h1, h2, h3;" in md and "h9" not in md
+
+
+def test_hvdkit_env_settings_are_recorded_shown_and_resume_refuses_a_change(tmp_path, monkeypatch, capsys):
+    """HVDKIT_* variables reach every job (hvdkit.train reads them for any setting its command line
+    does not give): training.json, the table and the report say which were set; the launcher's and
+    the emulator's own variables are not settings."""
+    from hvdkit.bench.report import sections
+
+    for k in [k for k in os.environ if k.startswith("HVDKIT_")]:
+        monkeypatch.delenv(k)
+    monkeypatch.setenv("HVDKIT_LR", "0.5")
+    monkeypatch.setenv("HVDKIT_CLUSTER_HOSTFILE", "/tmp/hosts")
+    _fake_jobs(monkeypatch)
+    a, s, cells, out = _args(tmp_path, "--variants", "horovod", "--workers", "1", "--repeats", "1")
+    assert training.run(a, s, cells, out, FakePlace()) == 0
+    meta = json.load(open(os.path.join(out, "training.json")))["meta"]
+    assert meta["hvdkit_env"] == {"HVDKIT_LR": "0.5"} == meta["measures"]["throughput"]["hvdkit_env"]
+    assert "# hvdkit_env: HVDKIT_LR=0.5" in capsys.readouterr().out
+    assert sections.env_text(meta).endswith(": `HVDKIT_LR=0.5`")
+    assert sections.env_text({}) is None
+
+    monkeypatch.delenv("HVDKIT_LR")
+    with pytest.raises(UsageError, match=r"measured with HVDKIT_LR=0\.5, this run has HVDKIT_LR unset; set the same"):
+        a, s, cells, out = training.prepare(["--resume", out, "--variants", "horovod", "--workers", "1"])
+        training.run(a, s, cells, out, FakePlace())
+    a, s, cells, out2 = _args(tmp_path / "b", "--variants", "horovod", "--workers", "1", "--repeats", "1")
+    assert training.run(a, s, cells, out2, FakePlace()) == 0
+    assert "# hvdkit_env: none" in capsys.readouterr().out
+
+
+def test_straggler_cells_scale_against_the_one_worker_cell_without_a_straggler():
+    """A straggler cell's efficiency: samples/s(N, straggler) / (N x samples/s(1, none)) of the same
+    variant (straggler rank 1 cannot run at 1 worker, so the straggler cells had no baseline and
+    no efficiency); without that baseline, None and a note saying why."""
+    rows = [_row("horovod", 1, 0, 100.0), _row("horovod", 2, 0, 120.0, straggler="1:2"),
+            _row("horovod", 2, 0, 180.0), _row("ring", 2, 0, 90.0, straggler="1:2")]
+    s = {(x["variant"], x["workers"], x["straggler"]): x for x in training.summarise(rows)}
+    slow = s[("horovod", 2, "1:2")]
+    assert slow["efficiency"]["median"] == pytest.approx(120 / 200) and slow["efficiency_base"] == "1 worker, no straggler"
+    assert s[("horovod", 2, "none")]["efficiency"]["median"] == pytest.approx(180 / 200)
+    ring = s[("ring", 2, "1:2")]
+    assert ring["efficiency"] is None and ring["efficiency_base"] is None
+    assert ring["efficiency_note"] == ("n/a: the baseline, ring cnn at 1 worker without a straggler, was not measured "
+                                       "(add 1 to --workers and none to --stragglers)")
+
+    from hvdkit.bench.report import sections
+    from hvdkit.bench.report.document import Document
+    doc = {"summary": [{**x, "measure": "throughput"} for x in s.values()], "rows": [], "skipped": []}
+    md = Document("t").add(*sections.throughput_section(doc, [])).markdown()
+    assert "| 1:2 | ring | 2 | 2 | 1 | 90 [90-90] | n/a |" in md
+    assert "efficiency of ring at 2 workers, straggler 1:2: n/a: the baseline, ring cnn at 1 worker" in md
+    assert "| 1:2 | horovod | 2 | 2 | 1 | 120 [120-120] | 0.60 [0.60-0.60] |" in md

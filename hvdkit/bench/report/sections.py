@@ -16,7 +16,7 @@ from hvdkit.bench.report.figures import human_bytes
 
 __all__ = ["decisions", "cluster_section", "throughput_section", "split_section",
            "convergence_section", "projection_section", "recommendation_section", "failures_section",
-           "collectives_section", "method_section", "pct"]
+           "collectives_section", "method_section", "env_text", "pct"]
 
 
 def pct(x: float | None) -> str:
@@ -109,7 +109,8 @@ def _gbit(bps) -> str:
 
 
 def cluster_section(doc: Mapping) -> list:
-    """The place: kind, hosts with slots and GPUs, each probed link's rate and round trip."""
+    """The place: kind, hosts with slots and GPUs, the distinct hosts the OK rows' ranks ran on
+    (``rank_hosts``), each probed link's rate and round trip."""
     place = doc.get("place") or {}
     hosts = place.get("hosts") or []
     slots = sum(int(h.get("slots") or 0) for h in hosts)
@@ -124,6 +125,12 @@ def cluster_section(doc: Mapping) -> list:
         blocks.append(Table(["host", "slots", "GPUs"], [[h.get("name", "?"), str(h.get("slots", "-")),
                                                          "-" if h.get("gpus") is None else str(h["gpus"])]
                                                         for h in hosts], "lrr"))
+    ran = list(dict.fromkeys(h for r in doc.get("rows", []) if r.get("status") == "OK"
+                             for h in r.get("rank_hosts") or [] if h))
+    if ran:
+        blocks.append(Paragraph(f"The successful jobs' ranks ran on {len(ran)} distinct host"
+                                f"{'s' * (len(ran) != 1)} ({', '.join(ran)}; every rank of results.json, "
+                                "dedicated parameter servers included)."))
     links = place.get("links") or []
     if links:
         blocks.append(Table(["from", "to", "rate (Gbit/s)", "round trip (ms)"],
@@ -160,11 +167,16 @@ def throughput_section(doc: Mapping, preds: Sequence[dict], figure=None) -> list
     blocks: list = [Heading("Throughput and scaling")]
     cells = _status_cells(doc)
     for model in dict.fromkeys(c["model"] for c in cells):
-        rows = []
+        rows, notes = [], []
         for c in (c for c in cells if c["model"] == model):
             p = pred.get(cell_key(c), {})
             if stat(c, "samples_per_s") is not None:
                 sps, eff = interval_text(c["samples_per_s"]), interval_text(c.get("efficiency"), 2)
+                if c.get("efficiency") is None and c.get("efficiency_note"):
+                    eff = "n/a"
+                    notes.append(f"efficiency of {c['variant']} at {c['workers']} workers"
+                                 + ("" if c.get("straggler", "none") == "none" else f", straggler {c['straggler']}")
+                                 + f": {c['efficiency_note']}")
             else:
                 sps, eff = c.get("status", "FAILED"), "-"
             rows.append(([c.get("straggler", "none")] if strag else [])
@@ -175,7 +187,10 @@ def throughput_section(doc: Mapping, preds: Sequence[dict], figure=None) -> list
                                                    "advise samples/s", "advise error", "advise: limited by"]
         blocks.append(Table(head, rows, ("l" if strag else "") + "lrrrrrrrl",
                             f"**{model}**: median [min-max] over the OK rounds; advise error = predicted / "
-                            "measured - 1"))
+                            "measured - 1" + ("; efficiency of a straggler cell: against the variant's 1-worker cell "
+                                              "without a straggler" if strag else "")))
+        if notes:
+            blocks.append(Bullets(notes))
     if figure is not None:
         blocks.append(figure)
     return blocks
@@ -292,13 +307,36 @@ def _command(argv: Sequence[str]) -> str:
     return " ".join(words if words and words[0].startswith("hvdkit") else ["hvdkit-bench", "training", *words])
 
 
+def env_text(meta: Mapping) -> str | None:
+    """The ``HVDKIT_*`` settings the jobs ran with (training.json ``meta.measures[M].hvdkit_env``,
+    else ``meta.hvdkit_env``), as one line; None where the file did not record them."""
+    per = {m: d["hvdkit_env"] for m, d in (meta.get("measures") or {}).items()
+           if isinstance(d, Mapping) and isinstance(d.get("hvdkit_env"), Mapping)}
+    if not per and isinstance(meta.get("hvdkit_env"), Mapping):
+        per = {"": meta["hvdkit_env"]}
+    if not per:
+        return None
+
+    def one(env: Mapping) -> str:
+        return ", ".join(f"`{k}={v}`" for k, v in env.items()) if env else "none"
+
+    envs = list(per.values())
+    text = one(envs[0]) if all(e == envs[0] for e in envs) else \
+        "; ".join(f"{m}: {one(e)}" for m, e in per.items())
+    return ("HVDKIT_* settings in every job's environment (hvdkit.train takes them for any setting its command "
+            f"line does not give): {text}")
+
+
 def method_section(doc: Mapping) -> list:
-    """How the figures were computed, and where they came from."""
+    """How the figures were computed, where they came from, and the ``HVDKIT_*`` settings in effect."""
     meta = doc.get("meta") or {}
+    env = env_text(meta)
     return [Heading("How these figures were computed"), Bullets([
         "samples/s, efficiency, step split: median [min-max] over the OK rounds of each cell (rounds of different "
-        "cells alternate); scaling efficiency = samples/s(N) / (N x samples/s(1)) of the same model and variant",
+        "cells alternate); scaling efficiency = samples/s(N) / (N x samples/s(1)) of the same model and variant, "
+        "samples/s(1) = its 1-worker cell without a straggler (for straggler cells too)",
         "hvdkit advise, per cell: " + advised.PREDICTION_METHOD,
         f"inputs: training.json of {meta.get('date', '?')} on {meta.get('host', '?')}"
         + (f" (`{_command(meta['argv'])}`)" if meta.get("argv") else ""),
+        env or "HVDKIT_* settings of the jobs: not recorded (a training.json from before hvdkit recorded them)",
     ])]

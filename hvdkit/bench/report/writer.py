@@ -12,13 +12,18 @@ from hvdkit.bench.report.document import Document, Figure, Paragraph
 from hvdkit.errors import UsageError
 from hvdkit.results import atomic_write
 
-__all__ = ["load_inputs", "build_report", "write_report", "REQUIRED"]
+__all__ = ["load_inputs", "build_report", "write_report", "read_json", "REQUIRED"]
 
 #: the keys of training.json the report cannot do without
 REQUIRED = ("rows", "summary")
 
 
-def _read_json(path: str) -> dict:
+def read_json(path: str) -> dict:
+    """The JSON object in ``path``.
+
+    Raises:
+        UsageError: no such file, not readable JSON, or not a JSON object (one line naming ``path``).
+    """
     try:
         with open(path, encoding="utf-8") as fh:
             doc = json.load(fh)
@@ -44,13 +49,13 @@ def load_inputs(out_dir: str) -> tuple[dict, list[tuple[str, dict]]]:
     path = os.path.join(out_dir, "training.json")
     if not os.path.exists(path):
         raise UsageError(f"{path} not found; run `hvdkit-bench training --out-dir {out_dir}` first")
-    training = _read_json(path)
+    training = read_json(path)
     missing = [k for k in REQUIRED if not isinstance(training.get(k), list)]
     if missing:
         raise UsageError(f"{path} has no {' or '.join(missing)} list: not the JSON of hvdkit-bench training")
     colls = []
     for p in sorted(glob.glob(os.path.join(out_dir, "collectives*.json"))):
-        d = _read_json(p)
+        d = read_json(p)
         if isinstance(d.get("rows"), list):
             colls.append((os.path.basename(p), d))
     return training, colls
@@ -78,13 +83,15 @@ def build_report(training: Mapping, collectives: Sequence[tuple[str, Mapping]] =
     primary = primary_measure(training)
     summary = [s for s in training.get("summary", []) if measure_of(s) == primary]
     scaling = _figure("report-scaling.png", figures.scaling_figure(summary, projs),
-                      "samples/s and scaling efficiency per variant (bars: min-max over rounds); dashed with open "
-                      "markers: the calibrated projection to 2x and 4x the hosts")
+                      "samples/s and scaling efficiency per variant (bars: min-max over rounds; dotted and other "
+                      "styles: with a straggler); dashed with open markers: the calibrated projection to 2x and 4x "
+                      "the hosts")
     split = _figure("report-split.png", figures.split_figure(summary),
                     "median milliseconds per step: compute, communication, wait, data")
     acc = _figure("report-accuracy.png", figures.accuracy_figure(training.get("rows", []),
                                                                   training.get("target_accuracy")),
-                  "accuracy vs training time, one line per round")
+                  "accuracy vs training time (top) and samples seen (bottom), one line per round, "
+                  "one column per model and straggler condition")
     coll = _figure("report-busbw.png", figures.busbw_figure([d for _, d in collectives]),
                    "collectives: busbw vs message size") if collectives else []
     doc.add(*sections.recommendation_section(training, preds))

@@ -8,6 +8,7 @@ The wire format (header fields, request and reply kinds) is in
 """
 from __future__ import annotations
 
+import socket
 import threading
 import time
 
@@ -309,7 +310,8 @@ class ServerLoop:
         elif h.kind == Kind.IDLE:
             self._send_weights(server.on_idle(worker, now))
         elif h.kind == Kind.GET_STATS:
-            self._reply(worker, Kind.STATS, json_bytes(server.stats()))
+            # the serving rank's host too: a dedicated server's host appears nowhere else in results.json
+            self._reply(worker, Kind.STATS, json_bytes({**server.stats(), "host": socket.gethostname()}))
         elif h.kind == Kind.GET_STATE:
             self._reply(worker, Kind.STATE, server.state_vector(), version=server.version,
                         iterations=server.optimizer.iterations)
