@@ -8,8 +8,8 @@
 
 For each configuration ``HxS`` (H hosts x S ranks each) and each link rate, one cluster is
 brought up (:func:`hvdkit.cluster.control.up`, torn down in ``finally`` whatever happens),
-its links are probed (:func:`hvdkit.cluster.probe.measure_pairs`, saved into
-``cluster.json``), then the launches run, alternated ``--repeats`` times (A B C A B C ...),
+it is probed (:func:`hvdkit.cluster.probe.measure`: each link, the ring pattern of every host
+sending to its right neighbour at once, each host's compute; saved into ``cluster.json``), then the launches run, alternated ``--repeats`` times (A B C A B C ...),
 each ``mpirun -np H*S -H h1:S,...`` (:func:`hvdkit.bench._common.cluster_mpirun_cmd`: MPI's network
 chosen and checked as hvdkit-launch does) of
 ``python -m hvdkit.bench.collectives --cluster-json <dir>/cluster.json --json ...`` with a
@@ -46,7 +46,9 @@ Rows become ``METHOD[LABEL]`` (the variant's label; none for main). Outputs in `
 (default ``results/cluster-<YYYY-MM-DD-HHMMSS>``): one ``<config>_<rate>_<variant>_<i>.json``
 / ``.log`` per launch; ``cluster_collectives.json`` (meta, launches, rows) and ``.csv``
 (config, hosts, slots, ranks, rate, link_Bps, launch, method, bytes, time_us, p25_us, p75_us,
-busbw_GBps, link_frac = busbw / probed link, pred_time_us, pred_busbw_GBps, wrong, checked);
+busbw_GBps, link_frac = busbw / probed link, pred_time_us, pred_busbw_GBps, wrong, checked,
+ring_bps = the probed ring-pattern rate in bits/s, ring_frac = busbw / that rate: the share of
+what this cluster's hosts physically carried in the same pattern with plain TCP sockets);
 ``busbw_<config>_<rate>.png``: busbw vs size per method (median over repeats), the probed
 link as a dashed line. Exit 0 when every launch ended OK (every rank's result exact), 1
 otherwise, 2 on bad usage or where no cluster can run (not root, no namespaces).
@@ -91,7 +93,7 @@ VARIANTS = {
 }
 CSV_FIELDS = ("config", "hosts", "slots", "ranks", "rate", "link_Bps", "launch", "variant", "method", "bytes",
               "time_us", "p25_us", "p75_us", "busbw_GBps", "link_frac", "pred_time_us", "pred_busbw_GBps",
-              "wrong", "checked")
+              "wrong", "checked", "ring_bps", "ring_frac")
 
 
 def parse_configs(text: str) -> list[tuple[int, int]]:
@@ -164,18 +166,24 @@ def _command(variant: str, hosts: int, slots: int, bench_args: list[str], extra:
 
 def merge_rows(doc: dict, common: dict) -> list[dict]:
     """The rows of one ``hvdkit.bench.collectives --json`` document with ``common`` fields
-    (config, rate, link_Bps, launch, variant) and ``link_frac`` = busbw / probed link added.
+    (config, rate, link_Bps, launch, variant, ring_bps) and ``link_frac`` = busbw / probed link
+    and ``ring_frac`` = busbw / probed ring-pattern rate (:func:`hvdkit.cluster.probe.ring_share`;
+    None without ``ring_bps``) added, both for allreduce rows only.
 
     Returns:
         list of dicts with the keys of :data:`CSV_FIELDS` (``rounds_us`` too).
     """
+    from hvdkit.cluster.probe import ring_share
+
     out = []
     ranks = doc["meta"]["world_size"]
     for r in doc.get("rows", []):
         bps = common.get("link_Bps")
+        allreduce = r.get("link_pct") is not None
         row = {**common, "ranks": ranks, "method": r["method"], "bytes": r["bytes"], "time_us": r["time_us"],
                "p25_us": r["p25_us"], "p75_us": r["p75_us"], "busbw_GBps": r["busbw_GBps"],
-               "link_frac": r["busbw_GBps"] * 1e9 / bps if bps and r.get("link_pct") is not None else None,
+               "link_frac": r["busbw_GBps"] * 1e9 / bps if bps and allreduce else None,
+               "ring_frac": ring_share(r["busbw_GBps"] * 1e9, common.get("ring_bps")) if allreduce else None,
                "pred_time_us": r.get("pred_time_us"), "pred_busbw_GBps": r.get("pred_busbw_GBps"),
                "wrong": r["wrong"], "checked": r["checked"], "rounds_us": r.get("rounds_us")}
         out.append(row)
@@ -184,6 +192,7 @@ def merge_rows(doc: dict, common: dict) -> list[dict]:
 
 def _one_cluster(a, hosts: int, slots: int, rate: str, out: str, launches: list, rows: list) -> None:
     from hvdkit.cluster import control, probe
+    from hvdkit.cluster.probe import ring_rate_bps
     from hvdkit.cluster.spec import ClusterSpec, parse_rate
 
     config = f"{hosts}x{slots}"
@@ -193,11 +202,12 @@ def _one_cluster(a, hosts: int, slots: int, rate: str, out: str, launches: list,
     try:
         state = control.up(spec, log=lambda *_: None)
         os.environ.update(control.environment(state))
-        control.save_probe(probe.measure_pairs(state["hosts"], seconds=a.probe_seconds, log=lambda *_: None))
+        control.save_probe(probe.measure(state["hosts"], seconds=a.probe_seconds, log=lambda *_: None))
         state = control.load()
         cj = os.path.join(state["dir"], "cluster.json")
+        ring_bps = ring_rate_bps(state)
         log(f"cluster_collectives: {config} at {rate}: up, probed {state['link_Bps'] * 8 / 1e9:.3f} Gbit/s, "
-            f"rtt {state['rtt_s'] * 1e6:.0f} us")
+            f"rtt {state['rtt_s'] * 1e6:.0f} us, ring pattern {ring_bps / 1e9:.3f} Gbit/s")
         bench = ["--cluster-json", cj, "--min-bytes", a.min_bytes, "--max-bytes", a.max_bytes, "--step", a.step,
                  "--iters", str(a.iters), "--warmup", str(a.warmup)]
         for rep in range(a.repeats):
@@ -219,7 +229,8 @@ def _one_cluster(a, hosts: int, slots: int, rate: str, out: str, launches: list,
                     with open(js) as fh:
                         doc = json.load(fh)
                     rows += merge_rows(doc, {"config": config, "hosts": hosts, "slots": slots, "rate": rate,
-                                             "link_Bps": state["link_Bps"], "launch": name, "variant": v})
+                                             "link_Bps": state["link_Bps"], "ring_bps": ring_bps,
+                                             "launch": name, "variant": v})
     except Exception as e:  # noqa: BLE001 - one cluster failing must not lose the others' numbers
         launches.append({"name": f"{config}_{rate}", "config": config, "rate": rate, "variant": None,
                          "status": "FAILED", "seconds": round(time.monotonic() - t0, 1),
@@ -233,10 +244,11 @@ def _one_cluster(a, hosts: int, slots: int, rate: str, out: str, launches: list,
 
 def summarize(rows: list[dict], min_bytes: int = 4 << 20) -> list[dict]:
     """Per (config, rate, method): the median over sizes >= ``min_bytes`` (and over repeated
-    launches) of busbw / probed link (``link_frac``) and of measured / predicted time
-    (``vs_pred``; the alpha-beta model of :mod:`hvdkit.costs`), with their min and max over
-    those rows. Returns a list of dicts (config, rate, method, n, link_frac, link_frac_min,
-    link_frac_max, vs_pred, vs_pred_min, vs_pred_max); None where a value is missing."""
+    launches) of busbw / probed link (``link_frac``), of busbw / probed ring-pattern rate
+    (``ring_frac``) and of measured / predicted time (``vs_pred``; the alpha-beta model of
+    :mod:`hvdkit.costs`), with their min and max over those rows. Returns a list of dicts
+    (config, rate, method, n, link_frac, link_frac_min, link_frac_max, ring_frac, ring_frac_min,
+    ring_frac_max, vs_pred, vs_pred_min, vs_pred_max); None where a value is missing."""
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
         if r["bytes"] >= min_bytes:
@@ -244,9 +256,10 @@ def summarize(rows: list[dict], min_bytes: int = 4 << 20) -> list[dict]:
     out = []
     for (cfg, rate, m), rs in groups.items():
         lf = [r["link_frac"] for r in rs if r.get("link_frac") is not None]
+        rf = [r["ring_frac"] for r in rs if r.get("ring_frac") is not None]
         vp = [r["time_us"] / r["pred_time_us"] for r in rs if r.get("pred_time_us")]
         stat = {}
-        for k, v in (("link_frac", lf), ("vs_pred", vp)):
+        for k, v in (("link_frac", lf), ("ring_frac", rf), ("vs_pred", vp)):
             stat[k], stat[k + "_min"], stat[k + "_max"] = ((float(np.median(v)), min(v), max(v)) if v
                                                            else (None, None, None))
         out.append({"config": cfg, "rate": rate, "method": m, "n": len(rs), **stat})
@@ -255,11 +268,12 @@ def summarize(rows: list[dict], min_bytes: int = 4 << 20) -> list[dict]:
 
 def _print_summary(summary: list[dict], min_bytes: int) -> None:
     print(f"# per config, rate, method: median over sizes >= {min_bytes >> 20} MiB and launches [min, max]")
-    print(f"# {'config':<6} {'rate':<8} {'method':<22} {'n':>3}  {'busbw/link':<22} {'time/predicted':<22}")
-    f = (lambda d, k: "-" if d[k] is None else f"{d[k]:.3f} [{d[k + '_min']:.3f}, {d[k + '_max']:.3f}]")
+    print(f"# {'config':<6} {'rate':<8} {'method':<22} {'n':>3}  {'busbw/link':<22} {'busbw/ring pattern':<22} "
+          f"{'time/predicted':<22}")
+    f = (lambda d, k: "-" if d.get(k) is None else f"{d[k]:.3f} [{d[k + '_min']:.3f}, {d[k + '_max']:.3f}]")
     for d in summary:
         print(f"  {d['config']:<6} {d['rate']:<8} {d['method']:<22} {d['n']:>3}  {f(d, 'link_frac'):<22} "
-              f"{f(d, 'vs_pred'):<22}")
+              f"{f(d, 'ring_frac'):<22} {f(d, 'vs_pred'):<22}")
 
 
 def _write_csv(path: str, rows: list[dict]) -> None:

@@ -29,7 +29,7 @@ A :class:`Place` is a context manager; inside ``with place:`` it builds every jo
 * ``emulated`` (``--emulated H[:SLOTS][@RATE]``, default 1 slot, 1gbit): brings up
   ``hvdkit-cluster`` (:func:`hvdkit.cluster.control.session`: taken down on leaving the
   ``with``, on an error, Ctrl-C, SIGTERM, and by its watchdog when this process is killed),
-  probes its links (:func:`hvdkit.cluster.probe.measure_pairs`), puts the cluster's ssh first
+  probes it (:func:`hvdkit.cluster.probe.measure`: links, ring pattern, compute), puts the cluster's ssh first
   on ``PATH`` for the jobs, then takes the cluster's hostfile down the ``--hostfile`` path: no
   code path of its own, so it is how the hostfile path is tested on one machine.
 
@@ -417,7 +417,7 @@ class Place:
         os.environ.update(control.environment(state))
         t0 = time.monotonic()
         if len(state["hosts"]) > 1:
-            control.save_probe(probe.measure_pairs(state["hosts"], seconds=self.probe_seconds, log=lambda *_: None))
+            control.save_probe(probe.measure(state["hosts"], seconds=self.probe_seconds, log=lambda *_: None))
             state = control.load()
             self._links = [{"src": p["src"], "dst": p["dst"], "rate_bps": p["Bps"] * 8,
                             "rtt_ms": None if p.get("rtt_s") is None else p["rtt_s"] * 1e3}
