@@ -325,6 +325,8 @@ class Place:
             its physical cores; emulated: filled in on entering, from the cluster's hostfile).
         ssh_timeout: seconds every host has to answer ssh on entering.
         source: where the hosts came from, for messages and :meth:`describe` (``--hostfile F``).
+        ring_bps: the probed ring-pattern rate, bits/s (:func:`hvdkit.cluster.probe.ring_rate_bps`;
+            emulated, after entering; None elsewhere).
     """
 
     def __init__(self, kind: str, hosts: Sequence[Host], *, hosts_arg: str = "", hostfile: str = "",
@@ -337,6 +339,7 @@ class Place:
         self._hosts_arg, self._hostfile, self._emulated, self._log = hosts_arg, hostfile, emulated, log
         self._gpus: dict[str, int] = {}
         self._links: list[dict] = []
+        self.ring_bps: float | None = None
         self._choices: dict[str, Choice | None] = {}
         self._mpi: tuple[str, str] | None = None
         self._stack: contextlib.ExitStack | None = None
@@ -422,6 +425,7 @@ class Place:
             self._links = [{"src": p["src"], "dst": p["dst"], "rate_bps": p["Bps"] * 8,
                             "rtt_ms": None if p.get("rtt_s") is None else p["rtt_s"] * 1e3}
                            for p in state["probe"]["pairs"]]
+            self.ring_bps = probe.ring_rate_bps(state)
         self._log(f"hvdkit-bench: emulated cluster up: {spec.hosts} hosts x {spec.slots} slots, "
                   f"{spec.bandwidth_bps / 1e6:g} Mbit/s links" + (
                       f", probed {state['link_Bps'] * 8 / 1e6:.0f} Mbit/s in {time.monotonic() - t0:.1f} s"

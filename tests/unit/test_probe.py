@@ -140,3 +140,53 @@ def test_a_ring_neighbour_that_is_unreachable_fails_both_of_its_sides_in_bounded
     assert msg.startswith("probe ring pattern: 2 of 3 hosts failed: h2 (") and "Connection refused" in msg, msg
     assert ", h3 (TimeoutError: no connection from the left neighbour within 1 s)" in msg and "h1 (" not in msg, msg
     assert time.monotonic() - t0 < 20
+
+
+# -- hvdkit-bench cluster-collectives on places ------------------------------------------------------
+
+def _cc_args(*argv):
+    from hvdkit.bench.cluster_collectives import build_parser
+    return build_parser().parse_args(list(argv))
+
+
+def test_cluster_collectives_sweeps_emulated_places_or_takes_the_one_given():
+    from hvdkit.bench.cluster_collectives import sweep
+
+    cells = sweep(_cc_args())
+    assert [(c, r, f.emulated) for c, r, f in cells][:3] == [("2x1", "200mbit", "2:1@200mbit"),
+                                                             ("2x1", "1gbit", "2:1@1gbit"),
+                                                             ("3x1", "200mbit", "3:1@200mbit")]
+    assert len(cells) == 8 and all(not f.hosts and not f.hostfile and not f.slurm for _, _, f in cells)
+    one = sweep(_cc_args("--configs", "3x2", "--rates", "1gbit", "--probe-seconds", "0.3"))
+    assert [(c, r, f.emulated, f.probe_seconds) for c, r, f in one] == [("3x2", "1gbit", "3:2@1gbit", 0.3)]
+    a = _cc_args("--hostfile", "hosts.txt")
+    assert sweep(a) == [(None, None, a)]
+
+
+def test_cluster_collectives_configuration_of_a_place():
+    from hvdkit.bench.cluster_collectives import _configuration
+    from hvdkit.launch.hosts import Host
+
+    class Place:
+        def __init__(self, kind, slots):
+            self.kind, self.hosts = kind, [Host(f"n{i}", s) for i, s in enumerate(slots)]
+
+    assert _configuration(Place("hosts", [2, 2, 2]), _cc_args("--hosts", "x")) == ("3x2", "-")
+    assert _configuration(Place("hosts", [4, 2]), _cc_args("--hosts", "x")) == ("2:4+2", "-")
+    assert _configuration(Place("emulated", [1] * 4), _cc_args("--emulated", "4@200mbit")) == ("4x1", "200mbit")
+    assert _configuration(Place("emulated", [1] * 4), _cc_args("--emulated", "4")) == ("4x1", "1gbit")
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["--hosts", "h1:1,h2:1", "--configs", "2x1"], "--configs/--rates sweep the emulated cluster; with --hosts"),
+    (["--hostfile", "f", "--variants", "gloo"], "--variants gloo runs horovodrun inside the emulated host h1"),
+    (["--configs", "1x1"], "--configs '1x1': write HOSTSxSLOTS with HOSTS >= 2"),
+    (["--rates", "1gbit,fast"], "--rates fast: rate 'fast': write a number and a unit"),
+])
+def test_cluster_collectives_bad_input_is_one_line_status_2(capsys, argv, match):
+    import re
+
+    from hvdkit.bench import cluster_collectives
+    assert cluster_collectives.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert re.search(match, err) and len(err.splitlines()) == 1, err
