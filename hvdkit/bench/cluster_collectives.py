@@ -17,16 +17,17 @@ cluster brought up, probed and torn down on leaving, whatever happens; in betwee
 through its hostfile like ``--hostfile``'s). An emulated place is probed
 (:func:`hvdkit.cluster.probe.measure`: each link, the ring pattern of every host sending to its
 right neighbour at once, each host's compute; saved into ``cluster.json``). Then the launches
-run, alternated ``--repeats`` times (A B C A B C ...), each ``mpirun -np H*S`` over the place's hosts as ``hvdkit-launch`` builds it
-(:meth:`hvdkit.bench.places.Place.command`: MPI's network chosen and checked, Open MPI's ring
-allreduce and keep-alives unless the variant sets ``coll_tuned``) of
+run, alternated ``--repeats`` times (A B C A B C ...), each ``mpirun -np H*S`` over the place's
+hosts as ``hvdkit-launch`` builds it (:meth:`hvdkit.bench.places.Place.command`: MPI's network
+chosen and checked, Open MPI's ring allreduce and keep-alives unless the variant sets
+``coll_tuned``) of
 ``python -m hvdkit.bench.collectives --link-bandwidth B --link-latency A --json ...`` (the probed
 link's median rate and half its median round trip; no link where nothing was probed) with a
 hard ``--timeout``. Variants (``--variants``):
 
 ==============  =====================================================================
-main            the default launch; methods mpi, horovod, ring, ps, ps2 (>= 3 ranks),
-                ps-colocated (or ``--methods``)
+main            hvdkit-launch's launch (across hosts: Open MPI's ring allreduce); methods
+                mpi, horovod, ring, ps, ps2 (>= 3 ranks), ps-colocated (or ``--methods``)
 ompi-ring       Open MPI's ring allreduce forced: ``--mca coll_tuned_use_dynamic_rules 1
                 --mca coll_tuned_allreduce_algorithm 4``; methods mpi, horovod
 ompi-segring    Open MPI's segmented ring (algorithm 5, 1 MiB segments); methods mpi, horovod
@@ -245,10 +246,11 @@ def sweep(a: argparse.Namespace) -> list[tuple[str | None, str | None, argparse.
 
 def _configuration(place, flags: argparse.Namespace) -> tuple[str, str]:
     """(config, rate) of a place given by a flag: ``HxS`` (or ``H:S1+S2+...`` for unequal
-    slots) and the emulated rate as given (``1gbit`` by default), ``-`` for real hosts."""
+    slots) and the emulated rate as given (``1gbit`` by default), None for real hosts (their
+    rate is not set by hvdkit; file names say ``hosts`` instead)."""
     slots = [h.slots or 1 for h in place.hosts]
     config = f"{len(slots)}x{slots[0]}" if len(set(slots)) == 1 else f"{len(slots)}:{'+'.join(map(str, slots))}"
-    rate = "-"
+    rate = None
     if place.kind == "emulated":
         rate = flags.emulated.partition("@")[2].strip() or "1gbit"
     return config, rate
@@ -276,7 +278,7 @@ def _one_place(a, config: str | None, rate: str | None, flags: argparse.Namespac
                 + (f", ring pattern {place.ring_bps / 1e9:.3f} Gbit/s" if place.ring_bps else ""))
             for rep in range(a.repeats):
                 for v in a.variants:
-                    name = f"{config}_{rate}_{v}_{rep}"
+                    name = f"{config}_{rate or 'hosts'}_{v}_{rep}"
                     js = os.path.join(out, name + ".json")
                     cmd = _command(v, place, [*bench, "--json", js], tuple(shlex.split(a.mpi_args)))
                     if v == "main" and a.methods:
@@ -299,7 +301,7 @@ def _one_place(a, config: str | None, rate: str | None, flags: argparse.Namespac
         raise
     except Exception as e:  # noqa: BLE001 - one place failing must not lose the others' numbers
         config = config or "?"
-        launches.append({"name": f"{config}_{rate}", "config": config, "rate": rate, "variant": None,
+        launches.append({"name": f"{config}_{rate or 'hosts'}", "config": config, "rate": rate, "variant": None,
                          "status": "FAILED", "seconds": round(time.monotonic() - t0, 1),
                          "error": f"{type(e).__name__}: {e}", "place": place.source})
         log(f"cluster_collectives: {config} at {rate} FAILED: {type(e).__name__}: {e}")
@@ -335,7 +337,7 @@ def _print_summary(summary: list[dict], min_bytes: int) -> None:
           f"{'time/predicted':<22}")
     f = (lambda d, k: "-" if d.get(k) is None else f"{d[k]:.3f} [{d[k + '_min']:.3f}, {d[k + '_max']:.3f}]")
     for d in summary:
-        print(f"  {d['config']:<6} {d['rate']:<8} {d['method']:<22} {d['n']:>3}  {f(d, 'link_frac'):<22} "
+        print(f"  {d['config']:<6} {d['rate'] or '-':<8} {d['method']:<22} {d['n']:>3}  {f(d, 'link_frac'):<22} "
               f"{f(d, 'ring_frac'):<22} {f(d, 'vs_pred'):<22}")
 
 
@@ -378,10 +380,10 @@ def plot(rows: list[dict], out: str) -> list[str]:
         ax.set_xticklabels([_human_bytes(t) for t in ticks], rotation=45, fontsize=7)
         ax.set_xlabel("message size per rank")
         ax.set_ylabel("busbw (GB/s)")
-        ax.set_title(f"{cfg} (hosts x ranks) on {rate} links")
+        ax.set_title(f"{cfg} (hosts x ranks) on {rate or 'the hosts'} links")
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7, ncol=2)
-        paths.append(_save(fig, os.path.join(out, f"busbw_{cfg}_{rate}.png")))
+        paths.append(_save(fig, os.path.join(out, f"busbw_{cfg}_{rate or 'hosts'}.png")))
     return paths
 
 

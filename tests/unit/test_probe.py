@@ -171,8 +171,8 @@ def test_cluster_collectives_configuration_of_a_place():
         def __init__(self, kind, slots):
             self.kind, self.hosts = kind, [Host(f"n{i}", s) for i, s in enumerate(slots)]
 
-    assert _configuration(Place("hosts", [2, 2, 2]), _cc_args("--hosts", "x")) == ("3x2", "-")
-    assert _configuration(Place("hosts", [4, 2]), _cc_args("--hosts", "x")) == ("2:4+2", "-")
+    assert _configuration(Place("hosts", [2, 2, 2]), _cc_args("--hosts", "x")) == ("3x2", None)
+    assert _configuration(Place("hosts", [4, 2]), _cc_args("--hosts", "x")) == ("2:4+2", None)
     assert _configuration(Place("emulated", [1] * 4), _cc_args("--emulated", "4@200mbit")) == ("4x1", "200mbit")
     assert _configuration(Place("emulated", [1] * 4), _cc_args("--emulated", "4")) == ("4x1", "1gbit")
 
