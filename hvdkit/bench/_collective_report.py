@@ -142,7 +142,7 @@ def print_gains(gains: list[dict]) -> None:
         return
     print("# --compression fp16: busbw-equivalent gain = time(float32) / time(fp16), per round; median [IQR]")
     for g in gains:
-        print(f"  {g['config']:<6} {g['rate']:<8} {g['bytes'] >> 20:>4} MiB  {g['compressed']:<22} vs "
+        print(f"  {g['config']:<6} {g['rate'] or '-':<8} {g['bytes'] >> 20:>4} MiB  {g['compressed']:<22} vs "
               f"{g['method']:<16} {g['gain']:.2f}x [{g['gain_p25']:.2f}, {g['gain_p75']:.2f}]  "
               f"(ratio of medians {g['ratio_of_medians']:.2f}, {g['rounds']} rounds)")
 

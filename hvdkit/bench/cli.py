@@ -25,7 +25,7 @@ import subprocess
 import sys
 
 
-__all__ = ["main", "COMMANDS"]
+__all__ = ["main", "COMMANDS", "link_args"]
 
 #: name -> module run in this process
 COMMANDS = {"training": "hvdkit.bench.training",
@@ -46,7 +46,8 @@ _USAGE = ("usage: hvdkit-bench {collectives,training,plots,plot-timeline,timelin
           "  plot-timeline TRACE -o PNG       per rank, the share of each phase per step of a --timeline trace\n"
           "  timeline-cost [-np N] [--] [ARGS] step time with and without --timeline, interleaved (mpirun -np N)\n"
           "  suite [ARGS]                     collectives, training, convergence and the report on one place\n"
-          "  cluster-collectives [ARGS]       collectives on emulated clusters (hvdkit-cluster; root)\n"
+          "  cluster-collectives [ARGS]       every collective method and launch variant on a place (--hosts,\n"
+          "                                   --hostfile, --slurm, --emulated) or a sweep of emulated clusters\n"
           "  advise-check [ARGS]              hvdkit advise's predictions vs the measured and published figures\n"
           "  report DIR                       the decision report (report.md, report.html) of DIR/training.json\n"
           "hvdkit-bench NAME --help lists NAME's flags.")
@@ -69,9 +70,10 @@ def _place_parser(name: str):
     return p
 
 
-def _link_args(args: list[str], place) -> list[str]:
-    """``--link-bandwidth RATE --link-latency S`` from the place's probed links (median rate,
-    half the median round trip), unless ``args`` names a link already; [] without probed links."""
+def link_args(args: list[str], place) -> list[str]:
+    """``--link-bandwidth RATE --link-latency S`` for :mod:`hvdkit.bench.collectives` from the
+    place's probed links (median rate, half the median round trip), unless ``args`` names a link
+    already; [] without probed links."""
     links = [x for x in place.describe()["links"] if x.get("rate_bps")]
     if not links or any(a.split("=")[0] in ("--link-bandwidth", "--cluster-json") for a in args):
         return []
@@ -108,7 +110,7 @@ def _collectives(args: list[str], name: str = "collectives") -> int:
             raise UsageError(f"-np {np_}: the hosts have {place.slots} slots ({place.source}); give -np {place.slots} "
                              f"or fewer, or more slots")
         with place:
-            cmd = place.command(np_, [sys.executable, "-m", COMMANDS[name], *rest, *_link_args(rest, place)])
+            cmd = place.command(np_, [sys.executable, "-m", COMMANDS[name], *rest, *link_args(rest, place)])
             return subprocess.call(cmd)
     except UsageError as e:
         print(f"hvdkit-bench {name}: error: {e}", file=sys.stderr)

@@ -1,23 +1,33 @@
-"""Collectives on an emulated cluster: every host count, link rate and launch variant, merged.
+"""Collectives across hosts: every host count, link rate and launch variant, merged.
 
-    python -m hvdkit.bench.cluster_collectives                       # 2,3,4 hosts x 1 and 2 x 2; 200mbit, 1gbit
+    python -m hvdkit.bench.cluster_collectives                       # emulated: 2,3,4 hosts x 1 and 2 x 2; 200mbit, 1gbit
     python -m hvdkit.bench.cluster_collectives --configs 3x1 --rates 1gbit --variants main,ompi-ring,hvd-ring \\
         --repeats 2 --out-dir results/cluster
     python -m hvdkit.bench.cluster_collectives --configs 2x1 --rates 1gbit --min-bytes 64K --max-bytes 256K \\
         --iters 2 --warmup 1 --variants main --methods mpi,ring      # smoke test (~20 s)
+    hvdkit-bench cluster-collectives --hostfile hosts.txt --out-dir /shared/cc     # the user's hosts, every slot
+    hvdkit-bench cluster-collectives --emulated 4@1gbit --variants main,yield      # one emulated place
 
-For each configuration ``HxS`` (H hosts x S ranks each) and each link rate, one cluster is
-brought up (:func:`hvdkit.cluster.control.up`, torn down in ``finally`` whatever happens),
-its links are probed (:func:`hvdkit.cluster.probe.measure_pairs`, saved into
-``cluster.json``), then the launches run, alternated ``--repeats`` times (A B C A B C ...),
-each ``mpirun -np H*S -H h1:S,...`` (:func:`hvdkit.bench._common.cluster_mpirun_cmd`: MPI's network
-chosen and checked as hvdkit-launch does) of
-``python -m hvdkit.bench.collectives --cluster-json <dir>/cluster.json --json ...`` with a
+Where the launches run is a place (:mod:`hvdkit.bench.places`), chosen as for the training
+benchmark: ``--hosts``, ``--hostfile``, ``--slurm`` or ``--emulated H[:SLOTS][@RATE]`` is one
+place, its configuration ``HxS`` its hosts and slots (every slot one rank). Without a place
+flag the run sweeps the emulated cluster: for each configuration ``HxS`` of ``--configs`` (H
+hosts x S ranks each) and each rate of ``--rates``, the place ``--emulated H:S@RATE`` (its
+cluster brought up, probed and torn down on leaving, whatever happens; in between the jobs go
+through its hostfile like ``--hostfile``'s). An emulated place is probed
+(:func:`hvdkit.cluster.probe.measure`: each link, the ring pattern of every host sending to its
+right neighbour at once, each host's compute; saved into ``cluster.json``). Then the launches
+run, alternated ``--repeats`` times (A B C A B C ...), each ``mpirun -np H*S`` over the place's
+hosts as ``hvdkit-launch`` builds it (:meth:`hvdkit.bench.places.Place.command`: MPI's network
+chosen and checked, Open MPI's ring allreduce and keep-alives unless the variant sets
+``coll_tuned``) of
+``python -m hvdkit.bench.collectives --link-bandwidth B --link-latency A --json ...`` (the probed
+link's median rate and half its median round trip; no link where nothing was probed) with a
 hard ``--timeout``. Variants (``--variants``):
 
 ==============  =====================================================================
-main            the default launch; methods mpi, horovod, ring, ps, ps2 (>= 3 ranks),
-                ps-colocated (or ``--methods``)
+main            hvdkit-launch's launch (across hosts: Open MPI's ring allreduce); methods
+                mpi, horovod, ring, ps, ps2 (>= 3 ranks), ps-colocated (or ``--methods``)
 ompi-ring       Open MPI's ring allreduce forced: ``--mca coll_tuned_use_dynamic_rules 1
                 --mca coll_tuned_allreduce_algorithm 4``; methods mpi, horovod
 ompi-segring    Open MPI's segmented ring (algorithm 5, 1 MiB segments); methods mpi, horovod
@@ -29,8 +39,8 @@ ompi-default    the same methods with ``--mca coll_tuned_use_dynamic_rules 0`` (
 hvd-fusion      Horovod with ring forced and ``HOROVOD_FUSION_THRESHOLD=0`` and
                 ``HOROVOD_CYCLE_TIME=0.1`` (ms); method horovod
 gloo            ``horovodrun --gloo``, run inside h1 (its rendezvous server must be on the
-                hosts' interface, eth0); method horovod. Fails so far on the emulator (a
-                rank's Gloo pair connects to 127.0.0.1)
+                hosts' interface, eth0); method horovod; emulated places only. Fails so far
+                on the emulator (a rank's Gloo pair connects to 127.0.0.1)
 fp16            the default launch; ``--compression fp16`` against float32: methods ring,
                 ring-fp16, horovod, horovod-fp16, ps, ps-fp16, ps-fp16-push, ps-colocated,
                 ps-colocated-fp16 (rows as in main, interleaved round by round)
@@ -46,10 +56,13 @@ Rows become ``METHOD[LABEL]`` (the variant's label; none for main). Outputs in `
 (default ``results/cluster-<YYYY-MM-DD-HHMMSS>``): one ``<config>_<rate>_<variant>_<i>.json``
 / ``.log`` per launch; ``cluster_collectives.json`` (meta, launches, rows) and ``.csv``
 (config, hosts, slots, ranks, rate, link_Bps, launch, method, bytes, time_us, p25_us, p75_us,
-busbw_GBps, link_frac = busbw / probed link, pred_time_us, pred_busbw_GBps, wrong, checked);
+busbw_GBps, link_frac = busbw / probed link, pred_time_us, pred_busbw_GBps, wrong, checked,
+ring_bps = the probed ring-pattern rate in bits/s, ring_frac = busbw / that rate: the share of
+what this cluster's hosts physically carried in the same pattern with plain TCP sockets);
 ``busbw_<config>_<rate>.png``: busbw vs size per method (median over repeats), the probed
 link as a dashed line. Exit 0 when every launch ended OK (every rank's result exact), 1
-otherwise, 2 on bad usage or where no cluster can run (not root, no namespaces).
+otherwise, 2 on bad usage (a place that does not answer ssh) or where no emulated cluster can run
+(not root, no namespaces).
 """
 from __future__ import annotations
 
@@ -67,10 +80,11 @@ from datetime import datetime
 import numpy as np
 
 from hvdkit.bench._collective_report import compression_gains, print_gains
-from hvdkit.bench._common import cluster_mpirun_cmd, host_meta, launch, log
+from hvdkit.bench._common import host_meta, launch, log
+from hvdkit.errors import UsageError
 from hvdkit.results import write_json
 
-__all__ = ["VARIANTS", "main", "build_parser", "parse_configs", "merge_rows", "summarize", "plot"]
+__all__ = ["VARIANTS", "main", "build_parser", "parse_configs", "sweep", "merge_rows", "summarize", "plot"]
 
 _RING = ("--mca", "coll_tuned_use_dynamic_rules", "1", "--mca", "coll_tuned_allreduce_algorithm", "4")
 _FP16 = "ring,ring-fp16,horovod,horovod-fp16,ps,ps-fp16,ps-fp16-push,ps-colocated,ps-colocated-fp16"
@@ -89,9 +103,10 @@ VARIANTS = {
     "fp16": ("", "mpi", (), _FP16, {}),
     "fp16-yield": ("yield", "mpi", (*_RING, "--mca", "mpi_yield_when_idle", "1"), _FP16, {}),
 }
+DEFAULT_CONFIGS, DEFAULT_RATES = "2x1,3x1,4x1,2x2", "200mbit,1gbit"
 CSV_FIELDS = ("config", "hosts", "slots", "ranks", "rate", "link_Bps", "launch", "variant", "method", "bytes",
               "time_us", "p25_us", "p75_us", "busbw_GBps", "link_frac", "pred_time_us", "pred_busbw_GBps",
-              "wrong", "checked")
+              "wrong", "checked", "ring_bps", "ring_frac")
 
 
 def parse_configs(text: str) -> list[tuple[int, int]]:
@@ -116,8 +131,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m hvdkit.bench.cluster_collectives",
                                 description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--configs", default="2x1,3x1,4x1,2x2", help="HOSTSxSLOTS list (default 2x1,3x1,4x1,2x2)")
-    p.add_argument("--rates", default="200mbit,1gbit", help="link rates, tc units (default 200mbit,1gbit)")
+    from hvdkit.bench.places import add_place_arguments
+
+    p.add_argument("--configs", default="", help=f"emulated HOSTSxSLOTS list (default {DEFAULT_CONFIGS}; not with a "
+                                                 "place flag)")
+    p.add_argument("--rates", default="", help=f"emulated link rates, tc units (default {DEFAULT_RATES}; not with a "
+                                               "place flag)")
     p.add_argument("--variants", default="main,ompi-ring", help=f"launch variants, from {', '.join(VARIANTS)} "
                                                                 "(default main,ompi-ring)")
     p.add_argument("--repeats", type=int, default=1,
@@ -138,6 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-plot", action="store_true", help="skip the PNGs")
     p.add_argument("--merge", nargs="+", metavar="JSON", help="run nothing: merge these cluster_collectives.json "
                                                              "files (separate runs) into --out-dir")
+    add_place_arguments(p)
     return p
 
 
@@ -147,96 +167,153 @@ def _main_methods(ranks: int, given: str) -> str:
     return ",".join(["mpi", "horovod", "ring", "ps"] + (["ps2"] if ranks >= 3 else []) + ["ps-colocated"])
 
 
-def _command(variant: str, hosts: int, slots: int, bench_args: list[str], extra: tuple = ()) -> list[str]:
+def _command(variant: str, place, bench_args: list[str], extra: tuple = ()) -> list[str]:
+    """The launch of ``variant`` over every slot of the (entered) ``place``."""
     label, launcher, mpi_args, methods, env = VARIANTS[variant]
-    ranks = hosts * slots
-    where = ",".join(f"h{i + 1}:{slots}" for i in range(hosts))
+    ranks = place.slots
     args = [*bench_args, "--methods", methods or _main_methods(ranks, "")] + (["--label", label] if label else [])
     prog = (sys.executable, "-m", "hvdkit.bench.collectives", *args)
     if launcher == "horovodrun-gloo":
         hvdrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
+        where = ",".join(f"{h.name}:{h.slots or 1}" for h in place.hosts)
         # from inside h1: horovodrun's rendezvous address and Gloo's interface are one name (eth0)
         return ["ip", "netns", "exec", "hvdc-h1", "env", *(f"{k}={v}" for k, v in env.items()), hvdrun, "--gloo",
                 "-np", str(ranks), "-H", where,
                 "--network-interfaces", "eth0", *prog]
-    return cluster_mpirun_cmd(ranks, prog, where, mpi_args=(*mpi_args, *extra), env_set=tuple(env.items()))
+    return place.command(ranks, prog, mpi_args=(*mpi_args, *extra), env_set=tuple(env.items()))
 
 
 def merge_rows(doc: dict, common: dict) -> list[dict]:
     """The rows of one ``hvdkit.bench.collectives --json`` document with ``common`` fields
-    (config, rate, link_Bps, launch, variant) and ``link_frac`` = busbw / probed link added.
+    (config, rate, link_Bps, launch, variant, ring_bps) and ``link_frac`` = busbw / probed link
+    and ``ring_frac`` = busbw / probed ring-pattern rate (:func:`hvdkit.cluster.probe.ring_share`;
+    None without ``ring_bps``) added, both for allreduce rows only.
 
     Returns:
         list of dicts with the keys of :data:`CSV_FIELDS` (``rounds_us`` too).
     """
+    from hvdkit.cluster.probe import ring_share
+
     out = []
     ranks = doc["meta"]["world_size"]
     for r in doc.get("rows", []):
         bps = common.get("link_Bps")
+        allreduce = r.get("link_pct") is not None
         row = {**common, "ranks": ranks, "method": r["method"], "bytes": r["bytes"], "time_us": r["time_us"],
                "p25_us": r["p25_us"], "p75_us": r["p75_us"], "busbw_GBps": r["busbw_GBps"],
-               "link_frac": r["busbw_GBps"] * 1e9 / bps if bps and r.get("link_pct") is not None else None,
+               "link_frac": r["busbw_GBps"] * 1e9 / bps if bps and allreduce else None,
+               "ring_frac": ring_share(r["busbw_GBps"] * 1e9, common.get("ring_bps")) if allreduce else None,
                "pred_time_us": r.get("pred_time_us"), "pred_busbw_GBps": r.get("pred_busbw_GBps"),
                "wrong": r["wrong"], "checked": r["checked"], "rounds_us": r.get("rounds_us")}
         out.append(row)
     return out
 
 
-def _one_cluster(a, hosts: int, slots: int, rate: str, out: str, launches: list, rows: list) -> None:
-    from hvdkit.cluster import control, probe
-    from hvdkit.cluster.spec import ClusterSpec, parse_rate
+def sweep(a: argparse.Namespace) -> list[tuple[str | None, str | None, argparse.Namespace]]:
+    """The places a run visits, as ``(config, rate, place flags)``: without a place flag one
+    ``--emulated H:S@RATE`` per ``--configs`` x ``--rates`` item; with one, that place alone
+    (config and rate None: read from the place once it is up).
 
-    config = f"{hosts}x{slots}"
-    spec = ClusterSpec(hosts=hosts, slots=slots, bandwidth_bps=parse_rate(rate)).check()
-    saved_env = dict(os.environ)
+    Raises:
+        UsageError: ``--configs``/``--rates`` given with a place flag, or malformed.
+    """
+    placed = [f for f in ("hosts", "hostfile", "slurm", "emulated") if getattr(a, f, None)]
+    if placed:
+        if a.configs or a.rates:
+            raise UsageError(f"--configs/--rates sweep the emulated cluster; with --{placed[0]} the place is the "
+                             f"configuration (every slot one rank): leave them out")
+        return [(None, None, a)]
+    from hvdkit.cluster.spec import parse_rate
+
+    try:
+        configs = parse_configs(a.configs or DEFAULT_CONFIGS)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    rates = [r.strip() for r in (a.rates or DEFAULT_RATES).split(",") if r.strip()]
+    for r in rates:
+        try:
+            parse_rate(r)
+        except UsageError as e:
+            raise UsageError(f"--rates {r}: {e}") from None
+    out = []
+    for hosts, slots in configs:
+        for rate in rates:
+            ns = argparse.Namespace(**vars(a))
+            ns.emulated = f"{hosts}:{slots}@{rate}"
+            out.append((f"{hosts}x{slots}", rate, ns))
+    return out
+
+
+def _configuration(place, flags: argparse.Namespace) -> tuple[str, str]:
+    """(config, rate) of a place given by a flag: ``HxS`` (or ``H:S1+S2+...`` for unequal
+    slots) and the emulated rate as given (``1gbit`` by default), None for real hosts (their
+    rate is not set by hvdkit; file names say ``hosts`` instead)."""
+    slots = [h.slots or 1 for h in place.hosts]
+    config = f"{len(slots)}x{slots[0]}" if len(set(slots)) == 1 else f"{len(slots)}:{'+'.join(map(str, slots))}"
+    rate = None
+    if place.kind == "emulated":
+        rate = flags.emulated.partition("@")[2].strip() or "1gbit"
+    return config, rate
+
+
+def _one_place(a, config: str | None, rate: str | None, flags: argparse.Namespace, out: str, launches: list,
+               rows: list) -> None:
+    from hvdkit.bench.cli import link_args
+    from hvdkit.bench.places import place_from_args
+
+    place = place_from_args(flags)       # bad flags, a host not answering: UsageError (main)
+    place.out_dir_ok(out)
     t0 = time.monotonic()
     try:
-        state = control.up(spec, log=lambda *_: None)
-        os.environ.update(control.environment(state))
-        control.save_probe(probe.measure_pairs(state["hosts"], seconds=a.probe_seconds, log=lambda *_: None))
-        state = control.load()
-        cj = os.path.join(state["dir"], "cluster.json")
-        log(f"cluster_collectives: {config} at {rate}: up, probed {state['link_Bps'] * 8 / 1e9:.3f} Gbit/s, "
-            f"rtt {state['rtt_s'] * 1e6:.0f} us")
-        bench = ["--cluster-json", cj, "--min-bytes", a.min_bytes, "--max-bytes", a.max_bytes, "--step", a.step,
-                 "--iters", str(a.iters), "--warmup", str(a.warmup)]
-        for rep in range(a.repeats):
-            for v in a.variants:
-                name = f"{config}_{rate}_{v}_{rep}"
-                js = os.path.join(out, name + ".json")
-                cmd = _command(v, hosts, slots, [*bench, "--json", js], tuple(shlex.split(a.mpi_args)))
-                if v == "main" and a.methods:
-                    cmd[cmd.index("--methods") + 1] = a.methods
-                job = launch(cmd, a.timeout, os.path.join(out, name + ".log"))
-                ok = job.ok and os.path.isfile(js)
-                rec = {"name": name, "config": config, "rate": rate, "variant": v, "repeat": rep,
-                       "status": "OK" if ok else "FAILED", "seconds": round(job.seconds, 1), "cmd": cmd,
-                       "error": None if ok else job.why()}
-                launches.append(rec)
-                log(f"cluster_collectives: {name} {rec['status']} in {job.seconds:.0f}s"
-                    + ("" if ok else f": {rec['error']}"))
-                if os.path.isfile(js):
-                    with open(js) as fh:
-                        doc = json.load(fh)
-                    rows += merge_rows(doc, {"config": config, "hosts": hosts, "slots": slots, "rate": rate,
-                                             "link_Bps": state["link_Bps"], "launch": name, "variant": v})
-    except Exception as e:  # noqa: BLE001 - one cluster failing must not lose the others' numbers
-        launches.append({"name": f"{config}_{rate}", "config": config, "rate": rate, "variant": None,
+        with place:
+            if config is None:
+                config, rate = _configuration(place, flags)
+            hosts, slots = len(place.hosts), place.hosts[0].slots or 1
+            links = [x["rate_bps"] for x in place.describe()["links"] if x.get("rate_bps")]
+            link_Bps = float(np.median(links)) / 8 if links else None
+            bench = [*link_args([], place), "--min-bytes", a.min_bytes, "--max-bytes", a.max_bytes, "--step", a.step,
+                     "--iters", str(a.iters), "--warmup", str(a.warmup)]
+            log(f"cluster_collectives: {config} at {rate} ({place.source}): "
+                + (f"probed {link_Bps * 8 / 1e9:.3f} Gbit/s per link" if link_Bps else "no probed link")
+                + (f", ring pattern {place.ring_bps / 1e9:.3f} Gbit/s" if place.ring_bps else ""))
+            for rep in range(a.repeats):
+                for v in a.variants:
+                    name = f"{config}_{rate or 'hosts'}_{v}_{rep}"
+                    js = os.path.join(out, name + ".json")
+                    cmd = _command(v, place, [*bench, "--json", js], tuple(shlex.split(a.mpi_args)))
+                    if v == "main" and a.methods:
+                        cmd[cmd.index("--methods") + 1] = a.methods
+                    job = launch(cmd, a.timeout, os.path.join(out, name + ".log"))
+                    ok = job.ok and os.path.isfile(js)
+                    rec = {"name": name, "config": config, "rate": rate, "variant": v, "repeat": rep,
+                           "status": "OK" if ok else "FAILED", "seconds": round(job.seconds, 1), "cmd": cmd,
+                           "error": None if ok else job.why(), "place": place.source}
+                    launches.append(rec)
+                    log(f"cluster_collectives: {name} {rec['status']} in {job.seconds:.0f}s"
+                        + ("" if ok else f": {rec['error']}"))
+                    if os.path.isfile(js):
+                        with open(js) as fh:
+                            doc = json.load(fh)
+                        rows += merge_rows(doc, {"config": config, "hosts": hosts, "slots": slots, "rate": rate,
+                                                 "link_Bps": link_Bps, "ring_bps": place.ring_bps,
+                                                 "launch": name, "variant": v})
+    except UsageError:
+        raise
+    except Exception as e:  # noqa: BLE001 - one place failing must not lose the others' numbers
+        config = config or "?"
+        launches.append({"name": f"{config}_{rate or 'hosts'}", "config": config, "rate": rate, "variant": None,
                          "status": "FAILED", "seconds": round(time.monotonic() - t0, 1),
-                         "error": f"{type(e).__name__}: {e}"})
+                         "error": f"{type(e).__name__}: {e}", "place": place.source})
         log(f"cluster_collectives: {config} at {rate} FAILED: {type(e).__name__}: {e}")
-    finally:
-        os.environ.clear()
-        os.environ.update(saved_env)
-        control.down(log=lambda *_: None)
 
 
 def summarize(rows: list[dict], min_bytes: int = 4 << 20) -> list[dict]:
     """Per (config, rate, method): the median over sizes >= ``min_bytes`` (and over repeated
-    launches) of busbw / probed link (``link_frac``) and of measured / predicted time
-    (``vs_pred``; the alpha-beta model of :mod:`hvdkit.costs`), with their min and max over
-    those rows. Returns a list of dicts (config, rate, method, n, link_frac, link_frac_min,
-    link_frac_max, vs_pred, vs_pred_min, vs_pred_max); None where a value is missing."""
+    launches) of busbw / probed link (``link_frac``), of busbw / probed ring-pattern rate
+    (``ring_frac``) and of measured / predicted time (``vs_pred``; the alpha-beta model of
+    :mod:`hvdkit.costs`), with their min and max over those rows. Returns a list of dicts
+    (config, rate, method, n, link_frac, link_frac_min, link_frac_max, ring_frac, ring_frac_min,
+    ring_frac_max, vs_pred, vs_pred_min, vs_pred_max); None where a value is missing."""
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
         if r["bytes"] >= min_bytes:
@@ -244,9 +321,10 @@ def summarize(rows: list[dict], min_bytes: int = 4 << 20) -> list[dict]:
     out = []
     for (cfg, rate, m), rs in groups.items():
         lf = [r["link_frac"] for r in rs if r.get("link_frac") is not None]
+        rf = [r["ring_frac"] for r in rs if r.get("ring_frac") is not None]
         vp = [r["time_us"] / r["pred_time_us"] for r in rs if r.get("pred_time_us")]
         stat = {}
-        for k, v in (("link_frac", lf), ("vs_pred", vp)):
+        for k, v in (("link_frac", lf), ("ring_frac", rf), ("vs_pred", vp)):
             stat[k], stat[k + "_min"], stat[k + "_max"] = ((float(np.median(v)), min(v), max(v)) if v
                                                            else (None, None, None))
         out.append({"config": cfg, "rate": rate, "method": m, "n": len(rs), **stat})
@@ -255,11 +333,12 @@ def summarize(rows: list[dict], min_bytes: int = 4 << 20) -> list[dict]:
 
 def _print_summary(summary: list[dict], min_bytes: int) -> None:
     print(f"# per config, rate, method: median over sizes >= {min_bytes >> 20} MiB and launches [min, max]")
-    print(f"# {'config':<6} {'rate':<8} {'method':<22} {'n':>3}  {'busbw/link':<22} {'time/predicted':<22}")
-    f = (lambda d, k: "-" if d[k] is None else f"{d[k]:.3f} [{d[k + '_min']:.3f}, {d[k + '_max']:.3f}]")
+    print(f"# {'config':<6} {'rate':<8} {'method':<22} {'n':>3}  {'busbw/link':<22} {'busbw/ring pattern':<22} "
+          f"{'time/predicted':<22}")
+    f = (lambda d, k: "-" if d.get(k) is None else f"{d[k]:.3f} [{d[k + '_min']:.3f}, {d[k + '_max']:.3f}]")
     for d in summary:
-        print(f"  {d['config']:<6} {d['rate']:<8} {d['method']:<22} {d['n']:>3}  {f(d, 'link_frac'):<22} "
-              f"{f(d, 'vs_pred'):<22}")
+        print(f"  {d['config']:<6} {d['rate'] or '-':<8} {d['method']:<22} {d['n']:>3}  {f(d, 'link_frac'):<22} "
+              f"{f(d, 'ring_frac'):<22} {f(d, 'vs_pred'):<22}")
 
 
 def _write_csv(path: str, rows: list[dict]) -> None:
@@ -301,39 +380,39 @@ def plot(rows: list[dict], out: str) -> list[str]:
         ax.set_xticklabels([_human_bytes(t) for t in ticks], rotation=45, fontsize=7)
         ax.set_xlabel("message size per rank")
         ax.set_ylabel("busbw (GB/s)")
-        ax.set_title(f"{cfg} (hosts x ranks) on {rate} links")
+        ax.set_title(f"{cfg} (hosts x ranks) on {rate or 'the hosts'} links")
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7, ncol=2)
-        paths.append(_save(fig, os.path.join(out, f"busbw_{cfg}_{rate}.png")))
+        paths.append(_save(fig, os.path.join(out, f"busbw_{cfg}_{rate or 'hosts'}.png")))
     return paths
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run every configuration and rate; returns 0 (every launch OK), 1 (some failed) or 2 (usage/unavailable)."""
+    """Run every place of :func:`sweep`; returns 0 (every launch OK), 1 (some failed) or 2
+    (bad usage, a place that does not answer, no emulated cluster possible here)."""
     a = build_parser().parse_args(argv)
     try:
-        configs = parse_configs(a.configs)
-        from hvdkit.cluster.spec import parse_rate
-        rates = [r.strip() for r in a.rates.split(",") if r.strip()]
-        for r in rates:
-            parse_rate(r)
+        cells = sweep(a)
         a.variants = [v.strip() for v in a.variants.split(",") if v.strip()]
         bad = [v for v in a.variants if v not in VARIANTS]
         if bad or not a.variants:
             raise ValueError(f"--variants {bad or a.variants}: choose from {', '.join(VARIANTS)}")
+        if "gloo" in a.variants and not cells[0][2].emulated:
+            raise ValueError("--variants gloo runs horovodrun inside the emulated host h1: emulated places only")
         if a.repeats < 1 or a.iters < 1 or a.warmup < 0 or a.timeout <= 0:
             raise ValueError("need --repeats >= 1, --iters >= 1, --warmup >= 0, --timeout > 0")
     except Exception as e:  # noqa: BLE001 - bad input: one line, status 2
         print(f"hvdkit: error: {e}", file=sys.stderr)
         return 2
-    try:
-        from hvdkit.cluster import control
-        reason = None if a.merge else control.unavailable()
-    except ImportError as e:
-        reason = None if a.merge else f"hvdkit.cluster unavailable: {e}"
-    if reason:
-        print(f"hvdkit: error: no emulated cluster here: {reason}", file=sys.stderr)
-        return 2
+    if not a.merge and cells[0][2].emulated:
+        try:
+            from hvdkit.cluster import control
+            reason = control.unavailable()
+        except ImportError as e:
+            reason = f"hvdkit.cluster unavailable: {e}"
+        if reason:
+            print(f"hvdkit: error: no emulated cluster here: {reason}", file=sys.stderr)
+            return 2
     out = a.out_dir or os.path.join("results", f"cluster-{datetime.now():%Y-%m-%d-%H%M%S}")
     os.makedirs(out, exist_ok=True)
     if a.merge:
@@ -341,13 +420,21 @@ def main(argv: list[str] | None = None) -> int:
     meta = {**host_meta(), "benchmark": "cluster_collectives", "parameters": {
         k: getattr(a, k) for k in ("configs", "rates", "variants", "repeats", "methods", "mpi_args", "min_bytes",
                                    "max_bytes",
-                                   "step", "iters", "warmup", "timeout", "probe_seconds")}}
+                                   "step", "iters", "warmup", "timeout", "probe_seconds")},
+        "places": [flags.emulated or config or "" for config, _, flags in cells]}
     launches: list[dict] = []
     rows: list[dict] = []
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(SystemExit(143)))   # -> finally: down
-    for hosts, slots in configs:
-        for rate in rates:
-            _one_cluster(a, hosts, slots, rate, out, launches, rows)
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(SystemExit(143)))   # -> the place's exit: down
+    for config, rate, flags in cells:
+        try:
+            _one_place(a, config, rate, flags, os.path.abspath(out), launches, rows)
+        except UsageError as e:   # one place given: it is the run; in a sweep, that place's row says why
+            if len(cells) == 1:
+                print(f"hvdkit: error: {e}", file=sys.stderr)
+                return 2
+            launches.append({"name": f"{config}_{rate}", "config": config, "rate": rate, "variant": None,
+                             "status": "FAILED", "seconds": 0.0, "error": str(e), "place": flags.emulated})
+            log(f"cluster_collectives: {config} at {rate} FAILED: {e}")
     meta["loadavg_after"] = host_meta()["loadavg"]
     return _finish(out, meta, launches, rows, a.no_plot)
 

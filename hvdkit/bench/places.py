@@ -29,7 +29,7 @@ A :class:`Place` is a context manager; inside ``with place:`` it builds every jo
 * ``emulated`` (``--emulated H[:SLOTS][@RATE]``, default 1 slot, 1gbit): brings up
   ``hvdkit-cluster`` (:func:`hvdkit.cluster.control.session`: taken down on leaving the
   ``with``, on an error, Ctrl-C, SIGTERM, and by its watchdog when this process is killed),
-  probes its links (:func:`hvdkit.cluster.probe.measure_pairs`), puts the cluster's ssh first
+  probes it (:func:`hvdkit.cluster.probe.measure`: links, ring pattern, compute), puts the cluster's ssh first
   on ``PATH`` for the jobs, then takes the cluster's hostfile down the ``--hostfile`` path: no
   code path of its own, so it is how the hostfile path is tested on one machine.
 
@@ -325,6 +325,8 @@ class Place:
             its physical cores; emulated: filled in on entering, from the cluster's hostfile).
         ssh_timeout: seconds every host has to answer ssh on entering.
         source: where the hosts came from, for messages and :meth:`describe` (``--hostfile F``).
+        ring_bps: the probed ring-pattern rate, bits/s (:func:`hvdkit.cluster.probe.ring_rate_bps`;
+            emulated, after entering; None elsewhere).
     """
 
     def __init__(self, kind: str, hosts: Sequence[Host], *, hosts_arg: str = "", hostfile: str = "",
@@ -337,6 +339,7 @@ class Place:
         self._hosts_arg, self._hostfile, self._emulated, self._log = hosts_arg, hostfile, emulated, log
         self._gpus: dict[str, int] = {}
         self._links: list[dict] = []
+        self.ring_bps: float | None = None
         self._choices: dict[str, Choice | None] = {}
         self._mpi: tuple[str, str] | None = None
         self._stack: contextlib.ExitStack | None = None
@@ -417,11 +420,12 @@ class Place:
         os.environ.update(control.environment(state))
         t0 = time.monotonic()
         if len(state["hosts"]) > 1:
-            control.save_probe(probe.measure_pairs(state["hosts"], seconds=self.probe_seconds, log=lambda *_: None))
+            control.save_probe(probe.measure(state["hosts"], seconds=self.probe_seconds, log=lambda *_: None))
             state = control.load()
             self._links = [{"src": p["src"], "dst": p["dst"], "rate_bps": p["Bps"] * 8,
                             "rtt_ms": None if p.get("rtt_s") is None else p["rtt_s"] * 1e3}
                            for p in state["probe"]["pairs"]]
+            self.ring_bps = probe.ring_rate_bps(state)
         self._log(f"hvdkit-bench: emulated cluster up: {spec.hosts} hosts x {spec.slots} slots, "
                   f"{spec.bandwidth_bps / 1e6:g} Mbit/s links" + (
                       f", probed {state['link_Bps'] * 8 / 1e6:.0f} Mbit/s in {time.monotonic() - t0:.1f} s"

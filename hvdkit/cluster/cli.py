@@ -4,7 +4,7 @@
     hvdkit-cluster up --hosts 4 --topology racks:2 --uplink 200mbit
     hvdkit-cluster up --hosts 2 --docker-bridge   # docker0 198.19.255.1/24 on every host (the same address)
     hvdkit-cluster status
-    hvdkit-cluster probe                   # TCP throughput and round trip of each link
+    hvdkit-cluster probe                   # each link's TCP rate and round trip, the ring pattern, compute
     hvdkit-cluster link h2 down            # a failed link (and `link h2 up` to repair it)
     hvdkit-cluster down
     hvdkit-cluster run --hosts 2 --slots 2 -- horovodrun -np 4 -H h1:2,h2:2 python -m hvdkit.train
@@ -83,7 +83,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("down", help="remove the cluster (and anything an earlier one left)")
     st = sub.add_parser("status", help="print the cluster (exit 1 when none is up)")
     st.add_argument("--json", action="store_true", help="print cluster.json")
-    pr = sub.add_parser("probe", help="measure each link's TCP throughput and round trip into cluster.json")
+    pr = sub.add_parser("probe", help="measure each link's TCP throughput and round trip, the ring pattern's rate "
+                                      "(every host sending to its right neighbour at once) and each host's compute "
+                                      "rate into cluster.json")
     pr.add_argument("--seconds", type=float, default=2.0, help="seconds of streaming per pair (default 2)")
     lk = sub.add_parser("link", help="take a host's link down or bring it back up")
     lk.add_argument("host", help="a host of the cluster, e.g. h2")
@@ -108,6 +110,15 @@ def _print_status(state: dict) -> None:
         print(f"    {h['name']:<5} {h['address']:<14} {h['slots']:>5} {h['rack']:>4}  {h['netns']}")
     if state.get("link_Bps"):
         print(f"# probed: {state['link_Bps'] * 8 / 1e9:.3f} Gbit/s per link, round trip {state['rtt_s'] * 1e6:.0f} us")
+    from hvdkit.cluster.probe import KERNEL, compute_gflops, ring_rate_bps
+    if ring_rate_bps(state):
+        ring = state["probe"]["ring"]
+        print(f"# probed ring pattern (every host sending to its right neighbour at once): "
+              f"{ring['rate_bps'] / 1e9:.3f} Gbit/s median over hosts; received "
+              + ", ".join(f"{h} {r / 1e9:.3f}" for h, r in ring["per_host_bps"].items()))
+    if compute_gflops(state):
+        print(f"# probed compute ({KERNEL}, all hosts at once): "
+              + ", ".join(f"{h} {g:.1f}" for h, g in compute_gflops(state).items()) + " GFLOP/s")
     print(f"# hostfile {state['files']['hostfile']};  to use from a shell: source {state['dir']}/env.sh")
 
 
@@ -119,7 +130,7 @@ def _probe(d, seconds) -> None:
     if len(state["hosts"]) < 2:
         raise UsageError("probe measures links between hosts: the cluster needs at least 2 hosts")
     print(f"# probing {len(state['hosts'])} hosts, {seconds:g} s per pair")
-    control.save_probe(probe.measure_pairs(state["hosts"], seconds=seconds), d)
+    control.save_probe(probe.measure(state["hosts"], seconds=seconds), d)
     _print_status(control.load(d))
 
 

@@ -103,7 +103,8 @@ def _live(state: dict | None) -> bool:
 
 
 def save_probe(result: dict, d: str | None = None) -> None:
-    """Merge a :func:`hvdkit.cluster.probe.measure_pairs` result into ``cluster.json``."""
+    """Merge a :func:`hvdkit.cluster.probe.measure` (or ``measure_pairs``) result into ``cluster.json``
+    (its ``"probe"``; ``link_Bps`` and ``rtt_s`` also at the top level)."""
     d = cluster_dir(d)
     state = load(d)
     if state is None:

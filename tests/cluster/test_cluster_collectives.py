@@ -35,6 +35,7 @@ def test_driver_two_hosts_merged_json_csv(shared_dir):
         doc = json.load(fh)
     assert doc["ok"] is True
     assert [(x["variant"], x["status"]) for x in doc["launches"]] == [("main", "OK"), ("ompi-ring", "OK")]
+    assert all(x["place"] == "--emulated 2:1@1gbit" for x in doc["launches"]), doc["launches"]
     want = {(m, b) for m in ("mpi", "ring", "ps-colocated", "mpi[ompi-ring]", "horovod[ompi-ring]")
             for b in (64 << 10, 256 << 10)}
     assert {(x["method"], x["bytes"]) for x in doc["rows"]} == want
@@ -42,10 +43,11 @@ def test_driver_two_hosts_merged_json_csv(shared_dir):
         assert (x["config"], x["rate"], x["ranks"]) == ("2x1", "1gbit", 2), x
         assert x["wrong"] == 0 and x["checked"] == 2, x
         assert x["link_Bps"] > 1e7 and x["link_frac"] > 0, x   # small sizes may beat the link (shaper burst)
+        assert 0 < x["ring_bps"] <= 1.05e9 and x["ring_frac"] > 0, x   # the probed ring pattern, its share
         assert x["p25_us"] <= x["time_us"] <= x["p75_us"] and x["pred_time_us"] > 0, x
     with open(os.path.join(out, "cluster_collectives.csv")) as fh:
         rows = list(csv.DictReader(fh))
     assert len(rows) == len(doc["rows"]) and all(r["wrong"] == "0" for r in rows)
     assert {"config", "rate", "method", "bytes", "time_us", "p25_us", "p75_us", "busbw_GBps", "link_frac",
-            "pred_time_us", "pred_busbw_GBps"} <= set(rows[0])
+            "pred_time_us", "pred_busbw_GBps", "ring_bps", "ring_frac"} <= set(rows[0])
     assert os.path.isfile(os.path.join(out, "busbw_2x1_1gbit.png"))

@@ -47,7 +47,7 @@ def test_racks_hosts_names_tmp_and_measured_links():
         assert _ssh(c, "h1", 'ls "$TMPDIR"') == "only-on-h1"
         assert _ssh(c, "h2", 'ls "$TMPDIR"') == ""                    # a temporary directory per host
         assert _ssh(c, "h1", 'python -c "import tempfile; print(tempfile.gettempdir())"').endswith("/hosts/h1/tmp")
-        result = probe.measure_pairs(c.state["hosts"], seconds=1.0, pings=10, log=lambda *_: None)
+        result = probe.measure(c.state["hosts"], seconds=1.0, pings=10, log=lambda *_: None)
         control.save_probe(result)
         same = [p["Bps"] * 8 for p in result["pairs"] if p["same_rack"]]
         across = [p["Bps"] * 8 for p in result["pairs"] if not p["same_rack"]]
@@ -56,10 +56,21 @@ def test_racks_hosts_names_tmp_and_measured_links():
         # link carries traffic at all, loose because a loaded 2-core machine may not fill it
         assert all(0.5 * 4e8 < r < 1.05 * 4e8 for r in same), same        # the host links' rate
         assert all(0.5 * 1e8 < r < 1.05 * 1e8 for r in across), across    # the uplink is the bottleneck
+        # the ring pattern h1->h2->h3->h4->h1, all at once: h2 and h4 receive inside their rack (host
+        # links), h3 and h1 across the uplinks (h2->h3 up rack 1's uplink, h4->h1 up rack 2's)
+        ring = result["ring"]["per_host_bps"]
+        assert set(ring) == {"h1", "h2", "h3", "h4"}, ring
+        assert all(0 < ring[h] <= 1.05 * 4e8 for h in ("h2", "h4")), ring
+        assert all(0 < ring[h] <= 1.05 * 1e8 for h in ("h1", "h3")), ring
+        compute = result["compute"]
+        assert set(compute) == {"h1", "h2", "h3", "h4"} and all(v["gflops"] > 0 for v in compute.values()), compute
         saved = control.load()
         assert saved["link_Bps"] == pytest.approx(result["link_Bps"]) and saved["rtt_s"] > 0
+        assert probe.ring_rate_bps(saved) == pytest.approx(result["ring"]["rate_bps"])
+        assert set(probe.compute_gflops(saved)) == {"h1", "h2", "h3", "h4"}
         status = subprocess.run([*CLI, "status"], capture_output=True, text=True, timeout=30)
         assert status.returncode == 0 and "racks:2" in status.stdout and "probed:" in status.stdout
+        assert "probed ring pattern" in status.stdout and "GFLOP/s" in status.stdout, status.stdout
     finally:
         stop_cluster()
     assert _nothing_left() == []

@@ -353,7 +353,7 @@ def test_collectives_bad_place_is_one_line_status_2(fake_net, monkeypatch, capsy
 
 
 def test_a_probed_place_gives_the_collectives_its_link():
-    from hvdkit.bench.cli import _link_args
+    from hvdkit.bench.cli import link_args as _link_args
     p = P.Place("hosts", [Host("h1", 1), Host("h2", 1)])
     assert _link_args(["--methods", "mpi"], p) == []   # no probe: no link
     p._links = [{"src": "h1", "dst": "h2", "rate_bps": 9e8, "rtt_ms": 0.2},
