@@ -219,16 +219,23 @@ def up(spec: ClusterSpec, d: str | None = None, owner_pid: int | None = None, lo
             f.write("".join(f"export {k}={v!r}\n".replace("'", '"') for k, v in environment(state).items()))
         _save(d, state)
     except BaseException:
-        down(d, log=lambda *_: None)
+        with contextlib.suppress(cpu.ClusterError):   # the first error is the one to report
+            down(d, log=lambda *_: None)
         raise
     return state
 
 
 def down(d: str | None = None, log=print) -> list[str]:
-    """Remove the cluster and anything an earlier one left; idempotent. Returns what was removed."""
+    """Remove the cluster and anything an earlier one left; idempotent. Returns what was removed.
+
+    Raises:
+        ClusterError: a CPU group could not be removed (a process stayed in it); everything
+            else was removed.
+    """
     d = cluster_dir(d)
     removed = net.destroy()
-    removed += _remove_cpu_groups()
+    groups, stuck = _remove_cpu_groups()
+    removed += groups
     if names.remove():
         removed.append("/etc/hosts block and hosts' own files")
     if os.path.isdir(d):
@@ -239,25 +246,32 @@ def down(d: str | None = None, log=print) -> list[str]:
     while net.leftovers() and time.monotonic() < t_end:   # namespaces die asynchronously
         time.sleep(0.05)
     log(f"# removed: {', '.join(removed)}" if removed else "# nothing to remove")
+    if stuck:
+        raise cpu.ClusterError("; ".join(stuck) + "; then run `hvdkit-cluster down` again")
     return removed
 
 
-def _remove_cpu_groups() -> list[str]:
+def _remove_cpu_groups() -> tuple[list[str], list[str]]:
     """Remove every ``hvdc-`` CPU group (:func:`hvdkit.cluster.cpu.leftovers`), after
     :func:`net.destroy` ended the hosts' processes; a process still in a group (one that left
     its namespace) is killed first, as a group holding a process cannot be removed.
 
-    Raises:
-        OSError: a group still held a process after 5 s (one the kernel would not end).
+    Returns:
+        (removed, stuck): the groups removed, and a one-line reason for each group that still
+        held a process after 5 s (e.g. a zombie whose living parent has not waited for it).
     """
-    removed = []
+    removed, stuck = [], []
     for g in cpu.leftovers():
         for pid in cpu.pids(g):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-        cpu.remove(g)
-        removed.append(f"{g} (cpu group)")
-    return removed
+        try:
+            cpu.remove(g)
+            removed.append(f"{g} (cpu group)")
+        except OSError as e:
+            stuck.append(f"CPU group {g} still holds process(es) {' '.join(map(str, cpu.pids(g))) or '?'} after "
+                         f"SIGKILL and 5 s ({e.strerror}; a zombie's parent must wait for it)")
+    return removed, stuck
 
 
 def _reaper(d: str) -> subprocess.Popen:
