@@ -7,6 +7,7 @@ One set of flags (:func:`add_place_arguments`), mutually exclusive, none meaning
     hvdkit-bench training --hostfile hosts ...             # the same hosts from a hostfile
     hvdkit-bench training --slurm ...                      # inside sbatch/salloc: the allocation's nodes
     hvdkit-bench training --emulated 3:2@200mbit ...       # hvdkit-cluster: 3 hosts x 2 slots, 200 Mbit/s
+    hvdkit-bench training --emulated 3 --cpus-per-host 0.5 # ... each host limited to half a core
 
 A :class:`Place` is a context manager; inside ``with place:`` it builds every job's command
 (:meth:`Place.command`) and says what it is (:meth:`Place.describe`). Kinds:
@@ -32,6 +33,9 @@ A :class:`Place` is a context manager; inside ``with place:`` it builds every jo
   probes it (:func:`hvdkit.cluster.probe.measure`: links, ring pattern, compute), puts the cluster's ssh first
   on ``PATH`` for the jobs, then takes the cluster's hostfile down the ``--hostfile`` path: no
   code path of its own, so it is how the hostfile path is tested on one machine.
+  ``--cpus-per-host C|none`` (``--emulated`` only) is the cluster's CPU share per host
+  (``hvdkit-cluster up --cpus-per-host``; default: this machine's cores / hosts);
+  :meth:`Place.describe` gives the share applied as ``cpus_per_host``.
 
 Before any job (on entering ``with``) every host but this one must answer ``ssh`` within
 ``--ssh-timeout`` seconds; the hosts are asked at once, so N hosts cost one timeout. Bad input
@@ -104,6 +108,10 @@ def add_place_arguments(parser: argparse.ArgumentParser) -> argparse._ArgumentGr
                    help="bring up an emulated cluster (hvdkit-cluster; root) of H hosts with SLOTS slots each "
                         "(default 1) and links of RATE (tc units, default 1gbit), e.g. 3 or 3:2@200mbit; run the "
                         "jobs through its hostfile as --hostfile would, then take it down")
+    g.add_argument("--cpus-per-host", default="", metavar="C|none",
+                   help="with --emulated: the cores of CPU time each emulated host may use (a CFS quota, as "
+                        "hvdkit-cluster up --cpus-per-host), e.g. 0.5; none: no share (default: this machine's "
+                        "cores / hosts)")
     g.add_argument("--ssh-timeout", type=float, default=SSH_TIMEOUT_S, metavar="SECONDS",
                    help=f"every host must answer ssh within this many seconds before any job starts "
                         f"(asked at once; default {SSH_TIMEOUT_S:g})")
@@ -113,11 +121,24 @@ def add_place_arguments(parser: argparse.ArgumentParser) -> argparse._ArgumentGr
 @dataclass(frozen=True)
 class EmulatedSpec:
     """``--emulated H[:SLOTS][@RATE]``: ``hosts`` >= 1, ``slots`` per host >= 1, ``rate_bps``
-    each host link's rate in bits/s (``None``: the emulator's default, 1 Gbit/s)."""
+    each host link's rate in bits/s (``None``: the emulator's default, 1 Gbit/s); ``cpus``
+    the ``--cpus-per-host`` value as given ("" : the emulator's default)."""
 
     hosts: int
     slots: int = 1
     rate_bps: int | None = None
+    cpus: str = ""
+
+    def cluster_spec(self):
+        """The :class:`hvdkit.cluster.spec.ClusterSpec` to bring up, checked.
+
+        Raises:
+            UsageError: a bad ``--cpus-per-host`` (one line).
+        """
+        from hvdkit.cluster.spec import ClusterSpec, parse_cpus
+        return ClusterSpec(hosts=self.hosts, slots=self.slots, **({"bandwidth_bps": self.rate_bps} if self.rate_bps
+                                                                  else {}),
+                           **({"cpus_per_host": parse_cpus(self.cpus)} if self.cpus else {})).check()
 
 
 def parse_emulated(text: str) -> EmulatedSpec:
@@ -162,11 +183,15 @@ def place_from_args(a: argparse.Namespace, environ: Mapping[str, str] | None = N
     environ = os.environ if environ is None else environ
     hosts, hostfile = getattr(a, "hosts", "") or "", getattr(a, "hostfile", "") or ""
     slurm, emulated = bool(getattr(a, "slurm", False)), getattr(a, "emulated", "") or ""
+    cpus = str(getattr(a, "cpus_per_host", "") or "")
     timeout = float(getattr(a, "ssh_timeout", SSH_TIMEOUT_S) or 0)
     if sum(map(bool, (hosts, hostfile, slurm, emulated))) > 1:
         raise UsageError("give one of --hosts, --hostfile, --slurm and --emulated")
     if not timeout > 0:
         raise UsageError(f"--ssh-timeout {getattr(a, 'ssh_timeout', None)}: must be a number of seconds > 0")
+    if cpus and not emulated:
+        raise UsageError(f"--cpus-per-host {cpus}: applies to --emulated hosts only (real hosts have cores of their "
+                         "own); add --emulated H or drop it")
     kw = dict(ssh_timeout=timeout, probe_seconds=float(getattr(a, "probe_seconds", 1.0) or 1.0))
     if hosts:
         return Place("hosts", parse_hosts(hosts), hosts_arg=_hosts_spec(parse_hosts(hosts)),
@@ -180,7 +205,8 @@ def place_from_args(a: argparse.Namespace, environ: Mapping[str, str] | None = N
                              "or give --hosts/--hostfile")
         return Place("slurm", got, hosts_arg=_hosts_spec(got), source=describe_slurm(environ), **kw)
     if emulated:
-        spec = parse_emulated(emulated)
+        spec = replace(parse_emulated(emulated), cpus=cpus)
+        spec.cluster_spec()   # a bad --cpus-per-host: refused before anything starts
         try:
             from hvdkit.cluster import control
             reason = control.unavailable()
@@ -188,7 +214,8 @@ def place_from_args(a: argparse.Namespace, environ: Mapping[str, str] | None = N
             reason = f"hvdkit.cluster cannot be imported ({e}); pip install -r requirements.txt"
         if reason:
             raise UsageError(f"--emulated {emulated}: no emulated cluster here: {reason}")
-        return Place("emulated", [], emulated=spec, source=f"--emulated {emulated}", **kw)
+        return Place("emulated", [], emulated=spec,
+                     source=f"--emulated {emulated}" + (f" --cpus-per-host {cpus}" if cpus else ""), **kw)
     if environ.get("SLURM_JOB_ID") or environ.get("SLURM_JOBID"):
         log(f"hvdkit-bench: note: inside Slurm job {environ.get('SLURM_JOB_ID') or environ.get('SLURM_JOBID')}, "
             "the jobs run on this host only; give --slurm to run them on the allocation's nodes")
@@ -340,6 +367,7 @@ class Place:
         self._gpus: dict[str, int] = {}
         self._links: list[dict] = []
         self.ring_bps: float | None = None
+        self._cpus: float | None = None   # emulated: the CPU share per host applied (cores)
         self._choices: dict[str, Choice | None] = {}
         self._mpi: tuple[str, str] | None = None
         self._stack: contextlib.ExitStack | None = None
@@ -409,12 +437,11 @@ class Place:
         """Bring the emulated cluster up, probe it, put its ssh on PATH, then read its hostfile
         as ``--hostfile`` does; everything is undone by :meth:`__exit__`."""
         from hvdkit.cluster import control, probe
-        from hvdkit.cluster.spec import ClusterSpec
 
-        e = self._emulated
-        spec = ClusterSpec(hosts=e.hosts, slots=e.slots, **({"bandwidth_bps": e.rate_bps} if e.rate_bps else {}))
+        spec = self._emulated.cluster_spec()
         self._stack = contextlib.ExitStack()
-        state = self._stack.enter_context(control.session(spec.check(), log=lambda *_: None))
+        state = self._stack.enter_context(control.session(spec, log=lambda *_: None))
+        self._cpus = state.get("cpus_per_host")
         saved = dict(os.environ)
         self._stack.callback(lambda: (os.environ.clear(), os.environ.update(saved)))
         os.environ.update(control.environment(state))
@@ -427,7 +454,8 @@ class Place:
                            for p in state["probe"]["pairs"]]
             self.ring_bps = probe.ring_rate_bps(state)
         self._log(f"hvdkit-bench: emulated cluster up: {spec.hosts} hosts x {spec.slots} slots, "
-                  f"{spec.bandwidth_bps / 1e6:g} Mbit/s links" + (
+                  f"{spec.bandwidth_bps / 1e6:g} Mbit/s links, "
+                  + (f"{self._cpus:.3g} cores per host" if self._cpus else "no CPU share per host") + (
                       f", probed {state['link_Bps'] * 8 / 1e6:.0f} Mbit/s in {time.monotonic() - t0:.1f} s"
                       if state.get("link_Bps") else ""))
         # from here on, the --hostfile path
@@ -481,14 +509,15 @@ class Place:
     def describe(self) -> dict[str, Any]:
         """``{"kind", "source", "hosts": [{"name", "slots", "gpus"}], "links": [{"src", "dst",
         "rate_bps", "rtt_ms"}]}``: GPUs as the ssh check counted them (None before entering),
-        links as probed (emulated; [] elsewhere)."""
+        links as probed (emulated; [] elsewhere); emulated also ``"cpus_per_host"``, the CPU
+        share each host had, cores (None: no share, or not up yet)."""
         if self.kind == "local" and not self._gpus:
             self._gpus = {self.hosts[0].name: _local_gpus()}
         gpus = {n.rpartition("@")[2]: g for n, g in self._gpus.items()}
         return {"kind": self.kind, "source": self.source,
                 "hosts": [{"name": h.name, "slots": 1 if h.slots is None else h.slots, "gpus": gpus.get(h.name)}
                           for h in self.hosts],
-                "links": list(self._links)}
+                "links": list(self._links), **({"cpus_per_host": self._cpus} if self.kind == "emulated" else {})}
 
     def __repr__(self) -> str:
         return f"Place({self.kind!r}, {self.source!r}, {len(self.hosts)} hosts, {self.slots} slots)"

@@ -3,6 +3,7 @@
     hvdkit-cluster up --hosts 3 --slots 2 --bandwidth 1gbit
     hvdkit-cluster up --hosts 4 --topology racks:2 --uplink 200mbit
     hvdkit-cluster up --hosts 2 --docker-bridge   # docker0 198.19.255.1/24 on every host (the same address)
+    hvdkit-cluster up --hosts 4 --cpus-per-host 0.5   # each host may use half a core (default: cores / hosts)
     hvdkit-cluster status
     hvdkit-cluster probe                   # each link's TCP rate and round trip, the ring pattern, compute
     hvdkit-cluster link h2 down            # a failed link (and `link h2 up` to repair it)
@@ -11,13 +12,17 @@
 
 Each host ``hI`` is a Linux network namespace with its own hostname, address 198.18.0.I (a
 block reserved for benchmarking, never routed), its own TMPDIR, an sshd on its address and a
-link to a switch shaped to ``--bandwidth`` in each direction. This machine is 198.18.0.254 on
+link to a switch shaped to ``--bandwidth`` in each direction, and its own CPU share: a CPU
+cgroup ``hvdc-hI`` with a CFS quota of ``--cpus-per-host`` cores (default: this machine's
+cores / hosts), holding its sshd and so every process started in it. This machine is 198.18.0.254 on
 the same switch; ``h1``..``hH`` resolve here and in every host. ``run`` gives the command
 ``HVDKIT_CLUSTER_HOSTS`` (``h1:S,h2:S,...``), ``HVDKIT_CLUSTER_HOSTFILE`` and a PATH whose ``ssh`` reaches the
 hosts with the cluster's own key; after ``up``, ``source <dir>/env.sh`` does the same for a shell.
 
 Needs root, network namespaces, OpenSSH's server and iproute2; without them every command
-prints one line saying what is missing and exits 2.
+prints one line saying what is missing and exits 2. A CPU share needs a writable cpu cgroup
+controller (cgroup v2 ``cpu.max``, else v1 ``cpu.cfs_quota_us``); an explicit ``--cpus-per-host C``
+is refused the same way without one, the default then gives no share (a note says so).
 """
 from __future__ import annotations
 
@@ -33,7 +38,7 @@ PROG = "hvdkit-cluster"
 
 
 def _spec(a):
-    from hvdkit.cluster.spec import ClusterSpec, parse_duration, parse_rate, parse_topology
+    from hvdkit.cluster.spec import AUTO, ClusterSpec, parse_cpus, parse_duration, parse_rate, parse_topology
     topology, racks = parse_topology(a.topology)
     return ClusterSpec(hosts=a.hosts, slots=a.slots,
                        bandwidth_bps=None if a.bandwidth.lower() == "none" else parse_rate(a.bandwidth),
@@ -41,7 +46,8 @@ def _spec(a):
                        uplink_bps=parse_rate(a.uplink) if a.uplink else None,
                        delay_s=parse_duration(a.delay) if a.delay else 0.0, hostname=a.hostname or "",
                        hostname_loopback=a.hostname_loopback, isolated_interface=a.isolated_interface or "",
-                       docker_bridge=a.docker_bridge).check()
+                       docker_bridge=a.docker_bridge,
+                       cpus_per_host=AUTO if a.cpus_per_host is None else parse_cpus(a.cpus_per_host)).check()
 
 
 def _up_options(p: argparse.ArgumentParser) -> None:
@@ -57,6 +63,10 @@ def _up_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--uplink", metavar="RATE", help="rate of each rack's uplink (racks only)")
     g.add_argument("--delay", metavar="TIME",
                    help="one-way delay per host link, e.g. 1ms (needs the kernel's netem; refused without it)")
+    g.add_argument("--cpus-per-host", metavar="C|none",
+                   help="cores of CPU time each host may use, a CFS quota on its CPU cgroup hvdc-hI: 0.5, 2, 2/3 "
+                        "(default: this machine's cores / hosts, or no share where no cpu cgroup controller is "
+                        "writable); none: no share, the hosts compete for the cores as plain processes")
     g = p.add_argument_group("conditions that break clusters (to test against)")
     g.add_argument("--hostname", metavar="NAME",
                    help="every host reports this one hostname (as containers and cloned VM images do); they are "
@@ -105,9 +115,14 @@ def _print_status(state: dict) -> None:
     topo = "star" if s["topology"] == "star" else f"racks:{s['racks']} (uplink {format_rate(s['uplink_bps'])})"
     print(f"# cluster {state['dir']}: {len(state['hosts'])} hosts x {s['slots']} slots, links {rate}, "
           f"topology {topo}, this machine {state['machine_address']}")
-    print(f"#   {'host':<5} {'address':<14} {'slots':>5} {'rack':>4}  netns")
+    cores = state.get("cpus_per_host")
+    share = f"{cores:.3g} cores (cgroup {state.get('cpu_controller')} CFS quota)" if cores else "none"
+    print(f"# CPU share per host: {share}")
+    print(f"#   {'host':<5} {'address':<14} {'slots':>5} {'rack':>4}  {'netns':<10} {'cores':>5} {'CPU s':>8}")
     for h in state["hosts"]:
-        print(f"    {h['name']:<5} {h['address']:<14} {h['slots']:>5} {h['rack']:>4}  {h['netns']}")
+        quota = (h.get("cpu") or {}).get("quota_cores")
+        print(f"    {h['name']:<5} {h['address']:<14} {h['slots']:>5} {h['rack']:>4}  {h['netns']:<10} "
+              f"{'-' if quota is None else f'{quota:.3g}':>5} {_used(h):>8}")
     if state.get("link_Bps"):
         print(f"# probed: {state['link_Bps'] * 8 / 1e9:.3f} Gbit/s per link, round trip {state['rtt_s'] * 1e6:.0f} us")
     from hvdkit.cluster.probe import KERNEL, compute_gflops, ring_rate_bps
@@ -120,6 +135,18 @@ def _print_status(state: dict) -> None:
         print(f"# probed compute ({KERNEL}, all hosts at once): "
               + ", ".join(f"{h} {g:.1f}" for h, g in compute_gflops(state).items()) + " GFLOP/s")
     print(f"# hostfile {state['files']['hostfile']};  to use from a shell: source {state['dir']}/env.sh")
+
+
+def _used(host: dict) -> str:
+    """CPU seconds used by ``host``'s CPU group so far, ``"-"`` without one."""
+    from hvdkit.cluster import cpu
+    group = (host.get("cpu") or {}).get("cgroup")
+    if not group or (host.get("cpu") or {}).get("quota_cores") is None:
+        return "-"
+    try:
+        return f"{cpu.usage_s(group):.2f}"
+    except (OSError, cpu.ClusterError, KeyError, ValueError):
+        return "-"
 
 
 def _probe(d, seconds) -> None:
@@ -170,7 +197,8 @@ def main(argv=None) -> int:
               file=sys.stderr)
         return 2
     except Exception as e:   # one line, never a traceback
-        if isinstance(e, UsageError) or type(e).__name__ == "Unavailable":
+        from hvdkit.cluster.cpu import ClusterError
+        if isinstance(e, (UsageError, ClusterError)) or type(e).__name__ == "Unavailable":
             print(f"{PROG}: error: {e}", file=sys.stderr)
             return 2
         print(f"{PROG}: error: {type(e).__name__}: {e}", file=sys.stderr)

@@ -5,9 +5,13 @@ The cluster's directory (default :data:`DEFAULT_DIR`, or ``$HVDKIT_CLUSTER_DIR``
 (Open MPI / horovodrun syntax), ``env.sh`` (``source`` it to use the hosts from a shell) and
 the SSH files of :mod:`hvdkit.cluster.ssh`. One cluster at a time per machine.
 
+Each host gets a CPU share (``ClusterSpec.cpus_per_host``; :mod:`hvdkit.cluster.cpu`): a CPU
+cgroup named as its namespace, made before its sshd starts, so the sshd and every session
+run in it.
+
 Nothing is left behind: :func:`down` removes every process in the hosts, the namespaces
-(their links with them), this machine's ``hvdc-`` links, the ``/etc/hosts`` block and the
-directory; :func:`up` first removes what an earlier cluster left (a crashed ``up``, a killed
+(their links with them), this machine's ``hvdc-`` links, the hosts' CPU groups, the
+``/etc/hosts`` block and the directory; :func:`up` first removes what an earlier cluster left (a crashed ``up``, a killed
 ``run``), as ``mn -c`` does for Mininet; :func:`session` (and :func:`run`, which uses it) tears
 down on a normal end, on Ctrl-C or SIGTERM, and, through a watchdog process started before
 anything else, when it is itself killed with SIGKILL.
@@ -25,8 +29,8 @@ import threading
 import time
 from datetime import datetime, timezone
 
-from hvdkit.cluster import names, net, ssh
-from hvdkit.cluster.spec import MACHINE_ADDRESS, ClusterSpec, Host, format_rate, plan
+from hvdkit.cluster import cpu, names, net, ssh
+from hvdkit.cluster.spec import AUTO, MACHINE_ADDRESS, ClusterSpec, Host, format_rate, plan
 from hvdkit.errors import UsageError
 
 __all__ = ["DEFAULT_DIR", "cluster_dir", "unavailable", "up", "down", "load", "session", "run", "environment",
@@ -141,11 +145,33 @@ def environment(state: dict) -> dict[str, str]:
             "HVDKIT_CLUSTER_INTERFACE": "eth0"}
 
 
+def _cpu_share(spec: ClusterSpec, log) -> tuple[float | None, str | None]:
+    """(cores per host, cgroup interface ``"v1"``/``"v2"``) for ``spec``; (None, None) for no
+    share. The default (:data:`~hvdkit.cluster.spec.AUTO`) falls back to no share, with a note,
+    where no cpu controller is writable; an explicit value is refused there."""
+    cores = spec.quota_cores()
+    if cores is None:
+        return None, None
+    try:
+        return cores, cpu.controller()
+    except cpu.ClusterError as e:
+        if spec.cpus_per_host != AUTO:
+            raise cpu.ClusterError(f"--cpus-per-host {cores:g}: {e}") from None
+        log(f"# no CPU share per host (the hosts share this machine's cores): {e}")
+        return None, None
+
+
 def up(spec: ClusterSpec, d: str | None = None, owner_pid: int | None = None, log=print) -> dict:
     """Create the cluster of ``spec`` and return its state (also in ``cluster.json``).
 
+    ``cluster.json`` records the CPU share: top-level ``cpus_per_host`` (cores, None for none)
+    and ``cpu_controller`` (``"v1"``, ``"v2"`` or None), and per host
+    ``"cpu": {"cgroup": "hvdc-h1", "quota_cores": 0.5}``.
+
     Raises:
         Unavailable: see :func:`unavailable`.
+        ClusterError: ``spec`` asks for a CPU share (:attr:`ClusterSpec.cpus_per_host`) and no
+            cpu cgroup controller is writable here (one line; nothing was created).
         UsageError: a cluster is already up (and in use), or ``spec`` is invalid.
         RuntimeError, TimeoutError, OSError: a step failed; what was built is removed first.
     """
@@ -158,7 +184,8 @@ def up(spec: ClusterSpec, d: str | None = None, owner_pid: int | None = None, lo
     if _live(old):
         raise UsageError(f"a cluster is already up ({len(old['hosts'])} hosts, {old['dir']}); "
                          "`hvdkit-cluster down` first")
-    left = net.leftovers()
+    cores, kind = _cpu_share(spec, log)
+    left = net.leftovers() + [f"{g} (cpu group)" for g in cpu.leftovers()]
     if left or old or names.remove():
         down(d, log=lambda *_: None)
         log(f"# removed what an earlier cluster left: {', '.join(left) or d}")
@@ -167,11 +194,15 @@ def up(spec: ClusterSpec, d: str | None = None, owner_pid: int | None = None, lo
     state = {"version": 1, "state": "starting", "owner_pid": owner_pid or os.getpid(),
              "created": datetime.now(timezone.utc).isoformat(timespec="seconds"), "dir": d,
              "spec": spec.to_json(), "machine_address": MACHINE_ADDRESS, "interface": "eth0",
+             "cpus_per_host": cores, "cpu_controller": kind,
              "hosts": [{"name": h.name, "address": h.address, "slots": h.slots, "rack": h.rack,
-                        "netns": h.netns, "hostname": spec.hostname_of(h)} for h in hosts]}
+                        "netns": h.netns, "hostname": spec.hostname_of(h),
+                        "cpu": {"cgroup": h.netns, "quota_cores": cores}} for h in hosts]}
     _save(d, state)
     try:
         t0 = time.monotonic()
+        for h in hosts if cores is not None else ():   # before anything runs in the hosts
+            cpu.create(h.netns, cores)
         net.create(spec, hosts)
         names.write(hosts)
         for h in hosts if spec.hostname_loopback else ():
@@ -189,15 +220,23 @@ def up(spec: ClusterSpec, d: str | None = None, owner_pid: int | None = None, lo
             f.write("".join(f"export {k}={v!r}\n".replace("'", '"') for k, v in environment(state).items()))
         _save(d, state)
     except BaseException:
-        down(d, log=lambda *_: None)
+        with contextlib.suppress(cpu.ClusterError):   # the first error is the one to report
+            down(d, log=lambda *_: None)
         raise
     return state
 
 
 def down(d: str | None = None, log=print) -> list[str]:
-    """Remove the cluster and anything an earlier one left; idempotent. Returns what was removed."""
+    """Remove the cluster and anything an earlier one left; idempotent. Returns what was removed.
+
+    Raises:
+        ClusterError: a CPU group could not be removed (a process stayed in it); everything
+            else was removed.
+    """
     d = cluster_dir(d)
     removed = net.destroy()
+    groups, stuck = _remove_cpu_groups()
+    removed += groups
     if names.remove():
         removed.append("/etc/hosts block and hosts' own files")
     if os.path.isdir(d):
@@ -208,7 +247,32 @@ def down(d: str | None = None, log=print) -> list[str]:
     while net.leftovers() and time.monotonic() < t_end:   # namespaces die asynchronously
         time.sleep(0.05)
     log(f"# removed: {', '.join(removed)}" if removed else "# nothing to remove")
+    if stuck:
+        raise cpu.ClusterError("; ".join(stuck) + "; then run `hvdkit-cluster down` again")
     return removed
+
+
+def _remove_cpu_groups() -> tuple[list[str], list[str]]:
+    """Remove every ``hvdc-`` CPU group (:func:`hvdkit.cluster.cpu.leftovers`), after
+    :func:`net.destroy` ended the hosts' processes; a process still in a group (one that left
+    its namespace) is killed first, as a group holding a process cannot be removed.
+
+    Returns:
+        (removed, stuck): the groups removed, and a one-line reason for each group that still
+        held a process after 5 s (e.g. a zombie whose living parent has not waited for it).
+    """
+    removed, stuck = [], []
+    for g in cpu.leftovers():
+        for pid in cpu.pids(g):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        try:
+            cpu.remove(g)
+            removed.append(f"{g} (cpu group)")
+        except OSError as e:
+            stuck.append(f"CPU group {g} still holds process(es) {' '.join(map(str, cpu.pids(g))) or '?'} after "
+                         f"SIGKILL and 5 s ({e.strerror}; a zombie's parent must wait for it)")
+    return removed, stuck
 
 
 def _reaper(d: str) -> subprocess.Popen:

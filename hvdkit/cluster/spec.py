@@ -10,13 +10,16 @@ prefixes (``200mbit`` = 2e8 bit/s, ``1gbit`` = 1e9 bit/s).
 """
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import asdict, dataclass
 
+from hvdkit.cluster.cpu import quota_us
 from hvdkit.errors import UsageError
 
 __all__ = ["ClusterSpec", "Host", "MACHINE_ADDRESS", "PREFIXLEN", "MAX_HOSTS", "ISOLATED_SUBNET", "DOCKER_BRIDGE",
-           "parse_rate", "format_rate", "parse_topology", "parse_duration", "plan"]
+           "AUTO", "parse_rate", "format_rate", "parse_topology", "parse_duration", "parse_cpus", "machine_cores",
+           "plan"]
 
 SUBNET = "198.18.0"
 ISOLATED_SUBNET = "198.18.1"        # --isolated-interface: host hI is 198.18.1.I, joined to nothing
@@ -27,6 +30,9 @@ DOCKER_BRIDGE = ("docker0", "198.19.255.1", 24)
 PREFIXLEN = 24
 MACHINE_ADDRESS = f"{SUBNET}.254"   # this machine's end of the emulated network
 MAX_HOSTS = 200
+
+#: ``cpus_per_host`` left to the emulator: this machine's cores / hosts (see :meth:`ClusterSpec.quota_cores`)
+AUTO = "auto"
 
 _RATE_UNITS = {"bit": 1, "kbit": 10**3, "mbit": 10**6, "gbit": 10**9, "tbit": 10**12}
 
@@ -66,6 +72,33 @@ def parse_duration(text: str) -> float:
     if not m:
         raise UsageError(f"duration {text!r}: write a number and a unit, e.g. 500us, 5ms or 0.1s")
     return float(m.group(1)) * {"us": 1e-6, "ms": 1e-3, "s": 1.0}[m.group(2)]
+
+
+def machine_cores() -> int:
+    """The cores this process may run on (its CPU affinity; ``os.cpu_count()`` where that is unknown)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def parse_cpus(text: str) -> float | None:
+    """``--cpus-per-host``: ``"0.5"`` -> 0.5 cores, ``"2"`` -> 2.0, ``"2/3"`` -> 0.667, ``"none"`` ->
+    None (no CPU share: the hosts share this machine's cores as plain processes do).
+
+    Raises:
+        UsageError: any other form, or a value not above 0.
+    """
+    t = str(text).strip().lower()
+    if t == "none":
+        return None
+    m = re.fullmatch(r"([0-9]*\.?[0-9]+)(?:/([0-9]*\.?[0-9]+))?", t)
+    num, den = (float(m.group(1)), float(m.group(2) or 1)) if m else (0.0, 1.0)
+    value = num / den if den else 0.0
+    if not value > 0:
+        raise UsageError(f"--cpus-per-host {text!r}: write the cores each host may use, a number > 0 (0.5, 2, "
+                         "2/3), or none (the hosts share this machine's cores)")
+    return value
 
 
 def parse_topology(text: str) -> tuple[str, int]:
@@ -122,6 +155,10 @@ class ClusterSpec:
             Docker does with 172.17.0.1/16 on every host, made inside 198.18.0.0/15, the block
             the emulator keeps to. A network on which every host has an address, but not one
             of its own: MPI left to itself dials its own host there (ompi#6240).
+        cpus_per_host: cores of CPU time each host may use (a CFS quota on its CPU group,
+            :mod:`hvdkit.cluster.cpu`), e.g. 0.5; None: no share (the hosts' processes compete
+            for this machine's cores as any processes do); :data:`AUTO` (the default): this
+            machine's cores / hosts (:meth:`quota_cores`).
     """
     hosts: int = 2
     slots: int = 1
@@ -134,6 +171,14 @@ class ClusterSpec:
     hostname_loopback: bool = False
     isolated_interface: str = ""
     docker_bridge: bool = False
+    cpus_per_host: float | None | str = AUTO
+
+    def quota_cores(self) -> float | None:
+        """Each host's CPU share in cores: :attr:`cpus_per_host`, or for :data:`AUTO` this
+        machine's cores / hosts (:func:`machine_cores`: 2 cores, 3 hosts -> 0.667)."""
+        if self.cpus_per_host == AUTO:
+            return machine_cores() / self.hosts
+        return None if self.cpus_per_host is None else float(self.cpus_per_host)
 
     def check(self) -> "ClusterSpec":
         """Return self, or raise :class:`UsageError` naming the option to change."""
@@ -157,6 +202,16 @@ class ClusterSpec:
                 r"[A-Za-z][A-Za-z0-9]{0,12}", self.isolated_interface)):
             raise UsageError(f"--isolated-interface {self.isolated_interface!r}: a name of letters and digits "
                              "(at most 13), not eth0 or lo, e.g. eth1")
+        try:
+            cores = self.quota_cores()
+            if cores is not None:
+                quota_us(cores)
+        except (TypeError, ValueError) as e:
+            raise UsageError(f"--cpus-per-host {self.cpus_per_host!r} ({self.hosts} hosts): {e}; or none for no "
+                             "CPU share") from None
+        if cores is not None and cores > machine_cores():
+            raise UsageError(f"--cpus-per-host {cores:g}: this machine has {machine_cores()} cores; give at most "
+                             "that, or none for no CPU share")
         if self.docker_bridge and self.isolated_interface == DOCKER_BRIDGE[0]:
             raise UsageError(f"--isolated-interface {DOCKER_BRIDGE[0]} with --docker-bridge: two interfaces of one "
                              "name; choose another name")

@@ -11,7 +11,7 @@ Files under the cluster's directory ``D``::
     D/hosts/hI/sshd_config    the host's sshd: ListenAddress its address, keys above, no PAM
     D/hosts/hI/tmp            the host's private temporary directory (its sessions' TMPDIR)
 
-Each sshd starts in its host's network namespace with a UTS namespace of its own (so
+Each sshd starts in its host's network namespace (and CPU group, :mod:`hvdkit.cluster.cpu`) with a UTS namespace of its own (so
 ``hostname`` prints ``hI`` there) and its own ``TMPDIR`` (Open MPI's session directory and
 Python's tempfile go there, so two hosts' daemons never share one); every session inherits
 those, and its PATH starts with this Python's ``bin`` directory (sshd's SetEnv), so
@@ -26,6 +26,7 @@ import subprocess
 import sys
 import time
 
+from hvdkit.cluster import cpu
 from hvdkit.cluster.spec import Host
 
 __all__ = ["SSHD", "prepare", "start", "wait_ready", "host_exec", "SYSTEM_PATH"]
@@ -34,9 +35,13 @@ SSHD = "/usr/sbin/sshd"
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
-def host_exec(host: Host, argv: list[str]) -> list[str]:
-    """The command line that runs ``argv`` inside ``host``'s network namespace (no ssh)."""
-    return ["ip", "netns", "exec", host.netns, *argv]
+def host_exec(host: Host, argv: list[str], cgroup_root: str = cpu.ROOT) -> list[str]:
+    """The command line that runs ``argv`` inside ``host``'s network namespace (no ssh) and,
+    when the cluster gave the host a CPU share (its group ``hvdc-<name>`` exists under
+    ``cgroup_root``), inside that CPU group too: the group is joined first
+    (:func:`hvdkit.cluster.cpu.enter_argv`), then ``ip netns exec`` (which remounts /sys)."""
+    cmd = ["ip", "netns", "exec", host.netns, *argv]
+    return cpu.enter_argv(host.netns, cmd, cgroup_root) if cpu.exists(host.netns, cgroup_root) else cmd
 
 
 def _keygen(path: str) -> str:

@@ -18,9 +18,10 @@ CLI = [sys.executable, "-m", "hvdkit.cluster"]
 
 
 def _nothing_left() -> list[str]:
-    """Everything of ours still on the machine: namespaces, links, sshds, the /etc/hosts block."""
-    from hvdkit.cluster import net
-    left = net.leftovers()
+    """Everything of ours still on the machine: namespaces, links, CPU groups, sshds, the
+    /etc/hosts block."""
+    from hvdkit.cluster import cpu, net
+    left = net.leftovers() + [f"{g} (cpu group)" for g in cpu.leftovers()]
     sshd = subprocess.run(["pgrep", "-f", "hvdkit-cluster/hosts/"], capture_output=True, text=True).stdout.split()
     with open("/etc/hosts") as f:
         block = ["/etc/hosts block"] if "hvdkit-cluster" in f.read() else []
@@ -171,3 +172,55 @@ def test_status_json_is_the_cluster_file():
         assert c.env["HVDKIT_CLUSTER_HOSTS"] == "h1:2,h2:2"
     finally:
         stop_cluster()
+
+
+BUSY = "import sys, time\nt_end = float(sys.argv[1])\nwhile time.time() < t_end:\n    pass\nprint(time.process_time())"
+
+
+def test_each_host_is_held_to_its_cpu_share_and_the_groups_go_with_the_cluster():
+    """2 hosts at 0.5 core each, both running 2 busy processes over the same 3 s: each host's
+    CPU group uses about 0.5 core x the wall time (1.5 s), not the 2 x 3 s its processes ask
+    for nor the ~3 s a host gets on 2 shared cores without a quota, and its quota is seen
+    throttling (which cannot happen without one). An earlier cluster's group is swept by
+    ``up``; ``down`` removes the groups (then nothing is left)."""
+    from hvdkit.cluster import control, cpu
+    from hvdkit.cluster.spec import ClusterSpec
+    from tests.cluster.conftest import Cluster
+    stale = not cpu.leftovers()
+    if stale:   # as a killed cluster (and its dead watchdog) would leave it
+        cpu.create("hvdc-h9", 0.5)
+    msgs = []
+    try:
+        c = Cluster(control.up(ClusterSpec(hosts=2, slots=1, cpus_per_host=0.5), log=msgs.append))
+        if stale:
+            assert "hvdc-h9 (cpu group)" in " ".join(msgs), msgs
+        assert "hvdc-h9" not in cpu.leftovers() and sorted(cpu.leftovers()) == ["hvdc-h1", "hvdc-h2"]
+        saved = control.load()
+        assert saved["cpus_per_host"] == 0.5 and saved["cpu_controller"] == cpu.controller()
+        assert [h["cpu"] for h in saved["hosts"]] == [{"cgroup": f"hvdc-h{i}", "quota_cores": 0.5} for i in (1, 2)]
+        groups = _ssh(c, "h1", "cat /proc/self/cgroup").splitlines()
+        assert any(g.endswith(":/hvdc-h1") for g in groups), groups          # an ssh session is in its host's group
+        before = {h: cpu.usage_s(f"hvdc-{h}") for h in c.hosts}
+        window = 3.0
+        t0 = time.monotonic()
+        t_end = time.time() + window + 0.5          # both hosts loop over the same wall-clock window
+        procs = [subprocess.Popen(["ssh", h, f"for i in 1 2; do python -c '{BUSY}' {t_end} & done; wait"],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=c.env)
+                 for h in c.hosts]
+        outs = [p.communicate(timeout=60) for p in procs]
+        elapsed = time.monotonic() - t0
+        assert all(p.returncode == 0 for p in procs), outs
+        used = {h: cpu.usage_s(f"hvdc-{h}") - before[h] for h in c.hosts}
+        loops = {h: sum(map(float, o.split())) for h, (o, _) in zip(c.hosts, outs)}
+        # the bound: 0.5 core over the whole elapsed time plus one 100 ms period; without a quota each
+        # host would get ~1 core (2 x 3 s asked for, 2 cores shared by 2 hosts): about twice the bound
+        for h in c.hosts:
+            assert 0.1 * window < loops[h] <= used[h] <= 0.5 * elapsed * 1.1 + 0.1, (h, used, loops, elapsed)
+            assert cpu.throttled_s(f"hvdc-{h}") > 0, h
+        status = subprocess.run([*CLI, "status"], capture_output=True, text=True, timeout=30)
+        assert status.returncode == 0 and "CPU share per host: 0.5 cores" in status.stdout, status.stdout
+        row = next(ln.split() for ln in status.stdout.splitlines() if ln.split()[:1] == ["h1"])
+        assert row[-2] == "0.5" and float(row[-1]) >= used["h1"], status.stdout   # quota, CPU s used
+    finally:
+        stop_cluster()
+    assert _nothing_left() == []
