@@ -40,7 +40,7 @@ from typing import Callable
 
 from hvdkit.errors import UsageError
 
-__all__ = ["MODELS", "build_model", "check_model_name", "model_input_shape"]
+__all__ = ["MODELS", "build_model", "check_model_name", "keras3_refusal", "model_input_shape", "tf_keras_version"]
 
 #: model -> the sample shape :func:`build_model` built it for (weak: never keeps a model alive)
 _INPUT_SHAPES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
@@ -127,6 +127,55 @@ def check_model_name(name: str) -> None:
         raise UsageError(f"unknown model {name!r}; choose {', '.join(MODELS)} or MODULE:FUNCTION")
 
 
+def tf_keras_version() -> str:
+    """The version of the Keras ``tf.keras`` is in this process, e.g. "2.15.0" (TensorFlow 2.15's own
+    ``keras``, whose ``tf.keras`` has no ``__version__``), "2.18.0" (``tf-keras``) or "3.8.0"."""
+    import tensorflow as tf
+
+    v = getattr(tf.keras, "__version__", None)
+    if v is None:
+        import keras
+
+        v = keras.__version__
+    return v
+
+
+def keras3_refusal(name: str, model, tf_keras_version: str) -> str | None:
+    """The one line that refuses a Keras 3 model, or None for a model hvdkit can train.
+
+    hvdkit trains Keras 2 models only (``tf.keras`` of TensorFlow 2.15, or of ``tf-keras`` on
+    TensorFlow 2.16+ with ``TF_USE_LEGACY_KERAS=1``, which importing :mod:`hvdkit` sets): Horovod
+    0.28.1's ``DistributedGradientTape`` and optimizers call APIs Keras 3 removed (horovod#4290,
+    ``'Variable' object has no attribute 'ref'``).
+
+    Args:
+        name: the ``--model`` value, for the message.
+        model: what the model function returned.
+        tf_keras_version: ``tf.keras.__version__`` of this process, e.g. "2.18.0" or "3.8.0".
+
+    Returns:
+        None, or ``--model NAME: ...`` naming the Keras version and what to do when ``tf.keras``
+        itself is Keras 3 (TensorFlow was imported before hvdkit, or TF_USE_LEGACY_KERAS=0) or
+        ``model`` is a Keras 3 model (its class comes from the ``keras`` package at version >= 3).
+    """
+    why = ("hvdkit trains Keras 2 models only (Horovod 0.28.1 does not work with Keras 3, horovod#4290)")
+    if int(tf_keras_version.split(".")[0]) >= 3:
+        return (f"--model {name}: tf.keras is Keras {tf_keras_version}; {why}: import hvdkit before TensorFlow, or "
+                "set TF_USE_LEGACY_KERAS=1 before TensorFlow is imported (with tf-keras installed)")
+    if type(model).__module__.partition(".")[0] != "keras":
+        return None
+    try:
+        from importlib.metadata import version
+
+        keras_version = version("keras")
+    except Exception:  # noqa: BLE001 - no keras distribution: not a Keras 3 model
+        return None
+    if int(keras_version.split(".")[0]) < 3:
+        return None
+    return (f"--model {name}: the function returned a Keras {keras_version} model ({type(model).__name__}); {why}: "
+            "build it with tf.keras (or `import tf_keras as keras`), not `import keras`")
+
+
 def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, seed: int = 0):
     """Build model ``name`` with seeded initial weights.
 
@@ -146,8 +195,8 @@ def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, seed:
         A built ``tf.keras.Model`` mapping (batch, *input_shape) float32 to (batch, num_classes) logits.
 
     Raises:
-        UsageError: unknown name, unimportable user model, a function that does not return a
-            ``tf.keras.Model``, a model that fails on a (2, *input_shape) float32 batch, or
+        UsageError: unknown name, unimportable user model, a Keras 3 model or a ``tf.keras`` that
+            is Keras 3 (:func:`keras3_refusal`), a function that does not return a ``tf.keras.Model``, a model that fails on a (2, *input_shape) float32 batch, or
             one whose output is not (2, num_classes).
     """
     import tensorflow as tf
@@ -156,6 +205,9 @@ def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, seed:
     fn = MODELS.get(name) or _user_model(name)
     tf.keras.utils.set_random_seed(seed)
     model = fn(tuple(input_shape), num_classes)
+    refusal = keras3_refusal(name, model, tf_keras_version())
+    if refusal:
+        raise UsageError(refusal)
     if not isinstance(model, tf.keras.Model):
         raise UsageError(f"--model {name}: the function returned {type(model).__name__}, not a tf.keras.Model")
     shape = tuple(int(d) for d in input_shape)
