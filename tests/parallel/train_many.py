@@ -63,6 +63,7 @@ def _idle_barrier() -> None:
 
 def main(path: str) -> int:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import hvdkit  # noqa: F401 - before TensorFlow: sets TF_USE_LEGACY_KERAS on the tf218 stack
     import tensorflow as tf
 
     from hvdkit.comm import run_guarded, world

@@ -171,12 +171,15 @@ def keras3_sequential(input_shape, num_classes):   # --model tests.unit.test_sta
     return keras.Sequential([keras.Input(input_shape), keras.layers.Flatten(), keras.layers.Dense(num_classes)])
 
 
-def test_a_real_keras3_model_is_refused():
+def _keras3_installed() -> bool:
     try:
-        major = int(importlib.metadata.version("keras").split(".")[0])
+        return int(importlib.metadata.version("keras").split(".")[0]) >= 3
     except importlib.metadata.PackageNotFoundError:
-        major = 0
-    if major < 3:
+        return False
+
+
+def test_a_real_keras3_model_is_refused():
+    if not _keras3_installed():
         pytest.skip("Keras 3 is not installed (the tf215 stack)")
     with pytest.raises(UsageError, match=r"^--model tests.unit.test_stacks:keras3_sequential: the function "
                                          r"returned a Keras 3\.\S+ model \(Sequential\)"):
@@ -196,3 +199,16 @@ def test_hvdkit_sets_legacy_keras_before_tensorflow():
     flag, keras_version = p.stdout.split()
     assert flag == ("1" if importlib.util.find_spec("tf_keras") else "-"), p.stdout
     assert keras_version.startswith("2."), p.stdout
+
+
+def test_train_refuses_a_keras3_model_in_one_line(tmp_path):
+    """``python -m hvdkit.train --model MODULE:FUNCTION`` returning a Keras 3 model: status 2, one line."""
+    if not _keras3_installed():
+        pytest.skip("Keras 3 is not installed (the tf215 stack)")
+    p = subprocess.run([sys.executable, "-m", "hvdkit.train", "--model", "tests.unit.test_stacks:keras3_sequential",
+                        "--max-steps", "1", "--output-dir", str(tmp_path / "out"), "--no-tensorboard"],
+                       capture_output=True, text=True, timeout=120, cwd=ROOT,
+                       env={**os.environ, "PYTHONPATH": ROOT, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    assert p.returncode == 2, p.stdout + p.stderr
+    lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "returned a Keras 3." in lines[0] and "horovod#4290" in lines[0], p.stderr
