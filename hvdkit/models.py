@@ -128,16 +128,16 @@ def check_model_name(name: str) -> None:
 
 
 def tf_keras_version() -> str:
-    """The version of the Keras ``tf.keras`` is in this process, e.g. "2.15.0" (TensorFlow 2.15's own
-    ``keras``, whose ``tf.keras`` has no ``__version__``), "2.18.0" (``tf-keras``) or "3.8.0"."""
+    """The version of the Keras that ``tf.keras`` is in this process: "2.15.0" (TensorFlow 2.15's own
+    ``keras``), "2.18.0" (``tf_keras``, TensorFlow 2.16+ with TF_USE_LEGACY_KERAS=1) or "3.x" (Keras 3).
+    Neither Keras 2 sets ``tf.keras.__version__``: the version is that of the package ``tf.keras``
+    comes from (the first part of its module name)."""
+    import importlib
+
     import tensorflow as tf
 
-    v = getattr(tf.keras, "__version__", None)
-    if v is None:
-        import keras
-
-        v = keras.__version__
-    return v
+    package = tf.keras.__name__.partition(".")[0]          # "keras" or "tf_keras"
+    return getattr(tf.keras, "__version__", None) or importlib.import_module(package).__version__
 
 
 def keras3_refusal(name: str, model, tf_keras_version: str) -> str | None:

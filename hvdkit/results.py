@@ -257,7 +257,9 @@ def versions() -> dict[str, str]:
     try:
         import tensorflow as tf
         out["tensorflow"] = tf.__version__
-        out["keras"] = getattr(tf.keras, "__version__", None) or version("keras")   # TF 2.15's own, or tf-keras
+        # the Keras tf.keras is: TF 2.15's own keras or tf_keras (neither sets tf.keras.__version__), or Keras 3
+        # (hvdkit.models.tf_keras_version, which this layer cannot import, asks the same)
+        out["keras"] = version(tf.keras.__name__.partition(".")[0])
     except ImportError:  # pragma: no cover
         out["tensorflow"] = out["keras"] = None
     try:
