@@ -1,7 +1,7 @@
 """The shared models: one registry, each built from (input_shape, num_classes).
 
 Every model returns logits of shape (batch, num_classes), float32; the loss is sparse
-softmax cross-entropy. Weights are initialised from ``tf.keras.utils.set_random_seed(seed)``
+softmax cross-entropy. Weights are initialised from :func:`set_random_seed` (``tf.keras.utils.set_random_seed``)
 on every rank (and then broadcast from rank 0 by strategies that need it), so every
 strategy starts from the same point.
 
@@ -35,12 +35,14 @@ for; code that needs it (input signatures, model-parallel stages) asks
 from __future__ import annotations
 
 import importlib
+import random
 import weakref
 from typing import Callable
 
 from hvdkit.errors import UsageError
 
-__all__ = ["MODELS", "build_model", "check_model_name", "keras3_refusal", "model_input_shape", "tf_keras_version"]
+__all__ = ["MODELS", "build_model", "check_model_name", "keras3_refusal", "model_input_shape", "set_random_seed",
+           "tf_keras_version"]
 
 #: model -> the sample shape :func:`build_model` built it for (weak: never keeps a model alive)
 _INPUT_SHAPES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
@@ -127,6 +129,33 @@ def check_model_name(name: str) -> None:
         raise UsageError(f"unknown model {name!r}; choose {', '.join(MODELS)} or MODULE:FUNCTION")
 
 
+class _IntRandom(random.Random):
+    """``random.Random`` whose ``randint`` takes float bounds, as Python <= 3.11's did (with a warning).
+
+    Keras 2's seed generator (``keras.src.backend`` of TensorFlow 2.15, ``tf_keras.src.backend`` of
+    tf-keras 2.18) draws each layer's seed with ``generator.randint(1, 1e9)``; Python 3.12 refuses a
+    float bound (TypeError), so every model built after ``tf.keras.utils.set_random_seed`` failed on the
+    tf218 stack. ``randint(1, int(1e9))`` draws the same numbers, so the seeds stay those of Keras 2."""
+
+    def randint(self, a, b):
+        return super().randint(int(a), int(b))
+
+
+def set_random_seed(seed: int) -> None:
+    """``tf.keras.utils.set_random_seed(seed)`` (Python's, NumPy's and TensorFlow's generators, and
+    Keras's layer-seed generator), the latter an :class:`_IntRandom` of the same seed so that it works
+    on Python 3.12. Every rank that calls it with the same ``seed`` draws the same initial weights."""
+    import importlib
+
+    import tensorflow as tf
+
+    tf.keras.utils.set_random_seed(seed)
+    backend = importlib.import_module(tf.keras.__name__.partition(".")[0] + ".src.backend")   # Keras 2's
+    seeds = getattr(backend, "_SEED_GENERATOR", None)
+    if getattr(seeds, "generator", None) is not None:
+        seeds.generator = _IntRandom(seed)
+
+
 def tf_keras_version() -> str:
     """The version of the Keras that ``tf.keras`` is in this process: "2.15.0" (TensorFlow 2.15's own
     ``keras``), "2.18.0" (``tf_keras``, TensorFlow 2.16+ with TF_USE_LEGACY_KERAS=1) or "3.x" (Keras 3).
@@ -203,7 +232,7 @@ def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, seed:
 
     check_model_name(name)
     fn = MODELS.get(name) or _user_model(name)
-    tf.keras.utils.set_random_seed(seed)
+    set_random_seed(seed)
     model = fn(tuple(input_shape), num_classes)
     refusal = keras3_refusal(name, model, tf_keras_version())
     if refusal:

@@ -96,7 +96,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.steps <= 0:
         p.error(f"--steps={args.steps} must be > 0")
     _quiet()
-    import tensorflow as tf
+    from hvdkit.tfimport import import_tensorflow
+
+    tf = import_tensorflow()   # without TF 2.18's start-up lines
 
     tf.get_logger().setLevel(logging.ERROR)
     if not hasattr(tf, "estimator"):
