@@ -122,7 +122,9 @@ echo "$STACK" >"$VENV/hvdkit-stack"
 
 # 4. Horovod from source -----------------------------------------------------------------
 hvd_ok() {
-    TF_USE_LEGACY_KERAS=1 "$PY" -c "import horovod, horovod.tensorflow.mpi_ops; assert horovod.__version__ == '$HOROVOD_VERSION'" 2>/dev/null || return 1
+    # hvdkit (this checkout's) first: it sets TF_USE_LEGACY_KERAS=1 where tf-keras is installed (tf218) and
+    # leaves it unset on tf215, whose TensorFlow would then look for tf-keras too
+    PYTHONPATH="$ROOT" "$PY" -c "import hvdkit, horovod, horovod.tensorflow.mpi_ops; assert horovod.__version__ == '$HOROVOD_VERSION'" 2>/dev/null || return 1
     # a GPU build was asked for: an existing CPU-only Horovod does not count
     [[ "${HOROVOD_GPU_OPERATIONS:-}" != NCCL ]] || "$PY" -c "import horovod.tensorflow as h; assert h.nccl_built()" 2>/dev/null
 }
@@ -159,4 +161,5 @@ for fw in "\[X\] TensorFlow" "\[X\] MPI" "\[X\] Gloo"; do
 $check
 Remove it (\"$PY -m pip uninstall -y horovod\"; \"$PY -m pip cache remove horovod\") and rerun this script."
 done
-say "ready: $VENV (stack $STACK: $("$PY" -c 'import hvdkit, tensorflow as tf; print("TensorFlow", tf.__version__, "Keras", tf.keras.__version__)' 2>/dev/null), horovod $HOROVOD_VERSION with TensorFlow, MPI, Gloo)"
+versions="$(cd / && "$PY" -c 'import hvdkit, tensorflow as tf; from hvdkit.models import tf_keras_version; print("TensorFlow %s, Keras %s" % (tf.__version__, tf_keras_version()))' 2>/dev/null)"
+say "ready: $VENV (stack $STACK: $versions; horovod $HOROVOD_VERSION with TensorFlow, MPI, Gloo)"
