@@ -126,7 +126,7 @@ hvd_ok() {
     # leaves it unset on tf215, whose TensorFlow would then look for tf-keras too
     PYTHONPATH="$ROOT" "$PY" -c "import hvdkit, horovod, horovod.tensorflow.mpi_ops; assert horovod.__version__ == '$HOROVOD_VERSION'" 2>/dev/null || return 1
     # a GPU build was asked for: an existing CPU-only Horovod does not count
-    [[ "${HOROVOD_GPU_OPERATIONS:-}" != NCCL ]] || "$PY" -c "import horovod.tensorflow as h; assert h.nccl_built()" 2>/dev/null
+    [[ "${HOROVOD_GPU_OPERATIONS:-}" != NCCL ]] || PYTHONPATH="$ROOT" "$PY" -c "import hvdkit, horovod.tensorflow as h; assert h.nccl_built()" 2>/dev/null
 }
 if ! hvd_ok; then
     say "building horovod==$HOROVOD_VERSION with TensorFlow, MPI and Gloo (about 2-5 minutes on 2 cores; cached afterwards)"
