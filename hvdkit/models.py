@@ -1,7 +1,7 @@
 """The shared models: one registry, each built from (input_shape, num_classes).
 
 Every model returns logits of shape (batch, num_classes), float32; the loss is sparse
-softmax cross-entropy. Weights are initialised from ``tf.keras.utils.set_random_seed(seed)``
+softmax cross-entropy. Weights are initialised from :func:`set_random_seed` (``tf.keras.utils.set_random_seed``)
 on every rank (and then broadcast from rank 0 by strategies that need it), so every
 strategy starts from the same point.
 
@@ -35,12 +35,14 @@ for; code that needs it (input signatures, model-parallel stages) asks
 from __future__ import annotations
 
 import importlib
+import random
 import weakref
 from typing import Callable
 
 from hvdkit.errors import UsageError
 
-__all__ = ["MODELS", "build_model", "check_model_name", "model_input_shape"]
+__all__ = ["MODELS", "build_model", "check_model_name", "keras3_refusal", "model_input_shape", "set_random_seed",
+           "tf_keras_version"]
 
 #: model -> the sample shape :func:`build_model` built it for (weak: never keeps a model alive)
 _INPUT_SHAPES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
@@ -127,6 +129,82 @@ def check_model_name(name: str) -> None:
         raise UsageError(f"unknown model {name!r}; choose {', '.join(MODELS)} or MODULE:FUNCTION")
 
 
+class _IntRandom(random.Random):
+    """``random.Random`` whose ``randint`` takes float bounds, as Python <= 3.11's did (with a warning).
+
+    Keras 2's seed generator (``keras.src.backend`` of TensorFlow 2.15, ``tf_keras.src.backend`` of
+    tf-keras 2.18) draws each layer's seed with ``generator.randint(1, 1e9)``; Python 3.12 refuses a
+    float bound (TypeError), so every model built after ``tf.keras.utils.set_random_seed`` failed on the
+    tf218 stack. ``randint(1, int(1e9))`` draws the same numbers, so the seeds stay those of Keras 2."""
+
+    def randint(self, a, b):
+        return super().randint(int(a), int(b))
+
+
+def set_random_seed(seed: int) -> None:
+    """``tf.keras.utils.set_random_seed(seed)`` (Python's, NumPy's and TensorFlow's generators, and
+    Keras's layer-seed generator), the latter an :class:`_IntRandom` of the same seed so that it works
+    on Python 3.12. Every rank that calls it with the same ``seed`` draws the same initial weights."""
+    import importlib
+
+    import tensorflow as tf
+
+    tf.keras.utils.set_random_seed(seed)
+    backend = importlib.import_module(tf.keras.__name__.partition(".")[0] + ".src.backend")   # Keras 2's
+    seeds = getattr(backend, "_SEED_GENERATOR", None)
+    if getattr(seeds, "generator", None) is not None:
+        seeds.generator = _IntRandom(seed)
+
+
+def tf_keras_version() -> str:
+    """The version of the Keras that ``tf.keras`` is in this process: "2.15.0" (TensorFlow 2.15's own
+    ``keras``), "2.18.0" (``tf_keras``, TensorFlow 2.16+ with TF_USE_LEGACY_KERAS=1) or "3.x" (Keras 3).
+    Neither Keras 2 sets ``tf.keras.__version__``: the version is that of the package ``tf.keras``
+    comes from (the first part of its module name)."""
+    import importlib
+
+    import tensorflow as tf
+
+    package = tf.keras.__name__.partition(".")[0]          # "keras" or "tf_keras"
+    return getattr(tf.keras, "__version__", None) or importlib.import_module(package).__version__
+
+
+def keras3_refusal(name: str, model, tf_keras_version: str) -> str | None:
+    """The one line that refuses a Keras 3 model, or None for a model hvdkit can train.
+
+    hvdkit trains Keras 2 models only (``tf.keras`` of TensorFlow 2.15, or of ``tf-keras`` on
+    TensorFlow 2.16+ with ``TF_USE_LEGACY_KERAS=1``, which importing :mod:`hvdkit` sets): Horovod
+    0.28.1's ``DistributedGradientTape`` and optimizers call APIs Keras 3 removed (horovod#4290,
+    ``'Variable' object has no attribute 'ref'``).
+
+    Args:
+        name: the ``--model`` value, for the message.
+        model: what the model function returned.
+        tf_keras_version: ``tf.keras.__version__`` of this process, e.g. "2.18.0" or "3.8.0".
+
+    Returns:
+        None, or ``--model NAME: ...`` naming the Keras version and what to do when ``tf.keras``
+        itself is Keras 3 (TensorFlow was imported before hvdkit, or TF_USE_LEGACY_KERAS=0) or
+        ``model`` is a Keras 3 model (its class comes from the ``keras`` package at version >= 3).
+    """
+    why = ("hvdkit trains Keras 2 models only (Horovod 0.28.1 does not work with Keras 3, horovod#4290)")
+    if int(tf_keras_version.split(".")[0]) >= 3:
+        return (f"--model {name}: tf.keras is Keras {tf_keras_version}; {why}: import hvdkit before TensorFlow, or "
+                "set TF_USE_LEGACY_KERAS=1 before TensorFlow is imported (with tf-keras installed)")
+    if type(model).__module__.partition(".")[0] != "keras":
+        return None
+    try:
+        from importlib.metadata import version
+
+        keras_version = version("keras")
+    except Exception:  # noqa: BLE001 - no keras distribution: not a Keras 3 model
+        return None
+    if int(keras_version.split(".")[0]) < 3:
+        return None
+    return (f"--model {name}: the function returned a Keras {keras_version} model ({type(model).__name__}); {why}: "
+            "build it with tf.keras (or `import tf_keras as keras`), not `import keras`")
+
+
 def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, seed: int = 0):
     """Build model ``name`` with seeded initial weights.
 
@@ -146,16 +224,19 @@ def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, seed:
         A built ``tf.keras.Model`` mapping (batch, *input_shape) float32 to (batch, num_classes) logits.
 
     Raises:
-        UsageError: unknown name, unimportable user model, a function that does not return a
-            ``tf.keras.Model``, a model that fails on a (2, *input_shape) float32 batch, or
+        UsageError: unknown name, unimportable user model, a Keras 3 model or a ``tf.keras`` that
+            is Keras 3 (:func:`keras3_refusal`), a function that does not return a ``tf.keras.Model``, a model that fails on a (2, *input_shape) float32 batch, or
             one whose output is not (2, num_classes).
     """
     import tensorflow as tf
 
     check_model_name(name)
     fn = MODELS.get(name) or _user_model(name)
-    tf.keras.utils.set_random_seed(seed)
+    set_random_seed(seed)
     model = fn(tuple(input_shape), num_classes)
+    refusal = keras3_refusal(name, model, tf_keras_version())
+    if refusal:
+        raise UsageError(refusal)
     if not isinstance(model, tf.keras.Model):
         raise UsageError(f"--model {name}: the function returned {type(model).__name__}, not a tf.keras.Model")
     shape = tuple(int(d) for d in input_shape)

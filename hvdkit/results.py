@@ -246,20 +246,23 @@ def weights_to_arrays(model) -> dict[str, np.ndarray]:
 
 
 def versions() -> dict[str, str]:
-    """Versions of everything that shapes a result: Python, TensorFlow, Horovod, mpi4py, MPI."""
+    """Versions of everything that shapes a result: Python, TensorFlow, Keras, Horovod, mpi4py, MPI."""
     from mpi4py import MPI
     import mpi4py
 
     out = {"python": platform.python_version(), "numpy": np.__version__, "mpi4py": mpi4py.__version__,
            "mpi": MPI.Get_library_version().replace("\x00", "").strip().splitlines()[0],
            "platform": platform.platform()}
+    from importlib.metadata import version
     try:
         import tensorflow as tf
         out["tensorflow"] = tf.__version__
+        # the Keras tf.keras is: TF 2.15's own keras or tf_keras (neither sets tf.keras.__version__), or Keras 3
+        # (hvdkit.models.tf_keras_version, which this layer cannot import, asks the same)
+        out["keras"] = version(tf.keras.__name__.partition(".")[0])
     except ImportError:  # pragma: no cover
-        out["tensorflow"] = None
+        out["tensorflow"] = out["keras"] = None
     try:
-        from importlib.metadata import version
         out["horovod"] = version("horovod")
     except Exception:  # noqa: BLE001 - not installed is a fine answer
         out["horovod"] = None

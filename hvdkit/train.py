@@ -60,6 +60,9 @@ def main(argv: list[str] | None = None) -> int:
             if first:
                 print(f"hvdkit: error: {err}", file=sys.stderr, flush=True)
             return 2
+        from hvdkit.tfimport import import_tensorflow
+
+        import_tensorflow()
         from hvdkit.elastic import run as run_elastic
 
         run_guarded(run_elastic, cfg)
@@ -67,6 +70,9 @@ def main(argv: list[str] | None = None) -> int:
     agree(err, w)
     mpi_start.done()   # the world is formed; from here on hvdkit.startup.StartupDeadline watches start-up
 
+    from hvdkit.tfimport import import_tensorflow
+
+    import_tensorflow()   # before the trainer's own import: without TF 2.18's start-up lines on every rank
     from hvdkit.trainer import run
 
     run_guarded(run, cfg, w)

@@ -1,15 +1,27 @@
 #!/usr/bin/env bash
-# Idempotent installer for hvdkit on Debian/Ubuntu (the CI machine kind: Python 3.11, root).
+# Idempotent installer for hvdkit on Debian/Ubuntu (the CI machine kind: root, Open MPI 4.1).
 #
-#   bash launch/install.sh            # OS packages, .venv, pinned packages, Horovod, hvdkit
-#   VENV=/opt/venv bash launch/install.sh
-#   TF_PACKAGE=tensorflow bash launch/install.sh   # GPU build: `tensorflow` at the version pinned
-#                                                  # for tensorflow-cpu (Dockerfile.gpu does this)
+#   bash launch/install.sh                        # OS packages, .venv, the stack's pins, Horovod, hvdkit
+#   PYTHON=python3.12 VENV=/opt/venv bash launch/install.sh
+#   TF_STACK=tf218 bash launch/install.sh         # tf218 on Python 3.10 or 3.11 too
+#   bash launch/install.sh --print-stack          # prints "STACK PYTHON" (the choice of step 0) and stops
+#   TF_PACKAGE=tensorflow bash launch/install.sh  # GPU build: `tensorflow` at the version pinned
+#                                                 # for tensorflow-cpu (Dockerfile.gpu does this)
+#
+# The stack (requirements/<stack>.txt, which includes requirements/common.txt) follows the
+# interpreter (launch/stack.py): PYTHON if given, else the python of an existing $VENV, else the
+# first of python3.12, python3.11, python3.10, python3 on PATH that runs and that a stack supports.
+#   tf215  Python 3.9-3.11   tensorflow-cpu 2.15.1 (Keras 2, tf.estimator)
+#   tf218  Python 3.10-3.12  tensorflow-cpu 2.18.1 + tf-keras 2.18.0 (hvdkit sets TF_USE_LEGACY_KERAS=1)
+# Python 3.12 gets tf218, 3.9-3.11 get tf215 unless TF_STACK=tf218; any other Python ends in one
+# line naming what to install. Nothing here needs pyenv (a system /usr/bin/python3.12 is fine).
 #
 # Steps, each skipped when already done (a second run takes well under a minute):
-#   1. apt-get install the OS packages that are missing (Open MPI 4.1, compilers, CMake 3.25).
+#   0. choose the interpreter and the stack; an existing $VENV must be of the same ones.
+#   1. apt-get install the OS packages that are missing (Open MPI 4.1, compilers, CMake 3.25, and
+#      for a Debian/Ubuntu /usr/bin/python3.X its -venv and -dev packages).
 #   2. create the virtual environment $VENV (default: .venv in the repo).
-#   3. pip install the pinned versions in requirements.txt.
+#   3. pip install the stack's pins.
 #   4. build Horovod $HOROVOD_VERSION from source against that TensorFlow, with MPI and Gloo
 #      (pip keeps the built wheel in its cache, so a rebuild of the venv takes seconds).
 #   5. pip install -e . (hvdkit itself, console scripts hvdkit-train, hvdkit-launch, hvdkit-bench).
@@ -18,16 +30,47 @@ set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${VENV:-$ROOT/.venv}"
-PYTHON="${PYTHON:-python3.11}"
-REQS="$ROOT/requirements.txt"
-HOROVOD_VERSION="$(sed -n 's/^# HOROVOD_VERSION=//p' "$REQS")"
+HOROVOD_VERSION="$(sed -n 's/^# HOROVOD_VERSION=//p' "$ROOT/requirements/common.txt")"
 OS_PACKAGES=(openmpi-bin libopenmpi-dev g++ make cmake openssh-server openssh-client iproute2)   # ssh, iproute2: the emulated cluster (hvdkit-cluster)
 TF_PACKAGE="${TF_PACKAGE:-tensorflow-cpu}"   # the TensorFlow distribution: tensorflow-cpu or tensorflow
 
 say() { echo "[install] $*"; }
 die() { echo "[install] ERROR: $*" >&2; exit 1; }
 
+# 0. interpreter and stack ------------------------------------------------------------
+if [[ -n "${PYTHON:-}" ]]; then candidates=("$PYTHON")
+elif [[ -x "$VENV/bin/python" ]]; then candidates=("$VENV/bin/python")
+else candidates=(python3.12 python3.11 python3.10 python3); fi
+STACK="" why="" broken=""
+for c in "${candidates[@]}"; do
+    command -v "$c" >/dev/null 2>&1 || continue
+    out="$("$c" "$ROOT/launch/stack.py" 2>&1)" && rc=0 || rc=$?
+    if ((rc == 0)); then PYTHON="$c" STACK="$out"; break; fi
+    # status 3: it ran and no stack (or not TF_STACK) takes it; anything else: it does not run
+    # (e.g. a pyenv shim of a version pyenv has not selected)
+    if ((rc == 3)); then [[ -n "$why" ]] || why="$c: $(head -1 <<<"$out")"
+    else broken+="; $c does not run: $(head -1 <<<"$out")"; fi
+done
+if [[ -z "$STACK" ]]; then
+    [[ -n "$why" ]] || why="no Python 3 found (tried ${candidates[*]}${broken}); install python3.12 (Ubuntu 24.04: apt-get install python3.12-venv python3.12-dev; anywhere: uv python install 3.12) and give PYTHON=python3.12"
+    die "$why"
+fi
+REQS="$ROOT/requirements/$STACK.txt"
+pyver="$("$PYTHON" -c 'import sys; print("%d.%d" % sys.version_info[:2])')"
+if [[ -x "$VENV/bin/python" ]]; then
+    venv_ver="$("$VENV/bin/python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')"
+    venv_stack="$(cat "$VENV/hvdkit-stack" 2>/dev/null || true)"
+    [[ "$venv_ver" == "$pyver" && "${venv_stack:-$STACK}" == "$STACK" ]] \
+        || die "$VENV holds Python $venv_ver${venv_stack:+ (stack $venv_stack)}, not Python $pyver (stack $STACK): remove it (rm -rf $VENV) or give another VENV=DIR"
+fi
+if [[ "${1:-}" == --print-stack ]]; then   # the choice alone (tests/unit/test_stacks.py), nothing installed
+    echo "$STACK $PYTHON"; exit 0
+fi
+say "stack $STACK ($(basename "$REQS")) on $("$PYTHON" --version 2>&1) ($(command -v "$PYTHON"))"
+
 # 1. OS packages ------------------------------------------------------------------------
+# a Debian/Ubuntu system Python needs its venv (ensurepip) and dev (Python.h, for Horovod) packages
+[[ "$(readlink -f "$(command -v "$PYTHON")")" == /usr/bin/python3* ]] && OS_PACKAGES+=("python$pyver-venv" "python$pyver-dev")
 missing=()
 for p in "${OS_PACKAGES[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -43,9 +86,8 @@ cmake_major="$(cmake --version | sed -n 's/^cmake version \([0-9]*\).*/\1/p')"
 [[ "$cmake_major" == 3 ]] || die "CMake 3.x needed to build Horovod's Gloo (found $(cmake --version | head -1)); use the system cmake"
 
 # 2. virtual environment ----------------------------------------------------------------
-command -v "$PYTHON" >/dev/null || die "$PYTHON not found; set PYTHON=/path/to/python3.11"
 if [[ ! -x "$VENV/bin/python" ]]; then
-    say "creating $VENV with $($PYTHON --version)"
+    say "creating $VENV with $("$PYTHON" --version 2>&1)"
     "$PYTHON" -m venv "$VENV"
 fi
 PY="$VENV/bin/python"
@@ -56,36 +98,51 @@ PINS="$REQS"
 if [[ "$TF_PACKAGE" != tensorflow-cpu ]]; then   # same pins, the tensorflow-cpu line renamed
     [[ "$TF_PACKAGE" =~ ^tensorflow(\[[a-z-]+\])?$ ]] || die "TF_PACKAGE=$TF_PACKAGE: use tensorflow-cpu (default) or tensorflow"
     PINS="$(mktemp)"; trap 'rm -f "$PINS"' EXIT
-    sed "s/^tensorflow-cpu==/$TF_PACKAGE==/" "$REQS" >"$PINS"
+    sed -e "s/^tensorflow-cpu==/$TF_PACKAGE==/" -e "s|^-r |-r $ROOT/requirements/|" "$REQS" >"$PINS"
 fi
 if ! "$PY" - "$PINS" <<'PYEOF' 2>/dev/null
-import sys
+import os, sys
 from importlib.metadata import version
 from packaging.requirements import Requirement
-for line in open(sys.argv[1]):
-    line = line.split("#")[0].strip()
-    if line:
-        r = Requirement(line)
-        assert r.specifier.contains(version(r.name)), r
+def check(path):
+    for line in open(path):
+        line = line.split("#")[0].strip()
+        if line.startswith("-r "):   # an included file, relative to this one
+            check(os.path.join(os.path.dirname(path), line[3:].strip()))
+        elif line:
+            r = Requirement(line)
+            assert r.specifier.contains(version(r.name)), r
+check(sys.argv[1])
 PYEOF
 then
-    say "pip install -r requirements.txt ($TF_PACKAGE)"
+    say "pip install -r requirements/$STACK.txt ($TF_PACKAGE)"
     "$PY" -m pip install -q -r "$PINS"
 fi
+echo "$STACK" >"$VENV/hvdkit-stack"
 
 # 4. Horovod from source -----------------------------------------------------------------
 hvd_ok() {
-    "$PY" -c "import horovod, horovod.tensorflow; assert horovod.__version__ == '$HOROVOD_VERSION'" 2>/dev/null || return 1
+    # hvdkit (this checkout's) first: it sets TF_USE_LEGACY_KERAS=1 where tf-keras is installed (tf218) and
+    # leaves it unset on tf215, whose TensorFlow would then look for tf-keras too
+    PYTHONPATH="$ROOT" "$PY" -c "import hvdkit, horovod, horovod.tensorflow.mpi_ops; assert horovod.__version__ == '$HOROVOD_VERSION'" 2>/dev/null || return 1
     # a GPU build was asked for: an existing CPU-only Horovod does not count
-    [[ "${HOROVOD_GPU_OPERATIONS:-}" != NCCL ]] || "$PY" -c "import horovod.tensorflow as h; assert h.nccl_built()" 2>/dev/null
+    [[ "${HOROVOD_GPU_OPERATIONS:-}" != NCCL ]] || PYTHONPATH="$ROOT" "$PY" -c "import hvdkit, horovod.tensorflow as h; assert h.nccl_built()" 2>/dev/null
 }
 if ! hvd_ok; then
-    say "building horovod==$HOROVOD_VERSION with TensorFlow, MPI and Gloo (about 3-5 minutes on 2 cores; cached afterwards)"
-    HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_MPI=1 HOROVOD_WITH_GLOO=1 \
-    HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 \
-    HOROVOD_GPU_OPERATIONS="${HOROVOD_GPU_OPERATIONS:-}" \
-        "$PY" -m pip install -q --no-build-isolation ${HOROVOD_GPU_OPERATIONS:+--no-cache-dir --force-reinstall --no-deps} \
-        "horovod==$HOROVOD_VERSION"
+    say "building horovod==$HOROVOD_VERSION with TensorFlow, MPI and Gloo (about 2-5 minutes on 2 cores; cached afterwards)"
+    build_horovod() {
+        HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_MPI=1 HOROVOD_WITH_GLOO=1 \
+        HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 \
+        HOROVOD_GPU_OPERATIONS="${HOROVOD_GPU_OPERATIONS:-}" \
+            "$PY" -m pip install -q --no-build-isolation "$@" "horovod==$HOROVOD_VERSION"
+    }
+    build_horovod ${HOROVOD_GPU_OPERATIONS:+--no-cache-dir --force-reinstall --no-deps}
+    if ! hvd_ok && [[ -z "${HOROVOD_GPU_OPERATIONS:-}" ]]; then
+        # pip's cached wheel of this Python was built against another TensorFlow (TF_STACK=tf218 on a
+        # Python that had tf215): build it again, from source
+        say "the cached horovod wheel does not load with this TensorFlow; building it again without the cache"
+        build_horovod --no-cache-dir --force-reinstall --no-deps
+    fi
     hvd_ok || die "horovod $HOROVOD_VERSION did not import after the build (see pip output above)"
 fi
 
@@ -104,4 +161,5 @@ for fw in "\[X\] TensorFlow" "\[X\] MPI" "\[X\] Gloo"; do
 $check
 Remove it (\"$PY -m pip uninstall -y horovod\"; \"$PY -m pip cache remove horovod\") and rerun this script."
 done
-say "ready: $VENV (horovod $HOROVOD_VERSION with TensorFlow, MPI, Gloo)"
+versions="$(cd / && "$PY" -c 'import hvdkit, tensorflow as tf; from hvdkit.models import tf_keras_version; print("TensorFlow %s, Keras %s" % (tf.__version__, tf_keras_version()))' 2>/dev/null)"
+say "ready: $VENV (stack $STACK: $versions; horovod $HOROVOD_VERSION with TensorFlow, MPI, Gloo)"

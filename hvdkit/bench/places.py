@@ -211,7 +211,7 @@ def place_from_args(a: argparse.Namespace, environ: Mapping[str, str] | None = N
             from hvdkit.cluster import control
             reason = control.unavailable()
         except ImportError as e:   # pyroute2 missing
-            reason = f"hvdkit.cluster cannot be imported ({e}); pip install -r requirements.txt"
+            reason = f"hvdkit.cluster cannot be imported ({e}); pip install -r requirements/common.txt"
         if reason:
             raise UsageError(f"--emulated {emulated}: no emulated cluster here: {reason}")
         return Place("emulated", [], emulated=spec,

@@ -192,8 +192,8 @@ def main(argv=None) -> int:
         elif a.command == "run":
             return control.run(spec, cmd, a.dir, before=(lambda _: _probe(a.dir, 2.0)) if a.probe else None)
         return 0
-    except ImportError as e:   # pyroute2 missing: the venv predates requirements.txt's pin
-        print(f"{PROG}: error: needs the Python package pyroute2 ({e}); pip install -r requirements.txt",
+    except ImportError as e:   # pyroute2 missing: the venv predates its pin in requirements/common.txt
+        print(f"{PROG}: error: needs the Python package pyroute2 ({e}); pip install -r requirements/common.txt",
               file=sys.stderr)
         return 2
     except Exception as e:   # one line, never a traceback

@@ -62,7 +62,7 @@ def unavailable() -> str | None:
     try:
         import pyroute2  # noqa: F401
     except ImportError:
-        return "needs the Python package pyroute2 (pip install -r requirements.txt)"
+        return "needs the Python package pyroute2 (pip install -r requirements/common.txt)"
     return None
 
 

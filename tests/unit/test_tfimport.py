@@ -1,0 +1,39 @@
+"""hvdkit.tfimport: TensorFlow imported without TF 2.18's start-up lines, every other line kept."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from hvdkit.tfimport import is_startup_noise
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+#: as TensorFlow 2.18.1's CPU wheel printed them here at import (TF_CPP_MIN_LOG_LEVEL=2)
+TF218_LINES = [
+    "2026-12-02 02:33:44.463607: E external/local_xla/xla/stream_executor/cuda/cuda_fft.cc:477] Unable to register "
+    "cuFFT factory: Attempting to register factory for plugin cuFFT when one has already been registered",
+    "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR",
+    "E0000 00:00:1796178824.481333   18868 cuda_dnn.cc:8310] Unable to register cuDNN factory: Attempting to "
+    "register factory for plugin cuDNN when one has already been registered",
+    "[1,2]<stderr>:E0000 00:00:1796178829.523555   19102 cuda_blas.cc:1418] Unable to register cuBLAS factory: "
+    "Attempting to register factory for plugin cuBLAS when one has already been registered"]
+
+
+def test_the_noise_and_nothing_else():
+    assert all(is_startup_noise(ln) for ln in TF218_LINES[:3])
+    assert is_startup_noise(TF218_LINES[3])   # as horovodrun prefixes a rank's line
+    for other in ("hvdkit: error: --epochs=0 must be >= 1", "E0000 ... Unable to register cuDNN factory: out of memory",
+                  "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR, and more",
+                  "Traceback (most recent call last):"):
+        assert not is_startup_noise(other), other
+
+
+def test_import_tensorflow_writes_nothing_but_what_matters():
+    code = ("import sys; from hvdkit.tfimport import import_tensorflow; tf = import_tensorflow(); "
+            "print('after', file=sys.stderr); print(tf.__version__)")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "PYTHONPATH": ROOT, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    assert p.returncode == 0, p.stderr
+    assert p.stderr == "after\n", p.stderr
+    assert p.stdout.startswith("2.")
