@@ -23,7 +23,7 @@ train: setup
 	TF_CPP_MIN_LOG_LEVEL=2 $(VENV)/bin/horovodrun -np $(NP) $(PY) -m hvdkit.train $(ARGS)
 
 test: setup
-	$(PY) -m pytest -ra $(WORKERS) tests
+	$(PY) -m pytest -ra --durations=25 $(WORKERS) tests
 
 test-quick: setup
 	$(PY) -m pytest -ra $(QUICK_WORKERS) -m "not slow and not cluster" tests
