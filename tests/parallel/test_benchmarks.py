@@ -21,6 +21,7 @@ def _bench(*args: str, timeout: float):
     return launch([sys.executable, "-m", "hvdkit.bench", *args], timeout)
 
 
+@pytest.mark.slow   # 4 launches (50 s in the quick tier); the grid's rules: tests/unit/test_training_bench.py
 def test_training_quick_on_this_host_has_a_row_per_cell_from_every_rank(tmp_path):
     """``hvdkit-bench training --quick`` end to end (tiny jobs): every cell the host's slots allow has
     one OK row; its job's world size is the row's rank count (the strategy row's rule: ps-sync =

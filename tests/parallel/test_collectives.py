@@ -57,6 +57,7 @@ def order_by_size(rows):
     return {b: [m for _, m in sorted(v)] for b, v in by.items()}
 
 
+@pytest.mark.slow   # 12 s; the quick tier: every method at 2 ranks and a wrong result
 def test_rounds_alternate_ratios_have_intervals_and_two_servers_are_correct(tmp_path):
     """~5 s: 3 ranks, 16 KiB and 1 MiB, 5 rounds; Open MPI's ring forced through the environment."""
     out = tmp_path / "c.json"

@@ -41,6 +41,9 @@ RUNS = {
     **{f"mixed_float16 {s}": ("mixed_float16", s, MIXED) for s in STRATEGIES},
     "mixed_bfloat16 ring": ("mixed_bfloat16", "ring", MIXED),
 }
+#: the tests of the shared 3-rank job (11 runs, 30 s): the full tier; the quick tier has the two refusals
+#: below and tests/parallel/test_gradients.py's float16/bfloat16 variables under ring, ps-sync, model-parallel
+JOB = pytest.mark.slow
 #: eval accuracy after EPOCHS epochs that the float32 twins reach (chance: 0.1)
 ACCURACY = {"float16": 0.9, "mixed": 0.75}
 
@@ -74,6 +77,7 @@ def _accuracies(res):
     return [row["eval_accuracy"] for row in res["epochs"]]
 
 
+@JOB
 @pytest.mark.parametrize("name", [n for n in RUNS if n.startswith(("float", "mixed_float16"))])
 def test_half_precision_trains_as_its_float32_twin(name, job):
     res, weights = _outcome(job, name)
@@ -97,6 +101,7 @@ def test_half_precision_trains_as_its_float32_twin(name, job):
         assert {a.dtype.name for a in weights.values()} == {"float32"}          # float32 variables
 
 
+@JOB
 def test_a_resumed_run_keeps_its_loss_scale(job):
     """2 epochs with --checkpoint, then --resume to EPOCHS: the loss scale counts every step of the
     run (restored from the checkpoint, not started afresh) and the run ends as the uninterrupted one."""
@@ -106,6 +111,7 @@ def test_a_resumed_run_keeps_its_loss_scale(job):
     assert res["final"]["eval_accuracy"] == pytest.approx(whole["final"]["eval_accuracy"], abs=0.02)
 
 
+@JOB
 def test_mixed_bfloat16_trains_without_a_loss_scale(job):
     res, _ = _outcome(job, "mixed_bfloat16 ring")
     acc = _accuracies(res)
@@ -113,6 +119,7 @@ def test_mixed_bfloat16_trains_without_a_loss_scale(job):
     assert acc[-1] >= ACCURACY["mixed"] and acc[-1] > acc[0], acc
 
 
+@JOB
 def test_float16_runs_end_close_to_each_other(job):
     """horovod (float16 sum of scaled values) and ring (float32 sum) train on the same batches with the
     same averaged gradients up to float16 rounding."""

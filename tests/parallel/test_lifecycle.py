@@ -134,7 +134,8 @@ ELASTIC = ["--elastic", "--network-interface", "lo", "--gloo-timeout", "5"]
 @pytest.mark.parametrize("sig,launch", [(signal.SIGKILL, ["--max-restarts", "1"]),
                                         pytest.param(signal.SIGHUP, ["--max-restarts", "1"], marks=pytest.mark.slow),
                                         pytest.param(signal.SIGKILL, [], marks=pytest.mark.slow),
-                                        (signal.SIGKILL, ["--launcher", "horovodrun"]),
+                                        pytest.param(signal.SIGKILL, ["--launcher", "horovodrun"],
+                                                     marks=pytest.mark.slow),   # quick: SIGKILL-max-restarts
                                         pytest.param(signal.SIGKILL, ELASTIC, marks=pytest.mark.slow)],
                          ids=["SIGKILL-max-restarts", "SIGHUP-max-restarts", "SIGKILL", "SIGKILL-horovodrun",
                               "SIGKILL-elastic"])

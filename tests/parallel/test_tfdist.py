@@ -113,6 +113,7 @@ def test_tf_ps_3_ranks_trains(tmp_path):
     assert r.stdout.count("final eval_accuracy") == 1
 
 
+@pytest.mark.slow   # 3 ranks (11 s); tf-ps trains in the quick tier in tests/parallel/test_gradients.py
 def test_tf_ps_chief_failure_ends_every_rank(tmp_path):
     r = train(3, "--strategy", "tf-ps", "--fail-at", "0:3", "--output-dir", str(tmp_path / "run"), timeout=120)
     assert r.returncode != 0

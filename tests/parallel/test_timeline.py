@@ -96,6 +96,7 @@ def test_parameter_server_and_straggler(traces):
     assert all(e["args"]["bytes"] > 0 and e["args"]["shard"] == 0 for e in applied)
 
 
+@pytest.mark.slow   # 11 s; the quick tier: the traces of a failing rank (test_train.py, test_ps.py)
 def test_ctrl_c_leaves_rank_0s_trace(tmp_path):
     """SIGINT to the job's process group (Ctrl-C) mid-training: the job ends, and the one trace
     file is valid JSON holding rank 0's spans, marked incomplete."""

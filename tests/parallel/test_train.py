@@ -96,6 +96,7 @@ def test_bad_input_gives_one_clear_line(args, message):
     assert "Traceback" not in r.output
 
 
+@pytest.mark.slow   # 4 ranks (11 s); the rule itself: tests/unit/test_data.py
 def test_fewer_samples_than_ranks(tmp_path):
     p = tmp_path / "tiny.npz"
     np.savez(p, x=np.zeros((3, 4), np.float32), y=np.array([0, 1, 0]),

@@ -13,6 +13,7 @@ pytestmark = pytest.mark.parallel
 SUBCLASSED = ["--model", "tests.user_models:subclassed", "--epochs", "1", "--no-tensorboard", "--no-checkpoint"]
 
 
+@pytest.mark.slow   # 3 runs at 3 ranks (16 s); the quick tier: model-parallel's one-line refusal of it
 def test_a_subclassed_model_trains_under_horovod_ring_and_ps_sync(tmp_path):
     """TensorFlow's quickstart style (no Input, no output_shape) trains to the same figures in each row."""
     firsts = {}
