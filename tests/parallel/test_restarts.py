@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from hvdkit.results import load_npz
-from tests.conftest import ROOT, VENV_BIN, load_results, train
+from tests.conftest import ROOT, VENV_BIN, load_results, train, train_many
 
 pytestmark = pytest.mark.parallel
 
@@ -74,18 +74,19 @@ def test_a_killed_worker_costs_a_restart_not_the_run(tmp_path):
 def test_resuming_inside_an_epoch_ends_like_an_uninterrupted_run(tmp_path):
     """--checkpoint-every 10 (ring, 2 ranks, 23 steps per epoch): rank 1 dies at step 35, in epoch 2;
     the checkpoint of step 30 (7 batches into epoch 2) is resumed: the final weights and the epoch-2
-    evaluation equal an uninterrupted run's; its training figures count the 16 steps after step 30."""
+    evaluation equal an uninterrupted run's; its training figures count the 16 steps after step 30.
+    The uninterrupted run and the resumed one, both expected to succeed, train in one job
+    (tests/parallel/train_many.py: TensorFlow starts once for both)."""
     flags = ["--strategy", "ring", "--epochs", "2", "--optimizer", "sgd", "--seed", "0", "--no-tensorboard"]
-    r = train(2, *flags, "--output-dir", str(tmp_path / "ref"), "--export-weights", str(tmp_path / "ref.npz"))
-    assert r.returncode == 0, r.output[-3000:]
     out = tmp_path / "out"
     r = train(2, *flags, "--checkpoint-every", "10", "--fail-at", "1:35:exit", "--output-dir", str(out))
     assert r.returncode != 0, r.output[-3000:]
     _, meta = load_npz(str(out / "checkpoint.npz"))
     assert (meta["epoch"], meta["global_step"], meta["step_in_epoch"]) == (1, 30, 7), meta
-    r = train(2, *flags, "--checkpoint-every", "10", "--resume", "--output-dir", str(out),
-              "--export-weights", str(tmp_path / "out.npz"))
-    assert r.returncode == 0, r.output[-3000:]
+    train_many(2, [("uninterrupted", 2, [*flags, "--output-dir", str(tmp_path / "ref"),
+                                         "--export-weights", str(tmp_path / "ref.npz")]),
+                   ("resumed", 2, [*flags, "--checkpoint-every", "10", "--resume", "--output-dir", str(out),
+                                   "--export-weights", str(tmp_path / "out.npz")])], tmp_path, timeout=240)
     mine, ref_w = load_npz(str(tmp_path / "out.npz"))[0], load_npz(str(tmp_path / "ref.npz"))[0]
     for k in ref_w:
         np.testing.assert_allclose(mine[k], ref_w[k], rtol=1e-5, atol=1e-6, err_msg=k)
