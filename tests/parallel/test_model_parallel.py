@@ -32,6 +32,9 @@ def assert_ranks_agree(res, n):
 
 
 MICRO_BATCHES = (1, 4)
+#: the tests of the shared job and its one-process reference (24 s): the full tier; model-parallel trains in the
+#: quick tier in tests/parallel/test_gradients.py (micro-batches 4) and test_resume_paths.py (1 epoch)
+JOB = pytest.mark.slow
 LEARN = ["--strategy", "model-parallel", "--micro-batches", "2", "--optimizer", "adam", "--lr", "0.005",
          "--no-tensorboard"]
 
@@ -51,6 +54,7 @@ def mp_job(tmp_path_factory):
     return d, r.stdout
 
 
+@JOB
 @pytest.mark.parametrize("micro_batches", MICRO_BATCHES)
 def test_two_stages_train_to_the_weights_of_one_process(mp_job, one_process, micro_batches):
     out, w = mp_job[0] / f"mb{micro_batches}", mp_job[0] / f"mb{micro_batches}.npz"
@@ -70,6 +74,7 @@ def test_two_stages_train_to_the_weights_of_one_process(mp_job, one_process, mic
     assert res["timing"]["wait_s"] > 0 and res["timing"]["compute_s"] > 0
 
 
+@JOB
 def test_two_stages_learn_digits_and_resume(mp_job):
     """2 epochs (1, then --resume to 2): eval accuracy far above chance (0.1), checkpoint restores the pipeline."""
     out, stdout = mp_job[0] / "learn", mp_job[1]

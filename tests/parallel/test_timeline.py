@@ -49,6 +49,11 @@ def check_loop_rank(doc, pid, phases, steps=range(2, 8)):
         assert sum(e["name"] == p for e in main) == len(steps), (pid, p, [e["name"] for e in main])
 
 
+#: the tests of the 3-rank traces job (24 s): the full tier; the quick tier keeps the traces of a failing rank
+#: (tests/parallel/test_train.py, test_ps.py) and the unit tests of the trace (tests/unit/test_timeline.py)
+JOB = pytest.mark.slow
+
+
 @pytest.fixture(scope="module")
 def traces(tmp_path_factory):
     d = tmp_path_factory.mktemp("timeline")
@@ -59,6 +64,7 @@ def traces(tmp_path_factory):
     return d
 
 
+@JOB
 def test_every_rank_and_phase_is_in_the_trace(traces):
     for name in RUNS:
         doc = load_trace(traces / f"{name}.json")
@@ -75,6 +81,7 @@ def test_every_rank_and_phase_is_in_the_trace(traces):
     assert isinstance(own, list) and any(e.get("name") == "NEGOTIATE_ALLREDUCE" for e in own)
 
 
+@JOB
 def test_ring_buckets(traces):
     doc = load_trace(traces / "ring.json")
     for r in range(3):
@@ -83,6 +90,7 @@ def test_ring_buckets(traces):
         assert len(buckets) == 5 * 6 and all(0 < e["args"]["bytes"] <= 16384 for e in buckets)
 
 
+@JOB
 def test_parameter_server_and_straggler(traces):
     doc = load_trace(traces / "ps-ssp.json")
     for r in (0, 1):

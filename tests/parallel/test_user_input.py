@@ -76,7 +76,8 @@ def _bad_input(tmp_path, case):
         f"hvdkit: error: {p}: cannot load (not an .npz archive, or cut short (BadZipFile: File is not a zip file))")
 
 
-@pytest.mark.parametrize("case", ["nan_npz", "cut_gz", "cut_checkpoint"])
+@pytest.mark.parametrize("case", ["nan_npz", "cut_gz",   # the quick tier; cut_checkpoint starts TensorFlow (11 s)
+                                  pytest.param("cut_checkpoint", marks=pytest.mark.slow)])
 def test_bad_data_files_and_checkpoints_give_one_line_from_rank_0(tmp_path, case):
     args, message = _bad_input(tmp_path, case)
     r = train(2, *args, timeout=120)
