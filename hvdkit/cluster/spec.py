@@ -14,7 +14,7 @@ import os
 import re
 from dataclasses import asdict, dataclass
 
-from hvdkit.cluster.cpu import quota_us
+from hvdkit.cluster.cpu import MIN_QUOTA_US, PERIOD_US, quota_us
 from hvdkit.errors import UsageError
 
 __all__ = ["ClusterSpec", "Host", "MACHINE_ADDRESS", "PREFIXLEN", "MAX_HOSTS", "ISOLATED_SUBNET", "DOCKER_BRIDGE",
@@ -175,9 +175,11 @@ class ClusterSpec:
 
     def quota_cores(self) -> float | None:
         """Each host's CPU share in cores: :attr:`cpus_per_host`, or for :data:`AUTO` this
-        machine's cores / hosts (:func:`machine_cores`: 2 cores, 3 hosts -> 0.667)."""
+        machine's cores / hosts (:func:`machine_cores`: 2 cores, 3 hosts -> 0.667), at least the
+        kernel's smallest quota (0.1 core at the 10 ms period: more than 20 hosts on 2 cores then
+        share the cores beyond their quotas)."""
         if self.cpus_per_host == AUTO:
-            return machine_cores() / self.hosts
+            return max(machine_cores() / self.hosts, MIN_QUOTA_US / PERIOD_US)
         return None if self.cpus_per_host is None else float(self.cpus_per_host)
 
     def check(self) -> "ClusterSpec":

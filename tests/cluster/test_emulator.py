@@ -212,7 +212,7 @@ def test_each_host_is_held_to_its_cpu_share_and_the_groups_go_with_the_cluster()
         assert all(p.returncode == 0 for p in procs), outs
         used = {h: cpu.usage_s(f"hvdc-{h}") - before[h] for h in c.hosts}
         loops = {h: sum(map(float, o.split())) for h, (o, _) in zip(c.hosts, outs)}
-        # the bound: 0.5 core over the whole elapsed time plus one 100 ms period; without a quota each
+        # the bound: 0.5 core over the whole elapsed time plus 0.1 s (ten 10 ms periods); without a quota each
         # host would get ~1 core (2 x 3 s asked for, 2 cores shared by 2 hosts): about twice the bound
         for h in c.hosts:
             assert 0.1 * window < loops[h] <= used[h] <= 0.5 * elapsed * 1.1 + 0.1, (h, used, loops, elapsed)

@@ -45,9 +45,9 @@ def _v2(root, where=""):
 
 # -- arithmetic ----------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("cores,quota", [(0.5, 50_000), (2 / 3, 66_667), (1, 100_000), (2.0, 200_000), (0.01, 1000)])
+@pytest.mark.parametrize("cores,quota", [(0.5, 5_000), (2 / 3, 6_667), (1, 10_000), (2.0, 20_000), (0.1, 1000)])
 def test_quota_is_cores_times_the_period(cores, quota):
-    assert cpu.quota_us(cores) == quota and cpu.PERIOD_US == 100_000
+    assert cpu.quota_us(cores) == quota and cpu.PERIOD_US == 10_000
 
 
 @pytest.mark.parametrize("cores,match", [(0, "must be > 0"), (-1, "must be > 0"), (0.005, "below the kernel's 1000 us")])
@@ -110,7 +110,7 @@ def test_v1_create_usage_throttling_and_leftovers(tmp_path):
     root = _v1(tmp_path)
     cpu.create("hvdc-h1", 0.5, str(root))
     g = root / "cpu" / "hvdc-h1"
-    assert (g / "cpu.cfs_period_us").read_text() == "100000" and (g / "cpu.cfs_quota_us").read_text() == "50000"
+    assert (g / "cpu.cfs_period_us").read_text() == "10000" and (g / "cpu.cfs_quota_us").read_text() == "5000"
     assert (root / "cpuacct" / "hvdc-h1").is_dir() and cpu.exists("hvdc-h1", str(root))
     (root / "cpuacct" / "hvdc-h1" / "cpuacct.usage").write_text("1500000000\n")           # ns
     (g / "cpu.stat").write_text("nr_periods 30\nnr_throttled 12\nthrottled_time 250000000\n")
@@ -124,7 +124,7 @@ def test_v2_create_enables_the_controller_and_writes_cpu_max(tmp_path):
     d = _v2(tmp_path)
     cpu.create("hvdc-h2", 2 / 3, str(tmp_path))
     assert (d / "cgroup.subtree_control").read_text() == "+cpu"
-    assert (d / "hvdc-h2" / "cpu.max").read_text() == "66667 100000"
+    assert (d / "hvdc-h2" / "cpu.max").read_text() == "6667 10000"
     (d / "hvdc-h2" / "cpu.stat").write_text("usage_usec 2500000\nuser_usec 2000000\nthrottled_usec 400000\n")
     assert cpu.usage_s("hvdc-h2", str(tmp_path)) == 2.5 and cpu.throttled_s("hvdc-h2", str(tmp_path)) == 0.4
 
