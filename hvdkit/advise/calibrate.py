@@ -132,6 +132,11 @@ def latency_steps(comm: str, workers: int) -> int:
     return 2 * (workers - 1) if comm in ("ring", "hierarchical") else 2
 
 
+#: the names of :meth:`Calibration.predict`'s terms in a prediction's ``limiting``
+LIMITS = {"compute": "compute", "latency": "latency (per message)", "cpu": "CPU per byte (copies, reduction, polling)",
+          "wire": "NIC bandwidth", "server": "servers (asynchronous requests)"}
+
+
 @dataclass
 class Calibration:
     """What the micro-measurements fixed: collectives at ``hosts`` hosts and one worker's step.
@@ -225,12 +230,13 @@ class Calibration:
             bound = workers / k * per_request
             terms["server"] = max(0.0, bound - step)
             step = max(step, bound)
-        wl = compute if compute > 0 else 1e-9
+        one = self.predict(model, variant, 1, rate, nbytes, batch) if workers > 1 else None
         worst = max(terms, key=terms.get)
         return Prediction(strategy=row.label, step_s=step, compute_s=compute, comm_s=step - compute,
-                          exposed_s=step - compute, efficiency=wl * share / step if step else 0.0,
+                          exposed_s=step - compute, efficiency=(one.step_s if one else step) / step,
                           samples_per_s=workers * batch / step, link_bytes=wire_factor(comm, workers, k) * nbytes,
-                          link="server NIC" if comm == "ps" else "NIC", limiting=worst, hvdkit=row.hvdkit, terms=terms)
+                          link="server NIC" if comm == "ps" else "NIC", limiting=LIMITS[worst], hvdkit=row.hvdkit,
+                          terms=terms)
 
 
 def _polyfit(xy) -> tuple[float, float] | None:

@@ -1,12 +1,21 @@
 """How far to trust ``hvdkit advise``: its predictions next to measurements and to published results.
 
-Runs nothing on a cluster: it reads what the cluster benchmarks measured and writes two
+Runs nothing on a cluster: it reads what the cluster benchmarks measured and writes the
 comparisons (markdown tables, ``--json``)::
 
     python -m hvdkit.bench.advise_check                    # = hvdkit-bench advise-check
-    python -m hvdkit.bench.advise_check --markdown benchmarks/figures/advise_check.md --json advise_check.json
+    python -m hvdkit.bench.advise_check --markdown benchmarks/figures/advise_check.md --json benchmarks/figures/advise_check.json
+    hvdkit-bench advise-check /var/tmp/fair24 --json advise_check_fair.json   # suite/training dirs, one per rate
 
-1. Emulated cluster (``--training``: ``hvdkit-bench training``'s training.json on hosts or
+0. Held out (:mod:`hvdkit.bench.heldout`): calibrated ONLY on the collectives at 2 hosts and the
+   one-worker training cells, every cell with >= 3 workers predicted (every model, variant and rate
+   present), against a naive baseline (compute + the busiest link's bytes / the probed rate). The
+   ``--json`` file's ``"summary"``: ``held_out``, ``median_abs_error``, ``max_abs_error``, ``groups``,
+   ``ranking_exact``, ``fastest_right``, ``inside_range``, ``points``, ``baseline`` (CONTRACTS C).
+   Inputs: ``DIR``... (``hvdkit-bench suite`` or ``training`` output directories: training.json,
+   collectives json(s), cluster.json with the probe; or a directory of them, one per link rate), or
+   the two files below.
+1. In sample, emulated cluster (``--training``: ``hvdkit-bench training``'s training.json on hosts or
    ``--emulated``, or the older ``benchmarks/figures/cluster_training.json`` (the default);
    ``--collectives``, ``cluster_collectives.json``): every (model, strategy variant, workers) point,
    measured step time (median over repeats) against two predictions:
@@ -32,33 +41,18 @@ import sys
 from dataclasses import replace
 
 from hvdkit.advise import presets
+from hvdkit.advise import measured
 from hvdkit.advise.calibrate import collective_method, fit_collectives, fit_for
+from hvdkit.advise.measured import variant_of
 from hvdkit.advise.model import Cluster, Options, Workload
 from hvdkit.advise.predict import predict_variant, priced
+from hvdkit.bench import heldout
 from hvdkit.errors import UsageError
 from hvdkit.results import write_json
-from hvdkit.strategies.variants import parse_variant
 
 __all__ = ["main", "measured_points", "measured_comparison", "published_comparison", "variant_of", "PUBLISHED"]
 
 PROG = "python -m hvdkit.bench.advise_check"
-
-
-def variant_of(row: dict) -> str:
-    """The variant label of a training benchmark's summary row: its ``variant``, or, in the files of
-    the older cluster_training driver, the one its ``strategy``, ``layout`` and ``servers`` spell.
-
-    Raises:
-        UsageError: the row names no strategy hvdkit has (as :func:`~hvdkit.strategies.variants.parse_variant`).
-    """
-    if row.get("variant"):
-        return parse_variant(row["variant"]).label
-    layout, text = row.get("layout"), row["strategy"]
-    if layout == "colocated":
-        text += ":ps_colocated=true"
-    elif layout == "dedicated":
-        text += f":num_servers={int(row['servers'])}"
-    return parse_variant(text).label
 
 
 def measured_points(training: dict) -> tuple[dict, dict]:
@@ -270,7 +264,12 @@ def markdown(rows: list[dict], stats: dict, pub: list[dict], meta: dict) -> str:
                    f"{s['best_equal']}; of the {s['pairs_distinct']} strategy pairs whose measured ranges do not "
                    f"overlap, {s['pairs_agree']} are ordered as measured")
     out.append("- † the collectives benchmark did not measure that rank count: the largest measured one, scaled")
-    out += ["", "### Projected vs published", "",
+    return "\n".join(out) + "\n" + markdown_published(pub)
+
+
+def markdown_published(pub: list[dict]) -> str:
+    """The published-results table (and its notes) as markdown."""
+    out = ["", "### Projected vs published", "",
             "| source | model | setting | published | predicted | diff (points) | what limits the prediction | "
             "links needed ‡ |",
             "| --- | --- | --- | ---: | ---: | ---: | --- | ---: |"]
@@ -292,41 +291,59 @@ def main(argv: list[str] | None = None) -> int:
     """Print the markdown tables; ``--markdown``/``--json`` write them. 0, or 2 on bad input."""
     p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("dirs", nargs="*", metavar="DIR",
+                   help="output directories of hvdkit-bench suite or training (training.json, collectives json(s), "
+                        "cluster.json with the probe), or a directory of them, one per link rate; instead of "
+                        "--training and --collectives")
     p.add_argument("--training", default="benchmarks/figures/cluster_training.json",
                    help="hvdkit-bench training's training.json (on hosts or --emulated), or an older "
                         "cluster_training --json output (default benchmarks/figures/cluster_training.json)")
     p.add_argument("--collectives", default="benchmarks/figures/cluster_collectives.json",
                    help="cluster_collectives --json output (default benchmarks/figures/cluster_collectives.json)")
     p.add_argument("--markdown", metavar="FILE", help="write the tables as markdown")
-    p.add_argument("--json", metavar="FILE", help="write every row and the statistics as JSON")
+    p.add_argument("--json", metavar="FILE", help="write every row, the statistics and the held-out \"summary\" as JSON")
     a = p.parse_args(argv)
+    training = coll = None
     try:
-        docs = []
-        for path in (a.training, a.collectives):
-            try:
-                with open(path) as fh:
-                    docs.append(json.load(fh))
-            except (OSError, ValueError) as e:
-                raise UsageError(f"{path}: {e}") from None
+        if a.dirs:
+            meas = measured.load(a.dirs)
+        else:
+            docs = []
+            for path in (a.training, a.collectives):
+                try:
+                    with open(path) as fh:
+                        docs.append(json.load(fh))
+                except (OSError, ValueError) as e:
+                    raise UsageError(f"{path}: {e}") from None
+            training, coll = docs
+            meas = measured.load_files(a.training, a.collectives)
     except UsageError as e:
         print(f"hvdkit: error: {e}", file=sys.stderr)
         return 2
-    training, coll = docs
-    try:
-        meta = measured_points(training)[0]
-        rows, stats = measured_comparison(training, fit_collectives(coll, meta.get("link_Bps")))
-    except UsageError as e:
-        print(f"hvdkit: error: {a.training}: {e}", file=sys.stderr)
-        return 2
+    rows, stats, meta = [], {}, {}
+    if training is not None:
+        try:
+            meta = measured_points(training)[0]
+            rows, stats = measured_comparison(training, fit_collectives(coll, meta.get("link_Bps")))
+        except UsageError as e:
+            print(f"hvdkit: error: {a.training}: {e}", file=sys.stderr)
+            return 2
+    held, cal, cells = heldout.validate(meas)
+    summ = heldout.summary(held, cal, cells)
     pub = published_comparison()
-    md = markdown(rows, stats, pub, meta)
+    md = heldout.markdown(held, summ, cal, ", ".join(sorted(meas.links))) + "\n"
+    if training is not None:
+        md += markdown(rows, stats, pub, meta)
+    else:
+        md += markdown_published(pub)
     print(md)
     if a.markdown:
         with open(a.markdown, "w") as fh:
             fh.write(md)
     if a.json:
-        write_json(a.json, {"measured": rows, "stats": stats, "published": pub, "assumptions": ASSUMPTIONS,
-                            "inputs": [a.training, a.collectives]})
+        write_json(a.json, {"summary": summ, "held_out": held, "measured": rows, "stats": stats, "published": pub,
+                            "assumptions": ASSUMPTIONS, "inputs": list(a.dirs) or [a.training, a.collectives],
+                            "calibration": sorted(list(u) for u in cal.used)})
     return 0
 
 
