@@ -164,6 +164,14 @@ class Calibration:
         return cpu_share(ranks_on_host, ln.cpus_per_host, ranks if ln.cpus_per_host is None else None,
                          ln.cores if ln.cpus_per_host is None else None)
 
+    def base_of(self, rate: str, model: str, label: str) -> float | None:
+        """The one-worker base of ``label`` (seconds at one full core): its own, else the model's
+        horovod (else ring) base at ``rate``, else None."""
+        for key in ((rate, model, label), (rate, model, "horovod"), (rate, model, "ring")):
+            if key in self.base:
+                return self.base[key]
+        return None
+
     def _fit(self, rate: str, method: str, wire_fraction: float) -> tuple[tuple[float, float], float] | None:
         """(the fit for ``method``, the gradient bytes scale it applies to): the method's own fit, else
         (``ps2``) the one-server fit, else (``-fp16``) the float32 method's on ``wire_fraction`` of the bytes."""
@@ -194,7 +202,7 @@ class Calibration:
             return None
         row = priced(variant, workers)
         method, _ = collective_method(row, workers)
-        base = self.base.get((rate, model, row.label))
+        base = self.base_of(rate, model, row.label)
         if method is None or base is None:
             return None
         got = self._fit(rate, method, row.wire_fraction)
@@ -306,6 +314,8 @@ def held_out(cal: Calibration, predicted) -> bool:
     if not keys:
         return False
     fewest = min(c.workers for c in predicted)
+    if cal.hosts >= fewest:
+        return False
     for u in cal.used:
         if u[0] == "cell" and ((u[1], u[2], u[3], u[4]) in keys or u[3] >= fewest):
             return False

@@ -322,5 +322,7 @@ def load(paths: list[str], collectives: str | None = None) -> Measured:
     """Directories (:func:`load_dir`) and/or one training file with ``collectives`` (:func:`load_files`)."""
     out = Measured()
     for p in paths:
+        if not os.path.exists(p):
+            raise UsageError(f"{p}: no such file or directory; give the --out-dir of hvdkit-bench suite or training")
         out.extend(load_dir(p) if os.path.isdir(p) else load_files(p, collectives))
     return out

@@ -182,12 +182,12 @@ def calibrated(doc: Mapping, cal, cell: Mapping) -> Prediction | None:
     if cal is None or len(cal.links) != 1 or measure_of(cell) != "throughput" \
             or cell.get("straggler", "none") not in (None, "", "none"):
         return None
-    wl = workload_for(doc, cell)
-    if wl is None:
+    grads, batch = cell.get("gradient_bytes"), _batch(doc, cell)
+    if not grads or not batch:
         return None
     try:
-        return cal.predict(cell["model"], cell["variant"], int(cell["workers"]), next(iter(cal.links)), wl.nbytes,
-                           wl.batch)
+        return cal.predict(cell["model"], cell["variant"], int(cell["workers"]), next(iter(cal.links)), float(grads),
+                           batch)
     except ValueError:   # UsageError: a row the calibration has no formula for
         return None
 
