@@ -223,7 +223,8 @@ class Calibration:
         if comm == "ps":
             w_eff = 1 if asynchronous else workers
             wire = parts["wire"] * wire_factor("ps", w_eff, k) / wire_factor("ps", 1, 1)
-            cpu = parts["cpu"] + server_serial_time(w_eff - 1, nbytes / k, self.reduce_Bps)
+            # the sum runs at reduce_Bps on a full core: in the fit's CPU units (at share_fit), / share_fit
+            cpu = parts["cpu"] + server_serial_time(w_eff - 1, nbytes / k, self.reduce_Bps) / share_fit
             lat = parts["latency"]
         else:
             wire = parts["wire"] * wire_factor(comm, workers) / wire_factor(comm, cal_workers)

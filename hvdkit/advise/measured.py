@@ -227,8 +227,11 @@ def _link_from(cluster: dict | None, training: dict | None, rate: str) -> Link:
                          "--hosts, --hostfile or --emulated to compare with hvdkit advise")
     rtts = [x["rtt_ms"] / 1e3 for x in links if x.get("rtt_ms") is not None]
     slots = [int(h.get("slots") or 1) for h in place.get("hosts") or []] or [1]
-    return Link(rate, min(x["rate_bps"] for x in links) / 8, statistics.median(rtts) if rtts else 0.0, None,
-                None, int(cores) if cores else None, slots[0])
+    quota = place.get("cpus_per_host")
+    ring = ((place.get("probe") or {}).get("ring") or {}).get("rate_bps")
+    return Link(rate, min(x["rate_bps"] for x in links) / 8, statistics.median(rtts) if rtts else 0.0,
+                float(ring) / 8 if ring else None, float(quota) if isinstance(quota, (int, float)) else None,
+                int(cores) if cores else None, slots[0])
 
 
 def _rate_of(cluster: dict | None, training: dict, path: str) -> str:

@@ -125,7 +125,7 @@ def test_calibrated_prediction_hand_values(tmp_path):
     a, b = FITS["ps"]
     ps = cal.predict("cnn", "ps-sync", 3, "1gbit", S)
     base = 0.150 - (a + b * S)
-    expect = base + a + (b * S - 2 * S / B) + server_serial_time(2, S, 2e9) + 2 * S / B * 3
+    expect = base + a + (b * S - 2 * S / B) + server_serial_time(2, S, 2e9) / 0.5 + 2 * S / B * 3   # 0.5 core
     assert ps.step_s == pytest.approx(expect, rel=1e-3)
     assert cal.predict("cnn", "ps-sync:num_servers=2", 3, "1gbit", S) is not None   # ps2 from the one-server fit
     assert cal.predict("mlp", "ring", 3, "1gbit", S) is None                        # a model never measured
