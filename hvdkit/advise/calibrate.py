@@ -15,6 +15,7 @@ import numpy as np
 from hvdkit import costs
 from hvdkit.advise.model import Prediction, cpu_share, server_serial_time, split_fit
 from hvdkit.advise.predict import priced
+from hvdkit.errors import UsageError
 
 __all__ = ["fit_collectives", "fit_for", "fitted_options", "collective_method", "wire_factor", "latency_steps",
            "Calibration", "calibrate", "held_out"]
@@ -200,7 +201,10 @@ class Calibration:
         """
         if rate not in self.links:
             return None
-        row = priced(variant, workers)
+        try:
+            row = priced(variant, workers)
+        except UsageError:   # a row advise has no formula for (model parallel, tf-ps)
+            return None
         method, _ = collective_method(row, workers)
         base = self.base_of(rate, model, row.label)
         if method is None or base is None:
@@ -281,7 +285,10 @@ def calibrate(meas, hosts: int = 2, min_bytes: int = 1 << 20) -> Calibration:
     for c in meas.cells:
         if c.workers != 1 or c.rate not in meas.links:
             continue
-        row = priced(c.variant, 1)
+        try:
+            row = priced(c.variant, 1)
+        except UsageError:   # a row advise has no formula for (model parallel, tf-ps)
+            continue
         net = 0.0
         if row.comm == "ps":
             got = cal._fit(c.rate, collective_method(row, 1)[0] or "ps", row.wire_fraction)

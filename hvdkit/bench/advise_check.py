@@ -331,7 +331,8 @@ def main(argv: list[str] | None = None) -> int:
     held, cal, cells = heldout.validate(meas)
     summ = heldout.summary(held, cal, cells)
     pub = published_comparison()
-    md = heldout.markdown(held, summ, cal, ", ".join(sorted(meas.links))) + "\n"
+    missed = [c for c in meas.cells if c.workers >= heldout.HELD_OUT_MIN_WORKERS and c not in cells]
+    md = heldout.markdown(held, summ, cal, ", ".join(sorted(meas.links)), missed) + "\n"
     if training is not None:
         md += markdown(rows, stats, pub, meta)
     else:

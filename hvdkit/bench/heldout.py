@@ -124,8 +124,10 @@ def _pct(x) -> str:
 TARGETS = {"median_abs_error": 0.10, "max_abs_error": 0.25}
 
 
-def markdown(rows: Sequence[dict], summ: dict, cal: Calibration, title: str = "") -> str:
-    """The held-out table, its groups' rankings and the summary against the targets, as markdown."""
+def markdown(rows: Sequence[dict], summ: dict, cal: Calibration, title: str = "",
+             missed: Sequence[Cell] = ()) -> str:
+    """The held-out table, its groups' rankings and the summary against the targets, as markdown;
+    ``missed``: held-out cells without a prediction (listed)."""
     used_c = sorted({(u[1], u[2], u[3]) for u in cal.used if u[0] == "collectives"})
     used_t = sorted({(u[1], u[2], u[4]) for u in cal.used if u[0] == "cell"})
     out = [f"### Held-out validation{': ' + title if title else ''}", "",
@@ -159,5 +161,9 @@ def markdown(rows: Sequence[dict], summ: dict, cal: Calibration, title: str = ""
                 f"{summ['fastest_right']}",
             f"- naive baseline (compute + busiest link's bytes / probed rate): median |error| "
             f"{_pct(b['median_abs_error'])}, max {_pct(b['max_abs_error'])}; ranking exact in {b['ranking_exact']}, "
-            f"the fastest right in {b['fastest_right']}", ""]
-    return "\n".join(out)
+            f"the fastest right in {b['fastest_right']}"]
+    if missed:
+        out.append("- not predicted (no one-worker cell of the model, no collective of the method at "
+                   f"{cal.hosts} hosts, or no formula): " + ", ".join(f"{c.model}/{c.variant}/{c.workers}w/{c.rate}"
+                                                                    for c in missed))
+    return "\n".join(out + [""])
