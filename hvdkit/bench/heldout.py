@@ -91,17 +91,23 @@ def _figures(rows: Sequence[dict], col: str) -> dict:
     groups: dict = {}
     for r in rows:
         groups.setdefault((r["model"], r["workers"], r["rate"]), []).append(r)
-    exact = fastest = n = 0
+    exact = fastest = n = distinct = agree = 0
     for grp in groups.values():
         if len(grp) < 2:
             continue
         n += 1
+        for i, x in enumerate(grp):   # pairs whose measured ranges do not overlap: an order beyond the noise
+            for y in grp[i + 1:]:
+                if x["max_ms"] < y["min_ms"] or y["max_ms"] < x["min_ms"]:
+                    distinct += 1
+                    agree += (x["measured_ms"] < y["measured_ms"]) == (x[f"{col}_ms"] < y[f"{col}_ms"])
         meas = [r["variant"] for r in sorted(grp, key=lambda r: r["measured_ms"])]
         pred = [r["variant"] for r in sorted(grp, key=lambda r: r[f"{col}_ms"])]
         exact += meas == pred
         fastest += meas[0] == pred[0]
     return {"median_abs_error": statistics.median(errs) if errs else None, "max_abs_error": max(errs) if errs else None,
-            "groups": n, "ranking_exact": exact, "fastest_right": fastest}
+            "groups": n, "ranking_exact": exact, "fastest_right": fastest, "pairs_distinct": distinct,
+            "pairs_agree": agree}
 
 
 def summary(rows: Sequence[dict], cal: Calibration, predicted: Sequence[Cell]) -> dict:
@@ -109,11 +115,13 @@ def summary(rows: Sequence[dict], cal: Calibration, predicted: Sequence[Cell]) -
     configuration was used for calibration, :func:`hvdkit.advise.calibrate.held_out`),
     ``median_abs_error`` and ``max_abs_error`` (fractions), ``groups``, ``ranking_exact``,
     ``fastest_right``, ``inside_range`` (share of predictions within the measured min-max), ``points``,
-    and ``baseline`` (the same four figures of :func:`baseline_step`)."""
+    ``pairs_distinct`` / ``pairs_agree`` (strategy pairs of a group whose measured ranges do not overlap /
+    of those, the ones ordered as measured), and ``baseline`` (the same figures of :func:`baseline_step`)."""
     model, base = _figures(rows, "predicted"), _figures(rows, "baseline")
-    return {"held_out": bool(rows) and held_out(cal, predicted), **{k: model[k] for k in model},
+    return {"held_out": bool(rows) and held_out(cal, predicted), **model,
             "inside_range": sum(r["inside"] for r in rows) / len(rows) if rows else None, "points": len(rows),
-            "baseline": {k: base[k] for k in ("median_abs_error", "max_abs_error", "ranking_exact", "fastest_right")}}
+            "baseline": {k: base[k] for k in ("median_abs_error", "max_abs_error", "ranking_exact", "fastest_right",
+                                              "pairs_agree")}}
 
 
 def _pct(x) -> str:
@@ -158,10 +166,12 @@ def markdown(rows: Sequence[dict], summ: dict, cal: Calibration, title: str = ""
                 f"{_pct(summ['max_abs_error'])} (target <= 25%) over {summ['points']} cells; "
                 f"{_pct(summ['inside_range'])} inside the measured range; ranking exact in "
                 f"{summ['ranking_exact']} of {summ['groups']} (model, workers, rate) groups, the fastest right in "
-                f"{summ['fastest_right']}",
+                f"{summ['fastest_right']}; of the {summ['pairs_distinct']} strategy pairs whose measured ranges do "
+                f"not overlap, {summ['pairs_agree']} ordered as measured",
             f"- naive baseline (compute + busiest link's bytes / probed rate): median |error| "
             f"{_pct(b['median_abs_error'])}, max {_pct(b['max_abs_error'])}; ranking exact in {b['ranking_exact']}, "
-            f"the fastest right in {b['fastest_right']}"]
+            f"the fastest right in {b['fastest_right']}; {b['pairs_agree']} of the {summ['pairs_distinct']} "
+            "distinct pairs ordered as measured"]
     if missed:
         out.append("- not predicted (no one-worker cell of the model, no collective of the method at "
                    f"{cal.hosts} hosts, or no formula): " + ", ".join(f"{c.model}/{c.variant}/{c.workers}w/{c.rate}"
