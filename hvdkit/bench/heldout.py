@@ -26,9 +26,10 @@ __all__ = ["split", "baseline_step", "validate", "summary", "markdown", "HELD_OU
 HELD_OUT_MIN_WORKERS = 3
 
 
-def split(meas: Measured, min_workers: int = HELD_OUT_MIN_WORKERS) -> tuple[Calibration, list[Cell]]:
-    """(the calibration on the micro-measurements, the held-out cells: ``workers >= min_workers``)."""
-    return calibrate(meas), [c for c in meas.cells if c.workers >= min_workers]
+def split(meas: Measured, min_workers: int = HELD_OUT_MIN_WORKERS, hosts: int = 2) -> tuple[Calibration, list[Cell]]:
+    """(the calibration on the micro-measurements: collectives at ``hosts`` hosts and the one-worker
+    cells, the held-out cells: ``workers >= min_workers``)."""
+    return calibrate(meas, hosts=hosts), [c for c in meas.cells if c.workers >= min_workers]
 
 
 def _compute_s(meas: Measured, model: str, rate: str) -> float | None:
@@ -57,7 +58,8 @@ def baseline_step(variant: str, nbytes: float, workers: int, link_Bps: float, co
     return compute_s + costs.ring_allreduce_time(s, workers, link_Bps)
 
 
-def validate(meas: Measured, min_workers: int = HELD_OUT_MIN_WORKERS) -> tuple[list[dict], Calibration, list[Cell]]:
+def validate(meas: Measured, min_workers: int = HELD_OUT_MIN_WORKERS,
+             hosts: int = 2) -> tuple[list[dict], Calibration, list[Cell]]:
     """``(rows, calibration, held-out cells)``: one row per held-out cell the model predicts.
 
     Each row: ``model``, ``variant``, ``workers``, ``rate``, ``measured_ms`` (median), ``min_ms``,
@@ -65,7 +67,7 @@ def validate(meas: Measured, min_workers: int = HELD_OUT_MIN_WORKERS) -> tuple[l
     predicted <= max), ``baseline_ms``, ``baseline_error``, ``limiting`` (the largest term), ``terms``
     (ms each).
     """
-    cal, cells = split(meas, min_workers)
+    cal, cells = split(meas, min_workers, hosts)
     rows = []
     for c in sorted(cells, key=lambda c: (c.rate, c.model, c.workers, c.variant)):
         p = cal.predict(c.model, c.variant, c.workers, c.rate, c.gradient_bytes, meas.batch_size,
@@ -141,7 +143,8 @@ def markdown(rows: Sequence[dict], summ: dict, cal: Calibration, title: str = ""
     out = [f"### Held-out validation{': ' + title if title else ''}", "",
            f"Calibrated on: the collectives at {cal.hosts} hosts ({', '.join(f'{m} {r}' for r, m, _ in used_c) or 'none'}) "
            f"and {len(used_t)} one-worker training cells; predicted: {len(rows)} cells with >= "
-           f"{HELD_OUT_MIN_WORKERS} workers, none of them seen (held_out = {str(summ['held_out']).lower()}).", "",
+           f"{HELD_OUT_MIN_WORKERS} workers (held_out = {str(summ['held_out']).lower()}: "
+           + ("none of them seen" if summ["held_out"] else "NOT held out, the calibration saw as many hosts") + ").", "",
            "| rate | model | workers | strategy | measured ms [min-max] | predicted ms | err | inside | baseline ms | "
            "err | limiting |", "| --- | --- | ---: | --- | ---: | ---: | ---: | :---: | ---: | ---: | --- |"]
     for r in rows:
