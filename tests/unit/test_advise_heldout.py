@@ -211,3 +211,19 @@ def test_report_predictions_use_the_directory_calibration(tmp_path):
         cal.predict("cnn", "ring", 3, "1gbit", S, 32).step_s * 1e3)
     assert not advised.predictions(doc)[0]["calibrated"]
     assert advised.calibration_of(str(tmp_path / "none")) is None
+
+
+def test_report_of_a_directory_marks_calibrated_predictions(tmp_path):
+    from hvdkit.bench.report.writer import write_report
+    d = _suite_dir(tmp_path / "w")
+    doc = json.loads((d / "training.json").read_text())
+    doc["summary"] = [{"measure": "throughput", "variant": v, "strategy": v, "layout": "replicas", "model": "cnn",
+                       "workers": w, "ranks": w, "servers": 0, "straggler": "none", "n": 2, "status": "OK",
+                       "gradient_bytes": S, "samples_per_s": {"median": sps, "min": sps, "max": sps},
+                       "step_ms": {"median": 32e3 / sps * w, "min": 32e3 / sps * w, "max": 32e3 / sps * w}}
+                      for v, w, sps in (("ring", 1, 1400.0), ("ring", 3, 600.0))]
+    (d / "training.json").write_text(json.dumps(doc))
+    md = open(write_report(str(d))[0]).read()
+    assert "| ring | 3 |" in md and "calibrated by this directory's collectives" in md
+    row = next(line for line in md.splitlines() if line.startswith("| ring | 3 |"))
+    assert " *" not in row                     # the calibrated prediction, not the formulas'
