@@ -161,11 +161,12 @@ class Calibration:
     hosts: int = 2
     reduce_Bps: float = 2e9
 
-    def share(self, rate: str, ranks_on_host: int, ranks: int) -> float:
-        """:func:`~hvdkit.advise.model.cpu_share` of a job of ``ranks`` ranks at ``rate``'s place."""
+    def share(self, rate: str, ranks_on_host: int, ranks: int, threads: int = 1) -> float:
+        """:func:`~hvdkit.advise.model.cpu_share` of one busy thread of a job of ``ranks`` ranks of
+        ``threads`` busy threads each (the row's ``busy_threads``) at ``rate``'s place."""
         ln = self.links[rate]
-        return cpu_share(ranks_on_host, ln.cpus_per_host, ranks if ln.cpus_per_host is None else None,
-                         ln.cores if ln.cpus_per_host is None else None)
+        return cpu_share(ranks_on_host * threads, ln.cpus_per_host, ranks * threads if ln.cpus_per_host is None
+                         else None, ln.cores if ln.cpus_per_host is None else None)
 
     def base_of(self, rate: str, model: str, label: str) -> float | None:
         """The one-worker base of ``label`` (seconds at one full core): its own, else the model's
@@ -219,8 +220,9 @@ class Calibration:
         k = row.servers or 1
         ln = self.links[rate]
         ranks = workers + (k if comm == "ps" else 0)
-        share = self.share(rate, ranks_on_host, ranks)
-        share_fit = self.share(rate, 1, self.hosts)
+        t = row.busy_threads
+        share = self.share(rate, ranks_on_host, ranks, t)
+        share_fit = self.share(rate, 1, self.hosts, t)
         n = nbytes * scale
         wf = row.wire_fraction / scale   # the fit's bytes axis: float32 bytes for an -fp16 method's own fit
         cal_workers = self.hosts - 1 if comm == "ps" else self.hosts
@@ -298,7 +300,7 @@ def calibrate(meas, hosts: int = 2, min_bytes: int = 1 << 20) -> Calibration:
                 continue
             (a, b), scale = got
             net = a + b * c.gradient_bytes * scale
-        share = cal.share(c.rate, max(1, -(-c.ranks // (c.hosts or c.ranks))), c.ranks)
+        share = cal.share(c.rate, max(1, -(-c.ranks // (c.hosts or c.ranks))), c.ranks, row.busy_threads)
         base = (c.step_ms / 1e3 - net) * share
         if base > 0:
             raw[(c.rate, c.model, c.variant)] = base

@@ -300,7 +300,7 @@ def async_throughput(cycle_s: float, workers: int, server_steps_per_s: float) ->
 
 def cpu_share(ranks_on_host: int, host_cores: float | None = None, ranks_on_machine: int | None = None,
               machine_cores: float | None = None) -> float:
-    """Cores (a fraction of one) each busy rank of a host gets: ``min(1, Q / r, C / R)``.
+    """Cores (a fraction of one) each busy thread of a host gets: ``min(1, Q / r, C / R)``.
 
     Every rank is runnable all the time: it computes, or its MPI progress engine and Horovod's
     background thread busy-poll while it waits (the polling term: the committed runs showed the CPU
@@ -308,12 +308,15 @@ def cpu_share(ranks_on_host: int, host_cores: float | None = None, ranks_on_mach
     0.43 to 0.71 of the link, README). Linux CFS gives runnable tasks equal shares of the cores
     (Documentation/scheduler/sched-design-CFS.rst), and a cgroup's CFS quota caps its tasks at Q cores
     together (sched-bwc.rst). So r ranks on a host with quota Q get Q / r each, R ranks sharing a
-    machine of C cores without quotas C / R each, and no rank more than one core (hvdkit's ranks run
-    one compute thread).
+    machine of C cores without quotas C / R each, and no thread more than one core. r and R count busy
+    threads: a rank has one (its compute thread, which busy-polls in MPI while it waits), a Horovod rank
+    two (its background thread negotiates every cycle and busy-polls while its peers lag; the rows'
+    ``busy_threads``). The committed cnn runs: Horovod's compute per step stretched 4.7x at 3 ranks on 2
+    cores, hvdkit's ring (one thread) 2.4x.
 
     Args:
-        ranks_on_host: r >= 1. host_cores: Q, the host's CPU quota in cores (None: no quota).
-        ranks_on_machine, machine_cores: R and C when hosts share one machine's cores without
+        ranks_on_host: r >= 1, busy threads on the host. host_cores: Q, the host's CPU quota in cores (None: no quota).
+        ranks_on_machine, machine_cores: R (busy threads) and C when hosts share one machine's cores without
             quotas (an emulated cluster without ``--cpus-per-host``); None: real hosts.
 
     Raises:

@@ -30,6 +30,20 @@ def test_cpu_share_quota_machine_and_one_core():
         cpu_share(1, host_cores=0)
 
 
+def test_busy_threads_are_a_fact_of_the_row(tmp_path):
+    """Horovod's background thread makes two busy threads per rank: on 2 shared cores without quotas its
+    compute stretches twice as much as the one-thread ring's (1 worker: 2 threads on 2 cores, 3: 6)."""
+    from hvdkit.advise.predict import priced
+    assert priced("horovod").busy_threads == 2 and priced("horovod-hier").busy_threads == 2
+    assert priced("ring").busy_threads == 1 and priced("ps-sync").busy_threads == 1
+    cal = calibrate(measured.load_dir(str(_suite_dir(tmp_path / "t", quota=None))))
+    assert cal.links["1gbit"].cpus_per_host is None and cal.links["1gbit"].cores == 2
+    assert cal.share("1gbit", 1, 3, 2) == pytest.approx(1 / 3) and cal.share("1gbit", 1, 3, 1) == pytest.approx(2 / 3)
+    h1, h3 = (cal.predict("cnn", "horovod", w, "1gbit", S) for w in (1, 3))
+    r1, r3 = (cal.predict("cnn", "ring", w, "1gbit", S) for w in (1, 3))
+    assert h3.compute_s / h1.compute_s == pytest.approx(3.0) and r3.compute_s / r1.compute_s == pytest.approx(1.5)
+
+
 def test_split_fit_latency_wire_cpu():
     parts = split_fit(0.002, 2e-8, S, 1.0, B)
     assert parts["latency"] == 0.002 and parts["wire"] == pytest.approx(S / B)
