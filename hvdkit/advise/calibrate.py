@@ -8,7 +8,7 @@ from a probe (Hockney 1994: ``t(m) = alpha + m / B`` fitted by least squares).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -153,6 +153,8 @@ class Calibration:
         used: the measurements read: ``("cell", model, variant, workers, rate)`` and
             ``("collectives", rate, method, ranks)`` (what :func:`held_out` checks).
         hosts: the collectives' host count. reduce_Bps: gamma of :func:`~hvdkit.advise.model.server_serial_time`.
+        fit_quota: ``{(rate, method): cores}`` where the collectives ran under a CPU quota of their own
+            (a cluster-collectives run; None: no quota); absent: the place's.
     """
     fits: dict
     base: dict
@@ -160,13 +162,16 @@ class Calibration:
     used: set
     hosts: int = 2
     reduce_Bps: float = 2e9
+    fit_quota: dict = field(default_factory=dict)
 
-    def share(self, rate: str, ranks_on_host: int, ranks: int, threads: int = 1) -> float:
+    def share(self, rate: str, ranks_on_host: int, ranks: int, threads: int = 1, method: str | None = None) -> float:
         """:func:`~hvdkit.advise.model.cpu_share` of one busy thread of a job of ``ranks`` ranks of
-        ``threads`` busy threads each (the row's ``busy_threads``) at ``rate``'s place."""
+        ``threads`` busy threads each (the row's ``busy_threads``) at ``rate``'s place (``method``: of
+        that collectives fit, under its own quota where it recorded one)."""
         ln = self.links[rate]
-        return cpu_share(ranks_on_host * threads, ln.cpus_per_host, ranks * threads if ln.cpus_per_host is None
-                         else None, ln.cores if ln.cpus_per_host is None else None)
+        quota = self.fit_quota.get((rate, method), ln.cpus_per_host) if method else ln.cpus_per_host
+        return cpu_share(ranks_on_host * threads, quota, ranks * threads if quota is None else None,
+                         ln.cores if quota is None else None)
 
     def base_of(self, rate: str, model: str, label: str) -> float | None:
         """The one-worker base of ``label`` (seconds at one full core): its own, else the model's
@@ -176,14 +181,14 @@ class Calibration:
                 return self.base[key]
         return None
 
-    def _fit(self, rate: str, method: str, wire_fraction: float) -> tuple[tuple[float, float], float] | None:
-        """(the fit for ``method``, the gradient bytes scale it applies to): the method's own fit, else
+    def _fit(self, rate: str, method: str, wire_fraction: float) -> tuple[tuple[float, float], float, str] | None:
+        """(the fit for ``method``, the gradient bytes scale it applies to, the method fitted): the method's own fit, else
         (``ps2``) the one-server fit, else (``-fp16``) the float32 method's on ``wire_fraction`` of the bytes."""
         for m, scale in ((method, 1.0), (method.replace("ps2", "ps"), 1.0),
                          (method.split("-fp16")[0], wire_fraction), (method.split("-fp16")[0].replace("ps2", "ps"),
                                                                      wire_fraction)):
             if (rate, m) in self.fits:
-                return self.fits[(rate, m)], scale
+                return self.fits[(rate, m)], scale, m
         return None
 
     def predict(self, model: str, variant: str, workers: int, rate: str, nbytes: float, batch: int = 32,
@@ -215,14 +220,14 @@ class Calibration:
         got = self._fit(rate, method, row.wire_fraction)
         if got is None:
             return None
-        (a, b), scale = got
+        (a, b), scale, fit_method = got
         comm = "ring" if row.comm == "hierarchical" else row.comm
         k = row.servers or 1
         ln = self.links[rate]
         ranks = workers + (k if comm == "ps" else 0)
         t = row.busy_threads
         share = self.share(rate, ranks_on_host, ranks, t)
-        share_fit = self.share(rate, 1, self.hosts, t)
+        share_fit = self.share(rate, 1, self.hosts, t, fit_method)
         n = nbytes * scale
         wf = row.wire_fraction / scale   # the fit's bytes axis: float32 bytes for an -fp16 method's own fit
         cal_workers = self.hosts - 1 if comm == "ps" else self.hosts
@@ -279,12 +284,17 @@ def calibrate(meas, hosts: int = 2, min_bytes: int = 1 << 20) -> Calibration:
         if r.get("hosts") == hosts and r.get("slots", 1) == 1 and r.get("variant", "main") == "main" \
                 and r["bytes"] >= min_bytes and "[" not in r["method"] and r.get("rate") in meas.links:
             pts.setdefault((r["rate"], r["method"], r["ranks"]), []).append((r["bytes"], r["time_us"] / 1e6))
+    quota = {}
+    for r in meas.collectives:
+        if "cpus_per_host" in r:
+            quota[(r.get("rate"), r["method"])] = r["cpus_per_host"]
     for (rate, method, ranks), xy in pts.items():
         fit = _polyfit(xy)
         if fit:
             fits[(rate, method)] = fit
             used.add(("collectives", rate, method, ranks))
-    cal = Calibration(fits, {}, dict(meas.links), used, hosts)
+    cal = Calibration(fits, {}, dict(meas.links), used, hosts,
+                      fit_quota={k: v for k, v in quota.items() if k in fits})
     raw: dict = {}
     for c in meas.cells:
         if c.workers != 1 or c.rate not in meas.links:
@@ -294,13 +304,16 @@ def calibrate(meas, hosts: int = 2, min_bytes: int = 1 << 20) -> Calibration:
         except UsageError:   # a row advise has no formula for (model parallel, tf-ps)
             continue
         net = 0.0
-        if row.comm == "ps":
+        share = cal.share(c.rate, max(1, -(-c.ranks // (c.hosts or c.ranks))), c.ranks, row.busy_threads)
+        if row.comm == "ps":   # less the push + pull, as predict() prices them for one worker at this share
             got = cal._fit(c.rate, collective_method(row, 1)[0] or "ps", row.wire_fraction)
             if got is None:
                 continue
-            (a, b), scale = got
-            net = a + b * c.gradient_bytes * scale
-        share = cal.share(c.rate, max(1, -(-c.ranks // (c.hosts or c.ranks))), c.ranks, row.busy_threads)
+            (a, b), scale, m = got
+            parts = split_fit(a, b, c.gradient_bytes * scale, wire_factor("ps", 1, 1) * row.wire_fraction / scale,
+                              meas.links[c.rate].link_Bps)
+            net = (parts["latency"] + parts["cpu"]) * cal.share(c.rate, 1, hosts, row.busy_threads, m) / share \
+                + parts["wire"]
         base = (c.step_ms / 1e3 - net) * share
         if base > 0:
             raw[(c.rate, c.model, c.variant)] = base

@@ -12,7 +12,8 @@ Pure JSON reading (no TensorFlow, no MPI), shared by ``hvdkit advise --calibrate
 
 Everything is normalised to :class:`Cell` (one (model, variant, workers, rate) of the training
 benchmark: the median and min-max of its OK rounds' step times), collectives rows (``method``,
-``ranks``, ``hosts``, ``slots``, ``rate``, ``variant``, ``bytes``, ``time_us``) and :class:`Link`
+``ranks``, ``hosts``, ``slots``, ``rate``, ``variant``, ``bytes``, ``time_us``, and ``cpus_per_host``
+where the run recorded its own quota: a cluster-collectives run brings up a cluster of its own) and :class:`Link`
 (per rate: the probed TCP rate, round trip, ring-pattern rate, CPU quota per host, cores).
 Units: milliseconds in cells (as the benchmarks write them), bytes, bytes per second, seconds elsewhere.
 """
@@ -195,8 +196,23 @@ def _collective_rows(doc: dict, rate: str | None, path: str) -> list[dict]:
         return [{"method": r["method"], "ranks": n, "hosts": hosts, "slots": max(1, n // hosts), "rate": rate,
                  "variant": label or "main", "bytes": int(r["bytes"]), "time_us": float(r["time_us"])}
                 for r in rows if "[" not in r["method"] or not label]
+    quota = _quota_of(meta)
     return [{**r, "hosts": r.get("hosts") or r["ranks"] // max(1, r.get("slots", 1)),
-             "variant": r.get("variant", "main")} for r in rows]
+             "variant": r.get("variant", "main"), **({} if quota is _UNKNOWN or "cpus_per_host" in r
+                                                      else {"cpus_per_host": quota})} for r in rows]
+
+
+_UNKNOWN = object()
+
+
+def _quota_of(meta: dict):
+    """The CPU quota per host a cluster_collectives run recorded (``cpus_per_host``, in its meta or its
+    parameters; ``"none"``/None: no quota), or ``_UNKNOWN`` (then the place's applies)."""
+    for src in (meta, meta.get("parameters") or {}):
+        if isinstance(src, dict) and "cpus_per_host" in src:
+            v = src["cpus_per_host"]
+            return None if v in (None, "none", "") else float(v)
+    return _UNKNOWN
 
 
 def _link_from(cluster: dict | None, training: dict | None, rate: str) -> Link:

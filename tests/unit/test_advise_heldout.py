@@ -127,6 +127,22 @@ def test_calibration_uses_only_micro_measurements(tmp_path):
     assert not held_out(calibrate(m1, hosts=3), held)               # collectives as large as a prediction
 
 
+def test_collectives_under_a_quota_of_their_own(tmp_path):
+    """A cluster-collectives run records its own cpus_per_host (its own cluster): the fit's CPU and latency
+    terms are rescaled from that share to the training place's (1 core -> 0.5: twice as long)."""
+    d = _suite_dir(tmp_path / "q")
+    rows = [{"config": "2x1", "hosts": 2, "slots": 1, "ranks": 2, "rate": "1gbit", "variant": "main", "method": m,
+             "bytes": n, "time_us": (a + b * n) * 1e6} for m, (a, b) in FITS.items() for n in (1 << 20, 1 << 24)]
+    (d / "collectives_np2.json").unlink()
+    (d / "cluster_collectives.json").write_text(json.dumps({"meta": {"cpus_per_host": 1.0}, "rows": rows}))
+    cal = calibrate(measured.load_dir(str(d)))
+    assert cal.fit_quota[("1gbit", "ring")] == 1.0
+    p = cal.predict("cnn", "ring", 3, "1gbit", S)
+    a, b = FITS["ring"]
+    assert p.terms["cpu"] == pytest.approx((b * S - S / B) * 4 / 3 * 2, rel=1e-3)
+    assert p.terms["latency"] == pytest.approx(a * 2 * 2, rel=1e-3) and p.terms["wire"] == pytest.approx(S / B * 4 / 3)
+
+
 def test_calibrated_prediction_hand_values(tmp_path):
     cal = calibrate(measured.load_dir(str(_suite_dir(tmp_path / "d"))))
     a, b = FITS["ring"]
