@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from hvdkit.errors import UsageError
 from hvdkit.strategies.variants import parse_variant
 
-__all__ = ["Cell", "Link", "Measured", "load", "load_dir", "load_files", "variant_of", "rate_label"]
+__all__ = ["Cell", "Link", "Measured", "load", "load_dir", "load_files", "from_training", "variant_of", "rate_label"]
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,7 @@ class Cell:
         gradient_bytes: S, float32 gradient bytes per worker per step.
         ranks: MPI ranks of the job (workers + dedicated servers). hosts: hosts they used (None: unknown).
         base_ms: median step minus communication and wait (the compute, data and harness time), or None.
-        rounds: OK rounds.
+        rounds: OK rounds. link_Bps: the link its own run probed (the older driver's files), else None.
     """
     model: str
     variant: str
@@ -56,6 +56,7 @@ class Cell:
     hosts: int | None = None
     base_ms: float | None = None
     rounds: int = 1
+    link_Bps: float | None = None
 
     @property
     def key(self) -> tuple:
@@ -161,7 +162,7 @@ def _old_training(doc: dict, rate: str) -> list[Cell]:
         bs = base.get((s["model"], v, s["workers"]))
         out.append(Cell(s["model"], v, int(s["workers"]), rate, s["step_ms"], b / s["samples_per_s_max"],
                         b / s["samples_per_s_min"], int(s["gradient_bytes"]), int(s["hosts"]), int(s["hosts"]),
-                        statistics.median(bs) if bs else None, int(s["repeats_ok"])))
+                        statistics.median(bs) if bs else None, int(s["repeats_ok"]), s.get("link_Bps")))
     return out
 
 
@@ -298,15 +299,13 @@ def load_dir(path: str) -> Measured:
         for d in subs:
             out.extend(load_dir(d))
         return out
-    training = _read(tj)
     cpath = os.path.join(path, "cluster.json")
     cluster = _read(cpath) if os.path.isfile(cpath) else None
-    rate = _rate_of(cluster, training, path)
     try:
-        link = _link_from(cluster, training, rate)
+        out = from_training(_read(tj), cluster, path)
     except UsageError as e:
         raise UsageError(f"{tj}: {e}") from None
-    cells = (_new_training if training.get("benchmark") == "training" else _old_training)(training, rate)
+    rate = next(iter(out.links))
     colls, seen = [], set()
     for p in sorted(glob.glob(os.path.join(path, "*collectives*.json"))):
         doc = _read(p)
@@ -316,7 +315,21 @@ def load_dir(path: str) -> Measured:
         rows = _collective_rows(doc, rate, p)
         colls += [r if r.get("rate") else {**r, "rate": rate} for r in rows]
         seen.add(p)
-    return Measured(cells, colls, {rate: link}, [tj, *sorted(seen)] + ([cpath] if cluster else []), _batch(training))
+    out.collectives, out.sources = colls, [tj, *sorted(seen)] + ([cpath] if cluster else [])
+    return out
+
+
+def from_training(training: dict, cluster: dict | None = None, path: str = "") -> Measured:
+    """The cells and the link of one training document (either format; ``cluster``: the place's
+    cluster.json, if any; ``path``: its directory, whose name may be the rate).
+
+    Raises:
+        UsageError: no probed link (this host only).
+    """
+    rate = _rate_of(cluster, training, path)
+    link = _link_from(cluster, training, rate)
+    cells = (_new_training if training.get("benchmark") == "training" else _old_training)(training, rate)
+    return Measured(cells, [], {rate: link}, [], _batch(training))
 
 
 def load_files(training_path: str, collectives_path: str | None) -> Measured:
@@ -325,16 +338,14 @@ def load_files(training_path: str, collectives_path: str | None) -> Measured:
     Raises:
         UsageError: unreadable files, no probed link.
     """
-    training = _read(training_path)
-    rate = _rate_of(None, training, os.path.dirname(training_path))
     try:
-        link = _link_from(None, training, rate)
+        out = from_training(_read(training_path), None, os.path.dirname(training_path))
     except UsageError as e:
         raise UsageError(f"{training_path}: {e}") from None
-    cells = (_new_training if training.get("benchmark") == "training" else _old_training)(training, rate)
-    colls = _collective_rows(_read(collectives_path), rate, collectives_path) if collectives_path else []
-    return Measured(cells, colls, {rate: link}, [training_path] + ([collectives_path] if collectives_path else []),
-                    _batch(training))
+    rate = next(iter(out.links))
+    out.collectives = _collective_rows(_read(collectives_path), rate, collectives_path) if collectives_path else []
+    out.sources = [training_path] + ([collectives_path] if collectives_path else [])
+    return out
 
 
 def load(paths: list[str], collectives: str | None = None) -> Measured:

@@ -56,49 +56,24 @@ PROG = "python -m hvdkit.bench.advise_check"
 
 
 def measured_points(training: dict) -> tuple[dict, dict]:
-    """``(meta, points)`` of a training benchmark document, in either format it was written in.
+    """``(meta, points)`` of a training benchmark document, in either format it was written in
+    (:func:`hvdkit.advise.measured.from_training`).
 
-    ``meta``: ``cores``, ``batch_size``, ``rtt_s``, ``link_Bps`` (bytes/s), ``bandwidth`` (a label: the
-    nominal rate, or the place's kind).
+    ``meta``: ``cores``, ``batch_size``, ``rtt_s``, ``link_Bps`` (bytes/s), ``bandwidth`` (the rate's label).
     ``points``: (model, variant label, workers) -> ``step_ms`` (median over the OK rounds),
-    ``min_ms``, ``max_ms``, ``gradient_bytes``, ``link_Bps``, ``hosts`` (of the workers), ``ranks``. Formats: ``hvdkit-bench
-    training``'s training.json (its OK throughput rows without a straggler; the link rate and round
-    trip of its place's probed links) and the older cluster_training --json (its summary).
+    ``min_ms``, ``max_ms``, ``gradient_bytes``, ``link_Bps``, ``hosts`` (of the ranks), ``ranks``.
 
     Raises:
         UsageError: a training.json whose place has no probed link (this host: nothing to compare).
     """
-    meta = training["meta"]
-    if training.get("benchmark") != "training":   # cluster_training --json: one summary row per point
-        out = {}
-        for s in training["summary"]:
-            if s.get("repeats_ok"):
-                b = int(meta.get("batch_size", 32)) * s["workers"] * 1e3   # ms x samples/s of one global step
-                out[(s["model"], variant_of(s), s["workers"])] = {
-                    "step_ms": s["step_ms"], "min_ms": b / s["samples_per_s_max"], "max_ms": b / s["samples_per_s_min"],
-                    "gradient_bytes": s["gradient_bytes"], "link_Bps": s["link_Bps"], "hosts": s["hosts"],
-                    "ranks": s["hosts"]}   # one rank per host
-        return {**meta, "batch_size": int(meta.get("batch_size", 32))}, out
-    links = (training.get("place") or {}).get("links") or []
-    rates = [x["rate_bps"] / 8 for x in links if x.get("rate_bps")]
-    if not rates:
-        raise UsageError("the training benchmark ran on a place without probed links (this host): run it on "
-                         "--hosts, --hostfile or --emulated to compare with hvdkit advise")
-    rtts = [x["rtt_ms"] / 1e3 for x in links if x.get("rtt_ms") is not None]
-    norm = {"cores": meta.get("cores"), "batch_size": int((meta.get("args") or {}).get("batch_size", 32)),
-            "link_Bps": min(rates), "rtt_s": statistics.median(rtts) if rtts else 0.0,
-            "bandwidth": training["place"].get("kind", "probed")}
-    cells: dict = {}
-    for r in training.get("rows", []):
-        if r.get("status") == "OK" and r.get("straggler") in (None, "", "none") \
-                and r.get("measure", "throughput") == "throughput":
-            cells.setdefault((r["model"], variant_of(r), r["workers"]), []).append(r)
-    out = {key: {"step_ms": statistics.median(x["step_ms"] for x in rs), "min_ms": min(x["step_ms"] for x in rs),
-                 "max_ms": max(x["step_ms"] for x in rs), "gradient_bytes": rs[0]["gradient_bytes"],
-                 "link_Bps": norm["link_Bps"],
-                 "hosts": len(set(rs[0].get("rank_hosts") or [])) or None, "ranks": rs[0]["ranks"]}
-           for key, rs in cells.items()}
-    return norm, out
+    m = measured.from_training(training)
+    (rate, ln), = m.links.items()
+    meta = {"cores": ln.cores, "batch_size": m.batch_size, "link_Bps": ln.link_Bps, "rtt_s": ln.rtt_s,
+            "bandwidth": rate}
+    return meta, {(c.model, c.variant, c.workers): {"step_ms": c.step_ms, "min_ms": c.min_ms, "max_ms": c.max_ms,
+                                                    "gradient_bytes": c.gradient_bytes,
+                                                    "link_Bps": c.link_Bps or ln.link_Bps,
+                                                    "hosts": c.hosts, "ranks": c.ranks} for c in m.cells}
 
 
 def measured_comparison(training: dict, fits: dict) -> tuple[list[dict], dict]:

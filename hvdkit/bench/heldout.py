@@ -75,7 +75,8 @@ def validate(meas: Measured, min_workers: int = HELD_OUT_MIN_WORKERS,
         comp = _compute_s(meas, c.model, c.rate)
         if p is None or comp is None:
             continue
-        base = baseline_step(c.variant, c.gradient_bytes, c.workers, meas.links[c.rate].link_Bps, comp) * 1e3
+        base = baseline_step(c.variant, c.gradient_bytes, c.workers, c.link_Bps or meas.links[c.rate].link_Bps,
+                             comp) * 1e3
         pred = p.step_s * 1e3
         rows.append({"model": c.model, "variant": c.variant, "workers": c.workers, "rate": c.rate,
                      "measured_ms": c.step_ms, "min_ms": c.min_ms, "max_ms": c.max_ms, "rounds": c.rounds,
