@@ -72,7 +72,8 @@ class Link:
         rate: label (``"1gbit"``). link_Bps: median probed TCP rate of a link, bytes/s. rtt_s: round trip, s.
         ring_Bps: the probe's ring pattern (every host to its right neighbour at once), bytes/s, or None.
         cpus_per_host: the CPU quota of each emulated host in cores (None: no quota, the hosts share
-            the machine's cores). cores: the machine's cores (None: unknown). slots: ranks per host.
+            the machine's cores). cores: the cores of the machine every host shares (an emulated cluster
+            without quotas; None: real hosts, or unknown). slots: ranks per host.
     """
     rate: str
     link_Bps: float
@@ -238,6 +239,8 @@ def _link_from(cluster: dict | None, training: dict | None, rate: str) -> Link:
         return Link(rate, float(meta["link_Bps"]), float(meta.get("rtt_s") or 0.0), None, None,
                     int(cores) if cores else None, int((meta.get("cluster") or {}).get("slots") or 1))
     place = training.get("place") or {}
+    if place.get("kind") not in (None, "emulated", "local"):
+        cores = None   # real hosts bring their own cores: no machine shared by every rank
     links = [x for x in place.get("links") or [] if x.get("rate_bps")]
     if not links:
         raise UsageError("the training benchmark ran on a place without probed links (this host): run it on "

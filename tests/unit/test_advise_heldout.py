@@ -104,6 +104,9 @@ def test_load_dir_reads_a_suite_directory(tmp_path):
     assert (h3.step_ms, h3.min_ms, h3.max_ms, h3.rounds, h3.hosts) == (110.0, 100.0, 120.0, 3, 3)
     assert {(r["method"], r["hosts"], r["slots"], r["rate"]) for r in m.collectives} == \
         {(k, 2, 1, "1gbit") for k in FITS}
+    doc = json.loads((tmp_path / "1gbit" / "training.json").read_text())
+    doc["place"]["kind"] = "hosts"                       # the user's hosts: no machine shared by every rank
+    assert measured.from_training(doc).links["1gbit"].cores is None
     both = measured.load_dir(str(_suite_dir(tmp_path / "200mbit", nominal=2e8)) and str(tmp_path))   # a directory of rates
     assert sorted(both.links) == ["1gbit", "200mbit"]
 
