@@ -199,7 +199,8 @@ class Calibration:
         ``step = base / share + (latency + cpu) x share_fit / share + wire`` (sync), where base is the
         one-worker step less its network, the collective's fit at 2 hosts is split by
         :func:`~hvdkit.advise.model.split_fit` and scaled: latency by :func:`latency_steps`, wire by
-        :func:`wire_factor`, the CPU term of a ring and a colocated PS by the wire factor (the bytes each
+        :func:`wire_factor` (a ring or colocated PS on more than 2 hosts at the probe's ring-pattern rate,
+        every host sending and receiving at once, where cluster.json has it), the CPU term of a ring and a colocated PS by the wire factor (the bytes each
         rank copies and sums), of a dedicated PS kept (the worker's own serialisation) plus
         :func:`~hvdkit.advise.model.server_serial_time` of the W - 1 other pushes; ``share``:
         :func:`~hvdkit.advise.model.cpu_share` of the job (the fit's: 2 ranks). Asynchronous rows
@@ -240,7 +241,9 @@ class Calibration:
             cpu = parts["cpu"] + server_serial_time(w_eff - 1, nbytes / k, self.reduce_Bps) / share_fit
             lat = parts["latency"]
         else:
-            wire = parts["wire"] * wire_factor(comm, workers) / wire_factor(comm, cal_workers)
+            # every host sends and receives at once: the probe's ring-pattern rate where it measured one
+            ring = ln.link_Bps / ln.ring_Bps if ln.ring_Bps and workers > 2 else 1.0
+            wire = parts["wire"] * wire_factor(comm, workers) / wire_factor(comm, cal_workers) * ring
             cpu = parts["cpu"] * wire_factor(comm, workers) / wire_factor(comm, cal_workers)
             lat = parts["latency"] * latency_steps(comm, workers) / latency_steps(comm, cal_workers)
         compute = base / share

@@ -1,6 +1,7 @@
 """Held-out validation of hvdkit advise: the calibrated model's terms, the split (calibration sees only
 micro-measurements), the naive baseline, the summary of advise-check --json, and --calibrate DIR."""
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -143,7 +144,8 @@ def test_collectives_under_a_quota_of_their_own(tmp_path):
     p = cal.predict("cnn", "ring", 3, "1gbit", S)
     a, b = FITS["ring"]
     assert p.terms["cpu"] == pytest.approx((b * S - S / B) * 4 / 3 * 2, rel=1e-3)
-    assert p.terms["latency"] == pytest.approx(a * 2 * 2, rel=1e-3) and p.terms["wire"] == pytest.approx(S / B * 4 / 3)
+    assert p.terms["latency"] == pytest.approx(a * 2 * 2, rel=1e-3)
+    assert p.terms["wire"] == pytest.approx(S / B * 4 / 3 / 0.95)
 
 
 def test_calibrated_prediction_hand_values(tmp_path):
@@ -151,7 +153,7 @@ def test_calibrated_prediction_hand_values(tmp_path):
     a, b = FITS["ring"]
     # ring, 3 workers, one rank per host with the same quota as the calibration: no CPU stretch
     p = cal.predict("cnn", "ring", 3, "1gbit", S)
-    wire = S / B * (4 / 3)
+    wire = S / B * (4 / 3) / 0.95               # the probe's ring pattern: 0.95 of the link
     cpu = (b * S - S / B) * (4 / 3)
     assert p.step_s == pytest.approx(0.0225 + a * 2 + cpu + wire, rel=1e-3)   # base: median 1-worker step
     # dedicated PS: base = the 1-worker step less its fitted push + pull; the server's link carries 3 S
@@ -161,6 +163,8 @@ def test_calibrated_prediction_hand_values(tmp_path):
     expect = base + a + (b * S - 2 * S / B) + server_serial_time(2, S, 2e9) / 0.5 + 2 * S / B * 3   # 0.5 core
     assert ps.step_s == pytest.approx(expect, rel=1e-3)
     assert cal.predict("cnn", "ps-sync:num_servers=2", 3, "1gbit", S) is not None   # ps2 from the one-server fit
+    cal.links["1gbit"] = replace(cal.links["1gbit"], ring_Bps=B / 2)   # the probe's ring pattern at half the link
+    assert cal.predict("cnn", "ring", 3, "1gbit", S).terms["wire"] == pytest.approx(2 * S / B * 4 / 3)
     assert cal.predict("mlp", "ring", 3, "1gbit", S) is None                        # a model never measured
 
 
