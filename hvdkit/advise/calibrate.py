@@ -155,6 +155,7 @@ class Calibration:
         hosts: the collectives' host count. reduce_Bps: gamma of :func:`~hvdkit.advise.model.server_serial_time`.
         fit_quota: ``{(rate, method): cores}`` where the collectives ran under a CPU quota of their own
             (a cluster-collectives run; None: no quota); absent: the place's.
+        notes: one line per micro-measurement the calibration could not use as it is (why, and what it took instead).
     """
     fits: dict
     base: dict
@@ -163,6 +164,7 @@ class Calibration:
     hosts: int = 2
     reduce_Bps: float = 2e9
     fit_quota: dict = field(default_factory=dict)
+    notes: list = field(default_factory=list)
 
     def share(self, rate: str, ranks_on_host: int, ranks: int, threads: int = 1, method: str | None = None) -> float:
         """:func:`~hvdkit.advise.model.cpu_share` of one busy thread of a job of ``ranks`` ranks of
@@ -321,6 +323,10 @@ def calibrate(meas, hosts: int = 2, min_bytes: int = 1 << 20) -> Calibration:
         if base > 0:
             raw[(c.rate, c.model, c.variant)] = base
             used.add(("cell", c.model, c.variant, 1, c.rate))
+        else:
+            cal.notes.append(f"{c.rate} {c.model} {c.variant}: the one-worker step ({c.step_ms:.1f} ms) is shorter than "
+                             f"the fitted push + pull of its bytes ({net * 1e3:.1f} ms): the collectives benchmark "
+                             "and the training step disagree; its base is the model's horovod (else ring) base")
     for c in meas.cells:   # every (rate, model, variant) measured: its own base, else a stand-in
         key = (c.rate, c.model, c.variant)
         if key in raw:

@@ -176,6 +176,8 @@ def markdown(rows: Sequence[dict], summ: dict, cal: Calibration, title: str = ""
             f"{_pct(b['median_abs_error'])}, max {_pct(b['max_abs_error'])}; ranking exact in {b['ranking_exact']}, "
             f"the fastest right in {b['fastest_right']}; {b['pairs_agree']} of the {summ['pairs_distinct']} "
             "distinct pairs ordered as measured"]
+    for note in cal.notes:
+        out.append(f"- calibration: {note}")
     if missed:
         out.append("- not predicted (no one-worker cell of the model, no collective of the method at "
                    f"{cal.hosts} hosts, or no formula): " + ", ".join(f"{c.model}/{c.variant}/{c.workers}w/{c.rate}"

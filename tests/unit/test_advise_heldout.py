@@ -264,3 +264,16 @@ def test_report_of_a_directory_marks_calibrated_predictions(tmp_path):
     assert "| ring | 3 |" in md and "calibrated by this directory's collectives" in md
     row = next(line for line in md.splitlines() if line.startswith("| ring | 3 |"))
     assert " *" not in row                     # the calibrated prediction, not the formulas'
+
+
+def test_a_one_worker_step_shorter_than_its_fitted_network_is_noted(tmp_path):
+    d = _suite_dir(tmp_path / "n")
+    doc = json.loads((d / "training.json").read_text())
+    for r in doc["rows"]:
+        if r["variant"] == "ps-sync" and r["workers"] == 1:
+            r["step_ms"] = 1.0                    # faster than the fitted push + pull of S
+    (d / "training.json").write_text(json.dumps(doc))
+    cal = calibrate(measured.load_dir(str(d)))
+    assert ("1gbit", "cnn", "ps-sync") not in cal.base and len(cal.notes) == 1 and "disagree" in cal.notes[0]
+    assert ("cell", "cnn", "ps-sync", 1, "1gbit") not in cal.used
+    assert cal.base_of("1gbit", "cnn", "ps-sync") == cal.base[("1gbit", "cnn", "horovod")]
