@@ -274,6 +274,6 @@ def test_a_one_worker_step_shorter_than_its_fitted_network_is_noted(tmp_path):
             r["step_ms"] = 1.0                    # faster than the fitted push + pull of S
     (d / "training.json").write_text(json.dumps(doc))
     cal = calibrate(measured.load_dir(str(d)))
-    assert ("1gbit", "cnn", "ps-sync") not in cal.base and len(cal.notes) == 1 and "disagree" in cal.notes[0]
+    assert len(cal.notes) == 1 and "disagree" in cal.notes[0]
     assert ("cell", "cnn", "ps-sync", 1, "1gbit") not in cal.used
     assert cal.base_of("1gbit", "cnn", "ps-sync") == cal.base[("1gbit", "cnn", "horovod")]
