@@ -3,6 +3,8 @@
 :mod:`~hvdkit.advise.model` holds the formulas (pure arithmetic, each citing its source),
 :mod:`~hvdkit.advise.predict` the strategy variants' steps (from the rows' facts) and the recommendation,
 :mod:`~hvdkit.advise.presets` the known models and cluster shorthands,
+:mod:`~hvdkit.advise.measured` what a place measured (training cells, collectives, probe) read from files,
+:mod:`~hvdkit.advise.calibrate` fits and the calibration on micro-measurements (``--calibrate``),
 :mod:`~hvdkit.advise.cli` the command line (the only module that may load TensorFlow, for
 ``--measure`` and registry models).
 """

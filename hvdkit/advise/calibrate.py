@@ -8,11 +8,17 @@ from a probe (Hockney 1994: ``t(m) = alpha + m / B`` fitted by least squares).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import numpy as np
 
 from hvdkit import costs
+from hvdkit.advise.model import Prediction, cpu_share, server_serial_time, split_fit
+from hvdkit.advise.predict import priced
+from hvdkit.errors import UsageError
 
-__all__ = ["fit_collectives", "fit_for", "fitted_options", "collective_method"]
+__all__ = ["fit_collectives", "fit_for", "fitted_options", "collective_method", "wire_factor", "latency_steps",
+           "Calibration", "calibrate", "held_out"]
 
 
 def collective_method(row, hosts: int) -> tuple[str | None, int]:
@@ -106,3 +112,247 @@ def fitted_options(fits: dict, rows, hosts: int) -> tuple:
         if fit:
             out.append((row.label, *fit))
     return tuple(out)
+
+
+# ---------------------------------------------------------------- calibration on micro-measurements
+
+
+def wire_factor(comm: str, workers: int, servers: int | None = None) -> float:
+    """Bytes on the busiest link per gradient byte S of one step, from the row's traffic formula in
+    :mod:`hvdkit.costs` (at S = 1 byte, B = 1 byte/s, no latency): a ring (flat, or hierarchical at one
+    rank per host) and a colocated PS ``2 (W-1) / W`` (Patarasuk & Yuan 2009; Jiang et al. 2020), K
+    dedicated servers ``2 max(1, W / K)`` (push + pull through the server's link). One worker on a ring: 0."""
+    if comm == "ps":
+        return costs.ps_time(1.0, workers, servers or 1, 1.0)
+    if comm == "colocated":
+        return costs.colocated_ps_time(1.0, workers, 1.0)
+    return costs.ring_allreduce_time(1.0, workers, 1.0)
+
+
+def latency_steps(comm: str, workers: int) -> int:
+    """Messages one after another in one step: a ring's 2 (W-1) (reduce-scatter + allgather), a PS's 2
+    (push, pull): the factor of the latency term (Patarasuk & Yuan 2009; :func:`hvdkit.costs.ps_time`)."""
+    return 2 * (workers - 1) if comm in ("ring", "hierarchical") else 2
+
+
+#: the names of :meth:`Calibration.predict`'s terms in a prediction's ``limiting``
+LIMITS = {"compute": "compute", "latency": "latency (per message)", "cpu": "CPU per byte (copies, reduction, polling)",
+          "wire": "NIC bandwidth", "server": "servers (asynchronous requests)"}
+
+
+@dataclass
+class Calibration:
+    """What the micro-measurements fixed: collectives at ``hosts`` hosts and one worker's step.
+
+    Attributes:
+        fits: ``{(rate, method): (a_s, b_s_per_byte)}``, Hockney fits of each collectives method at
+            ``hosts`` hosts, one rank per host (:func:`fit_collectives`' rule).
+        base: ``{(rate, model, variant): seconds}``: the one-worker step less its network (the
+            dedicated PS: less the fitted push + pull), at one full core (times its CPU share).
+        links: ``{rate: Link}`` (:class:`hvdkit.advise.measured.Link`).
+        used: the measurements read: ``("cell", model, variant, workers, rate)`` and
+            ``("collectives", rate, method, ranks)`` (what :func:`held_out` checks).
+        hosts: the collectives' host count. reduce_Bps: gamma of :func:`~hvdkit.advise.model.server_serial_time`.
+        fit_quota: ``{(rate, method): cores}`` where the collectives ran under a CPU quota of their own
+            (a cluster-collectives run; None: no quota); absent: the place's.
+        notes: one line per micro-measurement the calibration could not use as it is (why, and what it took instead).
+    """
+    fits: dict
+    base: dict
+    links: dict
+    used: set
+    hosts: int = 2
+    reduce_Bps: float = 2e9
+    fit_quota: dict = field(default_factory=dict)
+    notes: list = field(default_factory=list)
+
+    def share(self, rate: str, ranks_on_host: int, ranks: int, threads: int = 1, method: str | None = None) -> float:
+        """:func:`~hvdkit.advise.model.cpu_share` of one busy thread of a job of ``ranks`` ranks of
+        ``threads`` busy threads each (the row's ``busy_threads``) at ``rate``'s place (``method``: of
+        that collectives fit, under its own quota where it recorded one)."""
+        ln = self.links[rate]
+        quota = self.fit_quota.get((rate, method), ln.cpus_per_host) if method else ln.cpus_per_host
+        return cpu_share(ranks_on_host * threads, quota, ranks * threads if quota is None else None,
+                         ln.cores if quota is None else None)
+
+    def base_of(self, rate: str, model: str, label: str) -> float | None:
+        """The one-worker base of ``label`` (seconds at one full core): its own, else the model's
+        horovod (else ring) base at ``rate``, else None."""
+        for key in ((rate, model, label), (rate, model, "horovod"), (rate, model, "ring")):
+            if key in self.base:
+                return self.base[key]
+        return None
+
+    def _fit(self, rate: str, method: str, wire_fraction: float) -> tuple[tuple[float, float], float, str] | None:
+        """(the fit for ``method``, the gradient bytes scale it applies to, the method fitted): the method's own fit, else
+        (``ps2``) the one-server fit, else (``-fp16``) the float32 method's on ``wire_fraction`` of the bytes."""
+        for m, scale in ((method, 1.0), (method.replace("ps2", "ps"), 1.0),
+                         (method.split("-fp16")[0], wire_fraction), (method.split("-fp16")[0].replace("ps2", "ps"),
+                                                                     wire_fraction)):
+            if (rate, m) in self.fits:
+                return self.fits[(rate, m)], scale, m
+        return None
+
+    def predict(self, model: str, variant: str, workers: int, rate: str, nbytes: float, batch: int = 32,
+                ranks_on_host: int = 1) -> Prediction | None:
+        """The step of ``variant`` with ``workers`` workers of ``model`` (S = ``nbytes``) at ``rate``, or
+        None where the calibration lacks the model's one-worker step or the method's collective.
+
+        ``step = base / share + (latency + cpu) x share_fit / share + wire`` (sync), where base is the
+        one-worker step less its network, the collective's fit at 2 hosts is split by
+        :func:`~hvdkit.advise.model.split_fit` and scaled: latency by :func:`latency_steps`, wire by
+        :func:`wire_factor` (a ring or colocated PS on more than 2 hosts at the probe's ring-pattern rate,
+        every host sending and receiving at once, where cluster.json has it), the CPU term of a ring and a colocated PS by the wire factor (the bytes each
+        rank copies and sums), of a dedicated PS kept (the worker's own serialisation) plus
+        :func:`~hvdkit.advise.model.server_serial_time` of the W - 1 other pushes; ``share``:
+        :func:`~hvdkit.advise.model.cpu_share` of the job (the fit's: 2 ranks). Asynchronous rows
+        (ps-async, ps-ssp, ps-dcasgd): each worker's cycle is its one-worker step, unless the K servers
+        are the bound: W / K requests, each the server link's time one way (pushes in and pulls out
+        overlap on a full-duplex link, Dean et al. 2012's asynchronous servers) and the sum of one push.
+        """
+        if rate not in self.links:
+            return None
+        try:
+            row = priced(variant, workers)
+        except UsageError:   # a row advise has no formula for (model parallel, tf-ps)
+            return None
+        method, _ = collective_method(row, workers)
+        base = self.base_of(rate, model, row.label)
+        if method is None or base is None:
+            return None
+        got = self._fit(rate, method, row.wire_fraction)
+        if got is None:
+            return None
+        (a, b), scale, fit_method = got
+        comm = "ring" if row.comm == "hierarchical" else row.comm
+        k = row.servers or 1
+        ln = self.links[rate]
+        ranks = workers + (k if comm == "ps" else 0)
+        t = row.busy_threads
+        share = self.share(rate, ranks_on_host, ranks, t)
+        share_fit = self.share(rate, 1, self.hosts, t, fit_method)
+        n = nbytes * scale
+        wf = row.wire_fraction / scale   # the fit's bytes axis: float32 bytes for an -fp16 method's own fit
+        cal_workers = self.hosts - 1 if comm == "ps" else self.hosts
+        parts = split_fit(a, b, n, wire_factor(comm, cal_workers, 1) * wf, ln.link_Bps)
+        asynchronous = row.staleness != 0
+        if comm == "ps":
+            w_eff = 1 if asynchronous else workers
+            wire = parts["wire"] * wire_factor("ps", w_eff, k) / wire_factor("ps", 1, 1)
+            # the sum runs at reduce_Bps on a full core: in the fit's CPU units (at share_fit), / share_fit
+            cpu = parts["cpu"] + server_serial_time(w_eff - 1, nbytes / k, self.reduce_Bps) / share_fit
+            lat = parts["latency"]
+        else:
+            # every host sends and receives at once: the probe's ring-pattern rate where it measured one
+            ring = ln.link_Bps / ln.ring_Bps if ln.ring_Bps and workers > 2 else 1.0
+            wire = parts["wire"] * wire_factor(comm, workers) / wire_factor(comm, cal_workers) * ring
+            cpu = parts["cpu"] * wire_factor(comm, workers) / wire_factor(comm, cal_workers)
+            lat = parts["latency"] * latency_steps(comm, workers) / latency_steps(comm, cal_workers)
+        compute = base / share
+        soft = (lat + cpu) * share_fit / share
+        step = compute + soft + wire
+        terms = {"compute": compute, "latency": lat * share_fit / share, "cpu": cpu * share_fit / share, "wire": wire}
+        if asynchronous and comm == "ps":
+            per_request = parts["wire"] / 2 + server_serial_time(1, nbytes / k, self.reduce_Bps) / share
+            bound = workers / k * per_request
+            terms["server"] = max(0.0, bound - step)
+            step = max(step, bound)
+        one = self.predict(model, variant, 1, rate, nbytes, batch) if workers > 1 else None
+        worst = max(terms, key=terms.get)
+        return Prediction(strategy=row.label, step_s=step, compute_s=compute, comm_s=step - compute,
+                          exposed_s=step - compute, efficiency=(one.step_s if one else step) / step,
+                          samples_per_s=workers * batch / step, link_bytes=wire_factor(comm, workers, k) * nbytes,
+                          link="server NIC" if comm == "ps" else "NIC", limiting=LIMITS[worst], hvdkit=row.hvdkit,
+                          terms=terms)
+
+
+def _polyfit(xy) -> tuple[float, float] | None:
+    x, y = np.array(xy).T
+    if len(set(x)) < 2:
+        return None
+    b, a = np.polyfit(x, y, 1)
+    return max(0.0, float(a)), max(0.0, float(b))
+
+
+def calibrate(meas, hosts: int = 2, min_bytes: int = 1 << 20) -> Calibration:
+    """A :class:`Calibration` from ``meas`` (:class:`hvdkit.advise.measured.Measured`) using ONLY the
+    collectives at ``hosts`` hosts (one rank per host, the default launch, sizes >= ``min_bytes``) and
+    the one-worker training cells: nothing of a configuration with more workers.
+
+    The one-worker base of a variant: its one-worker step at that rate, less (dedicated PS) the
+    fitted push + pull of one worker; scaled to one full core by the cell's CPU share. A variant with
+    no one-worker cell takes the model's horovod (else ring) base; a rate without one takes another
+    rate's (compute does not depend on the link).
+    """
+    fits, used, pts = {}, set(), {}
+    for r in meas.collectives:
+        if r.get("hosts") == hosts and r.get("slots", 1) == 1 and r.get("variant", "main") == "main" \
+                and r["bytes"] >= min_bytes and "[" not in r["method"] and r.get("rate") in meas.links:
+            pts.setdefault((r["rate"], r["method"], r["ranks"]), []).append((r["bytes"], r["time_us"] / 1e6))
+    quota = {}
+    for r in meas.collectives:
+        if "cpus_per_host" in r:
+            quota[(r.get("rate"), r["method"])] = r["cpus_per_host"]
+    for (rate, method, ranks), xy in pts.items():
+        fit = _polyfit(xy)
+        if fit:
+            fits[(rate, method)] = fit
+            used.add(("collectives", rate, method, ranks))
+    cal = Calibration(fits, {}, dict(meas.links), used, hosts,
+                      fit_quota={k: v for k, v in quota.items() if k in fits})
+    raw: dict = {}
+    for c in meas.cells:
+        if c.workers != 1 or c.rate not in meas.links:
+            continue
+        try:
+            row = priced(c.variant, 1)
+        except UsageError:   # a row advise has no formula for (model parallel, tf-ps)
+            continue
+        net = 0.0
+        share = cal.share(c.rate, max(1, -(-c.ranks // (c.hosts or c.ranks))), c.ranks, row.busy_threads)
+        if row.comm == "ps":   # less the push + pull, as predict() prices them for one worker at this share
+            got = cal._fit(c.rate, collective_method(row, 1)[0] or "ps", row.wire_fraction)
+            if got is None:
+                continue
+            (a, b), scale, m = got
+            parts = split_fit(a, b, c.gradient_bytes * scale, wire_factor("ps", 1, 1) * row.wire_fraction / scale,
+                              meas.links[c.rate].link_Bps)
+            net = (parts["latency"] + parts["cpu"]) * cal.share(c.rate, 1, hosts, row.busy_threads, m) / share \
+                + parts["wire"]
+        base = (c.step_ms / 1e3 - net) * share
+        if base > 0:
+            raw[(c.rate, c.model, c.variant)] = base
+            used.add(("cell", c.model, c.variant, 1, c.rate))
+        else:
+            cal.notes.append(f"{c.rate} {c.model} {c.variant}: the one-worker step ({c.step_ms:.1f} ms) is shorter than "
+                             f"the fitted push + pull of its bytes ({net * 1e3:.1f} ms): the collectives benchmark "
+                             "and the training step disagree; its base is the model's horovod (else ring) base")
+    for c in meas.cells:   # every (rate, model, variant) measured: its own base, else a stand-in
+        key = (c.rate, c.model, c.variant)
+        if key in raw:
+            cal.base[key] = raw[key]
+            continue
+        other = [v for (r, m, lab), v in sorted(raw.items()) if m == c.model and lab == c.variant]
+        stand = [raw.get((c.rate, c.model, s)) for s in ("horovod", "ring")]
+        pick = other[0] if other else next((x for x in stand if x), None)
+        if pick:
+            cal.base[key] = pick
+    return cal
+
+
+def held_out(cal: Calibration, predicted) -> bool:
+    """True when no predicted configuration was used for calibration: none of ``predicted``
+    (:class:`~hvdkit.advise.measured.Cell`) is a calibration cell, no calibration cell has as many
+    workers as the smallest prediction, and the collectives used ran on fewer hosts than it needs."""
+    keys = {c.key for c in predicted}
+    if not keys:
+        return False
+    fewest = min(c.workers for c in predicted)
+    if cal.hosts >= fewest:
+        return False
+    for u in cal.used:
+        if u[0] == "cell" and ((u[1], u[2], u[3], u[4]) in keys or u[3] >= fewest):
+            return False
+        if u[0] == "collectives" and cal.hosts >= fewest:
+            return False
+    return True

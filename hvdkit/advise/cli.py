@@ -8,6 +8,7 @@
         --strategies horovod,ps-sync:num_servers=2,ps-sync:ps_colocated=true,ps-ssp:staleness=4
     hvdkit advise --model mlp-wide --compute-ms 44 --batch 32 --cluster cluster.json --hosts 4 \
         --shared-cores 2 --calibrate cluster_collectives.json     # measured collectives, not formulas
+    hvdkit advise --model cnn --batch 32 --cluster 4x1:shm,1gbit --calibrate results/suite   # a suite's output
 
 The model: a known ImageNet model (resnet50, resnet101, inception3, vgg16: sizes from their
 architectures, throughput from published runs; see :mod:`hvdkit.advise.presets`), an hvdkit
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 
@@ -85,9 +87,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "TF1 graph); hvdkit's horovod row allreduces after the backward pass (default off)")
     g.add_argument("--jitter", type=float, default=Options.jitter_cv,
                    help="coefficient of variation of a worker's step time (straggler term, default 0.02)")
-    g.add_argument("--calibrate", metavar="JSON",
-                   help="use the collectives measured by `hvdkit-bench cluster-collectives --json JSON` on this cluster "
-                        "(Hockney fits per strategy and rank count) instead of the formulas")
+    g.add_argument("--calibrate", metavar="DIR|JSON",
+                   help="calibrate on what was measured: DIR, the output directory of `hvdkit-bench suite` or "
+                        "`hvdkit-bench training` on any place (its collectives at 2 hosts and its one-worker steps; a "
+                        "model it measured needs no compute flag), or the JSON of `hvdkit-bench cluster-collectives` "
+                        "(Hockney fits per strategy and rank count instead of the formulas)")
     g.add_argument("--max-staleness", type=float,
                    help="recommend an asynchronous row only when its mean staleness is at most this")
     g = p.add_argument_group("output")
@@ -137,10 +141,22 @@ def _measure(model, batch: int, image_size: int, classes: int, steps: int = 5) -
     return sorted(times)[len(times) // 2]
 
 
-def workload_from_args(a) -> Workload:
-    """The :class:`Workload` of the flags. Raises UsageError (a missing compute figure, a bad value)."""
+def workload_from_args(a, measured=None) -> Workload:
+    """The :class:`Workload` of the flags. Raises UsageError (a missing compute figure, a bad value).
+
+    ``measured`` (:class:`~hvdkit.advise.measured.Measured` of ``--calibrate DIR``): a model it measured
+    takes its gradient bytes (one tensor) and, without a compute flag, its one-worker step as the compute."""
     if a.batch < 1:
         raise UsageError(f"--batch {a.batch}: must be >= 1")
+    cells = [c for c in (measured.cells if measured else []) if c.model == a.model]
+    if cells and not a.measure:
+        ones = sorted((c for c in cells if c.workers == 1), key=lambda c: (c.variant != "horovod", c.step_ms))
+        if not (a.compute_ms or a.images_per_s or ones):
+            raise UsageError(f"--calibrate: {a.model} has no one-worker cell to take its compute from; give "
+                             "--compute-ms or --images-per-s")
+        compute = a.compute_ms / 1e3 if a.compute_ms else a.batch / a.images_per_s if a.images_per_s else \
+            ones[0].step_ms / 1e3
+        return Workload(name=a.model, tensor_bytes=(int(cells[0].gradient_bytes),), compute_s=compute, batch=a.batch)
     for f in ("compute_ms", "images_per_s"):
         v = getattr(a, f)
         if v is not None and not v > 0:
@@ -190,6 +206,42 @@ def _calibrated(path: str, cl: Cluster, opt: Options, rows) -> Options:
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise UsageError(f"--calibrate {path}: {e}") from None
     return replace(opt, fitted=fitted_options(fits, rows, cl.hosts))
+
+
+def _load_dir(path: str):
+    """(measurements, calibration) of ``--calibrate DIR``. Raises UsageError naming the flag."""
+    from hvdkit.advise.calibrate import calibrate
+    from hvdkit.advise.measured import load_dir
+    try:
+        meas = load_dir(path)
+    except UsageError as e:
+        raise UsageError(f"--calibrate {path}: {e}") from None
+    cal = calibrate(meas)
+    if not cal.fits:
+        raise UsageError(f"--calibrate {path}: no collectives at {cal.hosts} hosts with one rank per host in it; run "
+                         f"the collectives on 2 hosts (e.g. hvdkit-bench suite --collectives-np 2,...)")
+    return meas, cal
+
+
+def _dir_predictions(cal, wl: Workload, cl: Cluster, opt: Options, rows, path: str) -> list:
+    """Each row's step from the calibration of ``--calibrate DIR`` at the probed rate nearest the
+    cluster's link (:meth:`hvdkit.advise.calibrate.Calibration.predict`); a row it cannot predict keeps
+    the formulas with the DIR's fitted collectives."""
+    from dataclasses import replace
+
+    from hvdkit.advise.calibrate import fitted_options
+    if cl.gpus_per_host != 1:
+        raise UsageError(f"--calibrate {path}: the calibration is for one rank per host; this cluster has "
+                         f"{cl.gpus_per_host} per host")
+    rate = min(cal.links, key=lambda r: abs(cal.links[r].link_Bps - cl.inter_Bps))
+    fits = {(u[2], u[3]): cal.fits[(u[1], u[2])] for u in cal.used if u[0] == "collectives" and u[1] == rate}
+    opt = replace(opt, fitted=fitted_options(fits, rows, cl.hosts))
+    out = []
+    for row in rows:
+        cal.base.setdefault((rate, wl.name, row.label), wl.compute_s)   # a model the DIR did not measure
+        p = cal.predict(wl.name, row.label, cl.workers, rate, wl.nbytes, wl.batch) if row.hvdkit else None
+        out.append(p or predict(wl, cl, opt, [row])[0])
+    return out
 
 
 def render_table(preds, wl: Workload, cl: Cluster, why: str) -> str:
@@ -249,13 +301,16 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as e:
             raise UsageError(str(e)) from None
         cl = _cluster(a)
-        if a.calibrate:
+        meas = cal = None
+        if a.calibrate and os.path.isdir(a.calibrate):
+            meas, cal = _load_dir(a.calibrate)
+        elif a.calibrate:
             opt = _calibrated(a.calibrate, cl, opt, rows)
-        wl = workload_from_args(a)
+        wl = workload_from_args(a, meas)
+        preds = _dir_predictions(cal, wl, cl, opt, rows, a.calibrate) if cal else predict(wl, cl, opt, rows)
     except UsageError as e:
         print(f"hvdkit: error: {e}", file=sys.stderr)
         return 2
-    preds = predict(wl, cl, opt, rows)
     best, why = recommend(preds, a.max_staleness) if any(p.hvdkit for p in preds) else (None, "no hvdkit row chosen")
     if a.json:
         print(json.dumps({"model": {"name": wl.name, "gradient_bytes": wl.nbytes, "tensors": len(wl.tensor_bytes),

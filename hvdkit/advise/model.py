@@ -30,7 +30,8 @@ from dataclasses import dataclass, field
 from hvdkit import costs
 
 __all__ = ["Workload", "Cluster", "Options", "Prediction", "ring_time", "flat_ring_time", "hierarchical_time",
-           "ps_sync_time", "colocated_time", "overlapped_step", "straggler_factor", "async_throughput"]
+           "ps_sync_time", "colocated_time", "overlapped_step", "straggler_factor", "async_throughput", "cpu_share",
+           "split_fit", "server_serial_time"]
 
 
 @dataclass(frozen=True)
@@ -292,3 +293,76 @@ def async_throughput(cycle_s: float, workers: int, server_steps_per_s: float) ->
     """
     rate = min(workers / cycle_s, server_steps_per_s)
     return rate, max(0.0, rate * cycle_s - 1)
+
+
+# ---------------------------------------------------------------- terms fixed by measurements (calibrated advice)
+
+
+def cpu_share(ranks_on_host: int, host_cores: float | None = None, ranks_on_machine: int | None = None,
+              machine_cores: float | None = None) -> float:
+    """Cores (a fraction of one) each busy thread of a host gets: ``min(1, Q / r, C / R)``.
+
+    Every rank is runnable all the time: it computes, or its MPI progress engine and Horovod's
+    background thread busy-poll while it waits (the polling term: the committed runs showed the CPU
+    0% idle during every multi-host step, and ``mpi_yield_when_idle`` alone moved Horovod's busbw from
+    0.43 to 0.71 of the link, README). Linux CFS gives runnable tasks equal shares of the cores
+    (Documentation/scheduler/sched-design-CFS.rst), and a cgroup's CFS quota caps its tasks at Q cores
+    together (sched-bwc.rst). So r ranks on a host with quota Q get Q / r each, R ranks sharing a
+    machine of C cores without quotas C / R each, and no thread more than one core. r and R count busy
+    threads: a rank has one (its compute thread, which busy-polls in MPI while it waits), a Horovod rank
+    two (its background thread negotiates every cycle and busy-polls while its peers lag; the rows'
+    ``busy_threads``). The committed cnn runs: Horovod's compute per step stretched 4.7x at 3 ranks on 2
+    cores, hvdkit's ring (one thread) 2.4x.
+
+    Args:
+        ranks_on_host: r >= 1, busy threads on the host. host_cores: Q, the host's CPU quota in cores (None: no quota).
+        ranks_on_machine, machine_cores: R (busy threads) and C when hosts share one machine's cores without
+            quotas (an emulated cluster without ``--cpus-per-host``); None: real hosts.
+
+    Raises:
+        ValueError: r < 1 or a quota / core count <= 0.
+    """
+    if ranks_on_host < 1:
+        raise ValueError(f"ranks_on_host={ranks_on_host} must be >= 1")
+    share = 1.0
+    if host_cores is not None:
+        if not host_cores > 0:
+            raise ValueError(f"host_cores={host_cores} must be > 0")
+        share = min(share, host_cores / ranks_on_host)
+    if machine_cores is not None and ranks_on_machine:
+        if not machine_cores > 0:
+            raise ValueError(f"machine_cores={machine_cores} must be > 0")
+        share = min(share, machine_cores / ranks_on_machine)
+    return share
+
+
+def split_fit(a_s: float, b_s_per_byte: float, nbytes: float, wire_factor: float, link_Bps: float) -> dict:
+    """A measured collective ``t = a + b S`` split into ``latency`` (a), ``wire`` (the busiest link's
+    bytes at the probed rate, ``wire_factor x S / B``) and ``cpu`` (the rest of ``b S``: copies,
+    the reduction's cost per byte on a host, serialisation, polling), seconds each, all >= 0.
+
+    The split is what lets a fit at one rank count predict another: the wire term scales with the
+    algorithm's bytes on the busiest link (:mod:`hvdkit.costs`), the latency term with its message
+    steps, the CPU term with the bytes a rank copies and sums, and only the latency and CPU terms
+    slow down when the rank gets less of a core (:func:`cpu_share`). Hockney 1994 for the fit; the
+    alpha-beta-gamma split of Thakur, Rabenseifner & Gropp 2005 (gamma = CPU per byte) for the parts.
+    A fit slower per byte than the wire (b < wire_factor / B) has ``cpu`` 0 and the wire term the
+    fit's own ``b S``.
+    """
+    wire = min(b_s_per_byte * nbytes, wire_factor * nbytes / link_Bps)
+    return {"latency": max(0.0, a_s), "wire": max(0.0, wire), "cpu": max(0.0, b_s_per_byte * nbytes - wire)}
+
+
+def server_serial_time(pushes: int, shard_bytes: float, reduce_Bps: float) -> float:
+    """Seconds a parameter server's single receive thread spends summing the pushes of one step.
+
+    A dedicated server of hvdkit's PS (``hvdkit.strategies.ps.server``: one loop handles the requests
+    one at a time) takes the W pushes of its shard one after another and adds each into the sum: ``W x shard / gamma`` with gamma
+    the bytes per second one core sums (numpy float32 add, ~2e9 B/s on one core: the default
+    ``Cluster.reduce_Bps`` of CPU clusters; the committed mlp-wide runs, 28.4 MB: each extra worker
+    added 15 ms (0.5 ns/B) to the step beyond its 2 S / B on the server's link). The one update
+    per step (S / K) is in the one-worker step the calibration starts from.
+    """
+    if pushes < 0 or shard_bytes < 0 or not reduce_Bps > 0:
+        raise ValueError(f"pushes={pushes}, shard_bytes={shard_bytes} must be >= 0 and reduce_Bps={reduce_Bps} > 0")
+    return pushes * shard_bytes / reduce_Bps

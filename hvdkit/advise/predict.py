@@ -75,6 +75,8 @@ class Priced:
         wire_fraction: bytes on the wire / gradient bytes (``compression=fp16``: 0.5; fp16 push, float32 pull: 0.75).
         fusion_bytes: its own bucket size option (``ring:fusion_bytes``), or None (``Options.fusion_bytes``).
         hvdkit: hvdkit can train it (recommendations name only such rows).
+        busy_threads: threads of a rank that keep a core busy (the row's ``busy_threads``; Horovod's
+            background thread makes 2).
     """
     label: str
     comm: str
@@ -84,6 +86,7 @@ class Priced:
     wire_fraction: float = 1.0
     fusion_bytes: int | None = None
     hvdkit: bool = True
+    busy_threads: int = 1
 
 
 def _refuse(text: str, why: str) -> NoReturn:
@@ -101,7 +104,8 @@ def priced(row: str | Variant | OwnRow, workers: int = 1) -> Priced:
     if isinstance(row, str) and row.strip() in OWN_ROWS:
         row = OWN_ROWS[row.strip()]
     if isinstance(row, OwnRow):
-        return Priced(row.name, row.comm, None, 0, row.comm == "hierarchical", hvdkit=row.runnable)
+        return Priced(row.name, row.comm, None, 0, row.comm == "hierarchical", hvdkit=row.runnable,
+                      busy_threads=STRATEGIES["horovod"].busy_threads if row.comm == "hierarchical" else 1)
     if isinstance(row, str) and row.partition(":")[0].strip() not in STRATEGIES:
         name = row.partition(":")[0].strip()
         if name in OWN_ROWS:
@@ -116,7 +120,7 @@ def priced(row: str | Variant | OwnRow, workers: int = 1) -> Priced:
     pull = push if v.opts.get("ps_pull") in (None, "fp16") else 1.0   # a ps pull in float32 is full size
     return Priced(v.label, comm, v.servers(workers) if comm == "ps" else None, v.staleness_bound,
                   bool(getattr(v.cls, "graph_allreduce", False)), wire_fraction=(push + pull) / 2,
-                  fusion_bytes=v.opts.get("fusion_bytes"))
+                  fusion_bytes=v.opts.get("fusion_bytes"), busy_threads=int(getattr(v.cls, "busy_threads", 1)))
 
 
 def parse_rows(text: str) -> list[Priced]:

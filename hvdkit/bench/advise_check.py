@@ -1,12 +1,21 @@
 """How far to trust ``hvdkit advise``: its predictions next to measurements and to published results.
 
-Runs nothing on a cluster: it reads what the cluster benchmarks measured and writes two
+Runs nothing on a cluster: it reads what the cluster benchmarks measured and writes the
 comparisons (markdown tables, ``--json``)::
 
     python -m hvdkit.bench.advise_check                    # = hvdkit-bench advise-check
-    python -m hvdkit.bench.advise_check --markdown benchmarks/figures/advise_check.md --json advise_check.json
+    python -m hvdkit.bench.advise_check --markdown benchmarks/figures/advise_check.md --json benchmarks/figures/advise_check.json
+    hvdkit-bench advise-check /var/tmp/fair24 --json advise_check_fair.json   # suite/training dirs, one per rate
 
-1. Emulated cluster (``--training``: ``hvdkit-bench training``'s training.json on hosts or
+0. Held out (:mod:`hvdkit.bench.heldout`): calibrated ONLY on the collectives at 2 hosts and the
+   one-worker training cells, every cell with >= 3 workers predicted (every model, variant and rate
+   present), against a naive baseline (compute + the busiest link's bytes / the probed rate). The
+   ``--json`` file's ``"summary"``: ``held_out``, ``median_abs_error``, ``max_abs_error``, ``groups``,
+   ``ranking_exact``, ``fastest_right``, ``inside_range``, ``points``, ``baseline`` (CONTRACTS C).
+   Inputs: ``DIR``... (``hvdkit-bench suite`` or ``training`` output directories: training.json,
+   collectives json(s), cluster.json with the probe; or a directory of them, one per link rate), or
+   the two files below.
+1. In sample, emulated cluster (``--training``: ``hvdkit-bench training``'s training.json on hosts or
    ``--emulated``, or the older ``benchmarks/figures/cluster_training.json`` (the default);
    ``--collectives``, ``cluster_collectives.json``): every (model, strategy variant, workers) point,
    measured step time (median over repeats) against two predictions:
@@ -32,79 +41,39 @@ import sys
 from dataclasses import replace
 
 from hvdkit.advise import presets
+from hvdkit.advise import measured
 from hvdkit.advise.calibrate import collective_method, fit_collectives, fit_for
+from hvdkit.advise.measured import variant_of
 from hvdkit.advise.model import Cluster, Options, Workload
 from hvdkit.advise.predict import predict_variant, priced
+from hvdkit.bench import heldout
 from hvdkit.errors import UsageError
 from hvdkit.results import write_json
-from hvdkit.strategies.variants import parse_variant
 
 __all__ = ["main", "measured_points", "measured_comparison", "published_comparison", "variant_of", "PUBLISHED"]
 
 PROG = "python -m hvdkit.bench.advise_check"
 
 
-def variant_of(row: dict) -> str:
-    """The variant label of a training benchmark's summary row: its ``variant``, or, in the files of
-    the older cluster_training driver, the one its ``strategy``, ``layout`` and ``servers`` spell.
-
-    Raises:
-        UsageError: the row names no strategy hvdkit has (as :func:`~hvdkit.strategies.variants.parse_variant`).
-    """
-    if row.get("variant"):
-        return parse_variant(row["variant"]).label
-    layout, text = row.get("layout"), row["strategy"]
-    if layout == "colocated":
-        text += ":ps_colocated=true"
-    elif layout == "dedicated":
-        text += f":num_servers={int(row['servers'])}"
-    return parse_variant(text).label
-
-
 def measured_points(training: dict) -> tuple[dict, dict]:
-    """``(meta, points)`` of a training benchmark document, in either format it was written in.
+    """``(meta, points)`` of a training benchmark document, in either format it was written in
+    (:func:`hvdkit.advise.measured.from_training`).
 
-    ``meta``: ``cores``, ``batch_size``, ``rtt_s``, ``link_Bps`` (bytes/s), ``bandwidth`` (a label: the
-    nominal rate, or the place's kind).
+    ``meta``: ``cores``, ``batch_size``, ``rtt_s``, ``link_Bps`` (bytes/s), ``bandwidth`` (the rate's label).
     ``points``: (model, variant label, workers) -> ``step_ms`` (median over the OK rounds),
-    ``min_ms``, ``max_ms``, ``gradient_bytes``, ``link_Bps``, ``hosts`` (of the workers), ``ranks``. Formats: ``hvdkit-bench
-    training``'s training.json (its OK throughput rows without a straggler; the link rate and round
-    trip of its place's probed links) and the older cluster_training --json (its summary).
+    ``min_ms``, ``max_ms``, ``gradient_bytes``, ``link_Bps``, ``hosts`` (of the ranks), ``ranks``.
 
     Raises:
         UsageError: a training.json whose place has no probed link (this host: nothing to compare).
     """
-    meta = training["meta"]
-    if training.get("benchmark") != "training":   # cluster_training --json: one summary row per point
-        out = {}
-        for s in training["summary"]:
-            if s.get("repeats_ok"):
-                b = int(meta.get("batch_size", 32)) * s["workers"] * 1e3   # ms x samples/s of one global step
-                out[(s["model"], variant_of(s), s["workers"])] = {
-                    "step_ms": s["step_ms"], "min_ms": b / s["samples_per_s_max"], "max_ms": b / s["samples_per_s_min"],
-                    "gradient_bytes": s["gradient_bytes"], "link_Bps": s["link_Bps"], "hosts": s["hosts"],
-                    "ranks": s["hosts"]}   # one rank per host
-        return {**meta, "batch_size": int(meta.get("batch_size", 32))}, out
-    links = (training.get("place") or {}).get("links") or []
-    rates = [x["rate_bps"] / 8 for x in links if x.get("rate_bps")]
-    if not rates:
-        raise UsageError("the training benchmark ran on a place without probed links (this host): run it on "
-                         "--hosts, --hostfile or --emulated to compare with hvdkit advise")
-    rtts = [x["rtt_ms"] / 1e3 for x in links if x.get("rtt_ms") is not None]
-    norm = {"cores": meta.get("cores"), "batch_size": int((meta.get("args") or {}).get("batch_size", 32)),
-            "link_Bps": min(rates), "rtt_s": statistics.median(rtts) if rtts else 0.0,
-            "bandwidth": training["place"].get("kind", "probed")}
-    cells: dict = {}
-    for r in training.get("rows", []):
-        if r.get("status") == "OK" and r.get("straggler") in (None, "", "none") \
-                and r.get("measure", "throughput") == "throughput":
-            cells.setdefault((r["model"], variant_of(r), r["workers"]), []).append(r)
-    out = {key: {"step_ms": statistics.median(x["step_ms"] for x in rs), "min_ms": min(x["step_ms"] for x in rs),
-                 "max_ms": max(x["step_ms"] for x in rs), "gradient_bytes": rs[0]["gradient_bytes"],
-                 "link_Bps": norm["link_Bps"],
-                 "hosts": len(set(rs[0].get("rank_hosts") or [])) or None, "ranks": rs[0]["ranks"]}
-           for key, rs in cells.items()}
-    return norm, out
+    m = measured.from_training(training)
+    (rate, ln), = m.links.items()
+    meta = {"cores": ln.cores, "batch_size": m.batch_size, "link_Bps": ln.link_Bps, "rtt_s": ln.rtt_s,
+            "bandwidth": rate}
+    return meta, {(c.model, c.variant, c.workers): {"step_ms": c.step_ms, "min_ms": c.min_ms, "max_ms": c.max_ms,
+                                                    "gradient_bytes": c.gradient_bytes,
+                                                    "link_Bps": c.link_Bps or ln.link_Bps,
+                                                    "hosts": c.hosts, "ranks": c.ranks} for c in m.cells}
 
 
 def measured_comparison(training: dict, fits: dict) -> tuple[list[dict], dict]:
@@ -270,7 +239,12 @@ def markdown(rows: list[dict], stats: dict, pub: list[dict], meta: dict) -> str:
                    f"{s['best_equal']}; of the {s['pairs_distinct']} strategy pairs whose measured ranges do not "
                    f"overlap, {s['pairs_agree']} are ordered as measured")
     out.append("- † the collectives benchmark did not measure that rank count: the largest measured one, scaled")
-    out += ["", "### Projected vs published", "",
+    return "\n".join(out) + "\n" + markdown_published(pub)
+
+
+def markdown_published(pub: list[dict]) -> str:
+    """The published-results table (and its notes) as markdown."""
+    out = ["", "### Projected vs published", "",
             "| source | model | setting | published | predicted | diff (points) | what limits the prediction | "
             "links needed ‡ |",
             "| --- | --- | --- | ---: | ---: | ---: | --- | ---: |"]
@@ -292,41 +266,65 @@ def main(argv: list[str] | None = None) -> int:
     """Print the markdown tables; ``--markdown``/``--json`` write them. 0, or 2 on bad input."""
     p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("dirs", nargs="*", metavar="DIR",
+                   help="output directories of hvdkit-bench suite or training (training.json, collectives json(s), "
+                        "cluster.json with the probe), or a directory of them, one per link rate; instead of "
+                        "--training and --collectives")
     p.add_argument("--training", default="benchmarks/figures/cluster_training.json",
                    help="hvdkit-bench training's training.json (on hosts or --emulated), or an older "
                         "cluster_training --json output (default benchmarks/figures/cluster_training.json)")
     p.add_argument("--collectives", default="benchmarks/figures/cluster_collectives.json",
                    help="cluster_collectives --json output (default benchmarks/figures/cluster_collectives.json)")
+    p.add_argument("--calibration-hosts", type=int, default=2, metavar="H",
+                   help="calibrate on the collectives measured at H hosts (default 2; H >= 3 sees as many hosts as "
+                        "a predicted cell: the summary says held_out false)")
     p.add_argument("--markdown", metavar="FILE", help="write the tables as markdown")
-    p.add_argument("--json", metavar="FILE", help="write every row and the statistics as JSON")
+    p.add_argument("--json", metavar="FILE", help="write every row, the statistics and the held-out \"summary\" as JSON")
     a = p.parse_args(argv)
+    training = coll = None
     try:
-        docs = []
-        for path in (a.training, a.collectives):
-            try:
-                with open(path) as fh:
-                    docs.append(json.load(fh))
-            except (OSError, ValueError) as e:
-                raise UsageError(f"{path}: {e}") from None
+        if a.calibration_hosts < 2:
+            raise UsageError(f"--calibration-hosts {a.calibration_hosts}: collectives need >= 2 hosts")
+        if a.dirs:
+            meas = measured.load(a.dirs)
+        else:
+            docs = []
+            for path in (a.training, a.collectives):
+                try:
+                    with open(path) as fh:
+                        docs.append(json.load(fh))
+                except (OSError, ValueError) as e:
+                    raise UsageError(f"{path}: {e}") from None
+            training, coll = docs
+            meas = measured.load_files(a.training, a.collectives)
     except UsageError as e:
         print(f"hvdkit: error: {e}", file=sys.stderr)
         return 2
-    training, coll = docs
-    try:
-        meta = measured_points(training)[0]
-        rows, stats = measured_comparison(training, fit_collectives(coll, meta.get("link_Bps")))
-    except UsageError as e:
-        print(f"hvdkit: error: {a.training}: {e}", file=sys.stderr)
-        return 2
+    rows, stats, meta = [], {}, {}
+    if training is not None:
+        try:
+            meta = measured_points(training)[0]
+            rows, stats = measured_comparison(training, fit_collectives(coll, meta.get("link_Bps")))
+        except UsageError as e:
+            print(f"hvdkit: error: {a.training}: {e}", file=sys.stderr)
+            return 2
+    held, cal, cells = heldout.validate(meas, hosts=a.calibration_hosts)
+    summ = heldout.summary(held, cal, cells)
     pub = published_comparison()
-    md = markdown(rows, stats, pub, meta)
+    missed = [c for c in meas.cells if c.workers >= heldout.HELD_OUT_MIN_WORKERS and c not in cells]
+    md = heldout.markdown(held, summ, cal, ", ".join(sorted(meas.links)), missed) + "\n"
+    if training is not None:
+        md += markdown(rows, stats, pub, meta)
+    else:
+        md += markdown_published(pub)
     print(md)
     if a.markdown:
         with open(a.markdown, "w") as fh:
             fh.write(md)
     if a.json:
-        write_json(a.json, {"measured": rows, "stats": stats, "published": pub, "assumptions": ASSUMPTIONS,
-                            "inputs": [a.training, a.collectives]})
+        write_json(a.json, {"summary": summ, "held_out": held, "measured": rows, "stats": stats, "published": pub,
+                            "assumptions": ASSUMPTIONS, "inputs": list(a.dirs) or [a.training, a.collectives],
+                            "calibration": sorted(list(u) for u in cal.used)})
     return 0
 
 

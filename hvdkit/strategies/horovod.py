@@ -87,6 +87,7 @@ class HorovodStrategy(ReplicaStrategy):
     name = "horovod"
     summary = "Horovod ring allreduce of gradients (NCCL on GPU, MPI/Gloo on CPU), synchronous"
     graph_allreduce = True  # one compiled step: gradients, grouped allreduce, update
+    busy_threads = 2  # + Horovod's background thread: it negotiates every cycle and busy-polls MPI while peers lag
     options = (COMPRESSION, ELASTIC, COMMIT_EVERY)
 
     @classmethod

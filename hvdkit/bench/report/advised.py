@@ -26,17 +26,22 @@ import statistics
 from typing import Mapping, Sequence
 
 from hvdkit.advise import presets
+from hvdkit.advise.calibrate import calibrate
+from hvdkit.advise.measured import load_dir
 from hvdkit.advise.model import Cluster, Options, Prediction, Workload
 from hvdkit.bench.report.cells import measure_of, measured_cells, primary_measure, stat
+from hvdkit.errors import UsageError
 
 from hvdkit.advise.predict import predict_variant as _PREDICT_VARIANT
 
-__all__ = ["advise_variant", "workload_for", "cluster_for", "predictions", "projections", "ASSUMED_LINK",
+__all__ = ["advise_variant", "calibrated", "calibration_of", "workload_for", "cluster_for", "predictions", "projections", "ASSUMED_LINK",
            "PROJECTION_METHOD", "PREDICTION_METHOD", "FACTORS", "cores_of"]
 
 #: (bytes/s, one-way latency s, label) of the inter-host link a projection from one host assumes
 ASSUMED_LINK = (10e9 / 8, presets.TCP_LATENCY, "10 Gbit/s Ethernet, 30 us (assumed: no link was probed)")
-PREDICTION_METHOD = ("the workload: the cell's gradient bytes as one tensor, as compute the same model's 1-worker "
+PREDICTION_METHOD = ("throughput cells of a directory with collectives at 2 hosts: `hvdkit advise --calibrate DIR` "
+                     "(calibrated on those collectives and the one-worker steps only); otherwise the formulas with "
+                     "the workload: the cell's gradient bytes as one tensor, as compute the same model's 1-worker "
                      "step less its communication and wait (compute, data, the harness's own time); the cluster: "
                      "the hosts the worker ranks fill, the probed links' median rate and half their median round "
                      "trip as the one-way latency; on this host or an emulated cluster the ranks share the "
@@ -110,6 +115,17 @@ def cluster_for(place: Mapping, workers: int, cores: int | None = None, factor: 
                    server_Bps=2e9, shared_cores=shared or None, name=place.get("kind", ""))
 
 
+def calibration_of(out_dir: str):
+    """The calibration of ``hvdkit advise --calibrate DIR`` for a results directory
+    (:func:`hvdkit.advise.calibrate.calibrate` of :func:`hvdkit.advise.measured.load_dir`), or None where the
+    directory lacks what it needs (collectives at 2 hosts, a probed link)."""
+    try:
+        cal = calibrate(load_dir(out_dir))
+    except (UsageError, KeyError, TypeError, ValueError):
+        return None
+    return cal if cal.fits and len(cal.links) == 1 else None
+
+
 def _median(xs: Sequence[float]) -> float | None:
     xs = [x for x in xs if x is not None]
     return statistics.median(xs) if xs else None
@@ -159,19 +175,41 @@ def cores_of(doc: Mapping) -> int | None:
     return int(c) if c else None
 
 
-def predictions(doc: Mapping) -> list[dict]:
+def calibrated(doc: Mapping, cal, cell: Mapping) -> Prediction | None:
+    """The prediction of ``hvdkit advise --calibrate DIR`` for a throughput cell without a straggler
+    (:meth:`hvdkit.advise.calibrate.Calibration.predict` on the directory's own collectives at 2 hosts
+    and one-worker steps), or None (no calibration, another measure, a straggler, a row it lacks)."""
+    if cal is None or len(cal.links) != 1 or measure_of(cell) != "throughput" \
+            or cell.get("straggler", "none") not in (None, "", "none"):
+        return None
+    grads, batch = cell.get("gradient_bytes"), _batch(doc, cell)
+    if not grads or not batch:
+        return None
+    try:
+        return cal.predict(cell["model"], cell["variant"], int(cell["workers"]), next(iter(cal.links)), float(grads),
+                           batch)
+    except ValueError:   # UsageError: a row the calibration has no formula for
+        return None
+
+
+def predictions(doc: Mapping, cal=None) -> list[dict]:
     """One entry per measured summary cell (every measure): ``{"cell", "predicted_sps", "error",
-    "limiting", "step_ms"}``; ``error`` = predicted / measured median samples/s - 1 (None where
-    there is no prediction)."""
+    "limiting", "step_ms", "calibrated"}``; ``error`` = predicted / measured median samples/s - 1 (None where
+    there is no prediction). With ``cal`` (:func:`hvdkit.advise.calibrate.calibrate` of the results
+    directory) the throughput cells take the calibrated prediction (:func:`calibrated`, ``"calibrated":
+    True``), the others the formulas."""
     out = []
     for c in measured_cells(doc, None):
         meas = stat(c, "samples_per_s")
         wl = workload_for(doc, c)
-        p = advise_variant(c["variant"], c.get("strategy", ""), c.get("layout", ""), _servers(c), wl,
-                           cluster_for(doc.get("place") or {}, int(c["workers"]), cores_of(doc))) if wl else None
+        p = calibrated(doc, cal, c)
+        fixed = p is not None
+        if p is None and wl:
+            p = advise_variant(c["variant"], c.get("strategy", ""), c.get("layout", ""), _servers(c), wl,
+                               cluster_for(doc.get("place") or {}, int(c["workers"]), cores_of(doc)))
         out.append({"cell": c, "predicted_sps": p.samples_per_s if p else None,
                     "error": p.samples_per_s / meas - 1 if p else None, "limiting": p.limiting if p else None,
-                    "step_ms": p.step_s * 1e3 if p else None})
+                    "step_ms": p.step_s * 1e3 if p else None, "calibrated": fixed})
     return out
 
 

@@ -181,14 +181,17 @@ def throughput_section(doc: Mapping, preds: Sequence[dict], figure=None) -> list
                 sps, eff = c.get("status", "FAILED"), "-"
             rows.append(([c.get("straggler", "none")] if strag else [])
                         + [c["variant"], str(c["workers"]), str(c.get("ranks", "-")), _rounds(c), sps, eff,
-                           "-" if p.get("predicted_sps") is None else f"{p['predicted_sps']:.0f}",
+                           "-" if p.get("predicted_sps") is None else
+                           f"{p['predicted_sps']:.0f}" + ("" if p.get("calibrated") else " *"),
                            pct(p.get("error")), p.get("limiting") or "-"])
         head = (["straggler"] if strag else []) + ["variant", "workers", "ranks", "rounds", "samples/s", "efficiency",
                                                    "advise samples/s", "advise error", "advise: limited by"]
         blocks.append(Table(head, rows, ("l" if strag else "") + "lrrrrrrrl",
                             f"**{model}**: median [min-max] over the OK rounds; advise error = predicted / "
-                            "measured - 1" + ("; efficiency of a straggler cell: against the variant's 1-worker cell "
-                                              "without a straggler" if strag else "")))
+                            "measured - 1; advise calibrated by this directory's collectives at 2 hosts and "
+                            "one-worker steps (`hvdkit advise --calibrate DIR`), * from the formulas alone"
+                            + ("; efficiency of a straggler cell: against the variant's 1-worker cell "
+                               "without a straggler" if strag else "")))
         if notes:
             blocks.append(Bullets(notes))
     if figure is not None:

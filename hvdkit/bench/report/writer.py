@@ -68,11 +68,12 @@ def _figure(name: str, fig, caption: str) -> list:
     return [Figure(name, png_bytes(fig), caption)]
 
 
-def build_report(training: Mapping, collectives: Sequence[tuple[str, Mapping]] = ()) -> Document:
-    """The whole report as a :class:`~hvdkit.bench.report.document.Document` (figures rendered)."""
+def build_report(training: Mapping, collectives: Sequence[tuple[str, Mapping]] = (), calibration=None) -> Document:
+    """The whole report as a :class:`~hvdkit.bench.report.document.Document` (figures rendered);
+    ``calibration``: :func:`~hvdkit.bench.report.advised.calibration_of` the results directory (None: formulas)."""
     from hvdkit.bench.report import figures   # matplotlib: only when a report is drawn
 
-    preds = advised.predictions(training)
+    preds = advised.predictions(training, calibration)
     projs = advised.projections(training, preds)
     meta = training.get("meta") or {}
     doc = Document("Which strategy trains fastest on this cluster")
@@ -115,7 +116,7 @@ def write_report(out_dir: str) -> list[str]:
         hvdkit.errors.OutputError: a file could not be written (names the path).
     """
     training, colls = load_inputs(out_dir)
-    doc = build_report(training, colls)
+    doc = build_report(training, colls, advised.calibration_of(out_dir))
     md, page = os.path.join(out_dir, "report.md"), os.path.join(out_dir, "report.html")
     atomic_write(md, doc.markdown().encode("utf-8"))
     atomic_write(page, doc.html().encode("utf-8"))

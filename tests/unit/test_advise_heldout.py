@@ -1,0 +1,279 @@
+"""Held-out validation of hvdkit advise: the calibrated model's terms, the split (calibration sees only
+micro-measurements), the naive baseline, the summary of advise-check --json, and --calibrate DIR."""
+import json
+from dataclasses import replace
+
+import pytest
+
+from hvdkit.advise import measured
+from hvdkit.advise.calibrate import calibrate, held_out, latency_steps, wire_factor
+from hvdkit.advise.cli import main as advise_main
+from hvdkit.advise.model import cpu_share, server_serial_time, split_fit
+from hvdkit.bench import advise_check, heldout
+
+S = 4_000_000          # gradient bytes of the fixture model
+B = 1.2e8              # probed link, bytes/s
+FITS = {"ring": (0.002, 2e-8), "horovod": (0.001, 1.5e-8), "ps": (0.001, 2.5e-8), "ps-colocated": (0.003, 1.8e-8)}
+
+
+# ---------------------------------------------------------------- the terms
+
+
+def test_cpu_share_quota_machine_and_one_core():
+    assert cpu_share(1) == 1.0                                   # a real host, one rank: a whole core
+    assert cpu_share(1, host_cores=0.5) == 0.5                   # the host's CFS quota
+    assert cpu_share(2, host_cores=0.5) == 0.25                  # two ranks share it
+    assert cpu_share(1, ranks_on_machine=4, machine_cores=2) == 0.5   # 4 polling ranks on 2 shared cores
+    assert cpu_share(1, ranks_on_machine=2, machine_cores=4) == 1.0   # never more than one core per rank
+    with pytest.raises(ValueError, match="ranks_on_host"):
+        cpu_share(0)
+    with pytest.raises(ValueError, match="host_cores"):
+        cpu_share(1, host_cores=0)
+
+
+def test_busy_threads_are_a_fact_of_the_row(tmp_path):
+    """Horovod's background thread makes two busy threads per rank: on 2 shared cores without quotas its
+    compute stretches twice as much as the one-thread ring's (1 worker: 2 threads on 2 cores, 3: 6)."""
+    from hvdkit.advise.predict import priced
+    assert priced("horovod").busy_threads == 2 and priced("horovod-hier").busy_threads == 2
+    assert priced("ring").busy_threads == 1 and priced("ps-sync").busy_threads == 1
+    cal = calibrate(measured.load_dir(str(_suite_dir(tmp_path / "t", quota=None))))
+    assert cal.links["1gbit"].cpus_per_host is None and cal.links["1gbit"].cores == 2
+    assert cal.share("1gbit", 1, 3, 2) == pytest.approx(1 / 3) and cal.share("1gbit", 1, 3, 1) == pytest.approx(2 / 3)
+    h1, h3 = (cal.predict("cnn", "horovod", w, "1gbit", S) for w in (1, 3))
+    r1, r3 = (cal.predict("cnn", "ring", w, "1gbit", S) for w in (1, 3))
+    assert h3.compute_s / h1.compute_s == pytest.approx(3.0) and r3.compute_s / r1.compute_s == pytest.approx(1.5)
+
+
+def test_split_fit_latency_wire_cpu():
+    parts = split_fit(0.002, 2e-8, S, 1.0, B)
+    assert parts["latency"] == 0.002 and parts["wire"] == pytest.approx(S / B)
+    assert parts["cpu"] == pytest.approx(2e-8 * S - S / B)
+    assert sum(parts.values()) == pytest.approx(0.002 + 2e-8 * S)   # the parts add up to the fit
+    fast = split_fit(0.0, 1e-9, S, 1.0, B)                           # faster than the probed wire: no CPU term
+    assert fast["cpu"] == 0.0 and fast["wire"] == pytest.approx(1e-9 * S)
+
+
+def test_server_serial_time_and_scaling_factors():
+    assert server_serial_time(3, 1e6, 2e9) == pytest.approx(1.5e-3)
+    with pytest.raises(ValueError):
+        server_serial_time(1, 1e6, 0)
+    assert wire_factor("ring", 2) == 1.0 and wire_factor("ring", 4) == 1.5 and wire_factor("colocated", 3) == 4 / 3
+    assert wire_factor("ps", 1, 1) == 2 and wire_factor("ps", 4, 1) == 8 and wire_factor("ps", 4, 2) == 4
+    assert latency_steps("ring", 4) == 6 and latency_steps("ps", 4) == 2
+
+
+# ---------------------------------------------------------------- fixture data
+
+
+def _rows(variant, workers, steps, ranks=None, model="cnn"):
+    return [{"variant": variant, "model": model, "workers": workers, "ranks": ranks or workers, "straggler": "none",
+             "round": i, "status": "OK", "step_ms": t, "comm_ms": 0.0, "wait_ms": 0.0, "gradient_bytes": S,
+             "rank_hosts": [f"h{j + 1}" for j in range(ranks or workers)], "measure": "throughput"}
+            for i, t in enumerate(steps)]
+
+
+def _suite_dir(path, three=None, quota=0.5, nominal=1e9):
+    """A suite-like directory: training.json (1 and 3 workers), collectives_np2.json, cluster.json."""
+    three = three or {"horovod": [100.0, 110.0, 120.0], "ring": [150.0, 160.0, 170.0], "ps-sync": [300.0, 310.0]}
+    rows = (_rows("horovod", 1, [20.0, 21.0]) + _rows("ring", 1, [22.0, 23.0]) + _rows("ps-sync", 1, [150.0], ranks=2)
+            + _rows("horovod", 3, three["horovod"]) + _rows("ring", 3, three["ring"])
+            + _rows("ps-sync", 3, three["ps-sync"], ranks=4))
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "training.json").write_text(json.dumps({
+        "benchmark": "training", "meta": {"cores": 2, "args": {"batch_size": 32}},
+        "place": {"kind": "emulated", "source": "--emulated 4@1gbit",
+                  "links": [{"src": "h1", "dst": "h2", "rate_bps": B * 8, "rtt_ms": 0.1}]}, "rows": rows,
+        "summary": []}))
+    coll = [{"method": m, "bytes": n, "time_us": (a + b * n) * 1e6, "wrong": 0, "checked": 2}
+            for m, (a, b) in FITS.items() for n in (1 << 20, 1 << 22, 1 << 24)]
+    (path / "collectives_np2.json").write_text(json.dumps({
+        "meta": {"benchmark": "collectives", "world_size": 2, "ranks": [[0, "h1", 1], [1, "h2", 2]]}, "rows": coll}))
+    (path / "cluster.json").write_text(json.dumps({
+        "spec": {"hosts": 4, "slots": 1, "bandwidth_bps": nominal}, "link_Bps": B, "rtt_s": 1e-4, "cpus_per_host": quota,
+        "hosts": [{"name": f"h{i}", "cpu": {"cgroup": f"hvdc-h{i}", "quota_cores": quota}} for i in range(1, 5)],
+        "probe": {"link_Bps": B, "rtt_s": 1e-4, "ring": {"rate_bps": B * 8 * 0.95}}}))
+    return path
+
+
+def test_load_dir_reads_a_suite_directory(tmp_path):
+    m = measured.load_dir(str(_suite_dir(tmp_path / "1gbit")))
+    ln = m.links["1gbit"]
+    assert (ln.link_Bps, ln.cpus_per_host, ln.ring_Bps) == (B, 0.5, pytest.approx(B * 0.95))
+    cells = {c.key: c for c in m.cells}
+    h3 = cells[("cnn", "horovod", 3, "1gbit")]
+    assert (h3.step_ms, h3.min_ms, h3.max_ms, h3.rounds, h3.hosts) == (110.0, 100.0, 120.0, 3, 3)
+    assert {(r["method"], r["hosts"], r["slots"], r["rate"]) for r in m.collectives} == \
+        {(k, 2, 1, "1gbit") for k in FITS}
+    doc = json.loads((tmp_path / "1gbit" / "training.json").read_text())
+    doc["place"]["kind"] = "hosts"                       # the user's hosts: no machine shared by every rank
+    assert measured.from_training(doc).links["1gbit"].cores is None
+    both = measured.load_dir(str(_suite_dir(tmp_path / "200mbit", nominal=2e8)) and str(tmp_path))   # a directory of rates
+    assert sorted(both.links) == ["1gbit", "200mbit"]
+
+
+def test_calibration_uses_only_micro_measurements(tmp_path):
+    """The held-out split: changing every held-out (3-worker) cell changes no prediction, the calibration
+    records only 1-worker cells and 2-host collectives, and held_out() is False once a predicted cell is used."""
+    m1 = measured.load_dir(str(_suite_dir(tmp_path / "a")))
+    m2 = measured.load_dir(str(_suite_dir(tmp_path / "b", three={"horovod": [1e4], "ring": [1e5], "ps-sync": [9.0]})))
+    c1, c2 = calibrate(m1), calibrate(m2)
+    assert c1.fits == c2.fits and c1.base == c2.base
+    for v in ("horovod", "ring", "ps-sync"):
+        p1 = c1.predict("cnn", v, 3, "1gbit", S)
+        assert p1 is not None and p1.step_s == c2.predict("cnn", v, 3, "1gbit", S).step_s
+    assert {u[3] for u in c1.used if u[0] == "cell"} == {1}
+    assert {(u[0], u[3]) for u in c1.used if u[0] == "collectives"} == {("collectives", 2)}
+    held = [c for c in m1.cells if c.workers >= 3]
+    assert held_out(c1, held)
+    c1.used.add(("cell", "cnn", "horovod", 3, "1gbit"))            # a predicted cell in the calibration
+    assert not held_out(c1, held)
+    assert not held_out(calibrate(m1, hosts=3), held)               # collectives as large as a prediction
+
+
+def test_collectives_under_a_quota_of_their_own(tmp_path):
+    """A cluster-collectives run records its own cpus_per_host (its own cluster): the fit's CPU and latency
+    terms are rescaled from that share to the training place's (1 core -> 0.5: twice as long)."""
+    d = _suite_dir(tmp_path / "q")
+    rows = [{"config": "2x1", "hosts": 2, "slots": 1, "ranks": 2, "rate": "1gbit", "variant": "main", "method": m,
+             "bytes": n, "time_us": (a + b * n) * 1e6} for m, (a, b) in FITS.items() for n in (1 << 20, 1 << 24)]
+    (d / "collectives_np2.json").unlink()
+    (d / "cluster_collectives.json").write_text(json.dumps({"meta": {"cpus_per_host": 1.0}, "rows": rows}))
+    cal = calibrate(measured.load_dir(str(d)))
+    assert cal.fit_quota[("1gbit", "ring")] == 1.0
+    p = cal.predict("cnn", "ring", 3, "1gbit", S)
+    a, b = FITS["ring"]
+    assert p.terms["cpu"] == pytest.approx((b * S - S / B) * 4 / 3 * 2, rel=1e-3)
+    assert p.terms["latency"] == pytest.approx(a * 2 * 2, rel=1e-3)
+    assert p.terms["wire"] == pytest.approx(S / B * 4 / 3 / 0.95)
+
+
+def test_calibrated_prediction_hand_values(tmp_path):
+    cal = calibrate(measured.load_dir(str(_suite_dir(tmp_path / "d"))))
+    a, b = FITS["ring"]
+    # ring, 3 workers, one rank per host with the same quota as the calibration: no CPU stretch
+    p = cal.predict("cnn", "ring", 3, "1gbit", S)
+    wire = S / B * (4 / 3) / 0.95               # the probe's ring pattern: 0.95 of the link
+    cpu = (b * S - S / B) * (4 / 3)
+    assert p.step_s == pytest.approx(0.0225 + a * 2 + cpu + wire, rel=1e-3)   # base: median 1-worker step
+    # dedicated PS: base = the 1-worker step less its fitted push + pull; the server's link carries 3 S
+    a, b = FITS["ps"]
+    ps = cal.predict("cnn", "ps-sync", 3, "1gbit", S)
+    base = 0.150 - (a + b * S)
+    expect = base + a + (b * S - 2 * S / B) + server_serial_time(2, S, 2e9) / 0.5 + 2 * S / B * 3   # 0.5 core
+    assert ps.step_s == pytest.approx(expect, rel=1e-3)
+    assert cal.predict("cnn", "ps-sync:num_servers=2", 3, "1gbit", S) is not None   # ps2 from the one-server fit
+    cal.links["1gbit"] = replace(cal.links["1gbit"], ring_Bps=B / 2)   # the probe's ring pattern at half the link
+    assert cal.predict("cnn", "ring", 3, "1gbit", S).terms["wire"] == pytest.approx(2 * S / B * 4 / 3)
+    assert cal.predict("mlp", "ring", 3, "1gbit", S) is None                        # a model never measured
+
+
+def test_baseline_is_compute_plus_bytes_over_rate():
+    assert heldout.baseline_step("ring", S, 4, B, 0.01) == pytest.approx(0.01 + 1.5 * S / B)
+    assert heldout.baseline_step("ps-sync", S, 4, B, 0.01) == pytest.approx(0.01 + 8 * S / B)
+    assert heldout.baseline_step("ps-sync:num_servers=2", S, 4, B, 0.0) == pytest.approx(4 * S / B)
+    assert heldout.baseline_step("horovod:compression=fp16", S, 2, B, 0.0) == pytest.approx(0.5 * S / B)
+
+
+def test_summary_fields_on_fixture_rows():
+    """The summary of hand-made rows: medians, ranking and fastest per group, inside range, the baseline."""
+    def r(model, v, w, meas, pred, base, lo=None, hi=None):
+        return {"model": model, "variant": v, "workers": w, "rate": "1gbit", "measured_ms": meas,
+                "min_ms": lo or meas * 0.95, "max_ms": hi or meas * 1.05, "predicted_ms": pred,
+                "baseline_ms": base, "error": pred / meas - 1, "baseline_error": base / meas - 1,
+                "inside": (lo or meas * 0.95) <= pred <= (hi or meas * 1.05)}
+    rows = [r("cnn", "horovod", 3, 100, 110, 50), r("cnn", "ring", 3, 200, 180, 60), r("cnn", "ps-sync", 3, 300, 300, 400),
+            r("mlp", "horovod", 3, 100, 130, 90), r("mlp", "ring", 3, 120, 100, 80),
+            r("mlp", "ring", 4, 10, 10, 10)]    # a group of one: not counted
+    cal = calibrate(measured.Measured())
+    s = heldout.summary(rows, cal, [])
+    assert s["groups"] == 2 and s["ranking_exact"] == 1 and s["fastest_right"] == 1
+    assert s["median_abs_error"] == pytest.approx(0.1)              # of 0, 0, 0.1, 0.1, 1/6, 0.3
+    assert s["max_abs_error"] == pytest.approx(0.3)
+    assert s["inside_range"] == pytest.approx(2 / 6)                # the two exact predictions only
+    assert s["baseline"]["ranking_exact"] == 1 and s["baseline"]["fastest_right"] == 1
+    assert s["baseline"]["max_abs_error"] == pytest.approx(0.7)
+    # distinct pairs (ranges +-5% do not overlap): cnn 3 of 3, mlp 1 (100 vs 120); the model orders cnn's 3 right
+    assert (s["pairs_distinct"], s["pairs_agree"], s["baseline"]["pairs_agree"]) == (4, 3, 3)
+    assert s["held_out"] is False                                    # nothing predicted from a calibration
+
+
+def test_advise_check_on_a_directory_writes_the_summary(tmp_path, capsys):
+    _suite_dir(tmp_path / "fair" / "1gbit")
+    out = tmp_path / "check.json"
+    assert advise_check.main([str(tmp_path / "fair"), "--json", str(out), "--markdown", str(tmp_path / "c.md")]) == 0
+    doc = json.loads(out.read_text())
+    s = doc["summary"]
+    assert set(s) >= {"held_out", "median_abs_error", "max_abs_error", "groups", "ranking_exact", "fastest_right",
+                      "inside_range", "baseline"}
+    assert set(s["baseline"]) >= {"median_abs_error", "max_abs_error", "ranking_exact", "fastest_right"}
+    assert s["held_out"] is True and s["groups"] == 1 and s["points"] == 3
+    assert {(r["variant"], r["workers"]) for r in doc["held_out"]} == {("horovod", 3), ("ring", 3), ("ps-sync", 3)}
+    md = (tmp_path / "c.md").read_text()
+    assert "| 1gbit | cnn | 3 | horovod | 110.0 [100.0-120.0] |" in md and "naive baseline" in md
+    assert advise_check.main([str(tmp_path / "nothing")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("hvdkit: error: ") and err.count("\n") == 1 and "no such file or directory" in err
+
+
+def test_advise_calibrate_dir(tmp_path, capsys):
+    d = _suite_dir(tmp_path / "suite")
+    assert advise_main(["--model", "cnn", "--batch", "32", "--cluster", "3x1:shm,1gbit", "--calibrate", str(d),
+                        "--strategies", "horovod,ring,ps-sync", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    cal = calibrate(measured.load_dir(str(d)))
+    got = {s["strategy"]: s["step_s"] for s in doc["strategies"]}
+    assert got["ring"] == pytest.approx(cal.predict("cnn", "ring", 3, "1gbit", S).step_s)
+    assert doc["model"]["gradient_bytes"] == S and doc["model"]["compute_s"] == pytest.approx(0.0205)
+    (tmp_path / "empty").mkdir()
+    assert advise_main(["--model", "cnn", "--cluster", "3x1:shm,1gbit", "--calibrate", str(tmp_path / "empty")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--calibrate" in err and "no training.json" in err
+    assert advise_main(["--model", "cnn", "--cluster", "3x2:shm,1gbit", "--calibrate", str(d)]) == 2
+    assert "one rank per host" in capsys.readouterr().err
+
+
+def test_report_predictions_use_the_directory_calibration(tmp_path):
+    from hvdkit.bench.report import advised
+    d = _suite_dir(tmp_path / "r")
+    doc = json.loads((d / "training.json").read_text())
+    doc["summary"] = [{"measure": "throughput", "variant": "ring", "strategy": "ring", "layout": "replicas",
+                       "model": "cnn", "workers": 3, "ranks": 3, "servers": 0, "straggler": "none", "n": 3,
+                       "status": "OK", "gradient_bytes": S, "samples_per_s": {"median": 600.0, "min": 560, "max": 640},
+                       "step_ms": {"median": 160.0, "min": 150.0, "max": 170.0}}]
+    cal = advised.calibration_of(str(d))
+    assert cal is not None
+    p = advised.predictions(doc, cal)
+    assert p[0]["calibrated"] and p[0]["step_ms"] == pytest.approx(
+        cal.predict("cnn", "ring", 3, "1gbit", S, 32).step_s * 1e3)
+    assert not advised.predictions(doc)[0]["calibrated"]
+    assert advised.calibration_of(str(tmp_path / "none")) is None
+
+
+def test_report_of_a_directory_marks_calibrated_predictions(tmp_path):
+    from hvdkit.bench.report.writer import write_report
+    d = _suite_dir(tmp_path / "w")
+    doc = json.loads((d / "training.json").read_text())
+    doc["summary"] = [{"measure": "throughput", "variant": v, "strategy": v, "layout": "replicas", "model": "cnn",
+                       "workers": w, "ranks": w, "servers": 0, "straggler": "none", "n": 2, "status": "OK",
+                       "gradient_bytes": S, "samples_per_s": {"median": sps, "min": sps, "max": sps},
+                       "step_ms": {"median": 32e3 / sps * w, "min": 32e3 / sps * w, "max": 32e3 / sps * w}}
+                      for v, w, sps in (("ring", 1, 1400.0), ("ring", 3, 600.0))]
+    (d / "training.json").write_text(json.dumps(doc))
+    md = open(write_report(str(d))[0]).read()
+    assert "| ring | 3 |" in md and "calibrated by this directory's collectives" in md
+    row = next(line for line in md.splitlines() if line.startswith("| ring | 3 |"))
+    assert " *" not in row                     # the calibrated prediction, not the formulas'
+
+
+def test_a_one_worker_step_shorter_than_its_fitted_network_is_noted(tmp_path):
+    d = _suite_dir(tmp_path / "n")
+    doc = json.loads((d / "training.json").read_text())
+    for r in doc["rows"]:
+        if r["variant"] == "ps-sync" and r["workers"] == 1:
+            r["step_ms"] = 1.0                    # faster than the fitted push + pull of S
+    (d / "training.json").write_text(json.dumps(doc))
+    cal = calibrate(measured.load_dir(str(d)))
+    assert len(cal.notes) == 1 and "disagree" in cal.notes[0]
+    assert ("cell", "cnn", "ps-sync", 1, "1gbit") not in cal.used
+    assert cal.base_of("1gbit", "cnn", "ps-sync") == cal.base[("1gbit", "cnn", "horovod")]
