@@ -30,6 +30,7 @@ set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${VENV:-$ROOT/.venv}"
+[[ "$VENV" == /* ]] || VENV="$PWD/$VENV"   # absolute: later steps run from / (make setup VENV=.venv-tf218)
 HOROVOD_VERSION="$(sed -n 's/^# HOROVOD_VERSION=//p' "$ROOT/requirements/common.txt")"
 OS_PACKAGES=(openmpi-bin libopenmpi-dev g++ make cmake openssh-server openssh-client iproute2)   # ssh, iproute2: the emulated cluster (hvdkit-cluster)
 TF_PACKAGE="${TF_PACKAGE:-tensorflow-cpu}"   # the TensorFlow distribution: tensorflow-cpu or tensorflow
