@@ -19,7 +19,7 @@ They live here, below :mod:`hvdkit.comm` (which re-exports them), so that the la
 never imports MPI, reads the same numbers.
 """
 
-__all__ = ["UsageError", "ProtocolError", "OutputError", "StopRequested", "TrainingStalled",
+__all__ = ["UsageError", "ProtocolError", "ClusterError", "OutputError", "StopRequested", "TrainingStalled",
            "EXIT_FAILURE", "EXIT_USAGE", "EXIT_ENVIRONMENT", "EXIT_STOPPED"]
 
 EXIT_FAILURE = 1
@@ -46,6 +46,12 @@ class TrainingStalled(RuntimeError):
     Raised by rank 0 at an epoch end (:func:`hvdkit.results.check_moved`); it ends the job like a
     divergence (status 1), so such a run is never reported as a success.
     """
+
+
+class ClusterError(RuntimeError):
+    """The emulated cluster cannot be built as asked on this machine (one line: what is
+    missing and what to do, e.g. no writable cpu cgroup controller); ``hvdkit-cluster`` prints
+    it and exits 2."""
 
 
 class OutputError(OSError):

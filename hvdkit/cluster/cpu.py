@@ -33,6 +33,8 @@ import shlex
 import time
 from dataclasses import dataclass
 
+from hvdkit.errors import ClusterError
+
 __all__ = ["ROOT", "PERIOD_US", "MIN_QUOTA_US", "ClusterError", "Layout", "layout", "controller", "quota_us",
            "create", "exists", "usage_s", "throttled_s", "pids", "remove", "leftovers", "enter_argv"]
 
@@ -47,11 +49,6 @@ PERIOD_US = 10_000
 #: the kernel's smallest quota, microseconds (1 ms; sched-bwc.rst)
 MIN_QUOTA_US = 1_000
 _PREFIX = "hvdc-"
-
-
-class ClusterError(RuntimeError):
-    """The emulated cluster cannot be built as asked on this machine (one line: what is
-    missing and what to do); ``hvdkit-cluster`` prints it and exits 2."""
 
 
 @dataclass(frozen=True)
