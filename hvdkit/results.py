@@ -27,7 +27,7 @@ import numpy as np
 
 from hvdkit.errors import OutputError, TrainingStalled, UsageError
 
-__all__ = ["atomic_write", "write_json", "write_csv", "save_npz", "load_npz", "versions",
+__all__ = ["atomic_write", "write_json", "read_json", "write_csv", "save_npz", "load_npz", "versions",
            "weights_to_arrays", "make_writable_dir", "first_nonfinite", "free_bytes", "output_bytes_needed",
            "check_room", "checkpoint_bytes", "trainable_crc", "check_moved"]
 
@@ -108,6 +108,24 @@ def write_json(path: str, obj: Any) -> None:
         TypeError: a value that is not JSON serialisable (the message names its type).
     """
     atomic_write(path, (json.dumps(_plain(obj), indent=2, allow_nan=False) + "\n").encode())
+
+
+def read_json(path: str) -> dict:
+    """The JSON object in ``path``.
+
+    Raises:
+        UsageError: no such file, not readable JSON, or not a JSON object (one line naming ``path``).
+    """
+    try:
+        with open(path, encoding="utf-8") as fh:
+            doc = json.load(fh)
+    except FileNotFoundError:
+        raise UsageError(f"{path} not found") from None
+    except (OSError, ValueError) as e:
+        raise UsageError(f"{path} is not readable JSON ({e})") from None
+    if not isinstance(doc, dict):
+        raise UsageError(f"{path}: expected a JSON object, found {type(doc).__name__}")
+    return doc
 
 
 def write_csv(path: str, rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | None = None) -> None:

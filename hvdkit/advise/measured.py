@@ -20,13 +20,13 @@ Units: milliseconds in cells (as the benchmarks write them), bytes, bytes per se
 from __future__ import annotations
 
 import glob
-import json
 import os
 import re
 import statistics
 from dataclasses import dataclass, field
 
 from hvdkit.errors import UsageError
+from hvdkit.results import read_json
 from hvdkit.strategies.variants import parse_variant
 
 __all__ = ["Cell", "Link", "Measured", "load", "load_dir", "load_files", "from_training", "variant_of", "rate_label"]
@@ -130,19 +130,6 @@ def variant_of(row: dict) -> str:
     elif layout == "dedicated":
         text += f":num_servers={int(row['servers'])}"
     return parse_variant(text).label
-
-
-def _read(path: str) -> dict:
-    try:
-        with open(path, encoding="utf-8") as fh:
-            doc = json.load(fh)
-    except OSError as e:
-        raise UsageError(f"{path}: {e.strerror or e}") from None
-    except ValueError as e:
-        raise UsageError(f"{path}: not readable JSON ({e})") from None
-    if not isinstance(doc, dict):
-        raise UsageError(f"{path}: expected a JSON object")
-    return doc
 
 
 def _old_training(doc: dict, rate: str) -> list[Cell]:
@@ -303,15 +290,15 @@ def load_dir(path: str) -> Measured:
             out.extend(load_dir(d))
         return out
     cpath = os.path.join(path, "cluster.json")
-    cluster = _read(cpath) if os.path.isfile(cpath) else None
+    cluster = read_json(cpath) if os.path.isfile(cpath) else None
     try:
-        out = from_training(_read(tj), cluster, path)
+        out = from_training(read_json(tj), cluster, path)
     except UsageError as e:
         raise UsageError(f"{tj}: {e}") from None
     rate = next(iter(out.links))
     colls, seen = [], set()
     for p in sorted(glob.glob(os.path.join(path, "*collectives*.json"))):
-        doc = _read(p)
+        doc = read_json(p)
         if os.path.basename(p) == "collectives.json" and any(
                 os.path.getsize(q) == os.path.getsize(p) for q in glob.glob(os.path.join(path, "collectives_np*.json"))):
             continue   # the suite's copy of its largest collectives_np file
@@ -342,11 +329,11 @@ def load_files(training_path: str, collectives_path: str | None) -> Measured:
         UsageError: unreadable files, no probed link.
     """
     try:
-        out = from_training(_read(training_path), None, os.path.dirname(training_path))
+        out = from_training(read_json(training_path), None, os.path.dirname(training_path))
     except UsageError as e:
         raise UsageError(f"{training_path}: {e}") from None
     rate = next(iter(out.links))
-    out.collectives = _collective_rows(_read(collectives_path), rate, collectives_path) if collectives_path else []
+    out.collectives = _collective_rows(read_json(collectives_path), rate, collectives_path) if collectives_path else []
     out.sources = [training_path] + ([collectives_path] if collectives_path else [])
     return out
 

@@ -20,7 +20,7 @@ __all__ = ["main"]
 
 
 def _read(flag: str, path: str) -> dict:
-    from hvdkit.bench.report.writer import read_json
+    from hvdkit.results import read_json
     from hvdkit.errors import UsageError
 
     try:

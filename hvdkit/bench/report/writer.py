@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import glob
-import json
 import os
 from typing import Mapping, Sequence
 
@@ -10,30 +9,12 @@ from hvdkit.bench.report import advised, sections
 from hvdkit.bench.report.cells import measure_of, primary_measure
 from hvdkit.bench.report.document import Document, Figure, Paragraph
 from hvdkit.errors import UsageError
-from hvdkit.results import atomic_write
+from hvdkit.results import atomic_write, read_json
 
-__all__ = ["load_inputs", "build_report", "write_report", "read_json", "REQUIRED"]
+__all__ = ["load_inputs", "build_report", "write_report", "REQUIRED"]
 
 #: the keys of training.json the report cannot do without
 REQUIRED = ("rows", "summary")
-
-
-def read_json(path: str) -> dict:
-    """The JSON object in ``path``.
-
-    Raises:
-        UsageError: no such file, not readable JSON, or not a JSON object (one line naming ``path``).
-    """
-    try:
-        with open(path, encoding="utf-8") as fh:
-            doc = json.load(fh)
-    except FileNotFoundError:
-        raise UsageError(f"{path} not found") from None
-    except (OSError, ValueError) as e:
-        raise UsageError(f"{path} is not readable JSON ({e})") from None
-    if not isinstance(doc, dict):
-        raise UsageError(f"{path}: expected a JSON object, found {type(doc).__name__}")
-    return doc
 
 
 def load_inputs(out_dir: str) -> tuple[dict, list[tuple[str, dict]]]:
