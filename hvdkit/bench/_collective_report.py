@@ -1,12 +1,14 @@
 """What :mod:`hvdkit.bench.collectives` prints: its header and rows, and the ratios with their intervals;
-and the compression gains :mod:`hvdkit.bench.cluster_collectives` reports."""
+and the compression gains :mod:`hvdkit.bench.cluster_collectives` reports. :func:`collectives_blocks`
+and :func:`cluster_blocks` are the same figures as markdown tables (``hvdkit-bench figures``)."""
 from __future__ import annotations
 
 import numpy as np
 
 from hvdkit.bench._common import paired_ratio_ci
 
-__all__ = ["PAIRS", "header", "format_row", "ratios", "compression_gains", "print_gains"]
+__all__ = ["PAIRS", "header", "format_row", "ratios", "compression_gains", "print_gains", "collectives_blocks",
+           "cluster_blocks"]
 
 
 def header(out, meta: dict, hosts: list, link: dict | None, w: int) -> list[int]:
@@ -145,6 +147,126 @@ def print_gains(gains: list[dict]) -> None:
         print(f"  {g['config']:<6} {g['rate'] or '-':<8} {g['bytes'] >> 20:>4} MiB  {g['compressed']:<22} vs "
               f"{g['method']:<16} {g['gain']:.2f}x [{g['gain_p25']:.2f}, {g['gain_p75']:.2f}]  "
               f"(ratio of medians {g['ratio_of_medians']:.2f}, {g['rounds']} rounds)")
+
+
+def _iqr_text(med: float | None, lo: float | None, hi: float | None, spec: str) -> str:
+    """``"0.52 [0.50-0.54]"`` with each number formatted by ``spec`` (``".2f"``, ``".3g"``); the
+    median alone where the interval is unknown; ``"-"`` for None."""
+    if med is None:
+        return "-"
+    f = lambda v: f"{v:{spec}}"   # noqa: E731
+    return f(med) if lo is None or hi is None else f"{f(med)} [{f(lo)}-{f(hi)}]"
+
+
+def _busbw_iqr(r: dict, key: str) -> tuple[float | None, float | None]:
+    """(at the p75 time, at the p25 time) of a row's ``key`` (a busbw, or busbw / link): it scales as
+    1 / time, so the rounds' time IQR gives its IQR; (None, None) without the quartiles."""
+    v, t, p25, p75 = r.get(key), r.get("time_us"), r.get("p25_us"), r.get("p75_us")
+    if v is None or not t or not p25 or not p75:
+        return None, None
+    return v * t / p75, v * t / p25
+
+
+def collectives_blocks(doc: dict) -> list:
+    """:mod:`hvdkit.bench.collectives`' JSON as markdown blocks (:mod:`hvdkit.bench.report.document`):
+    busbw (GB/s) per message size and method, median [p25-p75] over the timed rounds, the #wrong
+    count, and the :data:`PAIRS` ratios with their 95% intervals. busbw: docs/performance.md."""
+    from hvdkit.bench.report.document import Table
+    from hvdkit.bench.report.figures import human_bytes
+
+    rows = doc.get("rows") or []
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    by = {(r["method"], r["bytes"]): r for r in rows}
+    meta = doc.get("meta") or {}
+    rounds = meta.get("parameters", {}).get("iters", "?")
+    sizes = sorted({r["bytes"] for r in rows})
+
+    def table(key: str, sel, spec: str) -> list[list[str]]:
+        out = []
+        for nb in (nb for nb in sizes if sel(nb)):
+            cells = []
+            for m in methods:
+                r = by.get((m, nb))
+                ends = (None, None) if r is None else \
+                    (r.get("p25_us"), r.get("p75_us")) if key == "time_us" else _busbw_iqr(r, key)
+                cells.append("-" if r is None else _iqr_text(r.get(key), *ends, spec))
+            out.append([human_bytes(nb), *cells, str(sum(by[(m, nb)].get("wrong", 0) for m in methods
+                                                         if (m, nb) in by))])
+        return out
+
+    al = "r" * (len(methods) + 2)
+    out = [Table(["size per rank", *(f"{m} time (us)" for m in methods), "#wrong"], table("time_us", bool, ".1f"),
+                 al, f"{meta.get('world_size', '?')} ranks; time median [p25-p75] over {rounds} timed rounds; "
+                     f"ok = {doc.get('ok', '?')}"),
+           Table(["size per rank", *(f"{m} busbw (GB/s)" for m in methods), "#wrong"],
+                 table("busbw_GBps", lambda nb: nb >= 1 << 20, ".3f"), al,
+                 "busbw median [p25-p75] (from the rounds' time quartiles), sizes >= 1 MiB")]
+    rat = doc.get("ratios") or []
+    if rat:
+        sizes = sorted({int(nb) for x in rat for nb in x["ratios"]})
+        out.append(Table(["time ratio", *(human_bytes(nb) for nb in sizes)],
+                         [[x["label"], *(_iqr_text(x["ratios"][str(nb)]["ratio"], x["ratios"][str(nb)]["lo"],
+                                                   x["ratios"][str(nb)]["hi"], ".2f") if str(nb) in x["ratios"] else "-"
+                                         for nb in sizes)] for x in rat],
+                         "l" + "r" * len(sizes), "ratio of median times [95% interval, paired-round bootstrap]"))
+    return out
+
+
+def cluster_blocks(doc: dict) -> list:
+    """:mod:`hvdkit.bench.cluster_collectives`' JSON as markdown blocks: per (configuration, rate),
+    busbw / the probed link and measured / predicted time (alpha-beta, :mod:`hvdkit.costs`) per
+    method and size >= 1 MiB, median over the launches [lowest p25 - highest p75 over the launches'
+    rounds]; the summary over sizes >= 4 MiB as the JSON holds it [min-max]; the compression gains
+    (median [IQR] over rounds). Definitions: docs/performance.md."""
+    from hvdkit.bench.report.document import Heading, Table
+    from hvdkit.bench.report.figures import human_bytes
+
+    rows = [r for r in doc.get("rows") or [] if r["bytes"] >= 1 << 20]
+    out: list = []
+    for cfg, rate in dict.fromkeys((r["config"], r["rate"]) for r in rows):
+        sub = [r for r in rows if (r["config"], r["rate"]) == (cfg, rate)]
+        sizes = sorted({r["bytes"] for r in sub})
+        link = next((r["link_Bps"] for r in sub if r.get("link_Bps")), None)
+        out.append(Heading(f"{cfg} (hosts x ranks per host), {rate or 'the hosts'} links"
+                           + (f", probed {link * 8 / 1e9:.3f} Gbit/s" if link else ""), 2))
+        for key, what, spec in (("link_frac", "busbw / probed link", ".2f"), ("vs_pred", "measured / predicted time", ".2f")):
+            table = []
+            for m in dict.fromkeys(r["method"] for r in sub):
+                cells = []
+                for nb in sizes:
+                    rs = [r for r in sub if r["method"] == m and r["bytes"] == nb]
+                    if key == "vs_pred":   # (t, p25, p75) / predicted time
+                        ends = [(r["time_us"] / r["pred_time_us"], r["p25_us"] / r["pred_time_us"],
+                                 r["p75_us"] / r["pred_time_us"]) for r in rs if r.get("pred_time_us")
+                                and r.get("p25_us") and r.get("p75_us")]
+                    else:
+                        ends = [(r[key], *_busbw_iqr(r, key)) for r in rs if r.get(key) is not None]
+                    vals = [e[0] for e in ends]
+                    los, his = [e[1] for e in ends if e[1] is not None], [e[2] for e in ends if e[2] is not None]
+                    cells.append(_iqr_text(float(np.median(vals)) if vals else None, min(los) if los else None,
+                                           max(his) if his else None, spec))
+                table.append([m, *cells])
+            out.append(Table(["method", *(human_bytes(nb) for nb in sizes)], table, "l" + "r" * len(sizes),
+                             f"{what}, median over launches [interquartile range of the rounds, widest over the launches]"))
+    summ = doc.get("summary") or []
+    if summ:
+        f = lambda d, k: _iqr_text(d.get(k), d.get(k + "_min"), d.get(k + "_max"), ".3f")   # noqa: E731
+        out += [Heading("Summary over sizes >= 4 MiB", 2),
+                Table(["configuration", "rate", "method", "rows", "busbw / link", "busbw / ring pattern",
+                       "time / predicted"],
+                      [[d["config"], d["rate"] or "-", d["method"], str(d["n"]), f(d, "link_frac"), f(d, "ring_frac"),
+                        f(d, "vs_pred")] for d in summ], "lllrrrr",
+                      "median over sizes >= 4 MiB and launches [min-max]")]
+    gains = doc.get("compression") or []
+    if gains:
+        out += [Heading("--compression fp16", 2),
+                Table(["configuration", "rate", "size", "compressed", "against", "rounds", "gain (x)",
+                       "ratio of medians (x)"],
+                      [[g["config"], g["rate"] or "-", human_bytes(g["bytes"]), g["compressed"], g["method"],
+                        str(g["rounds"]), _iqr_text(g["gain"], g["gain_p25"], g["gain_p75"], ".2f"),
+                        f"{g['ratio_of_medians']:.2f}"] for g in gains], "lllllrrr",
+                      "gain = time(float32) / time(fp16) per paired round (the busbw-equivalent gain), median [IQR]")]
+    return out
 
 
 def _human(n: int) -> str:

@@ -50,7 +50,7 @@ from hvdkit.bench import heldout
 from hvdkit.errors import UsageError
 from hvdkit.results import write_json
 
-__all__ = ["main", "measured_points", "measured_comparison", "published_comparison", "variant_of", "PUBLISHED"]
+__all__ = ["main", "render", "measured_points", "measured_comparison", "published_comparison", "variant_of", "PUBLISHED"]
 
 PROG = "python -m hvdkit.bench.advise_check"
 
@@ -281,34 +281,52 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--markdown", metavar="FILE", help="write the tables as markdown")
     p.add_argument("--json", metavar="FILE", help="write every row, the statistics and the held-out \"summary\" as JSON")
     a = p.parse_args(argv)
-    training = coll = None
     try:
-        if a.calibration_hosts < 2:
-            raise UsageError(f"--calibration-hosts {a.calibration_hosts}: collectives need >= 2 hosts")
-        if a.dirs:
-            meas = measured.load(a.dirs)
-        else:
-            docs = []
-            for path in (a.training, a.collectives):
-                try:
-                    with open(path) as fh:
-                        docs.append(json.load(fh))
-                except (OSError, ValueError) as e:
-                    raise UsageError(f"{path}: {e}") from None
-            training, coll = docs
-            meas = measured.load_files(a.training, a.collectives)
+        md, doc = render(a.dirs, a.training, a.collectives, a.calibration_hosts)
     except UsageError as e:
         print(f"hvdkit: error: {e}", file=sys.stderr)
         return 2
+    print(md)
+    if a.markdown:
+        with open(a.markdown, "w") as fh:
+            fh.write(md)
+    if a.json:
+        write_json(a.json, doc)
+    return 0
+
+
+def render(dirs: list[str], training_path: str, collectives_path: str, calibration_hosts: int = 2) -> tuple[str, dict]:
+    """``(markdown, document)``: the tables (held out, in sample, published) and the ``--json``
+    document, from ``dirs`` (suite/training directories) or, without them, the two files. Runs
+    nothing; :mod:`hvdkit.bench.figures` regenerates advise_check.md through it.
+
+    Raises:
+        UsageError: ``calibration_hosts`` < 2, an input that does not read, or a training.json
+            without a probed link (names the file).
+    """
+    training = coll = None
+    if calibration_hosts < 2:
+        raise UsageError(f"--calibration-hosts {calibration_hosts}: collectives need >= 2 hosts")
+    if dirs:
+        meas = measured.load(dirs)
+    else:
+        docs = []
+        for path in (training_path, collectives_path):
+            try:
+                with open(path) as fh:
+                    docs.append(json.load(fh))
+            except (OSError, ValueError) as e:
+                raise UsageError(f"{path}: {e}") from None
+        training, coll = docs
+        meas = measured.load_files(training_path, collectives_path)
     rows, stats, meta = [], {}, {}
     if training is not None:
         try:
             meta = measured_points(training)[0]
             rows, stats = measured_comparison(training, fit_collectives(coll, meta.get("link_Bps")))
         except UsageError as e:
-            print(f"hvdkit: error: {a.training}: {e}", file=sys.stderr)
-            return 2
-    held, cal, cells = heldout.validate(meas, hosts=a.calibration_hosts)
+            raise UsageError(f"{training_path}: {e}") from None
+    held, cal, cells = heldout.validate(meas, hosts=calibration_hosts)
     summ = heldout.summary(held, cal, cells)
     pub = published_comparison()
     missed = [c for c in meas.cells if c.workers >= heldout.HELD_OUT_MIN_WORKERS and c not in cells]
@@ -317,16 +335,9 @@ def main(argv: list[str] | None = None) -> int:
         md += markdown(rows, stats, pub, meta)
     else:
         md += markdown_published(pub)
-    print(md)
-    if a.markdown:
-        with open(a.markdown, "w") as fh:
-            fh.write(md)
-    if a.json:
-        write_json(a.json, {"summary": summ, "held_out": held, "measured": rows, "stats": stats, "published": pub,
-                            "assumptions": ASSUMPTIONS, "inputs": list(a.dirs) or [a.training, a.collectives],
-                            "calibration": sorted(list(u) for u in cal.used)})
-    return 0
-
+    return md, {"summary": summ, "held_out": held, "measured": rows, "stats": stats, "published": pub,
+                "assumptions": ASSUMPTIONS, "inputs": list(dirs) or [training_path, collectives_path],
+                "calibration": sorted(list(u) for u in cal.used)}
 
 if __name__ == "__main__":
     sys.exit(main())

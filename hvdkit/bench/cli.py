@@ -7,6 +7,7 @@
     hvdkit-bench timeline-cost [-np N] [--] [ARGS] # mpirun -np N (default 2): step time with and without --timeline
     hvdkit-bench suite [ARGS]                      # python -m hvdkit.bench.suite ARGS (= benchmarks/run_suite.sh)
     hvdkit-bench report DIR                        # report.md + report.html of DIR/training.json (python -m hvdkit.bench.report)
+    hvdkit-bench figures [--check] [DIR]           # benchmarks/figures/**/<stem>.md from each <stem>.json
 
 PLACE is where the job runs (:mod:`hvdkit.bench.places`): nothing for this host, ``--hosts h1:4,h2:4``,
 ``--hostfile FILE``, ``--slurm`` or ``--emulated H[:SLOTS][@RATE]``, ``--ssh-timeout SECONDS``; across
@@ -33,10 +34,10 @@ COMMANDS = {"training": "hvdkit.bench.training",
             "timeline-cost": "hvdkit.bench.timeline_cost",
             "suite": "hvdkit.bench.suite", "collectives": "hvdkit.bench.collectives",
             "cluster-collectives": "hvdkit.bench.cluster_collectives", "advise-check": "hvdkit.bench.advise_check",
-            "report": "hvdkit.bench.report.cli"}
+            "report": "hvdkit.bench.report.cli", "figures": "hvdkit.bench.figures"}
 
 _USAGE = ("usage: hvdkit-bench {collectives,training,plots,plot-timeline,timeline-cost,suite,"
-          "cluster-collectives,advise-check,report} [args]\n"
+          "cluster-collectives,advise-check,report,figures} [args]\n"
           "  collectives [-np N] [PLACE] [--] [ARGS]  bandwidth of every allreduce method under mpirun -np N (default 2);\n"
           "                                   PLACE: --hosts H:S,... | --hostfile F | --slurm | --emulated H[:S][@RATE]\n"
           "  training [ARGS]                  strategy variants x workers x models x stragglers, on this host or\n"
@@ -50,6 +51,7 @@ _USAGE = ("usage: hvdkit-bench {collectives,training,plots,plot-timeline,timelin
           "                                   --hostfile, --slurm, --emulated) or a sweep of emulated clusters\n"
           "  advise-check [ARGS]              hvdkit advise's predictions vs the measured and published figures\n"
           "  report DIR                       the decision report (report.md, report.html) of DIR/training.json\n"
+          "  figures [--check] [DIR]          every measurement table DIR/**/<stem>.md from its <stem>.json\n"
           "hvdkit-bench NAME --help lists NAME's flags.")
 
 

@@ -29,7 +29,28 @@ import os
 import sys
 import tempfile
 
-__all__ = ["main"]
+__all__ = ["main", "blocks"]
+
+
+def blocks(doc: dict) -> list:
+    """The ``--json`` document as markdown blocks (:mod:`hvdkit.bench.report.document`): per strategy
+    the step time (ms) without and with the timeline, median [p25-p75] over rounds, and the overhead
+    (%) on / off - 1, median [p25-p75] over rounds, as the JSON holds them."""
+    from hvdkit.bench._common import quartiles
+    from hvdkit.bench.report.document import Table
+
+    def q(xs, scale):
+        p25, p50, p75 = (v * scale for v in quartiles(xs))
+        return f"{p50:.3f} [{p25:.3f}-{p75:.3f}]"
+
+    rows = []
+    for s, r in doc["strategies"].items():
+        p25, p50, p75 = r["overhead_pct_p25_p50_p75"]
+        rows.append([s, str(len(r["overhead_pct"])), q(r["step_s_off"], 1e3), q(r["step_s_on"], 1e3),
+                     f"{p50:+.2f} [{p25:+.2f}, {p75:+.2f}]"])
+    return [Table(["strategy", "rounds", "step off (ms)", "step on (ms)", "overhead (%)"], rows, "lrrrr",
+                  f"{doc['world_size']} ranks, model {doc['model']}, {doc['steps']} steps per run, interleaved: "
+                  f"{doc['interleave']}; median [p25-p75] over rounds. {doc['method']}")]
 
 
 def _parser() -> argparse.ArgumentParser:

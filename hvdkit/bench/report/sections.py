@@ -14,7 +14,7 @@ from hvdkit.bench.report.decide import Decision, decide, interval_text
 from hvdkit.bench.report.document import Bullets, Heading, Paragraph, Table
 from hvdkit.bench.report.figures import human_bytes
 
-__all__ = ["decisions", "cluster_section", "throughput_section", "split_section",
+__all__ = ["decisions", "cluster_section", "throughput_section", "scaling_section", "split_section",
            "convergence_section", "projection_section", "recommendation_section", "failures_section",
            "collectives_section", "method_section", "env_text", "pct"]
 
@@ -196,6 +196,39 @@ def throughput_section(doc: Mapping, preds: Sequence[dict], figure=None) -> list
             blocks.append(Bullets(notes))
     if figure is not None:
         blocks.append(figure)
+    return blocks
+
+
+def scaling_section(cells: Sequence[Mapping], title: str = "Samples/s per worker count") -> list:
+    """Per (model, straggler): one row per variant, one column per worker count, each cell the
+    samples/s of all workers, median [min-max] over rounds; then the ranks (workers + dedicated
+    servers) and the scaling efficiency at the largest worker count (definition:
+    docs/performance.md, scaling efficiency).
+
+    Args:
+        cells: summary cells (:mod:`~hvdkit.bench.report.cells`): ``model``, ``variant``,
+            ``workers``, ``ranks``, ``samples_per_s`` and ``efficiency`` as ``{"median","min","max"}``
+            (``straggler`` optional); a cell without ``samples_per_s`` shows its ``status``.
+        title: the section's heading.
+    """
+    blocks: list = [Heading(title)]
+    for model, strag in dict.fromkeys((c["model"], c.get("straggler", "none")) for c in cells):
+        group = [c for c in cells if c["model"] == model and c.get("straggler", "none") == strag]
+        ws = sorted({int(c["workers"]) for c in group})
+        top = ws[-1]
+        rows = []
+        for v in dict.fromkeys(c["variant"] for c in group):
+            by = {int(c["workers"]): c for c in group if c["variant"] == v}
+            last = by.get(top, {})
+            rows.append([v, *(interval_text(by[w]["samples_per_s"]) if stat(by[w], "samples_per_s") is not None
+                              else by[w].get("status", "FAILED") if w in by else "-" for w in ws),
+                         str(last.get("ranks", "-")), interval_text(last.get("efficiency"), 2)])
+        head = ["variant", *(f"{w} worker{'s' * (w != 1)} (samples/s)" for w in ws), f"ranks at {top}",
+                f"efficiency at {top}"]
+        blocks.append(Table(head, rows, "l" + "r" * (len(ws) + 2),
+                            f"**{model}**" + ("" if strag == "none" else f", straggler {strag}")
+                            + ": samples/s of all workers, median [min-max] over the OK rounds; efficiency = "
+                            "samples/s(N) / (N x samples/s(1))"))
     return blocks
 
 

@@ -1,0 +1,320 @@
+"""``hvdkit-bench figures [--check] [DIR]``: every measurement table is generated from its JSON, never typed.
+
+For every ``*.json`` under DIR (default ``benchmarks/figures``, subdirectories included) the
+table file of the same stem beside it, ``<stem>.md``, is written by the reporting code of the
+benchmark that measured it (:data:`GENERATORS`, chosen by the JSON's content, so a new fair
+directory needs nothing here). Each table shows the medians with the spread the JSON holds
+([min-max] or the IQR), units in the headers, and a caption with the command, date and place
+from the JSON's meta. Formulas (busbw, the alpha-beta costs): docs/performance.md.
+
+    hvdkit-bench figures                      # rewrite the stale tables of benchmarks/figures
+    hvdkit-bench figures --check              # write nothing; exit 1 naming each stale or missing table
+
+``advise_check.md`` and ``advise_check_fair.md`` are regenerated as ``hvdkit-bench advise-check``
+writes them, from the inputs their JSON names. Files in :data:`SKIP` are not tables.
+
+Exit status: 0 (every table written or up to date), 1 (``--check``: some table stale or missing,
+or a JSON no generator knows), 2 (DIR is not a directory, a JSON that does not read).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from dataclasses import dataclass
+from typing import Callable, Mapping
+
+from hvdkit.errors import UsageError
+from hvdkit.results import atomic_write, read_json
+
+__all__ = ["main", "GENERATORS", "SKIP", "Generator", "generator_for", "render", "table_path", "json_files"]
+
+PROG = "hvdkit-bench figures"
+DEFAULT_DIR = os.path.join("benchmarks", "figures")
+
+#: JSON files under DIR (paths relative to it, "/"-separated) that hold no table, with the reason
+SKIP = {
+    # Chrome trace events of one --timeline run each, drawn by `hvdkit-bench plot-timeline` (the PNGs
+    # beside them); a trace is a record of spans, not a measurement with a spread.
+    "timeline_horovod.json": "a --timeline trace (plot-timeline draws it)",
+    "timeline_horovod.horovod.json": "Horovod's own HOROVOD_TIMELINE trace of the same run",
+    "timeline_ps_ssp_straggler.json": "a --timeline trace (plot-timeline draws it)",
+}
+
+
+def _meta(doc: Mapping) -> Mapping:
+    m = doc.get("meta")
+    return m if isinstance(m, Mapping) else {}
+
+
+def _bench(doc: Mapping) -> str:
+    return str(doc.get("benchmark") or _meta(doc).get("benchmark") or "")
+
+
+def _where(m: Mapping) -> str:
+    """``2026-12-02T01:57:52 on vm (2 cores, load 0.91 1.57 2.06)`` of a ``host_meta`` dict."""
+    load = m.get("loadavg")
+    load = " ".join(f"{x:.2f}" for x in load) if isinstance(load, list) else "?"
+    return f"{m.get('date', 'date not recorded')} on {m.get('host', '?')} ({m.get('cores', '?')} cores, load {load})"
+
+
+def _cmd_training(doc: Mapping) -> str:
+    from hvdkit.bench.report.sections import _command
+    m, place = _meta(doc), doc.get("place") or {}
+    cmd = _command(m["argv"]) if m.get("argv") else "hvdkit-bench training (command not recorded)"
+    return f"`{cmd}`, {_where(m)}; place: {place.get('kind', '?')} `{place.get('source', '')}`"
+
+
+def _cmd_cluster_collectives(doc: Mapping) -> str:
+    m = _meta(doc)
+    runs = m.get("runs") or [m]
+    params = "; ".join(" ".join(f"--{k.replace('_', '-')} {','.join(v) if isinstance(v, list) else v}"
+                                for k, v in (r.get("parameters") or {}).items() if v not in ("", None))
+                       for r in runs)
+    merged = f" (merged from {len(runs)} runs)" if m.get("merged") else ""
+    return (f"`python -m hvdkit.bench.cluster_collectives` with {params or 'parameters not recorded'}{merged}, "
+            f"{_where(m)}")
+
+
+def _cmd_collectives(doc: Mapping) -> str:
+    m = _meta(doc)
+    hosts = sorted({h for _, h, _ in m.get("ranks") or []})
+    params = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in (m.get("parameters") or {}).items())
+    return (f"`hvdkit-bench collectives -np {m.get('world_size', '?')} -- {params}` (methods "
+            f"{', '.join(m.get('methods') or [])}), date not recorded; ranks on {', '.join(hosts) or '?'}")
+
+
+def _cmd_recovery(doc: Mapping) -> str:
+    m = _meta(doc)
+    c = m.get("cluster") or {}
+    return (f"`python -m tests.cluster.{'elastic_kill' if _bench(doc) == 'cluster_elastic' else 'restart_kill'}`, "
+            f"{_where(m)}; emulated cluster {c.get('hosts', '?')} hosts x {c.get('slots', '?')} slot(s) at "
+            f"{(c.get('bandwidth_bps') or 0) / 1e9:g} Gbit/s; job: `{m.get('job', '?')}`")
+
+
+def _cmd_cluster_training(doc: Mapping) -> str:
+    m = _meta(doc)
+    c = m.get("cluster") or {}
+    return (f"the removed `cluster_training` driver (plain mpirun), {_where(m)}; emulated cluster {c.get('hosts', '?')} "
+            f"hosts x {c.get('slots', '?')} slot(s) at {m.get('bandwidth', '?')} (probed "
+            f"{(m.get('link_Bps') or 0) * 8 / 1e9:.3f} Gbit/s), batch {m.get('batch_size', '?')}, "
+            f"{m.get('repeats', '?')} repeats")
+
+
+def _cmd_timeline_cost(doc: Mapping) -> str:
+    import re
+    block = re.match(r"blocks of (\d+) steps", str(doc.get("interleave", "")))
+    how = f" --interleave steps --block {block.group(1)}" if block else ""
+    return (f"`hvdkit-bench timeline-cost -np {doc.get('world_size', '?')} --{how} --steps {doc.get('steps')} "
+            f"--rounds {doc.get('rounds')}{' ' + doc['extra'] if doc.get('extra') else ''}`, "
+            f"{_where(doc.get('host') or {})}")
+
+
+def _cmd_probe(doc: Mapping) -> str:
+    spec = doc.get("spec") or {}
+    return (f"`hvdkit-cluster up` ({spec.get('hosts', '?')} hosts at {(spec.get('bandwidth_bps') or 0) / 1e9:g} "
+            f"Gbit/s), probed {doc.get('created', 'date not recorded')} on this machine")
+
+
+@dataclass(frozen=True)
+class Generator:
+    """One kind of measurement JSON and its table.
+
+    Attributes:
+        name: the kind, for messages.
+        match: whether a parsed JSON document is of this kind.
+        title: the markdown page's title.
+        caption: the one-line "measured by CMD, DATE on HOST; place" of a document.
+        blocks: the document's :mod:`hvdkit.bench.report.document` blocks (import on use).
+    """
+    name: str
+    match: Callable[[Mapping], bool]
+    title: str
+    caption: Callable[[Mapping], str]
+    blocks: Callable[[Mapping], list]
+
+
+def _training(doc):
+    from hvdkit.bench.figure_tables import training_blocks
+    return training_blocks(doc)
+
+
+def _cluster_training(doc):
+    from hvdkit.bench.figure_tables import cluster_training_blocks
+    return cluster_training_blocks(doc)
+
+
+def _cluster_collectives(doc):
+    from hvdkit.bench._collective_report import cluster_blocks
+    return cluster_blocks(doc)
+
+
+def _collectives(doc):
+    from hvdkit.bench._collective_report import collectives_blocks
+    return collectives_blocks(doc)
+
+
+def _elastic(doc):
+    from hvdkit.bench.figure_tables import elastic_blocks
+    return elastic_blocks(doc)
+
+
+def _restarts(doc):
+    from hvdkit.bench.figure_tables import restarts_blocks
+    return restarts_blocks(doc)
+
+
+def _timeline_cost(doc):
+    from hvdkit.bench.timeline_cost import blocks
+    return blocks(doc)
+
+
+def _probe(doc):
+    from hvdkit.bench.figure_tables import probe_blocks
+    return probe_blocks(doc)
+
+
+def _is_advise_check(doc: Mapping) -> bool:
+    return "held_out" in doc and "published" in doc and "inputs" in doc
+
+
+#: the kinds of measurement JSON, first match wins; advise-check's are handled by :func:`render`
+GENERATORS = [
+    Generator("training", lambda d: _bench(d) == "training" and "summary" in d,
+              "Training: samples/s, scaling efficiency and the step's split", _cmd_training, _training),
+    Generator("cluster_training", lambda d: _bench(d) == "cluster_training",
+              "Training on the emulated cluster (removed cluster_training driver)", _cmd_cluster_training,
+              _cluster_training),
+    Generator("cluster_collectives", lambda d: _bench(d) == "cluster_collectives",
+              "Collectives on a cluster: busbw / link and time / prediction", _cmd_cluster_collectives,
+              _cluster_collectives),
+    Generator("collectives", lambda d: _bench(d) == "collectives", "Collectives: busbw per method and size",
+              _cmd_collectives, _collectives),
+    Generator("cluster_elastic", lambda d: _bench(d) == "cluster_elastic", "Elastic Horovod: losing and re-adding "
+              "a host", _cmd_recovery, _elastic),
+    Generator("cluster_restarts", lambda d: _bench(d) == "cluster_restarts", "Restarts from the last checkpoint "
+              "after a host is killed", _cmd_recovery, _restarts),
+    Generator("timeline_cost", lambda d: "strategies" in d and "interleave" in d, "What --timeline costs a step",
+              _cmd_timeline_cost, _timeline_cost),
+    Generator("cluster_probe", lambda d: "probe" in d and "spec" in d, "The emulated cluster's probed links",
+              _cmd_probe, _probe),
+]
+
+
+def generator_for(doc) -> Generator | None:
+    """The :data:`GENERATORS` entry of a parsed JSON document, or None (advise-check's: None too)."""
+    if not isinstance(doc, Mapping):
+        return None
+    return next((g for g in GENERATORS if g.match(doc)), None)
+
+
+def table_path(json_path: str) -> str:
+    """``x/y.json`` -> ``x/y.md``."""
+    return os.path.splitext(json_path)[0] + ".md"
+
+
+def _resolve(path: str, json_path: str) -> str:
+    """An input path an advise-check JSON recorded (relative to where it was run, usually the
+    repository's root): as given if it exists, else under the first parent of ``json_path``'s
+    directory that has it."""
+    if os.path.isabs(path) or os.path.exists(path):
+        return path
+    d = os.path.dirname(os.path.abspath(json_path))
+    while True:
+        if os.path.exists(os.path.join(d, path)):
+            return os.path.join(d, path)
+        up = os.path.dirname(d)
+        if up == d:
+            return path
+        d = up
+
+
+def render(json_path: str, doc=None) -> str | None:
+    """The markdown table file of one measurement JSON, or None if no generator knows its kind.
+
+    Args:
+        json_path: the JSON's path (its name goes into the caption).
+        doc: its parsed content (read from ``json_path`` when None).
+
+    Raises:
+        UsageError: the JSON does not read, or an advise-check JSON's inputs do not.
+    """
+    doc = read_json(json_path) if doc is None else doc
+    if isinstance(doc, Mapping) and _is_advise_check(doc):
+        from hvdkit.bench import advise_check
+        ins = [_resolve(p, json_path) for p in doc["inputs"]]
+        files = len(ins) == 2 and all(os.path.isfile(p) for p in ins)
+        return advise_check.render([] if files else ins, *(ins if files else ("", "")))[0]
+    g = generator_for(doc)
+    if g is None:
+        return None
+    from hvdkit.bench.report.document import Document, Paragraph
+
+    name = os.path.basename(json_path)
+    page = Document(g.title).add(Paragraph(f"Measured by {g.caption(doc)}. Generated from `{name}` by "
+                                           f"`hvdkit-bench figures` (do not edit by hand)."), *g.blocks(doc))
+    return page.markdown()
+
+
+def json_files(root: str) -> list[str]:
+    """Every ``*.json`` under ``root``, sorted, as paths joined to ``root``."""
+    out = []
+    for d, subdirs, files in os.walk(root):
+        subdirs.sort()
+        out += [os.path.join(d, f) for f in sorted(files) if f.endswith(".json")]
+    return out
+
+
+def _rel(path: str, root: str) -> str:
+    return os.path.relpath(path, root).replace(os.sep, "/")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Write (or with ``--check`` compare) every table under DIR; the exit status (module docstring)."""
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0],
+                                epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("dir", nargs="?", default=DEFAULT_DIR, metavar="DIR",
+                   help=f"the directory of the committed measurement JSONs (default {DEFAULT_DIR})")
+    p.add_argument("--check", action="store_true",
+                   help="write nothing; exit 1 with one line per stale or missing table (and per JSON no generator "
+                        "knows)")
+    a = p.parse_args(argv)
+    if not os.path.isdir(a.dir):
+        print(f"{PROG}: error: {a.dir!r} is not a directory; give the directory of the measurement JSONs "
+              f"(default {DEFAULT_DIR})", file=sys.stderr)
+        return 2
+    fix = f"run `{PROG}{'' if a.dir == DEFAULT_DIR else ' ' + a.dir}`"
+    problems, written, current = [], [], 0
+    for path in json_files(a.dir):
+        rel = _rel(path, a.dir)
+        if rel in SKIP:
+            continue
+        try:
+            text = render(path)
+        except UsageError as e:
+            print(f"{PROG}: error: {e}", file=sys.stderr)
+            return 2
+        md = table_path(path)
+        if text is None:
+            problems.append(f"{path}: no table generator knows this JSON; add one to hvdkit.bench.figures.GENERATORS "
+                            f"or list the file in its SKIP")
+            continue
+        old = open(md, encoding="utf-8").read() if os.path.exists(md) else None
+        if old == text:
+            current += 1
+        elif a.check:
+            problems.append(f"{md}: {'missing' if old is None else 'stale'} (from {os.path.basename(path)}); {fix}")
+        else:
+            atomic_write(md, text.encode("utf-8"))
+            written.append(md)
+    for line in problems:
+        print(line)
+    for md in written:
+        print(f"wrote {md}")
+    print(f"# {PROG}: {current} up to date, {len(written)} written, {len(problems)} to fix under {a.dir}",
+          file=sys.stderr)
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,91 @@
+"""Measured figures are generated, never typed: every committed ``benchmarks/figures/**/<stem>.md``
+is what ``hvdkit-bench figures`` writes from ``<stem>.json``, and every JSON there has a generator
+(or is on :data:`hvdkit.bench.figures.SKIP`, with its reason)."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import pytest
+
+from hvdkit.bench import figures
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+FIGS = os.path.join(ROOT, "benchmarks", "figures")
+JSONS = [p for p in figures.json_files(FIGS) if os.path.relpath(p, FIGS).replace(os.sep, "/") not in figures.SKIP]
+
+
+def _id(p: str) -> str:
+    return os.path.relpath(p, FIGS)
+
+
+@pytest.mark.parametrize("path", JSONS, ids=_id)
+def test_committed_table_equals_its_regeneration(path):
+    text = figures.render(path)
+    assert text is not None, f"{_id(path)}: no generator (add one to hvdkit.bench.figures.GENERATORS or SKIP it)"
+    md = figures.table_path(path)
+    assert os.path.exists(md), f"{_id(md)} missing: run `hvdkit-bench figures`"
+    with open(md, encoding="utf-8") as fh:
+        committed = fh.read()
+    assert committed == text, f"{_id(md)} is stale (or typed by hand): run `hvdkit-bench figures` and commit it"
+
+
+def test_every_json_has_a_generator_or_a_reason():
+    assert JSONS, "no measurement JSON found under benchmarks/figures"
+    unknown = [_id(p) for p in JSONS if figures.render(p) is None]
+    assert not unknown, f"JSONs without a table generator: {unknown}"
+    on_disk = {os.path.relpath(p, FIGS).replace(os.sep, "/") for p in figures.json_files(FIGS)}
+    assert set(figures.SKIP) <= on_disk, f"SKIP names files that are gone: {set(figures.SKIP) - on_disk}"
+
+
+def test_tables_carry_a_caption_and_a_spread():
+    for path in JSONS:
+        text = figures.render(path)
+        if figures.generator_for(json.load(open(path))) is None:   # advise-check's own page
+            continue
+        assert "Measured by " in text and f"Generated from `{os.path.basename(path)}`" in text, _id(path)
+        assert "| ---" in text or "|---" in text, f"{_id(path)}: no table"
+
+
+def _copy(tmp_path, *names):
+    d = tmp_path / "figs"
+    d.mkdir()
+    for n in names:
+        shutil.copy(os.path.join(FIGS, n), d / n)
+    return d
+
+
+def test_check_names_stale_and_missing_tables_and_writes_nothing(tmp_path, capsys):
+    d = _copy(tmp_path, "cluster_restarts.json", "cluster_restarts.md", "timeline_cost_runs_3ranks.json")
+    (d / "cluster_restarts.md").write_text("| typed | by hand |\n")
+    assert figures.main(["--check", str(d)]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 2
+    assert any("cluster_restarts.md: stale" in ln and "hvdkit-bench figures" in ln for ln in out)
+    assert any("timeline_cost_runs_3ranks.md: missing" in ln for ln in out)
+    assert (d / "cluster_restarts.md").read_text() == "| typed | by hand |\n"
+    assert not (d / "timeline_cost_runs_3ranks.md").exists()
+    assert figures.main([str(d)]) == 0
+    assert figures.main(["--check", str(d)]) == 0
+    assert (d / "cluster_restarts.md").read_text() == open(os.path.join(FIGS, "cluster_restarts.md")).read()
+
+
+def test_a_json_no_generator_knows_fails_the_check(tmp_path, capsys):
+    d = tmp_path / "figs"
+    d.mkdir()
+    (d / "new_benchmark.json").write_text(json.dumps({"meta": {"benchmark": "new"}, "rows": []}))
+    assert figures.main(["--check", str(d)]) == 1
+    assert "new_benchmark.json: no table generator" in capsys.readouterr().out
+
+
+def test_not_a_directory_is_one_line_and_status_2(tmp_path, capsys):
+    assert figures.main([str(tmp_path / "nope")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "is not a directory" in err[0]
+
+
+def test_bench_command_table_has_the_row():
+    from hvdkit.bench import cli
+    assert cli.COMMANDS["figures"] == "hvdkit.bench.figures"
+    assert cli.main(["figures", "--check", FIGS]) == 0
