@@ -20,6 +20,10 @@ bytes per second, seconds. Rates on command lines are written as tc writes them,
 busbw (nccl-tests' definition) turns a time into the bytes per second each rank's link
 moved in an optimal allreduce: ``busbw = S / t * 2 (N-1) / N``. A bandwidth-optimal
 allreduce on this model reaches ``busbw == B`` as S grows (:func:`busbw`).
+
+docs/performance.md carries these formulas with their derivations (the alpha-beta model, ring
+allreduce, parameter server, colocated parameter server, busbw); this module is their one
+implementation, and docstrings elsewhere cite the page instead of restating them.
 """
 from __future__ import annotations
 

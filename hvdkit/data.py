@@ -116,8 +116,8 @@ def _digits_cache(fraction: float) -> str | None:
 def _digits(fraction: float) -> Dataset:
     """scikit-learn's digits, split by :func:`_split`. The split arrays are kept in a cache file
     (:func:`_digits_cache`, written atomically; skipped where it cannot be written): importing
-    scikit-learn (and SciPy with it) took 0.5-1.5 s of every rank's start, a third of a restarted
-    job's set-up before TensorFlow (measured here); the file loads in milliseconds."""
+    scikit-learn (and SciPy with it) took a large share of every rank's start before TensorFlow;
+    the file loads in milliseconds."""
     path = _digits_cache(fraction)
     if path and os.path.isfile(path):
         try:

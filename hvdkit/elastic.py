@@ -96,10 +96,9 @@ def _release_peers() -> int:
     A rank that sees a peer lost (its connection reset, or its collective timed out) leaves the
     collective, but its connections to the *other* survivors stay open while Horovod shuts down
     (its shutdown negotiates with every rank), so a survivor waiting on this rank rather than on
-    the lost one waited the whole Gloo timeout: a killed process's job re-formed in 0.2 s or in
-    5.3 s (at ``--gloo-timeout 5``), by which rank waited on which in the ring (measured:
-    benchmarks/figures/cluster_elastic.json). Ending the connections here makes every peer's
-    pending receive from this rank fail at once, so each survivor leaves in turn within
+    the lost one waited the whole Gloo timeout, or not, by which rank waited on which in the ring
+    (the re-form times: benchmarks/figures/cluster_elastic.md). Ending the connections here makes
+    every peer's pending receive from this rank fail at once, so each survivor leaves in turn within
     milliseconds. Released: every connected TCP socket but those this process had before Horovod
     started and those to Horovod's rendezvous server (``HOROVOD_GLOO_RENDEZVOUS_ADDR:PORT``).
     Horovod's reset (``shutdown``, ``init``) then builds new ones. Never raises."""
@@ -144,7 +143,7 @@ def _peer_loss_restores():
 
 
 #: steps between two checks for new hosts, at the least (Horovod's ``State.commit`` checks at every
-#: commit: a collective, a few ms on the emulated cluster, where the mlp's step takes 8-10 ms; a host
+#: commit: a collective, as long as a small model's step (benchmarks/figures/cluster_elastic.md); a host
 #: added joins at most this many steps later, well inside the seconds its process takes to start)
 HOSTS_EVERY = 50
 
@@ -164,8 +163,8 @@ def _state_class():
 
         Horovod's own ``TensorFlowKerasState`` calls ``optimizer.variables()``, which Keras 2.11+
         optimizers no longer have (a property), hence this class. The copy stays in TensorFlow: one
-        call of a compiled function, about 0.15 ms for the mlp (13 variables) where ``v.numpy()`` of
-        each took 0.45-0.75 ms, measured on this machine kind; ``--commit-every 1`` saves after every step.
+        call of a compiled function, not a ``v.numpy()`` per variable (the save's time:
+        benchmarks/figures/cluster_elastic.md); ``--commit-every 1`` saves after every step.
         """
 
         def __init__(self, model, optimizer, **attrs):
@@ -183,7 +182,7 @@ def _state_class():
                 for s, v in pairs:
                     v.assign(s)
 
-            # traced once here; a concrete function's call skips tf.function's dispatch (0.14 ms, not 0.22-0.26)
+            # traced once here; a concrete function's call skips tf.function's dispatch
             self._save_vars, self._restore_vars = _save.get_concrete_function(), _restore.get_concrete_function()
             super().__init__(bcast_object=hvd.broadcast_object, get_rank=hvd.rank, **attrs)
 
@@ -199,7 +198,7 @@ def _state_class():
             """Horovod's ``State.check_host_updates`` (raise ``HostsUpdatedInterrupt`` on every rank
             at once when rank 0 was told of new or removed hosts), its agreement made by one
             broadcast of three int64 from rank 0 instead of ``broadcast_object`` (a pickle and two
-            broadcasts, 8-9 ms a check on the emulated cluster, as long as the mlp's step)."""
+            broadcasts; both checks' times: benchmarks/figures/cluster_elastic.md)."""
             last = prev = self._last_updated_timestamp
             update = HostUpdateResult.no_update
             while not self._host_messages.empty():

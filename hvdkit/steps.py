@@ -273,7 +273,8 @@ def make_fused_step(model, optimizer, allreduce, loss_scaling: bool = False):
     The communication time is measured inside the graph: ``tf.timestamp()`` ops ordered by
     control dependencies after the gradients exist and after the reduced gradients exist.
     Sparse gradients are made dense before the allreduce (Horovod's ``sparse_as_dense``):
-    one allreduce of 2 (N-1)/N x S bytes per rank instead of allgathers that grow with N.
+    one allreduce of the dense bytes (docs/performance.md, ring allreduce) instead of allgathers
+    that grow with N.
 
     ``loss_scaling`` (:mod:`hvdkit.precision`): the step takes a third argument, the float32
     loss scale; the gradients are unscaled before the allreduce and the update is applied only

@@ -119,9 +119,9 @@ def fitted_options(fits: dict, rows, hosts: int) -> tuple:
 
 def wire_factor(comm: str, workers: int, servers: int | None = None) -> float:
     """Bytes on the busiest link per gradient byte S of one step, from the row's traffic formula in
-    :mod:`hvdkit.costs` (at S = 1 byte, B = 1 byte/s, no latency): a ring (flat, or hierarchical at one
-    rank per host) and a colocated PS ``2 (W-1) / W`` (Patarasuk & Yuan 2009; Jiang et al. 2020), K
-    dedicated servers ``2 max(1, W / K)`` (push + pull through the server's link). One worker on a ring: 0."""
+    :mod:`hvdkit.costs` (at S = 1 byte, B = 1 byte/s, no latency; docs/performance.md): a ring (flat, or
+    hierarchical at one rank per host), a colocated PS, K dedicated servers (push + pull through the
+    server's link). One worker on a ring: 0."""
     if comm == "ps":
         return costs.ps_time(1.0, workers, servers or 1, 1.0)
     if comm == "colocated":

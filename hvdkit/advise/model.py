@@ -6,7 +6,8 @@ bandwidth and latency, reduction speed) and :class:`Options` go in; :func:`hvdki
 returns one :class:`Prediction` per strategy. Units: bytes, seconds, bytes per second. Every accelerator is
 one worker rank, N = W = H x G.
 
-The terms of one synchronous step (each function below cites its source):
+The terms of one synchronous step (each function below cites its source and implements the
+formula docs/performance.md writes for its strategy):
 
 * compute: forward + backward of one batch, ``compute_s``; the backward pass is
   ``backward_fraction`` of it (2/3 by default: a backward pass costs about twice the forward's
@@ -304,8 +305,8 @@ def cpu_share(ranks_on_host: int, host_cores: float | None = None, ranks_on_mach
 
     Every rank is runnable all the time: it computes, or its MPI progress engine and Horovod's
     background thread busy-poll while it waits (the polling term: the committed runs showed the CPU
-    0% idle during every multi-host step, and ``mpi_yield_when_idle`` alone moved Horovod's busbw from
-    0.43 to 0.71 of the link, README). Linux CFS gives runnable tasks equal shares of the cores
+    0% idle during every multi-host step, and ``mpi_yield_when_idle`` alone raised Horovod's busbw,
+    benchmarks/figures/cluster_collectives.md, ``horovod[yield]``). Linux CFS gives runnable tasks equal shares of the cores
     (Documentation/scheduler/sched-design-CFS.rst), and a cgroup's CFS quota caps its tasks at Q cores
     together (sched-bwc.rst). So r ranks on a host with quota Q get Q / r each, R ranks sharing a
     machine of C cores without quotas C / R each, and no thread more than one core. r and R count busy
@@ -359,9 +360,9 @@ def server_serial_time(pushes: int, shard_bytes: float, reduce_Bps: float) -> fl
     A dedicated server of hvdkit's PS (``hvdkit.strategies.ps.server``: one loop handles the requests
     one at a time) takes the W pushes of its shard one after another and adds each into the sum: ``W x shard / gamma`` with gamma
     the bytes per second one core sums (numpy float32 add, ~2e9 B/s on one core: the default
-    ``Cluster.reduce_Bps`` of CPU clusters; the committed mlp-wide runs, 28.4 MB: each extra worker
-    added 15 ms (0.5 ns/B) to the step beyond its 2 S / B on the server's link). The one update
-    per step (S / K) is in the one-worker step the calibration starts from.
+    ``Cluster.reduce_Bps`` of CPU clusters, in line with what each extra worker added to the
+    committed mlp-wide steps beyond the server link's bytes, benchmarks/figures/cluster_training.md).
+    The one update per step (S / K) is in the one-worker step the calibration starts from.
     """
     if pushes < 0 or shard_bytes < 0 or not reduce_Bps > 0:
         raise ValueError(f"pushes={pushes}, shard_bytes={shard_bytes} must be >= 0 and reduce_Bps={reduce_Bps} > 0")

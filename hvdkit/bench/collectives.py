@@ -22,7 +22,7 @@ ps, ps2         push + pull through K = 1 or 2 dedicated server ranks (the last 
                 contiguous 1/K of the buffer each; the others are workers), synchronous, the
                 SGD update (lr = 1) applied on the servers
 ps-colocated    push + pull through N shard servers, one thread per rank (BytePS-style),
-                synchronous, update applied; per rank 2 (N-1)/N x S bytes, as a ring
+                synchronous, update applied; per rank the bytes of a ring (docs/performance.md)
 memcpy          ``np.copyto`` of S bytes on each rank alone: the physical limit of one host
 horovod-fp16,   ``--compression fp16`` (:mod:`hvdkit.compression`): the same reductions with float16
 ring-fp16,      on the wire (scaled by powers of two), as the strategies run them; ps-fp16-push
@@ -57,11 +57,9 @@ exact; every method's result at every size is compared with the exact sum on eve
 differing elements summed over ranks. The footer says OK or FAILED; the exit code agrees
 (0 or 1).
 
-Bandwidths (GB/s = 1e9 bytes/s), for S bytes and N ranks:
-    algbw = S / time
-    busbw = algbw x 2 (N-1) / N   for every allreduce-equivalent row (nccl-tests' allreduce
-                                  factor: the bytes each rank must move in an optimal algorithm)
-    busbw = algbw                 for memcpy
+Bandwidths (GB/s = 1e9 bytes/s): algbw and busbw as nccl-tests defines them, every row an
+allreduce-equivalent (docs/performance.md, busbw; :func:`hvdkit.costs.busbw`); busbw = algbw
+for memcpy.
 
 The alpha-beta prediction (:mod:`hvdkit.costs`; one rank per host, each on its own link)
 is printed next to each row when a link is given: ``--link-bandwidth RATE`` (bits/s as tc

@@ -45,9 +45,9 @@ def _compute_s(meas: Measured, model: str, rate: str) -> float | None:
 def baseline_step(variant: str, nbytes: float, workers: int, link_Bps: float, compute_s: float) -> float:
     """The naive predictor: ``compute + the busiest link's bytes / the probed rate`` (seconds).
 
-    The bytes are those of the variant row's traffic formula (:mod:`hvdkit.costs`: ring
-    ``2 (W-1)/W S``, K dedicated servers ``2 max(S, W S / K)``, colocated ``2 (W-1)/W S``; fp16 on the
-    wire halves S) with no latency, no CPU and no overlap; asynchronous rows as if synchronous.
+    The bytes are those of the variant row's traffic formula (:mod:`hvdkit.costs`; docs/performance.md,
+    ring allreduce and parameter server; fp16 on the wire halves S) with no latency, no CPU and no
+    overlap; asynchronous rows as if synchronous.
     """
     v = parse_variant(variant)
     s = nbytes * priced(v, workers).wire_fraction

@@ -152,12 +152,13 @@ def job_command(place, cell: Cell, s: Settings, out_dir: str) -> list[str]:
 # ---------------------------------------------------------------- the traffic model
 
 def busiest_link_bytes(layout: str, gradient_bytes: float, workers: int, servers: int) -> float | None:
-    """Bytes one global step puts on the busiest link, in one direction (links are full duplex).
+    """Bytes one global step puts on the busiest link, in one direction (links are full duplex);
+    the bandwidth terms of :mod:`hvdkit.costs` (docs/performance.md):
 
-    * ``replicas`` (horovod, ring; N workers): ``2 (N-1)/N x S`` on every link (Patarasuk & Yuan 2009);
-    * ``dedicated`` (PS with K server ranks on their own hosts, W workers): ``max(S, W S / K)``: each
-      server's link carries W S / K in during the push and out during the pull (K = 1: W S);
-    * ``colocated`` (N ranks, each a worker and a shard server): ``2 (N-1)/N x S`` (BytePS);
+    * ``replicas`` (horovod, ring; N workers) and ``colocated`` (N ranks, each a worker and a shard
+      server): a ring allreduce's bytes, on every link (docs/performance.md, ring allreduce);
+    * ``dedicated`` (PS with K server ranks on their own hosts, W workers): the busier of a worker's
+      and a server's link in one direction of the push + pull (docs/performance.md, parameter server);
     * ``pipeline``, ``tf-ps``: None (no traffic model here).
 
     Args:
@@ -169,12 +170,12 @@ def busiest_link_bytes(layout: str, gradient_bytes: float, workers: int, servers
     """
     if workers < 1:
         raise ValueError(f"workers={workers} must be >= 1")
-    if layout in ("replicas", "colocated"):
-        return 2 * (workers - 1) / workers * gradient_bytes
+    if layout in ("replicas", "colocated"):   # seconds at B = 1 byte/s, no latency: the bytes
+        return costs.ring_allreduce_time(gradient_bytes, workers, 1.0)
     if layout == "dedicated":
         if servers < 1:
             raise ValueError(f"servers={servers} must be >= 1")
-        return max(gradient_bytes, workers * gradient_bytes / servers)
+        return costs.ps_time(gradient_bytes, workers, servers, 1.0) / 2   # one direction of push + pull
     return None
 
 

@@ -39,12 +39,12 @@ __all__ = ["ROOT", "PERIOD_US", "MIN_QUOTA_US", "ClusterError", "Layout", "layou
            "create", "exists", "usage_s", "throttled_s", "pids", "remove", "leftovers", "enter_argv"]
 
 ROOT = "/sys/fs/cgroup"
-#: the CFS period every group gets, microseconds: 10 ms, not the kernel's default 100 ms. Measured
-#: on 5 emulated hosts at 0.4 core each (cnn, 3 workers, 2 rounds): with 100 ms periods a rank that
-#: busy-polls while it waits spends its 40 ms quota and is throttled for the rest of the period
-#: (h1 throttled in 1958 of 2144 periods), so Horovod ran at 200 samples/s and hvdkit's ring at
-#: 293; with 10 ms periods 728 and 1136, with 5 ms 771 and 1081 (no share: 1044 and 1557). Real
-#: hosts do not stall a poller that way; below 10 ms the gain is within the spread.
+#: the CFS period every group gets, microseconds: 10 ms, not the kernel's default 100 ms. With
+#: 100 ms periods a rank that busy-polls while it waits spends its quota and is throttled for the
+#: rest of the period, so collectives take whole periods (benchmarks/figures/fair24/1gbit/, measured
+#: at 100 ms) and Horovod and hvdkit's ring trained several times slower than at 10 ms on 5 emulated
+#: hosts at 0.4 core each. Real hosts do not stall a poller that way; below 10 ms the gain was
+#: within the spread.
 PERIOD_US = 10_000
 #: the kernel's smallest quota, microseconds (1 ms; sched-bwc.rst)
 MIN_QUOTA_US = 1_000

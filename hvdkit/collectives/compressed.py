@@ -28,11 +28,10 @@ gradient becomes inf; each element of the sum is within
 to first order; divide by N for the average. Pieces holding inf or NaN travel with ``k = 0``
 and stay non-finite, as without compression.
 
-Bytes per rank per call: ``2 (N-1)/N x S/2`` (+ 2 bytes per message) for ``S`` bytes of float32,
-against ``2 (N-1)/N x S``; ``S/4`` of float64. Buffers of other dtypes (float16, bfloat16,
-integers) are reduced by the plain ring. Extra work per rank: one float16 cast of the
-chunk it sends and one of each chunk it receives (NumPy: ~2.5 ns and ~1.5 ns per element on
-the 2-core CI machine).
+Bytes per rank per call: the ring's (docs/performance.md, ring allreduce) for S/2 bytes when
+``S`` bytes are float32 (S/4 when float64), + 2 bytes per message (the scale). Buffers of other
+dtypes (float16, bfloat16, integers) are reduced by the plain ring. Extra work per rank: one
+float16 cast of the chunk it sends and one of each chunk it receives.
 """
 from __future__ import annotations
 

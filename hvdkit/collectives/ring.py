@@ -25,10 +25,9 @@ no rank ever blocks on a send, so the ring cannot deadlock. Messages travel on a
 communicator duplicated for the ring (``comm.Dup()``), so they never match a message of
 another library (Horovod, the trainer's own collectives) on the parent communicator.
 
-Cost model, for a buffer of S bytes: each rank sends (and receives) 2 (N - 1) / N x S
-bytes in 2 (N - 1) steps. With per-message latency a and per-byte time b that is
-2 (N - 1) a + 2 (N - 1) / N x S b, bandwidth optimal (Patarasuk & Yuan prove no allreduce
-moves fewer bytes per rank) but with latency linear in N. N = 1 is a no-op.
+Cost: 2 (N - 1) steps, bandwidth optimal (Patarasuk & Yuan prove no allreduce moves fewer
+bytes per rank) but with latency linear in N; bytes per rank and time: docs/performance.md,
+ring allreduce (computed by :func:`hvdkit.costs.ring_allreduce_time`). N = 1 is a no-op.
 
 Fusion buckets (``fusion_bytes``): a buffer longer than ``fusion_bytes`` is reduced as
 consecutive buckets of at most ``fusion_bytes`` bytes (rounded down to whole elements),

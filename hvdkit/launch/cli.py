@@ -56,9 +56,8 @@ def _parser() -> argparse.ArgumentParser:
                "MPICH gets -genvlist and none of those Open MPI-only flags. Open MPI launches across "
                "hosts (-H or --hostfile, mpirun or horovodrun) also get --mca coll_tuned_use_dynamic_rules 1 "
                "--mca coll_tuned_allreduce_algorithm 4 (Open MPI's ring allreduce, which Horovod's MPI "
-               "operations use too: on 3 emulated hosts at 1 Gbit/s it about doubled their bus bandwidth at "
-               "4-16 MiB; benchmarks/README.md) unless --mpi-args or an OMPI_MCA_coll_tuned_* variable sets "
-               "a coll_tuned parameter.\n"
+               "operations use too; measured against the default: benchmarks/figures/cluster_collectives.md) "
+               "unless --mpi-args or an OMPI_MCA_coll_tuned_* variable sets a coll_tuned parameter.\n"
                "Signals: the job runs as hvdkit-launch's child and ends with it, SIGKILL included (no rank outlives "
                "it); SIGINT, SIGTERM and SIGHUP end the job (status 128+N), SIGUSR1 makes hvdkit.train checkpoint "
                "at the next step and stop with status 75 (continue with --resume; --launcher mpi only).",

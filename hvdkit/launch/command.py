@@ -28,8 +28,8 @@ FORWARD_PREFIXES = ("NCCL_", "HOROVOD_", "HVDKIT_")
 #: Open MPI parameters hvdkit-launch adds to multi-host launches, by family (a family the user set
 #: in --mpi-args or OMPI_MCA_* is left alone):
 #: * coll_tuned: the ring allreduce (algorithm 4) instead of Open MPI's fixed choice, which on 3-4
-#:   hosts reached a fraction of the link (measured on the emulated cluster, benchmarks/README.md
-#:   "Collectives on the emulated cluster");
+#:   hosts reached a fraction of the link (benchmarks/figures/cluster_collectives.md, the
+#:   ``[ompi-ring]`` rows against the default ones);
 #: * oob_tcp_keepalive: mpirun notices a lost host within about 5 + 3 x 3 = 14 s of silence and ends
 #:   the job naming it ("Remote daemon ... on node h3"); with Open MPI's defaults (300 s, 9 x 20 s)
 #:   a host lost mid-training left the job hanging for minutes (tests/cluster/test_multihost.py)

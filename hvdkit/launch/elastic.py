@@ -45,8 +45,8 @@ after the last packet it received, and an idle session receives a probe's answer
 a silent host's session ends ``--gloo-timeout`` - 1 to ``--gloo-timeout`` seconds after its link
 went down, by the time the survivors' collectives time out. The job re-forms only once that
 session has ended (Horovod's driver waits for every worker of the old membership to report), so
-this is what bounds the re-form after a link loss; it was 6-8 s at a 5 s timeout with probes
-every 2 s, 3 allowed (measured: benchmarks/figures/cluster_elastic.json, tests/cluster/elastic_kill.py).
+this is what bounds the re-form after a link loss (measured: benchmarks/figures/cluster_elastic.md,
+tests/cluster/elastic_kill.py).
 """
 from __future__ import annotations
 

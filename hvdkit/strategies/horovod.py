@@ -16,7 +16,8 @@ gradients keep their dtype (one grouped allreduce per dtype; float16 ones scaled
 by every rank, as with ``--compression fp16`` below, so that Horovod's float16 sum cannot overflow). Horovod 0.28 has no bfloat16
 (neither allreduce nor broadcast): a model with a bfloat16 variable is refused at set-up.
 
-Bytes per step per rank: 2 (N-1)/N x S for S bytes of gradients (ring allreduce).
+Bytes per step per rank: a ring allreduce of the S bytes of gradients (docs/performance.md,
+ring allreduce).
 
 ``--compression fp16`` (:func:`fp16_grouped_allreduce`): Horovod's own
 ``hvd.Compression.fp16`` on the float32/float64 gradients, each first scaled by a power of two

@@ -16,10 +16,10 @@ ends with identical weights.
 
 All messages travel on a communicator duplicated from the world (``comm.Dup()``).
 
-Bytes per step per rank: 2 (N-1)/N x S for S bytes of gradients (each variable in its own
-dtype; an embedding's whole table, dense), in 2 (N-1) messages per bucket of each dtype's
-buffer; ``report()`` gives the figure measured by the ring code on every rank next to that
-formula.
+Bytes per step per rank: a ring allreduce (docs/performance.md, ring allreduce) of the S bytes
+of gradients (each variable in its own dtype; an embedding's whole table, dense), in 2 (N-1)
+messages per bucket of each dtype's buffer; ``report()`` gives the figure measured by the ring
+code on every rank next to that formula.
 
 Run it::
 

@@ -88,7 +88,8 @@ def busbw_axes(ax, doc: Mapping, palette: Mapping[str, tuple]) -> None:
     ax.set_xticks(ticks[::step], [human_bytes(t) for t in ticks[::step]], rotation=30)
     ax.set_xlabel("message size per rank S (bytes)")
     ax.set_ylabel("busbw (GB/s, 1e9 B/s)")
-    ax.set_title(f"allreduce busbw vs message size, {n} ranks\nbusbw = S/t x 2(N-1)/N (memcpy: S/t)")
+    ax.set_title(f"allreduce busbw vs message size, {n} ranks\nbusbw as nccl-tests defines it "
+                 "(docs/performance.md; memcpy: S/t)")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8, title="method")
 

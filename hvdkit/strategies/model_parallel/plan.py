@@ -15,11 +15,9 @@ cnn's stages are balanced in memory, not time). Stage r runs on rank r. Refused 
 resnet50, or a subclassed model), more ranks than layers with weights, boundary activations that are not float32.
 
 Bytes per step per rank: stage r receives its input activations and sends back their
-gradient, sends its output activations and receives their gradient:
-``2 x 4 x B x (a_in + a_out)`` bytes, a_in/a_out = float32 elements per sample at its input
-and output boundaries (0 at the ends of the pipeline); independent of the number of
-micro-batches M (M times as many messages). Compare data parallel's ``2 (N-1)/N x S``
-(S = gradient bytes). GPipe's bubble fraction is ``(N-1) / (M+N-1)`` of the step for N stages.
+gradient, sends its output activations and receives their gradient (:func:`stage_bytes_per_step`),
+independent of the number of micro-batches M (M times as many messages); against data
+parallel's, and GPipe's bubble fraction: docs/performance.md, pipeline.
 """
 from __future__ import annotations
 

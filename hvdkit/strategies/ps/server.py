@@ -134,8 +134,8 @@ class ServerLoop:
                 server process); a number of seconds to sleep between checks (a server thread
                 beside a worker). While that worker is waiting for replies (``helped``) it
                 serves this shard itself, and the thread sleeps 20 times longer: its wake-ups
-                would only fight the worker for the GIL (measured at 4 KiB, 2 ranks: 145 us
-                per round trip with no thread, 550 us with a thread waking every 50 us).
+                would only fight the worker for the GIL (small round trips took several times
+                longer with a thread waking every 50 us).
 
         Raises:
             TimeoutError: the workers holding up a sync step or an SSP gate sent nothing for

@@ -5,9 +5,8 @@ Roles come from MPI ranks:
 * dedicated servers (default): the last ``--num-servers K`` ranks are servers, the others
   workers (so rank 0 is always worker 0, the rank that logs). Needs world size >= K + 1.
 * ``--ps-colocated``: every rank is a worker and also serves one shard (K = world size) in
-  a server thread, as BytePS colocates servers with workers. Each rank then sends
-  (N-1)/N x S gradient bytes and receives (N-1)/N x S weight bytes per step for S bytes of
-  parameters: 2 (N-1)/N x S in all, the same as a ring allreduce.
+  a server thread, as BytePS colocates servers with workers. Each rank then moves as many
+  bytes per step as in a ring allreduce (docs/performance.md, colocated parameter server).
 
 The model's trainable variables are flattened into one vector, split into K balanced
 shards (:class:`~hvdkit.strategies.ps.protocol.Layout`): float32, or float64 when a
@@ -17,8 +16,8 @@ gradient (:func:`hvdkit.steps.dense_gradients`: a variable the loss does not rea
 zeros, so it is never moved; an Embedding's sparse gradient is pushed as its dense table
 gradient, duplicate rows summed), pushes each shard's slice to that shard's server, and
 receives the shard's weights after the update (push and pull in one round trip). Bytes per
-step per worker: 2 x S (S = parameter bytes, the whole vector: dense, sparse gradients
-included) with dedicated servers, 2 (N-1)/N x S colocated. The servers own the optimizer
+step per worker and per server: docs/performance.md, parameter server (S = parameter bytes,
+the whole vector: dense, sparse gradients included). The servers own the optimizer
 (:mod:`~hvdkit.strategies.ps.rules`); the workers' Keras optimizer is not used.
 
 Learning rate: ``ps-sync`` averages W gradients per update and, like ``horovod``, scales
@@ -103,7 +102,7 @@ class PSStrategy(Strategy):
 
     @classmethod
     def traffic_for(cls, opts=None) -> str:
-        """``colocated_ps_time`` (ring bytes, 2 (N-1)/N S per rank) or ``ps_time`` (K dedicated servers)."""
+        """``colocated_ps_time`` (every rank a shard) or ``ps_time`` (K dedicated servers): :mod:`hvdkit.costs`."""
         return "colocated_ps_time" if cls._opts(opts).ps_colocated else "ps_time"
 
     @classmethod
