@@ -27,7 +27,7 @@ from typing import Callable, Mapping
 from hvdkit.errors import UsageError
 from hvdkit.results import atomic_write, read_json
 
-__all__ = ["main", "GENERATORS", "SKIP", "Generator", "generator_for", "render", "table_path", "json_files"]
+__all__ = ["main", "build_parser", "GENERATORS", "SKIP", "Generator", "generator_for", "render", "table_path", "json_files"]
 
 PROG = "hvdkit-bench figures"
 DEFAULT_DIR = os.path.join("benchmarks", "figures")
@@ -134,44 +134,16 @@ class Generator:
     blocks: Callable[[Mapping], list]
 
 
-def _training(doc):
-    from hvdkit.bench.figure_tables import training_blocks
-    return training_blocks(doc)
+def _lazy(module: str, name: str) -> Callable[[Mapping], list]:
+    """``module.name(doc)``, imported on first use (``hvdkit-bench figures --help`` imports no table code)."""
+    def blocks(doc: Mapping) -> list:
+        import importlib
+        return getattr(importlib.import_module(module), name)(doc)
+    return blocks
 
 
-def _cluster_training(doc):
-    from hvdkit.bench.figure_tables import cluster_training_blocks
-    return cluster_training_blocks(doc)
-
-
-def _cluster_collectives(doc):
-    from hvdkit.bench._collective_report import cluster_blocks
-    return cluster_blocks(doc)
-
-
-def _collectives(doc):
-    from hvdkit.bench._collective_report import collectives_blocks
-    return collectives_blocks(doc)
-
-
-def _elastic(doc):
-    from hvdkit.bench.figure_tables import elastic_blocks
-    return elastic_blocks(doc)
-
-
-def _restarts(doc):
-    from hvdkit.bench.figure_tables import restarts_blocks
-    return restarts_blocks(doc)
-
-
-def _timeline_cost(doc):
-    from hvdkit.bench.timeline_cost import blocks
-    return blocks(doc)
-
-
-def _probe(doc):
-    from hvdkit.bench.figure_tables import probe_blocks
-    return probe_blocks(doc)
+_TABLES = "hvdkit.bench.figure_tables"
+_COLL = "hvdkit.bench._collective_report"
 
 
 def _is_advise_check(doc: Mapping) -> bool:
@@ -181,23 +153,24 @@ def _is_advise_check(doc: Mapping) -> bool:
 #: the kinds of measurement JSON, first match wins; advise-check's are handled by :func:`render`
 GENERATORS = [
     Generator("training", lambda d: _bench(d) == "training" and "summary" in d,
-              "Training: samples/s, scaling efficiency and the step's split", _cmd_training, _training),
+              "Training: samples/s, scaling efficiency and the step's split", _cmd_training,
+              _lazy(_TABLES, "training_blocks")),
     Generator("cluster_training", lambda d: _bench(d) == "cluster_training",
               "Training on the emulated cluster (removed cluster_training driver)", _cmd_cluster_training,
-              _cluster_training),
+              _lazy(_TABLES, "cluster_training_blocks")),
     Generator("cluster_collectives", lambda d: _bench(d) == "cluster_collectives",
               "Collectives on a cluster: busbw / link and time / prediction", _cmd_cluster_collectives,
-              _cluster_collectives),
+              _lazy(_COLL, "cluster_blocks")),
     Generator("collectives", lambda d: _bench(d) == "collectives", "Collectives: busbw per method and size",
-              _cmd_collectives, _collectives),
+              _cmd_collectives, _lazy(_COLL, "collectives_blocks")),
     Generator("cluster_elastic", lambda d: _bench(d) == "cluster_elastic", "Elastic Horovod: losing and re-adding "
-              "a host", _cmd_recovery, _elastic),
+              "a host", _cmd_recovery, _lazy(_TABLES, "elastic_blocks")),
     Generator("cluster_restarts", lambda d: _bench(d) == "cluster_restarts", "Restarts from the last checkpoint "
-              "after a host is killed", _cmd_recovery, _restarts),
+              "after a host is killed", _cmd_recovery, _lazy(_TABLES, "restarts_blocks")),
     Generator("timeline_cost", lambda d: "strategies" in d and "interleave" in d, "What --timeline costs a step",
-              _cmd_timeline_cost, _timeline_cost),
+              _cmd_timeline_cost, _lazy("hvdkit.bench.timeline_cost", "blocks")),
     Generator("cluster_probe", lambda d: "probe" in d and "spec" in d, "The emulated cluster's probed links",
-              _cmd_probe, _probe),
+              _cmd_probe, _lazy(_TABLES, "probe_blocks")),
 ]
 
 
@@ -269,8 +242,8 @@ def _rel(path: str, root: str) -> str:
     return os.path.relpath(path, root).replace(os.sep, "/")
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Write (or with ``--check`` compare) every table under DIR; the exit status (module docstring)."""
+def build_parser() -> argparse.ArgumentParser:
+    """``hvdkit-bench figures``' parser: ``DIR`` (default ``benchmarks/figures``) and ``--check``."""
     p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0],
                                 epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("dir", nargs="?", default=DEFAULT_DIR, metavar="DIR",
@@ -278,7 +251,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--check", action="store_true",
                    help="write nothing; exit 1 with one line per stale or missing table (and per JSON no generator "
                         "knows)")
-    a = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Write (or with ``--check`` compare) every table under DIR; the exit status (module docstring)."""
+    a = build_parser().parse_args(argv)
     if not os.path.isdir(a.dir):
         print(f"{PROG}: error: {a.dir!r} is not a directory; give the directory of the measurement JSONs "
               f"(default {DEFAULT_DIR})", file=sys.stderr)

@@ -89,3 +89,10 @@ def test_bench_command_table_has_the_row():
     from hvdkit.bench import cli
     assert cli.COMMANDS["figures"] == "hvdkit.bench.figures"
     assert cli.main(["figures", "--check", FIGS]) == 0
+
+
+def test_unreadable_json_is_one_line_and_status_2(tmp_path, capsys):
+    (tmp_path / "broken.json").write_text("{not json")
+    assert figures.main([str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "broken.json is not readable JSON" in err[0]
