@@ -156,6 +156,12 @@ class Calibration:
         fit_quota: ``{(rate, method): cores}`` where the collectives ran under a CPU quota of their own
             (a cluster-collectives run; None: no quota); absent: the place's.
         notes: one line per micro-measurement the calibration could not use as it is (why, and what it took instead).
+        points: ``{(rate, method): ((bytes, seconds), ...)}``, every size the collectives measured at
+            ``hosts`` hosts, the small ones too (:meth:`collective_time` interpolates them).
+        overhead: ``{(rate, model, variant): seconds at one full core}``: what a one-worker step of a
+            row without network at one worker (a ring, a colocated PS) spends beyond its compute
+            (the harness's own split, ``Cell.base_ms``): the strategy's per-step copies. A floor of the
+            row's communication at more workers, not added to it (:meth:`predict`).
     """
     fits: dict
     base: dict
@@ -165,6 +171,8 @@ class Calibration:
     reduce_Bps: float = 2e9
     fit_quota: dict = field(default_factory=dict)
     notes: list = field(default_factory=list)
+    points: dict = field(default_factory=dict)
+    overhead: dict = field(default_factory=dict)
 
     def share(self, rate: str, ranks_on_host: int, ranks: int, threads: int = 1, method: str | None = None) -> float:
         """:func:`~hvdkit.advise.model.cpu_share` of one busy thread of a job of ``ranks`` ranks of
@@ -182,6 +190,27 @@ class Calibration:
             if key in self.base:
                 return self.base[key]
         return None
+
+    def collective_time(self, rate: str, method: str, nbytes: float) -> float | None:
+        """Seconds of ``method``'s collective of ``nbytes`` at ``hosts`` hosts, from its measured sizes:
+        linear between the two measured sizes around ``nbytes``, the smallest size's time below them,
+        and the Hockney fit's slope beyond the largest; None when the method has no points.
+
+        Why not the fit alone: under a CPU quota a message step costs at least about one CFS period
+        (the fair runs: every size up to 64 KiB took 10 ms at a 10 ms period, 256 KiB-1 MiB 30 ms), a
+        floor a straight line fitted at >= 1 MiB does not have, and a ring on W hosts moves chunks of
+        2 S / W, down in that floor (cnn, 1.1 MB, at 4 workers).
+        """
+        pts = self.points.get((rate, method))
+        if not pts:
+            return None
+        xs, ys = zip(*sorted(pts))
+        if nbytes <= xs[0]:
+            return ys[0]
+        if nbytes >= xs[-1]:
+            fit = self.fits.get((rate, method))
+            return ys[-1] + (fit[1] if fit else 0.0) * (nbytes - xs[-1])
+        return float(np.interp(nbytes, xs, ys))
 
     def _fit(self, rate: str, method: str, wire_fraction: float) -> tuple[tuple[float, float], float, str] | None:
         """(the fit for ``method``, the gradient bytes scale it applies to, the method fitted): the method's own fit, else
@@ -228,9 +257,9 @@ class Calibration:
         k = row.servers or 1
         ln = self.links[rate]
         ranks = workers + (k if comm == "ps" else 0)
-        t = row.busy_threads
+        t = busy_threads(row, workers)
         share = self.share(rate, ranks_on_host, ranks, t)
-        share_fit = self.share(rate, 1, self.hosts, t, fit_method)
+        share_fit = self.share(rate, 1, self.hosts, row.busy_threads, fit_method)
         n = nbytes * scale
         wf = row.wire_fraction / scale   # the fit's bytes axis: float32 bytes for an -fp16 method's own fit
         cal_workers = self.hosts - 1 if comm == "ps" else self.hosts
@@ -242,6 +271,16 @@ class Calibration:
             # the sum runs at reduce_Bps on a full core: in the fit's CPU units (at share_fit), / share_fit
             cpu = parts["cpu"] + server_serial_time(w_eff - 1, nbytes / k, self.reduce_Bps) / share_fit
             lat = parts["latency"]
+        elif comm == "ring" and self.points.get((rate, fit_method)):
+            # a ring of W is 2 (W - 1) steps of 2 S / W bytes each way; the measured 2-host ring of x bytes
+            # is 2 steps of x / 2: so (W - 1) x the 2-host time at x = 2 S / W (Patarasuk & Yuan 2009),
+            # read off the measured sizes where the chunk is small (the quota's floor per step)
+            ring = ln.link_Bps / ln.ring_Bps if ln.ring_Bps and workers > 2 else 1.0
+            x = 2 * n / workers
+            per = self.collective_time(rate, fit_method, x)
+            w2 = min(per, wf * x / ln.link_Bps)
+            lat_p = min(per - w2, max(0.0, per - b * x))
+            lat, cpu, wire = (workers - 1) * lat_p, (workers - 1) * (per - w2 - lat_p), (workers - 1) * w2 * ring
         else:
             # every host sends and receives at once: the probe's ring-pattern rate where it measured one
             ring = ln.link_Bps / ln.ring_Bps if ln.ring_Bps and workers > 2 else 1.0
@@ -249,6 +288,9 @@ class Calibration:
             cpu = parts["cpu"] * wire_factor(comm, workers) / wire_factor(comm, cal_workers)
             lat = parts["latency"] * latency_steps(comm, workers) / latency_steps(comm, cal_workers)
         compute = base / share
+        # the one-worker step's own copies (rows without network at one worker): a floor, not a sum
+        floor = self.overhead.get((rate, model, row.label), 0.0) / share if comm != "ps" else 0.0
+        cpu = max(cpu, (floor - wire) * share / share_fit - lat)
         soft = (lat + cpu) * share_fit / share
         step = compute + soft + wire
         terms = {"compute": compute, "latency": lat * share_fit / share, "cpu": cpu * share_fit / share, "wire": wire}
@@ -264,6 +306,14 @@ class Calibration:
                           samples_per_s=workers * batch / step, link_bytes=wire_factor(comm, workers, k) * nbytes,
                           link="server NIC" if comm == "ps" else "NIC", limiting=LIMITS[worst], hvdkit=row.hvdkit,
                           terms=terms)
+
+
+def busy_threads(row, workers: int) -> int:
+    """The busy threads of one of ``row``'s ranks at ``workers`` workers: its ``busy_threads``, but 1 at one
+    worker, where no peer is waited for. Measured (fair hosts, 0.4 core, 10 ms period): Horovod's compute
+    per step was 19.8 ms at one worker and 42.6 ms at two (cnn; mlp-wide 104 and 210 ms), hvdkit's ring
+    (one thread) 19.9 and 23.9 ms."""
+    return row.busy_threads if workers > 1 else 1
 
 
 def _polyfit(xy) -> tuple[float, float] | None:
@@ -284,11 +334,13 @@ def calibrate(meas, hosts: int = 2, min_bytes: int = 1 << 20) -> Calibration:
     no one-worker cell takes the model's horovod (else ring) base; a rate without one takes another
     rate's (compute does not depend on the link).
     """
-    fits, used, pts = {}, set(), {}
+    fits, used, pts, every = {}, set(), {}, {}
     for r in meas.collectives:
         if r.get("hosts") == hosts and r.get("slots", 1) == 1 and r.get("variant", "main") == "main" \
-                and r["bytes"] >= min_bytes and "[" not in r["method"] and r.get("rate") in meas.links:
-            pts.setdefault((r["rate"], r["method"], r["ranks"]), []).append((r["bytes"], r["time_us"] / 1e6))
+                and "[" not in r["method"] and r.get("rate") in meas.links:
+            every.setdefault((r["rate"], r["method"]), []).append((r["bytes"], r["time_us"] / 1e6))
+            if r["bytes"] >= min_bytes:
+                pts.setdefault((r["rate"], r["method"], r["ranks"]), []).append((r["bytes"], r["time_us"] / 1e6))
     quota = {}
     for r in meas.collectives:
         if "cpus_per_host" in r:
@@ -299,7 +351,8 @@ def calibrate(meas, hosts: int = 2, min_bytes: int = 1 << 20) -> Calibration:
             fits[(rate, method)] = fit
             used.add(("collectives", rate, method, ranks))
     cal = Calibration(fits, {}, dict(meas.links), used, hosts,
-                      fit_quota={k: v for k, v in quota.items() if k in fits})
+                      fit_quota={k: v for k, v in quota.items() if k in fits},
+                      points={k: tuple(sorted(v)) for k, v in every.items() if k in fits})
     raw: dict = {}
     for c in meas.cells:
         if c.workers != 1 or c.rate not in meas.links:
@@ -309,7 +362,7 @@ def calibrate(meas, hosts: int = 2, min_bytes: int = 1 << 20) -> Calibration:
         except UsageError:   # a row advise has no formula for (model parallel, tf-ps)
             continue
         net = 0.0
-        share = cal.share(c.rate, max(1, -(-c.ranks // (c.hosts or c.ranks))), c.ranks, row.busy_threads)
+        share = cal.share(c.rate, max(1, -(-c.ranks // (c.hosts or c.ranks))), c.ranks, busy_threads(row, 1))
         if row.comm == "ps":   # less the push + pull, as predict() prices them for one worker at this share
             got = cal._fit(c.rate, collective_method(row, 1)[0] or "ps", row.wire_fraction)
             if got is None:
@@ -320,6 +373,10 @@ def calibrate(meas, hosts: int = 2, min_bytes: int = 1 << 20) -> Calibration:
             net = (parts["latency"] + parts["cpu"]) * cal.share(c.rate, 1, hosts, row.busy_threads, m) / share \
                 + parts["wire"]
         base = (c.step_ms / 1e3 - net) * share
+        if row.comm != "ps" and c.base_ms is not None and 0 < c.base_ms <= c.step_ms:
+            # no network at one worker: the step is compute + the strategy's own copies (the harness's split)
+            base = c.base_ms / 1e3 * share
+            cal.overhead[(c.rate, c.model, c.variant)] = (c.step_ms - c.base_ms) / 1e3 * share
         if base > 0:
             raw[(c.rate, c.model, c.variant)] = base
             used.add(("cell", c.model, c.variant, 1, c.rate))

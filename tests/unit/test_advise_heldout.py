@@ -277,3 +277,70 @@ def test_a_one_worker_step_shorter_than_its_fitted_network_is_noted(tmp_path):
     assert len(cal.notes) == 1 and "disagree" in cal.notes[0]
     assert ("cell", "cnn", "ps-sync", 1, "1gbit") not in cal.used
     assert cal.base_of("1gbit", "cnn", "ps-sync") == cal.base[("1gbit", "cnn", "horovod")]
+
+
+# ---------------------------------------------------------------- the fair runs' terms (10 ms CFS period)
+
+
+def test_one_worker_has_no_peer_to_poll_for(tmp_path):
+    """Horovod's background thread busy-polls only while peers lag: at one worker its rank has one busy
+    thread, at two it has two, so under a quota of 0.5 core its compute doubles from 1 to 2 workers
+    (measured on fair hosts: cnn 19.8 -> 42.6 ms, mlp-wide 104 -> 210 ms), the one-thread ring's does not."""
+    from hvdkit.advise.calibrate import busy_threads
+    from hvdkit.advise.predict import priced
+    assert busy_threads(priced("horovod", 1), 1) == 1 and busy_threads(priced("horovod", 2), 2) == 2
+    cal = calibrate(measured.load_dir(str(_suite_dir(tmp_path / "t", quota=0.5))))
+    h1, h2 = (cal.predict("cnn", "horovod", w, "1gbit", S) for w in (1, 2))
+    r1, r2 = (cal.predict("cnn", "ring", w, "1gbit", S) for w in (1, 2))
+    assert h1.step_s == pytest.approx(0.0205)                      # the one-worker step, as measured
+    assert h2.compute_s / h1.compute_s == pytest.approx(2.0) and r2.compute_s == pytest.approx(r1.compute_s)
+
+
+def test_collective_time_reads_the_measured_sizes():
+    """Between measured sizes: linear; below the smallest: its time (the quota's floor per step); beyond
+    the largest: the Hockney fit's slope."""
+    from hvdkit.advise.calibrate import Calibration
+    pts = ((4, 0.010), (65536, 0.010), (1 << 20, 0.030), (1 << 24, 0.300))
+    cal = Calibration({("1gbit", "ring"): (0.011, 1.7e-8)}, {}, {}, set(), points={("1gbit", "ring"): pts})
+    assert cal.collective_time("1gbit", "ring", 1) == 0.010
+    assert cal.collective_time("1gbit", "ring", 32768) == pytest.approx(0.010)
+    assert cal.collective_time("1gbit", "ring", (65536 + (1 << 20)) / 2) == pytest.approx(0.020)
+    assert cal.collective_time("1gbit", "ring", (1 << 24) + 1e6) == pytest.approx(0.300 + 1.7e-8 * 1e6)
+    assert cal.collective_time("1gbit", "horovod", 1e6) is None
+
+
+def test_ring_steps_pay_the_floor_of_their_chunk(tmp_path):
+    """A ring of W hosts is (W - 1) times the 2-host ring at 2 S / W bytes (Patarasuk & Yuan 2009): where
+    that chunk is down in the measured floor, every step pays the floor, which a straight line fitted at
+    >= 1 MiB does not have (cnn, 1.1 MB at 4 workers, measured 84 ms of communication: 6 steps of ~14 ms)."""
+    d = _suite_dir(tmp_path / "f")
+    doc = json.loads((d / "collectives_np2.json").read_text())
+    doc["rows"] += [{"method": "ring", "bytes": n, "time_us": 30_000.0, "wrong": 0, "checked": 2}
+                    for n in (4, 4096, 65536, 262144)]                  # a 30 ms floor below 1 MiB
+    (d / "collectives_np2.json").write_text(json.dumps(doc))
+    cal = calibrate(measured.load_dir(str(d)))
+    small = 600_000                                                     # chunks of 2 S / 4 = 300 kB
+    p4 = cal.predict("cnn", "ring", 4, "1gbit", small)
+    comm = p4.step_s - p4.compute_s
+    assert comm == pytest.approx(3 * 0.030, rel=0.05)                   # (W - 1) x the floor
+    a, b = cal.fits[("1gbit", "ring")]
+    assert comm > 3 * (a + b * 2 * small / 4) * 1.5                      # the line alone: far less
+
+
+def test_one_worker_copies_are_a_floor_not_a_sum(tmp_path):
+    """A ring's one-worker step is its compute plus the strategy's own copies (the harness's split:
+    step - comm - wait); at more workers the collective (which does those copies too) replaces them: the
+    fair runs' mlp-wide ring spent 158 ms beyond compute at one worker and 478 ms at two, the 2-host
+    collective alone 504 ms."""
+    d = _suite_dir(tmp_path / "o")
+    doc = json.loads((d / "training.json").read_text())
+    for r in doc["rows"]:
+        if r["variant"] == "ring" and r["workers"] == 1:
+            r["comm_ms"] = 10.0                                         # 22-23 ms steps, 10 ms of copies
+    (d / "training.json").write_text(json.dumps(doc))
+    cal = calibrate(measured.load_dir(str(d)))
+    p1, p2 = (cal.predict("cnn", "ring", w, "1gbit", S) for w in (1, 2))
+    assert p1.step_s == pytest.approx(0.0225)                           # compute + the copies: as measured
+    assert p1.compute_s == pytest.approx(0.0125)
+    a, b = FITS["ring"]
+    assert p2.step_s == pytest.approx(p1.compute_s + a + b * S, rel=0.01)   # compute + the collective, no sum
