@@ -73,7 +73,7 @@ cuda_from_wheels() {
     if [[ ! -x "$nv/cuda_nvcc/bin/nvcc" ]]; then
         local ver
         ver="$(sed -n 's/^Version: //p' "$site"/nvidia_cuda_nvcc_cu12-*.dist-info/METADATA 2>/dev/null | head -1)"
-        cuda_fail "nvidia-cuda-nvcc-cu12${ver:+==$ver} has no nvcc ($nv/cuda_nvcc/bin holds: $(ls "$nv/cuda_nvcc/bin" 2>/dev/null | tr '\n' ' ')); PyPI's CUDA 12 wheels carry no compiler driver (nvcc, cudafe++, cicc), so Horovod's CUDA kernels cannot be compiled from them: give a CUDA 12 toolkit (HOROVOD_CUDA_HOME=/usr/local/cuda-12.x, NVIDIA's installer or apt repository) or build the image (docker build -f Dockerfile.gpu .)"
+        cuda_fail "nvidia-cuda-nvcc-cu12${ver:+==$ver} has no nvcc ($nv/cuda_nvcc/bin holds only: $(ls "$nv/cuda_nvcc/bin" 2>/dev/null | paste -sd, -)); PyPI's CUDA 12 wheels carry no compiler driver (nvcc, cudafe++, cicc), so Horovod's CUDA kernels cannot be compiled from them: give a CUDA 12 toolkit (HOROVOD_CUDA_HOME=/usr/local/cuda-12.x, NVIDIA's installer or apt repository) or build the image (docker build -f Dockerfile.gpu .)"
         return 1
     fi
     rm -rf "$home"; mkdir -p "$home/lib64" "$home/targets/x86_64-linux"
