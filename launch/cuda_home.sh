@@ -37,16 +37,21 @@ cuda_version() {
 
 # cuda_pick WANT_MAJOR: prints the first system CUDA home of major version WANT_MAJOR
 cuda_pick() {
-    local want="$1" dirs d v nvcc
+    local want="$1" dirs d v nvcc here seen=" "
     if [[ -n "${CUDA_SYSTEM_DIRS+x}" ]]; then dirs="$CUDA_SYSTEM_DIRS"
     else
         dirs="/usr/local/cuda"
         nvcc="$(command -v nvcc 2>/dev/null || true)"
-        [[ -n "$nvcc" ]] && dirs+=" $(dirname "$(dirname "$(readlink -f "$nvcc")")")"
+        if [[ -n "$nvcc" ]]; then   # its toolkit: nvcc's own _HERE_ (a wrapper script on PATH too), else its path
+            here="$(cd /tmp && "$nvcc" --dryrun -E -x cu /dev/null 2>&1 | sed -n 's/^#\$ _HERE_=//p' | head -1)"
+            dirs+=" $(dirname "${here:-$(dirname "$(readlink -f "$nvcc")")}")"
+        fi
     fi
     for d in $dirs; do
         v="$(cuda_version "$d")"
         [[ -n "$v" ]] || continue
+        [[ "$seen" != *" $(readlink -f "$d") "* ]] || continue   # /usr/local/cuda and the nvcc on PATH: one toolkit
+        seen+="$(readlink -f "$d") "
         if [[ "${v%%.*}" == "$want" ]]; then echo "$d"; return 0; fi
         cuda_note "not using the system CUDA $v at $d: the stack's TensorFlow is built for CUDA $want (give HOROVOD_CUDA_HOME=DIR for another)"
     done

@@ -72,8 +72,11 @@ def test_pick_takes_the_stacks_major_and_skips_another(tmp_path):
     assert p.returncode == 0, p.stderr
     assert p.stdout.strip() == c12
     assert f"not using the system CUDA 13.0 at {c13}" in p.stderr
-    p = _run("pick", "12", CUDA_SYSTEM_DIRS=c13)   # only a CUDA 13 (this machine kind's /usr/local/cuda)
+    link = tmp_path / "cuda"   # /usr/local/cuda -> cuda-13.0, and the nvcc on PATH in it: one toolkit, one note
+    link.symlink_to(c13)
+    p = _run("pick", "12", CUDA_SYSTEM_DIRS=f"{link} {c13}")   # only a CUDA 13 (this machine kind's /usr/local/cuda)
     assert p.returncode == 0 and p.stdout.strip() == ""
+    assert p.stderr.count("not using the system CUDA 13.0") == 1, p.stderr
 
 
 def test_pypi_nvcc_wheel_without_nvcc_ends_in_one_line(tmp_path):
