@@ -23,10 +23,10 @@ train: setup
 	TF_CPP_MIN_LOG_LEVEL=2 $(VENV)/bin/horovodrun -np $(NP) $(PY) -m hvdkit.train $(ARGS)
 
 test: setup
-	$(PY) -m pytest -ra --durations=25 $(WORKERS) tests
+	$(PY) -m pytest -ra --durations=25 $(WORKERS) -m "not gpu_build" tests
 
 test-quick: setup
-	$(PY) -m pytest -ra $(QUICK_WORKERS) -m "not slow and not cluster" tests
+	$(PY) -m pytest -ra $(QUICK_WORKERS) -m "not slow and not cluster and not gpu_build" tests
 
 clean:
 	rm -rf runs results .pytest_cache

@@ -5,8 +5,13 @@
 #   PYTHON=python3.12 VENV=/opt/venv bash launch/install.sh
 #   TF_STACK=tf218 bash launch/install.sh         # tf218 on Python 3.10 or 3.11 too
 #   bash launch/install.sh --print-stack          # prints "STACK PYTHON" (the choice of step 0) and stops
-#   TF_PACKAGE=tensorflow bash launch/install.sh  # GPU build: `tensorflow` at the version pinned
-#                                                 # for tensorflow-cpu (Dockerfile.gpu does this)
+#   TF_PACKAGE=tensorflow HOROVOD_GPU_OPERATIONS=NCCL bash launch/install.sh
+#       # GPU build: `tensorflow` at the version pinned for tensorflow-cpu, Horovod with NCCL
+#       # (Dockerfile.gpu does this; launch/check_gpu_build.sh checks it on a machine without a GPU).
+#       # CUDA (launch/cuda_home.sh): HOROVOD_CUDA_HOME or CUDA_HOME if given, else a system CUDA of
+#       # the stack's major version (/usr/local/cuda, the nvcc on PATH), else PyPI's CUDA wheels
+#       # (requirements/cuda/<stack>.txt: no nvcc in them, see there); NCCL: the system's, else the
+#       # nvidia-nccl-cu12 wheel. HOROVOD_BUILD_CUDA_CC_LIST=80 (say) compiles for fewer GPUs, faster.
 #
 # The stack (requirements/<stack>.txt, which includes requirements/common.txt) follows the
 # interpreter (launch/stack.py): PYTHON if given, else the python of an existing $VENV, else the
@@ -130,13 +135,22 @@ hvd_ok() {
     [[ "${HOROVOD_GPU_OPERATIONS:-}" != NCCL ]] || PYTHONPATH="$ROOT" "$PY" -c "import hvdkit, horovod.tensorflow as h; assert h.nccl_built()" 2>/dev/null
 }
 if ! hvd_ok; then
-    say "building horovod==$HOROVOD_VERSION with TensorFlow, MPI and Gloo (about 2-5 minutes on 2 cores; cached afterwards)"
+    say "building horovod==$HOROVOD_VERSION with TensorFlow, MPI and Gloo${HOROVOD_GPU_OPERATIONS:+ and $HOROVOD_GPU_OPERATIONS} (about 2-5 minutes on 2 cores; cached afterwards)"
     build_horovod() {
         HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_MPI=1 HOROVOD_WITH_GLOO=1 \
         HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 \
         HOROVOD_GPU_OPERATIONS="${HOROVOD_GPU_OPERATIONS:-}" \
             "$PY" -m pip install -q --no-build-isolation "$@" "horovod==$HOROVOD_VERSION"
     }
+    if [[ "${HOROVOD_GPU_OPERATIONS:-}" == NCCL ]]; then   # the CUDA toolkit and NCCL to compile against
+        # shellcheck source=launch/cuda_home.sh
+        source "$ROOT/launch/cuda_home.sh"
+        cuda_want="$(sed -n 's/^# CUDA=\([0-9]*\)\..*/\1/p' "$REQS")"
+        [[ -n "$cuda_want" ]] || die "$REQS has no '# CUDA=X.Y' line: the stack's CUDA is not known"
+        install_cuda_wheels() { "$PY" -m pip install -q -r "$ROOT/requirements/cuda/$STACK.txt"; }
+        cuda_toolchain "$cuda_want" "$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \
+            "$VENV/cuda-home" install_cuda_wheels || exit 1
+    fi
     build_horovod ${HOROVOD_GPU_OPERATIONS:+--no-cache-dir --force-reinstall --no-deps}
     if ! hvd_ok && [[ -z "${HOROVOD_GPU_OPERATIONS:-}" ]]; then
         # pip's cached wheel of this Python was built against another TensorFlow (TF_STACK=tf218 on a
@@ -157,10 +171,12 @@ fi
 
 # 6. check the Horovod build ---------------------------------------------------------------
 check="$("$VENV/bin/horovodrun" --check-build 2>&1)" || die "horovodrun --check-build failed: $check"
-for fw in "\[X\] TensorFlow" "\[X\] MPI" "\[X\] Gloo"; do
+frameworks=("\[X\] TensorFlow" "\[X\] MPI" "\[X\] Gloo")
+[[ "${HOROVOD_GPU_OPERATIONS:-}" != NCCL ]] || frameworks+=("\[X\] NCCL")
+for fw in "${frameworks[@]}"; do
     grep -q "$fw" <<<"$check" || die "Horovod was built without ${fw#\\[X\\] }:
 $check
 Remove it (\"$PY -m pip uninstall -y horovod\"; \"$PY -m pip cache remove horovod\") and rerun this script."
 done
 versions="$(cd / && "$PY" -c 'import hvdkit, tensorflow as tf; from hvdkit.models import tf_keras_version; print("TensorFlow %s, Keras %s" % (tf.__version__, tf_keras_version()))' 2>/dev/null)"
-say "ready: $VENV (stack $STACK: $versions; horovod $HOROVOD_VERSION with TensorFlow, MPI, Gloo)"
+say "ready: $VENV (stack $STACK: $versions; horovod $HOROVOD_VERSION with TensorFlow, MPI, Gloo${HOROVOD_GPU_OPERATIONS:+, $HOROVOD_GPU_OPERATIONS})"
