@@ -47,10 +47,12 @@ from hvdkit.advise.measured import variant_of
 from hvdkit.advise.model import Cluster, Options, Workload
 from hvdkit.advise.predict import predict_variant, priced
 from hvdkit.bench import heldout
+from hvdkit.cliparse import Parser, print_error
 from hvdkit.errors import UsageError
 from hvdkit.results import write_json
 
-__all__ = ["main", "render", "measured_points", "measured_comparison", "published_comparison", "variant_of", "PUBLISHED"]
+__all__ = ["main", "build_parser", "render", "measured_points", "measured_comparison", "published_comparison",
+           "variant_of", "PUBLISHED"]
 
 PROG = "python -m hvdkit.bench.advise_check"
 
@@ -262,10 +264,9 @@ def markdown_published(pub: list[dict]) -> str:
     return "\n".join(out)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Print the markdown tables; ``--markdown``/``--json`` write them. 0, or 2 on bad input."""
-    p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
+    """The command-line flags (see the module docstring); ``prog``: the name ``--help`` shows."""
+    p = Parser(prog=prog, doc=__doc__)
     p.add_argument("dirs", nargs="*", metavar="DIR",
                    help="output directories of hvdkit-bench suite or training (training.json, collectives json(s), "
                         "cluster.json with the probe), or a directory of them, one per link rate; instead of "
@@ -280,7 +281,16 @@ def main(argv: list[str] | None = None) -> int:
                         "a predicted cell: the summary says held_out false)")
     p.add_argument("--markdown", metavar="FILE", help="write the tables as markdown")
     p.add_argument("--json", metavar="FILE", help="write every row, the statistics and the held-out \"summary\" as JSON")
-    a = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None, prog: str = PROG) -> int:
+    """Print the markdown tables; ``--markdown``/``--json`` write them. 0, or 2 on bad input.
+    ``prog``: the command as typed (``hvdkit bench advise-check``)."""
+    try:
+        a = build_parser(prog).parse_args(argv)
+    except UsageError as e:
+        return print_error(prog, e)
     try:
         md, doc = render(a.dirs, a.training, a.collectives, a.calibration_hosts)
     except UsageError as e:

@@ -95,16 +95,15 @@ import sys
 import time
 
 import numpy as np
-from mpi4py import MPI
-
 from hvdkit import costs
+from hvdkit.cliparse import Parser, print_error
+from hvdkit.errors import UsageError
 from hvdkit.bench._collective_methods import COMPRESSED, METHODS, HorovodWorld, MPIWorld
 from hvdkit.bench._collective_report import format_row, header, ratios as ratio_table
 from hvdkit.bench._common import quartiles
 
-__all__ = ["METHODS", "main", "parse_size"]
+__all__ = ["METHODS", "main", "parse_size", "build_parser"]
 
-WORLD = MPI.COMM_WORLD
 #: prefixes of the environment variables that record how a run was launched
 LAUNCH_ENV = ("HOROVOD_", "OMPI_MCA_coll", "OMPI_MCA_btl", "OMPI_MCA_pml")
 #: ... except those that differ by rank or by launch only (horovodrun's rendezvous)
@@ -139,11 +138,11 @@ def _versions() -> dict:
     return {k: v.get(k) for k in ("hvdkit", "python", "numpy", "mpi4py", "mpi", "tensorflow", "horovod")}
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="mpirun -np N python -m hvdkit.bench.collectives",
-                                description="Allreduce-equivalent bandwidth of every method, side by side "
-                                            "(nccl-tests style table; exit 0 = OK, 1 = FAILED).",
-                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+def build_parser(prog: str = "mpirun -np N python -m hvdkit.bench.collectives") -> argparse.ArgumentParser:
+    """The benchmark's flags (no MPI needed to build them); ``prog``: the name ``--help`` shows."""
+    p = Parser(prog=prog,
+               description="Allreduce-equivalent bandwidth of every method, side by side "
+                           "(nccl-tests style table; exit 0 = OK, 1 = FAILED).", epilog=__doc__)
     g = p.add_argument_group("sizes")
     g.add_argument("--min-bytes", type=parse_size, default=4, help="smallest message per rank (default 4)")
     g.add_argument("--max-bytes", type=parse_size, default=64 << 20, help="largest message per rank (default 64M)")
@@ -224,14 +223,21 @@ def _check_args(a, size: int, mpi: bool) -> str | None:
     return None
 
 
-def main(argv=None) -> int:
-    """Run the benchmark on every rank of ``MPI.COMM_WORLD`` (or of Horovod's world); returns the exit status."""
+def main(argv=None, prog: str = "mpirun -np N python -m hvdkit.bench.collectives") -> int:
+    """Run the benchmark on every rank of ``MPI.COMM_WORLD`` (or of Horovod's world); returns the exit
+    status (2 on bad flags: one line from rank 0). ``prog``: the command as typed."""
+    from mpi4py import MPI   # runs MPI_Init: here, not at import (the parser builds without MPI)
+
+    WORLD = MPI.COMM_WORLD
     hvd_size = int(os.environ.get("HOROVOD_SIZE", "1") or 1)
     world = HorovodWorld() if WORLD.Get_size() == 1 and hvd_size > 1 else MPIWorld(WORLD)
     rank, size = world.rank, world.size
     if rank != 0 and argv is None and any(h in sys.argv for h in ("-h", "--help")):
         sys.stdout = open(os.devnull, "w")
-    a = build_parser().parse_args(argv)
+    try:
+        a = build_parser(prog).parse_args(argv)
+    except UsageError as e:   # the same on every rank: printed once
+        return print_error(prog, e) if rank == 0 else 2
     if not a.methods:
         a.methods = ",".join(m for m, c in METHODS.items() if m not in COMPRESSED
                              and size > c.servers and (world.comm is not None or not c.needs_mpi))

@@ -242,10 +242,12 @@ def _rel(path: str, root: str) -> str:
     return os.path.relpath(path, root).replace(os.sep, "/")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """``hvdkit-bench figures``' parser: ``DIR`` (default ``benchmarks/figures``) and ``--check``."""
-    p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0],
-                                epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
+def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
+    """``hvdkit-bench figures``' parser: ``DIR`` (default ``benchmarks/figures``) and ``--check``; ``prog``: the
+    name ``--help`` shows."""
+    from hvdkit.cliparse import Parser
+
+    p = Parser(prog=prog, doc=__doc__)
     p.add_argument("dir", nargs="?", default=DEFAULT_DIR, metavar="DIR",
                    help=f"the directory of the committed measurement JSONs (default {DEFAULT_DIR})")
     p.add_argument("--check", action="store_true",
@@ -254,9 +256,15 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Write (or with ``--check`` compare) every table under DIR; the exit status (module docstring)."""
-    a = build_parser().parse_args(argv)
+def main(argv: list[str] | None = None, prog: str = PROG) -> int:
+    """Write (or with ``--check`` compare) every table under DIR; the exit status (module docstring).
+    ``prog``: the command as typed (``hvdkit bench figures``)."""
+    from hvdkit.cliparse import print_error
+
+    try:
+        a = build_parser(prog).parse_args(argv)
+    except UsageError as e:
+        return print_error(prog, e)
     if not os.path.isdir(a.dir):
         print(f"{PROG}: error: {a.dir!r} is not a directory; give the directory of the measurement JSONs "
               f"(default {DEFAULT_DIR})", file=sys.stderr)

@@ -23,13 +23,16 @@ import re
 import sys
 from typing import Any
 
+from hvdkit.cliparse import Parser, print_error
+from hvdkit.errors import UsageError
+
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.patches  # noqa: E402
 import matplotlib.pyplot as plt  # noqa: E402
 
-__all__ = ["phase_shares", "plot_timeline", "plot_spans", "main", "SEGMENTS"]
+__all__ = ["phase_shares", "plot_timeline", "plot_spans", "main", "build_parser", "SEGMENTS"]
 
 #: (label, colour) of each stacked segment, bottom to top
 SEGMENTS = (("data", "#8c8c8c"), ("compute", "#4c72b0"), ("straggler sleep", "#dd8452"), ("comm", "#55a868"),
@@ -223,16 +226,25 @@ def plot_spans(trace: dict | str, path: str, steps: int = 4, title: str = "") ->
     return path
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``plot-timeline TRACE -o PNG [--title T] [--spans N]``; returns the exit status (0, or 2 on bad input)."""
-    p = argparse.ArgumentParser(prog="hvdkit-bench plot-timeline",
-                                description="PNG of the share of each phase per step, per rank, from a --timeline trace")
+def build_parser(prog: str = "hvdkit-bench plot-timeline") -> argparse.ArgumentParser:
+    """The command-line flags; ``prog``: the name ``--help`` shows."""
+    p = Parser(prog=prog,
+               description="PNG of the share of each phase per step, per rank, from a --timeline trace")
     p.add_argument("trace", help="the JSON file --timeline wrote")
     p.add_argument("-o", "--output", required=True, metavar="PNG", help="the picture to write")
     p.add_argument("--title", default="", help="the figure's title (default: the strategy)")
     p.add_argument("--spans", type=int, default=0, metavar="N", help="instead, draw the spans of N steps of every rank "
                    "and thread row, as chrome://tracing shows them")
-    a = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None, prog: str = "hvdkit-bench plot-timeline") -> int:
+    """``plot-timeline TRACE -o PNG [--title T] [--spans N]``; returns the exit status (0, or 2 on bad input).
+    ``prog``: the command as typed."""
+    try:
+        a = build_parser(prog).parse_args(argv)
+    except UsageError as e:
+        return print_error(prog, e)
     try:
         with open(a.trace) as fh:
             trace = json.load(fh)

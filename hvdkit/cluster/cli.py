@@ -30,6 +30,7 @@ import argparse
 import json
 import sys
 
+from hvdkit.cliparse import Parser, print_error
 from hvdkit.errors import UsageError
 
 __all__ = ["main", "build_parser"]
@@ -82,10 +83,10 @@ def _up_options(p: argparse.ArgumentParser) -> None:
                         "a network every host has an address on, but not one of its own")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0].split(": ", 1)[1],
-                                formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog="\n\n".join(__doc__.split("\n\n")[1:]))
+def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
+    """The flags of every ``hvdkit-cluster`` command (``prog``: the name ``--help`` shows)."""
+    p = Parser(prog=prog, doc=__doc__)
+    p.description = p.description.split(": ", 1)[1]   # without the command's name
     p.add_argument("--dir", metavar="DIR", help="the cluster's directory (default $HVDKIT_CLUSTER_DIR "
                                                 "or /run/hvdkit-cluster)")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -101,7 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     lk.add_argument("host", help="a host of the cluster, e.g. h2")
     lk.add_argument("state", choices=("up", "down"))
     r = sub.add_parser("run", help="up, run COMMAND with the hosts exposed, down; exit with COMMAND's status",
-                       usage=f"{PROG} run [up options] [--probe] -- COMMAND [ARGS...]")
+                       usage=f"{prog} run [up options] [--probe] -- COMMAND [ARGS...]")
     _up_options(r)
     r.add_argument("--probe", action="store_true", help="probe the links before running COMMAND")
     r.add_argument("argv", nargs=argparse.REMAINDER, help="the command, after --")
@@ -161,9 +162,13 @@ def _probe(d, seconds) -> None:
     _print_status(control.load(d))
 
 
-def main(argv=None) -> int:
-    """Run one ``hvdkit-cluster`` command; returns the exit status (2: bad input or unavailable)."""
-    a = build_parser().parse_args(argv)
+def main(argv=None, prog: str = PROG) -> int:
+    """Run one ``hvdkit-cluster`` command (``prog``: the command as typed, e.g. ``hvdkit cluster``);
+    returns the exit status (2: bad input or unavailable)."""
+    try:
+        a = build_parser(prog).parse_args(argv)
+    except UsageError as e:
+        return print_error(prog, e)
     try:
         if a.command == "run":
             cmd = a.argv[1:] if a.argv[:1] == ["--"] else a.argv

@@ -39,7 +39,7 @@ import tempfile
 import time
 import warnings
 
-__all__ = ["main", "input_fn", "build_regressor"]
+__all__ = ["main", "build_parser", "input_fn", "build_regressor"]
 
 
 def input_fn():
@@ -84,17 +84,29 @@ def _quiet() -> None:
         pass
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Train and evaluate; print the evaluation metrics. Returns the exit status."""
-    p = argparse.ArgumentParser(prog="python -m hvdkit.examples.estimator_linear",
-                                description="The notes' tf.estimator.LinearRegressor under MirroredStrategy "
-                                            "(TensorFlow <= 2.15).")
+def build_parser(prog: str = "python -m hvdkit.examples.estimator_linear") -> argparse.ArgumentParser:
+    """The example's flags; ``prog``: the name ``--help`` shows."""
+    from hvdkit.cliparse import Parser
+
+    p = Parser(prog=prog, description="The notes' tf.estimator.LinearRegressor under MirroredStrategy "
+                                      "(TensorFlow <= 2.15).")
     p.add_argument("--steps", type=int, default=10, help="training steps, and evaluation steps (default: 10)")
     p.add_argument("--model-dir", default="", help="checkpoint directory (default: a temporary directory, "
                                                    "removed at the end)")
-    args = p.parse_args(argv)
-    if args.steps <= 0:
-        p.error(f"--steps={args.steps} must be > 0")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Train and evaluate; print the evaluation metrics. Returns the exit status."""
+    from hvdkit.cliparse import print_error
+    from hvdkit.errors import UsageError
+
+    try:
+        args = build_parser().parse_args(argv)
+        if args.steps <= 0:
+            raise UsageError(f"--steps={args.steps} must be > 0")
+    except UsageError as e:
+        return print_error("python -m hvdkit.examples.estimator_linear", e)
     _quiet()
     from hvdkit.tfimport import import_tensorflow
 
