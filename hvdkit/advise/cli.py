@@ -50,9 +50,9 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(f"{message} (see {self.prog} --help)")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The flags (module docstring)."""
-    p = _Parser(prog=PROG, description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
+def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
+    """The flags (module docstring); ``prog``: the name ``--help`` shows."""
+    p = _Parser(prog=prog, description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
                 formatter_class=argparse.RawDescriptionHelpFormatter)
     g = p.add_argument_group("the model and its compute")
     g.add_argument("--model", required=True,

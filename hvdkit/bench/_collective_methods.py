@@ -30,9 +30,22 @@ from __future__ import annotations
 import os
 
 import numpy as np
-from mpi4py import MPI
 
 from hvdkit import costs
+
+
+class _LazyMPI:
+    """``mpi4py.MPI``, imported at its first use (importing it runs MPI_Init), so that the benchmark's
+    parser (:func:`hvdkit.bench.collectives.build_parser`) builds without MPI; the first attribute
+    asked binds the module itself to ``MPI`` here, so the timed calls pay nothing."""
+
+    def __getattr__(self, name):
+        from mpi4py import MPI as module
+        globals()["MPI"] = module
+        return getattr(module, name)
+
+
+MPI = _LazyMPI()
 
 __all__ = ["METHODS", "COMPRESSED", "data", "MPIWorld", "HorovodWorld"]
 

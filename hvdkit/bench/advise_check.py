@@ -50,7 +50,7 @@ from hvdkit.bench import heldout
 from hvdkit.errors import UsageError
 from hvdkit.results import write_json
 
-__all__ = ["main", "measured_points", "measured_comparison", "published_comparison", "variant_of", "PUBLISHED"]
+__all__ = ["main", "build_parser", "measured_points", "measured_comparison", "published_comparison", "variant_of", "PUBLISHED"]
 
 PROG = "python -m hvdkit.bench.advise_check"
 
@@ -262,9 +262,9 @@ def markdown_published(pub: list[dict]) -> str:
     return "\n".join(out)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Print the markdown tables; ``--markdown``/``--json`` write them. 0, or 2 on bad input."""
-    p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
+def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
+    """The command-line flags (see the module docstring); ``prog``: the name ``--help`` shows."""
+    p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("dirs", nargs="*", metavar="DIR",
                    help="output directories of hvdkit-bench suite or training (training.json, collectives json(s), "
@@ -280,7 +280,12 @@ def main(argv: list[str] | None = None) -> int:
                         "a predicted cell: the summary says held_out false)")
     p.add_argument("--markdown", metavar="FILE", help="write the tables as markdown")
     p.add_argument("--json", metavar="FILE", help="write every row, the statistics and the held-out \"summary\" as JSON")
-    a = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Print the markdown tables; ``--markdown``/``--json`` write them. 0, or 2 on bad input."""
+    a = build_parser().parse_args(argv)
     training = coll = None
     try:
         if a.calibration_hosts < 2:

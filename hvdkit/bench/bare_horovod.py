@@ -34,9 +34,9 @@ import time
 __all__ = ["main", "build_parser"]
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The command-line flags (see the module docstring)."""
-    p = argparse.ArgumentParser(prog="mpirun -np N python -m hvdkit.bench.bare_horovod",
+def build_parser(prog: str = "mpirun -np N python -m hvdkit.bench.bare_horovod") -> argparse.ArgumentParser:
+    """The command-line flags (see the module docstring); ``prog``: the name ``--help`` shows."""
+    p = argparse.ArgumentParser(prog=prog,
                                 description="Bare Horovod TF2 synthetic-data loop (Horovod's benchmark pattern).")
     p.add_argument("--model", default="cnn", help="a model of hvdkit.models (default cnn)")
     p.add_argument("--image-size", type=int, default=32, help="images are SIZE x SIZE x 3 (default 32)")

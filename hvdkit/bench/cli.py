@@ -25,7 +25,7 @@ import subprocess
 import sys
 
 
-__all__ = ["main", "COMMANDS", "link_args"]
+__all__ = ["main", "COMMANDS", "MPI_COMMANDS", "parser", "link_args"]
 
 #: name -> module run in this process
 COMMANDS = {"training": "hvdkit.bench.training",
@@ -68,6 +68,30 @@ def _place_parser(name: str):
     p.add_argument("-np", "-n", "--np", dest="np", default="2")
     add_place_arguments(p)
     return p
+
+
+#: the benchmarks that run under mpirun: ``hvdkit-bench NAME`` takes ``-np N`` and a place besides their flags
+MPI_COMMANDS = ("collectives", "timeline-cost")
+
+
+def parser(name: str, prog: str | None = None):
+    """The parser of ``hvdkit-bench NAME``'s flags (``prog``: the name ``--help`` shows, default
+    ``hvdkit-bench NAME``), built without TensorFlow, Horovod or MPI. For :data:`MPI_COMMANDS` it
+    holds ``-np`` and the place flags as well as the benchmark's own (``hvdkit-bench collectives -np 2
+    --emulated 3 -- --methods mpi`` parses as one list once the ``--`` is dropped).
+
+    Raises:
+        KeyError: ``name`` is not a row of :data:`COMMANDS`.
+    """
+    import argparse
+
+    prog = prog or f"hvdkit-bench {name}"
+    own = importlib.import_module(COMMANDS[name]).build_parser(prog)
+    if name not in MPI_COMMANDS:
+        return own
+    return argparse.ArgumentParser(prog=prog, description=own.description, epilog=own.epilog,
+                                   formatter_class=own.formatter_class, allow_abbrev=False, add_help=False,
+                                   parents=[_place_parser(name), own])
 
 
 def link_args(args: list[str], place) -> list[str]:

@@ -126,9 +126,9 @@ def parse_configs(text: str) -> list[tuple[int, int]]:
     return out
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The command-line flags (see the module docstring)."""
-    p = argparse.ArgumentParser(prog="python -m hvdkit.bench.cluster_collectives",
+def build_parser(prog: str = "python -m hvdkit.bench.cluster_collectives") -> argparse.ArgumentParser:
+    """The command-line flags (see the module docstring); ``prog``: the name ``--help`` shows."""
+    p = argparse.ArgumentParser(prog=prog,
                                 description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     from hvdkit.bench.places import add_place_arguments

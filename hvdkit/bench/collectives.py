@@ -97,16 +97,13 @@ import sys
 import time
 
 import numpy as np
-from mpi4py import MPI
-
 from hvdkit import costs
 from hvdkit.bench._collective_methods import COMPRESSED, METHODS, HorovodWorld, MPIWorld
 from hvdkit.bench._collective_report import format_row, header, ratios as ratio_table
 from hvdkit.bench._common import quartiles
 
-__all__ = ["METHODS", "main", "parse_size"]
+__all__ = ["METHODS", "main", "parse_size", "build_parser"]
 
-WORLD = MPI.COMM_WORLD
 #: prefixes of the environment variables that record how a run was launched
 LAUNCH_ENV = ("HOROVOD_", "OMPI_MCA_coll", "OMPI_MCA_btl", "OMPI_MCA_pml")
 #: ... except those that differ by rank or by launch only (horovodrun's rendezvous)
@@ -141,8 +138,9 @@ def _versions() -> dict:
     return {k: v.get(k) for k in ("hvdkit", "python", "numpy", "mpi4py", "mpi", "tensorflow", "horovod")}
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="mpirun -np N python -m hvdkit.bench.collectives",
+def build_parser(prog: str = "mpirun -np N python -m hvdkit.bench.collectives") -> argparse.ArgumentParser:
+    """The benchmark's flags (no MPI needed to build them); ``prog``: the name ``--help`` shows."""
+    p = argparse.ArgumentParser(prog=prog,
                                 description="Allreduce-equivalent bandwidth of every method, side by side "
                                             "(nccl-tests style table; exit 0 = OK, 1 = FAILED).",
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
@@ -228,6 +226,9 @@ def _check_args(a, size: int, mpi: bool) -> str | None:
 
 def main(argv=None) -> int:
     """Run the benchmark on every rank of ``MPI.COMM_WORLD`` (or of Horovod's world); returns the exit status."""
+    from mpi4py import MPI   # runs MPI_Init: here, not at import (the parser builds without MPI)
+
+    WORLD = MPI.COMM_WORLD
     hvd_size = int(os.environ.get("HOROVOD_SIZE", "1") or 1)
     world = HorovodWorld() if WORLD.Get_size() == 1 and hvd_size > 1 else MPIWorld(WORLD)
     rank, size = world.rank, world.size

@@ -29,7 +29,7 @@ matplotlib.use("Agg")
 import matplotlib.patches  # noqa: E402
 import matplotlib.pyplot as plt  # noqa: E402
 
-__all__ = ["phase_shares", "plot_timeline", "plot_spans", "main", "SEGMENTS"]
+__all__ = ["phase_shares", "plot_timeline", "plot_spans", "main", "build_parser", "SEGMENTS"]
 
 #: (label, colour) of each stacked segment, bottom to top
 SEGMENTS = (("data", "#8c8c8c"), ("compute", "#4c72b0"), ("straggler sleep", "#dd8452"), ("comm", "#55a868"),
@@ -223,16 +223,21 @@ def plot_spans(trace: dict | str, path: str, steps: int = 4, title: str = "") ->
     return path
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``plot-timeline TRACE -o PNG [--title T] [--spans N]``; returns the exit status (0, or 2 on bad input)."""
-    p = argparse.ArgumentParser(prog="hvdkit-bench plot-timeline",
+def build_parser(prog: str = "hvdkit-bench plot-timeline") -> argparse.ArgumentParser:
+    """The command-line flags; ``prog``: the name ``--help`` shows."""
+    p = argparse.ArgumentParser(prog=prog,
                                 description="PNG of the share of each phase per step, per rank, from a --timeline trace")
     p.add_argument("trace", help="the JSON file --timeline wrote")
     p.add_argument("-o", "--output", required=True, metavar="PNG", help="the picture to write")
     p.add_argument("--title", default="", help="the figure's title (default: the strategy)")
     p.add_argument("--spans", type=int, default=0, metavar="N", help="instead, draw the spans of N steps of every rank "
                    "and thread row, as chrome://tracing shows them")
-    a = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``plot-timeline TRACE -o PNG [--title T] [--spans N]``; returns the exit status (0, or 2 on bad input)."""
+    a = build_parser().parse_args(argv)
     try:
         with open(a.trace) as fh:
             trace = json.load(fh)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-__all__ = ["main"]
+__all__ = ["main", "build_parser"]
 
 
 def _read(flag: str, path: str) -> dict:
@@ -29,14 +29,19 @@ def _read(flag: str, path: str) -> dict:
         raise ValueError(f"{flag} {e}") from None
 
 
-def main(argv: list[str] | None = None) -> int:
-    """CLI: draw every plot whose JSON is given; prints the PNG paths; returns 0, or 2 when an
-    input is missing or not readable JSON (one line naming the flag and the file)."""
-    p = argparse.ArgumentParser(prog="hvdkit-bench plots", description=__doc__.split("\n\n")[0])
+def build_parser(prog: str = "hvdkit-bench plots") -> argparse.ArgumentParser:
+    """The command-line flags; ``prog``: the name ``--help`` shows."""
+    p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     p.add_argument("--collectives", nargs="*", default=[], help="hvdkit.bench.collectives --json files")
     p.add_argument("--training", help="a training.json of hvdkit-bench training")
     p.add_argument("--out-dir", default=".", help="where the PNGs go (default .)")
-    a = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI: draw every plot whose JSON is given; prints the PNG paths; returns 0, or 2 when an
+    input is missing or not readable JSON (one line naming the flag and the file)."""
+    a = build_parser().parse_args(argv)
     from hvdkit.bench.report.figures import plot_all   # matplotlib: only when drawing
 
     try:

@@ -57,11 +57,11 @@ PROG = "hvdkit-bench suite"
 STEPS = ("collectives", "training", "convergence", "report")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The command-line flags (see the module docstring)."""
+def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
+    """The command-line flags (see the module docstring); ``prog``: the name ``--help`` shows."""
     from hvdkit.bench.places import add_place_arguments
 
-    p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0],
+    p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0],
                                 epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out-dir", default="", help="results directory (default results/<YYYY-MM-DD>); on other hosts "
                                                  "than this one, a directory they share")

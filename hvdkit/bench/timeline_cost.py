@@ -29,11 +29,12 @@ import os
 import sys
 import tempfile
 
-__all__ = ["main"]
+__all__ = ["main", "build_parser"]
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="hvdkit-bench timeline-cost",
+def build_parser(prog: str = "hvdkit-bench timeline-cost") -> argparse.ArgumentParser:
+    """The benchmark's flags; ``prog``: the name ``--help`` shows."""
+    p = argparse.ArgumentParser(prog=prog,
                                 description="step time with and without --timeline, interleaved (run under mpirun)")
     p.add_argument("--strategies", default="horovod,ring,ps-sync",
                    help="comma-separated variants NAME[:option=value,...] (default: %(default)s)")
@@ -55,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     from hvdkit.mpistart import launcher_rank
     from hvdkit.strategies.variants import parse_variants
 
-    a = _parser().parse_args(argv)
+    a = build_parser().parse_args(argv)
     try:
         variants = parse_variants(a.strategies)
     except UsageError as e:

@@ -95,11 +95,11 @@ _DEFAULTS = {
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The command-line flags (see the module docstring)."""
+def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
+    """The command-line flags (see the module docstring); ``prog``: the name ``--help`` shows."""
     from hvdkit.bench.places import add_place_arguments
 
-    p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0],
+    p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0],
                                 epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
     d = {k: v[0] for k, v in _DEFAULTS.items()}
     g = p.add_argument_group("what to measure")

@@ -1,6 +1,7 @@
-"""``python -m hvdkit.cluster``: the same as ``hvdkit-cluster``."""
+"""``python -m hvdkit.cluster``: the same as ``hvdkit-cluster`` and ``hvdkit cluster``."""
 import sys
 
-from hvdkit.cluster import main
+from hvdkit.cluster.cli import main
 
-sys.exit(main())
+if __name__ == "__main__":
+    sys.exit(main())

@@ -82,8 +82,9 @@ def _up_options(p: argparse.ArgumentParser) -> None:
                         "a network every host has an address on, but not one of its own")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0].split(": ", 1)[1],
+def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
+    """The flags of every ``hvdkit-cluster`` command (``prog``: the name ``--help`` shows)."""
+    p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0].split(": ", 1)[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="\n\n".join(__doc__.split("\n\n")[1:]))
     p.add_argument("--dir", metavar="DIR", help="the cluster's directory (default $HVDKIT_CLUSTER_DIR "
@@ -101,7 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     lk.add_argument("host", help="a host of the cluster, e.g. h2")
     lk.add_argument("state", choices=("up", "down"))
     r = sub.add_parser("run", help="up, run COMMAND with the hosts exposed, down; exit with COMMAND's status",
-                       usage=f"{PROG} run [up options] [--probe] -- COMMAND [ARGS...]")
+                       usage=f"{prog} run [up options] [--probe] -- COMMAND [ARGS...]")
     _up_options(r)
     r.add_argument("--probe", action="store_true", help="probe the links before running COMMAND")
     r.add_argument("argv", nargs=argparse.REMAINDER, help="the command, after --")

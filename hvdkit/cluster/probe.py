@@ -47,7 +47,7 @@ import time
 from typing import Callable, Sequence
 
 __all__ = ["measure", "measure_pairs", "measure_ring", "measure_compute", "run_together", "pairs", "ring_neighbours",
-           "ring_rate_bps", "compute_gflops", "ring_share", "KERNEL", "main"]
+           "ring_rate_bps", "compute_gflops", "ring_share", "KERNEL", "main", "build_parser"]
 
 CHUNK = 1 << 20
 PORT = 5201
@@ -470,10 +470,9 @@ def measure(hosts: list[dict], seconds: float = 2.0, pings: int = 50, log=print,
     return out
 
 
-def main(argv=None) -> int:
-    """The endpoints, run inside a host's namespace by :func:`measure_pairs`, :func:`measure_ring`
-    and :func:`measure_compute`."""
-    p = argparse.ArgumentParser(prog="python -m hvdkit.cluster.probe", description=__doc__.splitlines()[0])
+def build_parser(prog: str = "python -m hvdkit.cluster.probe") -> argparse.ArgumentParser:
+    """The endpoints' flags (serve, send, ring, compute); ``prog``: the name ``--help`` shows."""
+    p = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="role", required=True)
     s = sub.add_parser("serve")
     s.add_argument("address")
@@ -490,7 +489,13 @@ def main(argv=None) -> int:
     for q in (s, c, r):
         q.add_argument("--port", type=int, default=PORT if q is not r else RING_PORT)
         q.add_argument("--timeout", type=float, default=30.0, help="seconds a socket may stall")
-    a = p.parse_args(argv)
+    return p
+
+
+def main(argv=None) -> int:
+    """The endpoints, run inside a host's namespace by :func:`measure_pairs`, :func:`measure_ring`
+    and :func:`measure_compute`."""
+    a = build_parser().parse_args(argv)
     if a.role == "serve":
         _serve(a.address, a.port, a.timeout)
         return 0

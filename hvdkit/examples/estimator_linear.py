@@ -39,7 +39,7 @@ import tempfile
 import time
 import warnings
 
-__all__ = ["main", "input_fn", "build_regressor"]
+__all__ = ["main", "build_parser", "input_fn", "build_regressor"]
 
 
 def input_fn():
@@ -84,14 +84,20 @@ def _quiet() -> None:
         pass
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Train and evaluate; print the evaluation metrics. Returns the exit status."""
-    p = argparse.ArgumentParser(prog="python -m hvdkit.examples.estimator_linear",
+def build_parser(prog: str = "python -m hvdkit.examples.estimator_linear") -> argparse.ArgumentParser:
+    """The example's flags; ``prog``: the name ``--help`` shows."""
+    p = argparse.ArgumentParser(prog=prog,
                                 description="The notes' tf.estimator.LinearRegressor under MirroredStrategy "
                                             "(TensorFlow <= 2.15).")
     p.add_argument("--steps", type=int, default=10, help="training steps, and evaluation steps (default: 10)")
     p.add_argument("--model-dir", default="", help="checkpoint directory (default: a temporary directory, "
                                                    "removed at the end)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Train and evaluate; print the evaluation metrics. Returns the exit status."""
+    p = build_parser()
     args = p.parse_args(argv)
     if args.steps <= 0:
         p.error(f"--steps={args.steps} must be > 0")

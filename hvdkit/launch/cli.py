@@ -28,7 +28,7 @@ from hvdkit.launch.supervise import FORWARD, FORWARD_NO_STOP, run_job
 from hvdkit.launch.slurm import allocation, describe
 from hvdkit.launch.templates import TEMPLATES, render
 
-__all__ = ["main"]
+__all__ = ["main", "build_parser"]
 
 
 class _Parser(argparse.ArgumentParser):
@@ -36,10 +36,12 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(f"{message} (see {self.prog} --help)")
 
 
-def _parser() -> argparse.ArgumentParser:
+def build_parser(prog: str = "hvdkit-launch") -> argparse.ArgumentParser:
+    """The flags of ``hvdkit-launch`` (``prog``: the name ``--help`` shows); what follows ``--`` is
+    split off by :func:`main` before parsing."""
     p = _Parser(
-        prog="hvdkit-launch",
-        usage="hvdkit-launch [options] [-- PROGRAM ARGS... | -- TRAIN_FLAGS...]",
+        prog=prog,
+        usage=f"{prog} [options] [-- PROGRAM ARGS... | -- TRAIN_FLAGS...]",
         description="Build and run the launch command of an hvdkit job for horovodrun, Open MPI "
                     "(mpirun) or MPICH (mpiexec, Hydra); the MPI is detected from '<launcher> --version'. "
                     "PROGRAM defaults to 'python -m hvdkit.train'; if what follows '--' starts with a "
@@ -175,7 +177,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     own, after = _split_program(argv)
     try:
-        ns = _parser().parse_args(own)
+        ns = build_parser().parse_args(own)
         program = after if after is not None else list(ns.program)
         if ns.render:
             overrides = {}

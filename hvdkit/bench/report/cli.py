@@ -29,9 +29,9 @@ __all__ = ["main", "build_parser"]
 PROG = "hvdkit-bench report"
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The command-line flags (see the module docstring)."""
-    p = argparse.ArgumentParser(prog=PROG, description="The decision report of a training benchmark's results "
+def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
+    """The command-line flags (see the module docstring); ``prog``: the name ``--help`` shows."""
+    p = argparse.ArgumentParser(prog=prog, description="The decision report of a training benchmark's results "
                                 "directory.", epilog=__doc__.split("\n\n", 1)[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("dir", metavar="DIR", help="the results directory holding training.json")
