@@ -20,6 +20,7 @@ import sys
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
+from hvdkit.cliparse import Parser, print_error
 from hvdkit.errors import EXIT_USAGE, UsageError
 
 __all__ = ["Command", "COMMANDS", "main", "resolve", "leaf_parsers", "build_parser"]
@@ -224,15 +225,17 @@ def leaf_parsers(internal: bool = False) -> dict[str, argparse.ArgumentParser]:
 
 
 def build_parser(prog: str = "hvdkit") -> argparse.ArgumentParser:
-    """``hvdkit``'s own parser: the subcommand and its arguments (``--help`` lists :data:`COMMANDS`)."""
-    p = argparse.ArgumentParser(
-        prog=prog, allow_abbrev=False, formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="Distributed TensorFlow training under MPI: train, launch, benchmark, emulate a cluster, advise.",
-        epilog=f"{prog} NAME --help shows NAME's flags. The same commands as before: "
-               + "; ".join(f"{prog} {c.name} = {' = '.join(c.aliases)}" for c in COMMANDS.values()) + ".")
-    sub = p.add_subparsers(dest="command", metavar="NAME", title="commands")
-    for c in COMMANDS.values():
-        sub.add_parser(c.name, help=c.summary, add_help=False)
+    """``hvdkit``'s own parser, for its ``--help``: the commands of :data:`COMMANDS` with their
+    summaries and aliases (:func:`main` dispatches without parsing NAME's arguments)."""
+    commands = "\n".join(f"  {c.name:<9} {c.summary}" for c in COMMANDS.values())
+    aliases = "\n".join(f"  {prog} {c.name:<9} = {', '.join(c.aliases)}" for c in COMMANDS.values())
+    p = Parser(prog=prog, usage=f"{prog} {{{','.join(COMMANDS)}}} [ARGS...]",
+               description="Distributed TensorFlow training under MPI: one model, dataset and timing harness under "
+                           "every strategy\n(Horovod, hvdkit's ring, parameter servers, tf.distribute, model parallel)."
+                           f"\n\ncommands:\n{commands}",
+               epilog=f"{prog} NAME --help shows NAME's flags. Each command is also its own program:\n{aliases}")
+    p.add_argument("command", metavar="NAME", choices=tuple(COMMANDS), help="the command (above)")
+    p.add_argument("args", nargs=argparse.REMAINDER, help="its flags and arguments")
     return p
 
 
@@ -241,19 +244,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     2 without a command or with an unknown one: one line naming it)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
-        (build_parser().print_help if argv else build_parser().print_usage)(None if argv else sys.stderr)
-        return 0 if argv else EXIT_USAGE
+        if argv:
+            build_parser().print_help()
+            return 0
+        build_parser().print_usage(sys.stderr)
+        return print_error("hvdkit", f"name a command: {', '.join(COMMANDS)} (see hvdkit --help)")
     if argv[0] not in COMMANDS:
-        print(f"hvdkit: error: unknown command {argv[0]!r}; choose one of: {', '.join(COMMANDS)} (see hvdkit --help)",
-              file=sys.stderr)
-        return EXIT_USAGE
-    mod = importlib.import_module(COMMANDS[argv[0]].module)
+        return print_error("hvdkit", f"unknown command {argv[0]!r}; choose one of: {', '.join(COMMANDS)} "
+                                     "(see hvdkit --help)")
+    name = argv[0]
+    mod = importlib.import_module(COMMANDS[name].module)
     try:
-        return int(mod.main(argv[1:]) or 0)
-    except SystemExit as e:   # argparse's --help (0) and usage errors (2); a string is a message to show
+        return int(mod.main(argv[1:], prog=f"hvdkit {name}") or 0)
+    except SystemExit as e:   # argparse's --help (0); a string is a message to show
         if isinstance(e.code, str):
-            print(e.code, file=sys.stderr)
-            return EXIT_USAGE
+            return print_error(f"hvdkit {name}", e.code)
         return e.code if isinstance(e.code, int) else 0
 
 

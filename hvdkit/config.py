@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any, Callable, Mapping, Sequence
 
+from hvdkit.cliparse import Parser
 from hvdkit.errors import UsageError
 
 __all__ = ["Config", "Option", "FIELDS", "at_least", "above", "option_values", "build_parser", "parse_config",
@@ -288,20 +289,13 @@ def _convert(f: Option, raw: Any, source: str) -> Any:
         raise UsageError(f"{source}: {f.name}={raw!r} is not a valid {f.type.__name__}") from None
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse that raises :class:`UsageError` (printed once, by rank 0) instead of exiting."""
-
-    def error(self, message):
-        raise UsageError(f"{message} (see {self.prog} --help)")
-
-
 def build_parser(prog: str = "python -m hvdkit.train", extra_fields: Sequence[Option] = (),
                  strategies: Mapping[str, str] | None = None) -> argparse.ArgumentParser:
     """The argparse parser for :data:`FIELDS` and ``extra_fields`` (every default is None:
     precedence is applied later). ``strategies`` (name -> one-line summary) become the
     list of ``--strategy`` names in the epilog (an unknown name is refused by
     :func:`hvdkit.strategies.get_strategy`, with that list)."""
-    p = _Parser(
+    p = Parser(
         prog=prog,
         description="Train a shared model on a shared dataset under one distributed strategy,\n"
                     "with the same timing, logging and results.json for every strategy.",
@@ -358,7 +352,8 @@ def _fields(extra_fields: Sequence[Option]) -> dict[str, Option]:
 
 
 def parse_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None,
-                 extra_fields: Sequence[Option] = (), strategies: Mapping[str, str] | None = None) -> Config:
+                 extra_fields: Sequence[Option] = (), strategies: Mapping[str, str] | None = None,
+                 prog: str = "python -m hvdkit.train") -> Config:
     """Resolve a :class:`Config` from flags, an optional JSON file, the environment and defaults.
 
     Args:
@@ -367,6 +362,7 @@ def parse_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | Non
         extra_fields: strategy-specific options, stored in ``Config.extra`` (every one,
             with its default when no source sets it); validated here, like :data:`FIELDS`.
         strategies: the registered strategies (name -> summary), see :func:`build_parser`.
+        prog: the command as typed (``hvdkit train``), shown by ``--help`` and in errors.
 
     Raises:
         UsageError: an unknown flag, key in the file or environment variable, a value of the
@@ -375,7 +371,7 @@ def parse_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | Non
     """
     env = os.environ if env is None else env
     fields = _fields(extra_fields)
-    args = vars(build_parser(extra_fields=extra_fields, strategies=strategies).parse_args(argv))
+    args = vars(build_parser(prog, extra_fields=extra_fields, strategies=strategies).parse_args(argv))
     values: dict[str, Any] = {}
     # lowest precedence first: defaults < env < file < flags
     for f in fields.values():

@@ -24,8 +24,9 @@ import sys
 __all__ = ["main"]
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Parse flags, agree on them across ranks, train; returns the exit status."""
+def main(argv: list[str] | None = None, prog: str = "python -m hvdkit.train") -> int:
+    """Parse flags, agree on them across ranks, train; returns the exit status. ``prog``: the command
+    as typed (``hvdkit train``), shown by ``--help``."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TF's C++ start-up chatter, on every rank
     args = sys.argv[1:] if argv is None else argv
     from hvdkit.mpistart import arm
@@ -48,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     if not first and ("-h" in args or "--help" in args):
         sys.stdout = open(os.devnull, "w")  # --help is printed once, by rank 0
     try:
-        cfg = parse_config(args, extra_fields=extra_fields(), strategies=summaries())
+        cfg = parse_config(args, extra_fields=extra_fields(), strategies=summaries(), prog=prog)
     except Exception as e:  # noqa: BLE001 - bad flags too: agreed on, printed once by rank 0
         err = e
     if elastic:   # every rank checks alone (no collective before Horovod's elastic state is synchronised)

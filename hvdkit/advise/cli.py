@@ -38,6 +38,7 @@ import time
 from hvdkit.advise import presets
 from hvdkit.advise.model import Cluster, Options, Workload
 from hvdkit.advise.predict import default_rows, parse_rows, predict, recommend
+from hvdkit.cliparse import Parser
 from hvdkit.errors import UsageError
 
 __all__ = ["main", "build_parser", "workload_from_args", "render_table"]
@@ -45,15 +46,9 @@ __all__ = ["main", "build_parser", "workload_from_args", "render_table"]
 PROG = "hvdkit advise"
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):
-        raise UsageError(f"{message} (see {self.prog} --help)")
-
-
 def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     """The flags (module docstring); ``prog``: the name ``--help`` shows."""
-    p = _Parser(prog=prog, description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
-                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(prog=prog, doc=__doc__)
     g = p.add_argument_group("the model and its compute")
     g.add_argument("--model", required=True,
                    help=f"{', '.join(presets.KNOWN_MODELS)}, an hvdkit registry model, or MODULE:FUNCTION")
@@ -286,10 +281,11 @@ def _plot(path: str, a, wl: Workload, opt: Options, rows) -> None:
     plt.close(fig)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Print the table (or ``--json``); 0 on success, 2 on bad input (one line on stderr)."""
+def main(argv: list[str] | None = None, prog: str = PROG) -> int:
+    """Print the table (or ``--json``); 0 on success, 2 on bad input (one line on stderr). ``prog``:
+    the command as typed, shown by ``--help``."""
     try:
-        a = build_parser().parse_args(argv)
+        a = build_parser(prog).parse_args(argv)
         try:
             rows = parse_rows(a.strategies)
         except UsageError as e:

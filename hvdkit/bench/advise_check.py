@@ -47,6 +47,7 @@ from hvdkit.advise.measured import variant_of
 from hvdkit.advise.model import Cluster, Options, Workload
 from hvdkit.advise.predict import predict_variant, priced
 from hvdkit.bench import heldout
+from hvdkit.cliparse import Parser, print_error
 from hvdkit.errors import UsageError
 from hvdkit.results import write_json
 
@@ -264,8 +265,7 @@ def markdown_published(pub: list[dict]) -> str:
 
 def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     """The command-line flags (see the module docstring); ``prog``: the name ``--help`` shows."""
-    p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(prog=prog, doc=__doc__)
     p.add_argument("dirs", nargs="*", metavar="DIR",
                    help="output directories of hvdkit-bench suite or training (training.json, collectives json(s), "
                         "cluster.json with the probe), or a directory of them, one per link rate; instead of "
@@ -283,9 +283,13 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Print the markdown tables; ``--markdown``/``--json`` write them. 0, or 2 on bad input."""
-    a = build_parser().parse_args(argv)
+def main(argv: list[str] | None = None, prog: str = PROG) -> int:
+    """Print the markdown tables; ``--markdown``/``--json`` write them. 0, or 2 on bad input.
+    ``prog``: the command as typed (``hvdkit bench advise-check``)."""
+    try:
+        a = build_parser(prog).parse_args(argv)
+    except UsageError as e:
+        return print_error(prog, e)
     training = coll = None
     try:
         if a.calibration_hosts < 2:

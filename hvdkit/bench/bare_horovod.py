@@ -36,8 +36,10 @@ __all__ = ["main", "build_parser"]
 
 def build_parser(prog: str = "mpirun -np N python -m hvdkit.bench.bare_horovod") -> argparse.ArgumentParser:
     """The command-line flags (see the module docstring); ``prog``: the name ``--help`` shows."""
-    p = argparse.ArgumentParser(prog=prog,
-                                description="Bare Horovod TF2 synthetic-data loop (Horovod's benchmark pattern).")
+    from hvdkit.cliparse import Parser
+
+    p = Parser(prog=prog,
+               description="Bare Horovod TF2 synthetic-data loop (Horovod's benchmark pattern).")
     p.add_argument("--model", default="cnn", help="a model of hvdkit.models (default cnn)")
     p.add_argument("--image-size", type=int, default=32, help="images are SIZE x SIZE x 3 (default 32)")
     p.add_argument("--num-classes", type=int, default=10, help="logits per sample (default 10)")
@@ -57,13 +59,21 @@ def build_parser(prog: str = "mpirun -np N python -m hvdkit.bench.bare_horovod")
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run the loop on every rank of ``MPI.COMM_WORLD``; returns the exit status (0)."""
+def main(argv: list[str] | None = None, prog: str = "mpirun -np N python -m hvdkit.bench.bare_horovod") -> int:
+    """Run the loop on every rank of ``MPI.COMM_WORLD``; returns the exit status (0; 2 on bad flags,
+    one line from rank 0)."""
+    from hvdkit.cliparse import print_error
+    from hvdkit.errors import UsageError
+    from hvdkit.mpistart import launcher_rank
+
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    a = build_parser().parse_args(argv)
-    for name in ("image_size", "num_classes", "batch_size", "steps_per_iter", "iters"):
-        if getattr(a, name) < 1:
-            build_parser().error(f"--{name.replace('_', '-')}={getattr(a, name)} must be >= 1")
+    try:
+        a = build_parser(prog).parse_args(argv)
+        for name in ("image_size", "num_classes", "batch_size", "steps_per_iter", "iters"):
+            if getattr(a, name) < 1:
+                raise UsageError(f"--{name.replace('_', '-')}={getattr(a, name)} must be >= 1")
+    except UsageError as e:   # the same on every rank: printed once
+        return print_error(prog, e) if (launcher_rank(os.environ) or (0, 1))[0] == 0 else 2
     from mpi4py import MPI
     import numpy as np
     import tensorflow as tf

@@ -34,6 +34,8 @@ COMMANDS = {"training": "hvdkit.bench.training",
             "suite": "hvdkit.bench.suite", "collectives": "hvdkit.bench.collectives",
             "cluster-collectives": "hvdkit.bench.cluster_collectives", "advise-check": "hvdkit.bench.advise_check",
             "report": "hvdkit.bench.report.cli"}
+#: the benchmarks that run under mpirun: ``hvdkit-bench NAME`` takes ``-np N`` and a place besides their flags
+MPI_COMMANDS = ("collectives", "timeline-cost")
 
 _USAGE = ("usage: hvdkit-bench {collectives,training,plots,plot-timeline,timeline-cost,suite,"
           "cluster-collectives,advise-check,report} [args]\n"
@@ -57,21 +59,17 @@ def _in_mpi_job() -> bool:
     return any(v in os.environ for v in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "HOROVOD_RANK"))
 
 
-def _place_parser(name: str):
+def _place_parser(prog: str):
     """``hvdkit-bench NAME``'s own flags: ``-np N`` and the place (:mod:`hvdkit.bench.places`);
     everything else goes to the benchmark."""
-    import argparse
-
     from hvdkit.bench.places import add_place_arguments
+    from hvdkit.cliparse import Parser
 
-    p = argparse.ArgumentParser(prog=f"hvdkit-bench {name}", allow_abbrev=False, add_help=False)
-    p.add_argument("-np", "-n", "--np", dest="np", default="2")
+    p = Parser(prog=prog, add_help=False)
+    p.add_argument("-np", "-n", "--np", dest="np", type=int, default=2, metavar="N",
+                   help="ranks of the MPI job (default 2)")
     add_place_arguments(p)
     return p
-
-
-#: the benchmarks that run under mpirun: ``hvdkit-bench NAME`` takes ``-np N`` and a place besides their flags
-MPI_COMMANDS = ("collectives", "timeline-cost")
 
 
 def parser(name: str, prog: str | None = None):
@@ -83,15 +81,14 @@ def parser(name: str, prog: str | None = None):
     Raises:
         KeyError: ``name`` is not a row of :data:`COMMANDS`.
     """
-    import argparse
+    from hvdkit.cliparse import Parser
 
     prog = prog or f"hvdkit-bench {name}"
     own = importlib.import_module(COMMANDS[name]).build_parser(prog)
     if name not in MPI_COMMANDS:
         return own
-    return argparse.ArgumentParser(prog=prog, description=own.description, epilog=own.epilog,
-                                   formatter_class=own.formatter_class, allow_abbrev=False, add_help=False,
-                                   parents=[_place_parser(name), own])
+    return Parser(prog=prog, description=own.description, epilog=own.epilog, add_help=False,
+                  usage=f"{prog} [-np N] [PLACE] [--] [BENCHMARK FLAGS]", parents=[_place_parser(prog), own])
 
 
 def link_args(args: list[str], place) -> list[str]:
@@ -107,26 +104,26 @@ def link_args(args: list[str], place) -> list[str]:
             "--link-latency", f"{statistics.median(rtts) / 2e3:.6g}" if rtts else "0"]
 
 
-def _collectives(args: list[str], name: str = "collectives") -> int:
+def _collectives(args: list[str], name: str = "collectives", prog: str = "hvdkit-bench collectives") -> int:
     """``hvdkit-bench collectives [-np N] [--hosts ... | --hostfile F | --slurm | --emulated H] [--] ARGS``:
     one MPI job of N ranks (default 2) at the place (:func:`hvdkit.bench.places.place_from_args`) running
-    the benchmark with ARGS; inside an MPI job, the benchmark itself."""
+    the benchmark with ARGS; inside an MPI job, the benchmark itself. ``--help`` (before any ``--``)
+    prints :func:`parser`'s help here, without launching."""
     from hvdkit.bench.places import place_from_args
+    from hvdkit.cliparse import print_error
     from hvdkit.errors import UsageError
 
-    if _in_mpi_job():  # the module imports mpi4py.MPI (initialises MPI), so here only
-        return int(importlib.import_module(COMMANDS[name]).main(args[1:] if args[:1] == ["--"] else args) or 0)
+    if _in_mpi_job():  # the benchmark's main initialises MPI, so here only
+        return int(importlib.import_module(COMMANDS[name]).main(args[1:] if args[:1] == ["--"] else args, prog=prog)
+                   or 0)
     own, rest = (args[:args.index("--")], args[args.index("--") + 1:]) if "--" in args else (args, [])
+    if "-h" in own or "--help" in own:
+        parser(name, prog).print_help()
+        return 0
     try:
-        try:
-            ns, unknown = _place_parser(name).parse_known_args(own)
-        except SystemExit:   # argparse printed the usage line and the error
-            return 2
+        ns, unknown = _place_parser(prog).parse_known_args(own)
         rest = unknown + rest
-        try:
-            np_ = int(ns.np)
-        except ValueError:
-            raise UsageError(f"-np {ns.np!r} must be an integer rank count") from None
+        np_ = ns.np
         place = place_from_args(ns)
         if "--json" in rest[:-1]:   # rank 0 writes it, on the first host
             place.out_dir_ok(os.path.dirname(os.path.abspath(rest[rest.index("--json") + 1])), flag="--json")
@@ -137,26 +134,27 @@ def _collectives(args: list[str], name: str = "collectives") -> int:
             cmd = place.command(np_, [sys.executable, "-m", COMMANDS[name], *rest, *link_args(rest, place)])
             return subprocess.call(cmd)
     except UsageError as e:
-        print(f"hvdkit-bench {name}: error: {e}", file=sys.stderr)
-        return 2
+        return print_error(prog, e)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Dispatch ``hvdkit-bench NAME ARGS``; returns the benchmark's exit status."""
+def main(argv: list[str] | None = None, prog: str = "hvdkit-bench") -> int:
+    """Dispatch ``hvdkit-bench NAME ARGS`` (``prog``: the command as typed, e.g. ``hvdkit bench``);
+    returns the benchmark's exit status (``--help``: 0; no benchmark named: the usage, 2)."""
     argv = sys.argv[1:] if argv is None else list(argv)
+    usage = _USAGE.replace("hvdkit-bench", prog)
     if not argv or argv[0] in ("-h", "--help"):
-        print(_USAGE)
+        print(usage)
         return 0 if argv else 2
     name, args = argv[0], argv[1:]
     if name not in COMMANDS:
-        print(f"hvdkit-bench: error: unknown benchmark {name!r}; choose {', '.join(COMMANDS)}\n{_USAGE}",
+        print(f"{prog}: error: unknown benchmark {name!r}; choose {', '.join(COMMANDS)}\n{usage}",
               file=sys.stderr)
         return 2
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # forwarded to every rank by mpirun -x
-    if name in ("collectives", "timeline-cost"):  # run under mpirun
-        return _collectives(args, name)
+    if name in MPI_COMMANDS:  # run under mpirun
+        return _collectives(args, name, f"{prog} {name}")
     try:
-        return int(importlib.import_module(COMMANDS[name]).main(args) or 0)
+        return int(importlib.import_module(COMMANDS[name]).main(args, prog=f"{prog} {name}") or 0)
     except SystemExit as e:  # argparse --help / usage errors; a string is a message to show
         if isinstance(e.code, str):
             print(e.code, file=sys.stderr)

@@ -81,6 +81,7 @@ import numpy as np
 
 from hvdkit.bench._collective_report import compression_gains, print_gains
 from hvdkit.bench._common import host_meta, launch, log
+from hvdkit.cliparse import Parser, print_error
 from hvdkit.errors import UsageError
 from hvdkit.results import write_json
 
@@ -128,9 +129,7 @@ def parse_configs(text: str) -> list[tuple[int, int]]:
 
 def build_parser(prog: str = "python -m hvdkit.bench.cluster_collectives") -> argparse.ArgumentParser:
     """The command-line flags (see the module docstring); ``prog``: the name ``--help`` shows."""
-    p = argparse.ArgumentParser(prog=prog,
-                                description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(prog=prog, doc=__doc__)
     from hvdkit.bench.places import add_place_arguments
 
     p.add_argument("--configs", default="", help=f"emulated HOSTSxSLOTS list (default {DEFAULT_CONFIGS}; not with a "
@@ -387,10 +386,14 @@ def plot(rows: list[dict], out: str) -> list[str]:
     return paths
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, prog: str = "python -m hvdkit.bench.cluster_collectives") -> int:
     """Run every place of :func:`sweep`; returns 0 (every launch OK), 1 (some failed) or 2
-    (bad usage, a place that does not answer, no emulated cluster possible here)."""
-    a = build_parser().parse_args(argv)
+    (bad usage, a place that does not answer, no emulated cluster possible here). ``prog``: the
+    command as typed (``hvdkit bench cluster-collectives``)."""
+    try:
+        a = build_parser(prog).parse_args(argv)
+    except UsageError as e:
+        return print_error(prog, e)
     try:
         cells = sweep(a)
         a.variants = [v.strip() for v in a.variants.split(",") if v.strip()]

@@ -98,6 +98,8 @@ import time
 
 import numpy as np
 from hvdkit import costs
+from hvdkit.cliparse import Parser, print_error
+from hvdkit.errors import UsageError
 from hvdkit.bench._collective_methods import COMPRESSED, METHODS, HorovodWorld, MPIWorld
 from hvdkit.bench._collective_report import format_row, header, ratios as ratio_table
 from hvdkit.bench._common import quartiles
@@ -140,10 +142,9 @@ def _versions() -> dict:
 
 def build_parser(prog: str = "mpirun -np N python -m hvdkit.bench.collectives") -> argparse.ArgumentParser:
     """The benchmark's flags (no MPI needed to build them); ``prog``: the name ``--help`` shows."""
-    p = argparse.ArgumentParser(prog=prog,
-                                description="Allreduce-equivalent bandwidth of every method, side by side "
-                                            "(nccl-tests style table; exit 0 = OK, 1 = FAILED).",
-                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    p = Parser(prog=prog,
+               description="Allreduce-equivalent bandwidth of every method, side by side "
+                           "(nccl-tests style table; exit 0 = OK, 1 = FAILED).", epilog=__doc__)
     g = p.add_argument_group("sizes")
     g.add_argument("--min-bytes", type=parse_size, default=4, help="smallest message per rank (default 4)")
     g.add_argument("--max-bytes", type=parse_size, default=64 << 20, help="largest message per rank (default 64M)")
@@ -224,8 +225,9 @@ def _check_args(a, size: int, mpi: bool) -> str | None:
     return None
 
 
-def main(argv=None) -> int:
-    """Run the benchmark on every rank of ``MPI.COMM_WORLD`` (or of Horovod's world); returns the exit status."""
+def main(argv=None, prog: str = "mpirun -np N python -m hvdkit.bench.collectives") -> int:
+    """Run the benchmark on every rank of ``MPI.COMM_WORLD`` (or of Horovod's world); returns the exit
+    status (2 on bad flags: one line from rank 0). ``prog``: the command as typed."""
     from mpi4py import MPI   # runs MPI_Init: here, not at import (the parser builds without MPI)
 
     WORLD = MPI.COMM_WORLD
@@ -234,7 +236,10 @@ def main(argv=None) -> int:
     rank, size = world.rank, world.size
     if rank != 0 and argv is None and any(h in sys.argv for h in ("-h", "--help")):
         sys.stdout = open(os.devnull, "w")
-    a = build_parser().parse_args(argv)
+    try:
+        a = build_parser(prog).parse_args(argv)
+    except UsageError as e:   # the same on every rank: printed once
+        return print_error(prog, e) if rank == 0 else 2
     if not a.methods:
         a.methods = ",".join(m for m, c in METHODS.items() if m not in COMPRESSED
                              and size > c.servers and (world.comm is not None or not c.needs_mpi))

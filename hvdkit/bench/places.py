@@ -108,7 +108,7 @@ def add_place_arguments(parser: argparse.ArgumentParser) -> argparse._ArgumentGr
                    help="bring up an emulated cluster (hvdkit-cluster; root) of H hosts with SLOTS slots each "
                         "(default 1) and links of RATE (tc units, default 1gbit), e.g. 3 or 3:2@200mbit; run the "
                         "jobs through its hostfile as --hostfile would, then take it down")
-    g.add_argument("--cpus-per-host", default="", metavar="C|none",
+    g.add_argument("--cpus-per-host", metavar="C|none",
                    help="with --emulated: the cores of CPU time each emulated host may use (a CFS quota, as "
                         "hvdkit-cluster up --cpus-per-host), e.g. 0.5; none: no share (default: this machine's "
                         "cores / hosts)")

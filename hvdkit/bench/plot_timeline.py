@@ -23,6 +23,9 @@ import re
 import sys
 from typing import Any
 
+from hvdkit.cliparse import Parser, print_error
+from hvdkit.errors import UsageError
+
 import matplotlib
 
 matplotlib.use("Agg")
@@ -225,8 +228,8 @@ def plot_spans(trace: dict | str, path: str, steps: int = 4, title: str = "") ->
 
 def build_parser(prog: str = "hvdkit-bench plot-timeline") -> argparse.ArgumentParser:
     """The command-line flags; ``prog``: the name ``--help`` shows."""
-    p = argparse.ArgumentParser(prog=prog,
-                                description="PNG of the share of each phase per step, per rank, from a --timeline trace")
+    p = Parser(prog=prog,
+               description="PNG of the share of each phase per step, per rank, from a --timeline trace")
     p.add_argument("trace", help="the JSON file --timeline wrote")
     p.add_argument("-o", "--output", required=True, metavar="PNG", help="the picture to write")
     p.add_argument("--title", default="", help="the figure's title (default: the strategy)")
@@ -235,9 +238,13 @@ def build_parser(prog: str = "hvdkit-bench plot-timeline") -> argparse.ArgumentP
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``plot-timeline TRACE -o PNG [--title T] [--spans N]``; returns the exit status (0, or 2 on bad input)."""
-    a = build_parser().parse_args(argv)
+def main(argv: list[str] | None = None, prog: str = "hvdkit-bench plot-timeline") -> int:
+    """``plot-timeline TRACE -o PNG [--title T] [--spans N]``; returns the exit status (0, or 2 on bad input).
+    ``prog``: the command as typed."""
+    try:
+        a = build_parser(prog).parse_args(argv)
+    except UsageError as e:
+        return print_error(prog, e)
     try:
         with open(a.trace) as fh:
             trace = json.load(fh)

@@ -16,6 +16,9 @@ from __future__ import annotations
 import argparse
 import sys
 
+from hvdkit.cliparse import Parser, print_error
+from hvdkit.errors import UsageError
+
 __all__ = ["main", "build_parser"]
 
 
@@ -31,17 +34,21 @@ def _read(flag: str, path: str) -> dict:
 
 def build_parser(prog: str = "hvdkit-bench plots") -> argparse.ArgumentParser:
     """The command-line flags; ``prog``: the name ``--help`` shows."""
-    p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
+    p = Parser(prog=prog, description=__doc__.split("\n\n")[0])
     p.add_argument("--collectives", nargs="*", default=[], help="hvdkit.bench.collectives --json files")
     p.add_argument("--training", help="a training.json of hvdkit-bench training")
     p.add_argument("--out-dir", default=".", help="where the PNGs go (default .)")
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, prog: str = "hvdkit-bench plots") -> int:
     """CLI: draw every plot whose JSON is given; prints the PNG paths; returns 0, or 2 when an
-    input is missing or not readable JSON (one line naming the flag and the file)."""
-    a = build_parser().parse_args(argv)
+    input is missing or not readable JSON (one line naming the flag and the file). ``prog``: the
+    command as typed."""
+    try:
+        a = build_parser(prog).parse_args(argv)
+    except UsageError as e:
+        return print_error(prog, e)
     from hvdkit.bench.report.figures import plot_all   # matplotlib: only when drawing
 
     try:

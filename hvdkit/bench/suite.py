@@ -48,6 +48,7 @@ from typing import Any
 import numpy as np
 
 from hvdkit.bench._common import fmt, host_meta, launch, log
+from hvdkit.cliparse import Parser, print_error
 from hvdkit.errors import UsageError
 from hvdkit.results import write_json
 
@@ -61,8 +62,7 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     """The command-line flags (see the module docstring); ``prog``: the name ``--help`` shows."""
     from hvdkit.bench.places import add_place_arguments
 
-    p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0],
-                                epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(prog=prog, doc=__doc__)
     p.add_argument("--out-dir", default="", help="results directory (default results/<YYYY-MM-DD>); on other hosts "
                                                  "than this one, a directory they share")
     p.add_argument("--resume", metavar="DIR", default="", help="continue the suite in DIR (finished parts are kept)")
@@ -174,11 +174,15 @@ def _report(s: _Suite) -> None:
              None if job.ok else job.why())
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run the suite; returns 0 when every step that ran succeeded, 1 when one failed, 2 on bad input."""
+def main(argv: list[str] | None = None, prog: str = PROG) -> int:
+    """Run the suite; returns 0 when every step that ran succeeded, 1 when one failed, 2 on bad input.
+    ``prog``: the command as typed (``hvdkit bench suite``)."""
     from hvdkit.bench.places import place_from_args
 
-    a = build_parser().parse_args(argv)
+    try:
+        a = build_parser(prog).parse_args(argv)
+    except UsageError as e:
+        return print_error(prog, e)
     try:
         skip = {x for x in a.skip.split(",") if x}
         if skip - set(STEPS):

@@ -34,8 +34,10 @@ __all__ = ["main", "build_parser"]
 
 def build_parser(prog: str = "hvdkit-bench timeline-cost") -> argparse.ArgumentParser:
     """The benchmark's flags; ``prog``: the name ``--help`` shows."""
-    p = argparse.ArgumentParser(prog=prog,
-                                description="step time with and without --timeline, interleaved (run under mpirun)")
+    from hvdkit.cliparse import Parser
+
+    p = Parser(prog=prog,
+               description="step time with and without --timeline, interleaved (run under mpirun)")
     p.add_argument("--strategies", default="horovod,ring,ps-sync",
                    help="comma-separated variants NAME[:option=value,...] (default: %(default)s)")
     p.add_argument("--rounds", type=int, default=8, help="pairs of runs per strategy (default: %(default)s)")
@@ -50,13 +52,18 @@ def build_parser(prog: str = "hvdkit-bench timeline-cost") -> argparse.ArgumentP
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run the benchmark on every rank of the MPI job; rank 0 prints the table. Returns the exit status."""
+def main(argv: list[str] | None = None, prog: str = "hvdkit-bench timeline-cost") -> int:
+    """Run the benchmark on every rank of the MPI job; rank 0 prints the table. Returns the exit status.
+    ``prog``: the command as typed."""
+    from hvdkit.cliparse import print_error
     from hvdkit.errors import UsageError
     from hvdkit.mpistart import launcher_rank
     from hvdkit.strategies.variants import parse_variants
 
-    a = build_parser().parse_args(argv)
+    try:
+        a = build_parser(prog).parse_args(argv)
+    except UsageError as e:   # the same on every rank: printed once
+        return print_error(prog, e) if (launcher_rank(os.environ) or (0, 1))[0] == 0 else 2
     try:
         variants = parse_variants(a.strategies)
     except UsageError as e:

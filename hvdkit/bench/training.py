@@ -71,6 +71,7 @@ import numpy as np
 from hvdkit.bench import jobs
 from hvdkit.bench._common import emit, fmt, format_table, host_meta, load_results, log
 from hvdkit.bench.jobs import Cell, Settings
+from hvdkit.cliparse import Parser, print_error
 from hvdkit.errors import UsageError
 from hvdkit.results import write_json
 
@@ -99,8 +100,7 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     """The command-line flags (see the module docstring); ``prog``: the name ``--help`` shows."""
     from hvdkit.bench.places import add_place_arguments
 
-    p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0],
-                                epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(prog=prog, doc=__doc__)
     d = {k: v[0] for k, v in _DEFAULTS.items()}
     g = p.add_argument_group("what to measure")
     g.add_argument("--variants", help=f"comma-separated NAME[:option=value,...] (default {d['variants']}; "
@@ -410,8 +410,9 @@ def _load_json(path: str) -> dict | None:
         raise UsageError(f"--resume: {path} is not readable JSON ({e}); move it away or give a new --out-dir") from None
 
 
-def prepare(argv: Sequence[str] | None) -> tuple[Any, Settings, list[Cell], str]:
-    """Parse and check the flags (no job, no place brought up): (args, settings, cells, out_dir).
+def prepare(argv: Sequence[str] | None, prog: str = PROG) -> tuple[Any, Settings, list[Cell], str]:
+    """Parse and check the flags (no job, no place brought up): (args, settings, cells, out_dir);
+    ``prog``: the command as typed, shown by ``--help``.
 
     Raises:
         UsageError: any bad value (the message names the flag and what to do).
@@ -419,7 +420,7 @@ def prepare(argv: Sequence[str] | None) -> tuple[Any, Settings, list[Cell], str]
     from hvdkit.models import check_model_name
     from hvdkit.strategies.variants import parse_variants
 
-    a = build_parser().parse_args(argv)
+    a = build_parser(prog).parse_args(argv)
     _fill_defaults(a)
     s = settings_from_args(a)
     variants = parse_variants(a.variants)
@@ -449,17 +450,17 @@ def _check_outputs(out: str, table: str | None) -> None:
         raise UsageError(str(e).split(": error: ", 1)[-1]) from None
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run the grid on the place the flags name; print the table; the exit status (module docstring)."""
+def main(argv: Sequence[str] | None = None, prog: str = PROG) -> int:
+    """Run the grid on the place the flags name; print the table; the exit status (module docstring).
+    ``prog``: the command as typed (``hvdkit bench training``)."""
     from hvdkit.bench.places import place_from_args
 
     try:
-        a, s, cells, out = prepare(argv)
+        a, s, cells, out = prepare(argv, prog)
         place = place_from_args(a)
         place.out_dir_ok(out)
     except UsageError as e:
-        print(f"{PROG}: error: {e}", file=sys.stderr)
-        return 2
+        return print_error(prog, e)
     try:
         with place:
             return run(a, s, cells, out, place, argv=sys.argv[1:] if argv is None else list(argv))

@@ -30,6 +30,7 @@ import argparse
 import json
 import sys
 
+from hvdkit.cliparse import Parser, print_error
 from hvdkit.errors import UsageError
 
 __all__ = ["main", "build_parser"]
@@ -84,9 +85,8 @@ def _up_options(p: argparse.ArgumentParser) -> None:
 
 def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     """The flags of every ``hvdkit-cluster`` command (``prog``: the name ``--help`` shows)."""
-    p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0].split(": ", 1)[1],
-                                formatter_class=argparse.RawDescriptionHelpFormatter,
-                                epilog="\n\n".join(__doc__.split("\n\n")[1:]))
+    p = Parser(prog=prog, doc=__doc__)
+    p.description = p.description.split(": ", 1)[1]   # without the command's name
     p.add_argument("--dir", metavar="DIR", help="the cluster's directory (default $HVDKIT_CLUSTER_DIR "
                                                 "or /run/hvdkit-cluster)")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -162,9 +162,13 @@ def _probe(d, seconds) -> None:
     _print_status(control.load(d))
 
 
-def main(argv=None) -> int:
-    """Run one ``hvdkit-cluster`` command; returns the exit status (2: bad input or unavailable)."""
-    a = build_parser().parse_args(argv)
+def main(argv=None, prog: str = PROG) -> int:
+    """Run one ``hvdkit-cluster`` command (``prog``: the command as typed, e.g. ``hvdkit cluster``);
+    returns the exit status (2: bad input or unavailable)."""
+    try:
+        a = build_parser(prog).parse_args(argv)
+    except UsageError as e:
+        return print_error(prog, e)
     try:
         if a.command == "run":
             cmd = a.argv[1:] if a.argv[:1] == ["--"] else a.argv

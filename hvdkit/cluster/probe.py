@@ -472,7 +472,9 @@ def measure(hosts: list[dict], seconds: float = 2.0, pings: int = 50, log=print,
 
 def build_parser(prog: str = "python -m hvdkit.cluster.probe") -> argparse.ArgumentParser:
     """The endpoints' flags (serve, send, ring, compute); ``prog``: the name ``--help`` shows."""
-    p = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
+    from hvdkit.cliparse import Parser
+
+    p = Parser(prog=prog, description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="role", required=True)
     s = sub.add_parser("serve")
     s.add_argument("address")
@@ -494,8 +496,14 @@ def build_parser(prog: str = "python -m hvdkit.cluster.probe") -> argparse.Argum
 
 def main(argv=None) -> int:
     """The endpoints, run inside a host's namespace by :func:`measure_pairs`, :func:`measure_ring`
-    and :func:`measure_compute`."""
-    a = build_parser().parse_args(argv)
+    and :func:`measure_compute`. Bad flags: one line, status 2."""
+    from hvdkit.cliparse import print_error
+    from hvdkit.errors import UsageError
+
+    try:
+        a = build_parser().parse_args(argv)
+    except UsageError as e:
+        return print_error("python -m hvdkit.cluster.probe", e)
     if a.role == "serve":
         _serve(a.address, a.port, a.timeout)
         return 0

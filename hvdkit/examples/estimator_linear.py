@@ -86,9 +86,10 @@ def _quiet() -> None:
 
 def build_parser(prog: str = "python -m hvdkit.examples.estimator_linear") -> argparse.ArgumentParser:
     """The example's flags; ``prog``: the name ``--help`` shows."""
-    p = argparse.ArgumentParser(prog=prog,
-                                description="The notes' tf.estimator.LinearRegressor under MirroredStrategy "
-                                            "(TensorFlow <= 2.15).")
+    from hvdkit.cliparse import Parser
+
+    p = Parser(prog=prog, description="The notes' tf.estimator.LinearRegressor under MirroredStrategy "
+                                      "(TensorFlow <= 2.15).")
     p.add_argument("--steps", type=int, default=10, help="training steps, and evaluation steps (default: 10)")
     p.add_argument("--model-dir", default="", help="checkpoint directory (default: a temporary directory, "
                                                    "removed at the end)")
@@ -97,10 +98,15 @@ def build_parser(prog: str = "python -m hvdkit.examples.estimator_linear") -> ar
 
 def main(argv: list[str] | None = None) -> int:
     """Train and evaluate; print the evaluation metrics. Returns the exit status."""
-    p = build_parser()
-    args = p.parse_args(argv)
-    if args.steps <= 0:
-        p.error(f"--steps={args.steps} must be > 0")
+    from hvdkit.cliparse import print_error
+    from hvdkit.errors import UsageError
+
+    try:
+        args = build_parser().parse_args(argv)
+        if args.steps <= 0:
+            raise UsageError(f"--steps={args.steps} must be > 0")
+    except UsageError as e:
+        return print_error("python -m hvdkit.examples.estimator_linear", e)
     _quiet()
     from hvdkit.tfimport import import_tensorflow
 

@@ -17,6 +17,7 @@ import sys
 from dataclasses import replace
 from typing import Mapping, Sequence
 
+from hvdkit.cliparse import Parser, print_error
 from hvdkit.errors import UsageError
 from hvdkit.launch.command import (FORWARD_NAMES, FORWARD_PREFIXES, LaunchSpec, forwarded_env_names,
                                    multi_host_mpi_args, plan_command)
@@ -31,15 +32,10 @@ from hvdkit.launch.templates import TEMPLATES, render
 __all__ = ["main", "build_parser"]
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):
-        raise UsageError(f"{message} (see {self.prog} --help)")
-
-
 def build_parser(prog: str = "hvdkit-launch") -> argparse.ArgumentParser:
     """The flags of ``hvdkit-launch`` (``prog``: the name ``--help`` shows); what follows ``--`` is
     split off by :func:`main` before parsing."""
-    p = _Parser(
+    p = Parser(
         prog=prog,
         usage=f"{prog} [options] [-- PROGRAM ARGS... | -- TRAIN_FLAGS...]",
         description="Build and run the launch command of an hvdkit job for horovodrun, Open MPI "
@@ -165,8 +161,9 @@ def _env_args(items: Sequence[str], environ: Mapping[str, str]) -> tuple[list[st
     return names, pairs
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``hvdkit-launch``; returns the exit status (2 on bad input).
+def main(argv: Sequence[str] | None = None, prog: str = "hvdkit-launch") -> int:
+    """Entry point of ``hvdkit-launch`` (``prog``: the command as typed, e.g. ``hvdkit launch``);
+    returns the exit status (2 on bad input).
 
     Without ``--dry-run`` the launch command runs as this process's child
     (:func:`hvdkit.launch.supervise.run_job`): its exit status is the job's (128 + N after
@@ -177,7 +174,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     own, after = _split_program(argv)
     try:
-        ns = build_parser().parse_args(own)
+        ns = build_parser(prog).parse_args(own)
         program = after if after is not None else list(ns.program)
         if ns.render:
             overrides = {}
@@ -244,8 +241,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _exec(build(list(spec.program)), dict(os.environ), ns.dry_run,
                      forward=FORWARD_NO_STOP if ns.launcher == HOROVODRUN else FORWARD)
     except UsageError as e:
-        print(f"hvdkit-launch: error: {e}", file=sys.stderr)
-        return 2
+        return print_error(prog, e)
 
 
 def _elastic(ns, program: list[str]) -> int:

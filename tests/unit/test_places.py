@@ -340,7 +340,7 @@ def test_collectives_run_across_the_hosts_given(fake_net, monkeypatch):
 
 @pytest.mark.parametrize("argv,match", [
     (["-np", "5", "--hosts", "h1:2,h2:2"], r"^hvdkit-bench collectives: error: -np 5: the hosts have 4 slots"),
-    (["-np", "x"], r"^hvdkit-bench collectives: error: -np 'x' must be an integer"),
+    (["-np", "x"], r"^hvdkit-bench collectives: error: argument -np/-n/--np: invalid int value: 'x'"),   # as launch
     (["--hosts", "h1:1,h2:1", "--", "--json", "/tmp/c.json"], r"error: --json /tmp: /tmp is private to each host"),
     (["--emulated", "2:0"], r"error: --emulated '2:0': write H\[:SLOTS\]\[@RATE\]"),
 ])

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from hvdkit.cliparse import Parser, print_error
 from hvdkit.errors import OutputError, UsageError
 
 __all__ = ["main", "build_parser"]
@@ -31,16 +32,19 @@ PROG = "hvdkit-bench report"
 
 def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     """The command-line flags (see the module docstring); ``prog``: the name ``--help`` shows."""
-    p = argparse.ArgumentParser(prog=prog, description="The decision report of a training benchmark's results "
-                                "directory.", epilog=__doc__.split("\n\n", 1)[1],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(prog=prog, description="The decision report of a training benchmark's results directory.",
+               epilog=__doc__.split("\n\n", 1)[1])
     p.add_argument("dir", metavar="DIR", help="the results directory holding training.json")
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Write the report; prints the paths of report.md and report.html. Returns the exit status."""
-    a = build_parser().parse_args(argv)
+def main(argv: list[str] | None = None, prog: str = PROG) -> int:
+    """Write the report; prints the paths of report.md and report.html. Returns the exit status.
+    ``prog``: the command as typed (``hvdkit bench report``)."""
+    try:
+        a = build_parser(prog).parse_args(argv)
+    except UsageError as e:
+        return print_error(prog, e)
     from hvdkit.bench.report.writer import write_report
     try:
         paths = write_report(a.dir)
