@@ -179,8 +179,8 @@ def horovod_sgd_20(sgd_20_job):
 
 @pytest.hookimpl(tryfirst=True)   # before xdist's own hook, which reads the groups
 def pytest_collection_modifyitems(config, items):
-    """Groups for ``pytest -n N --dist loadgroup`` (``make test-quick``, ``make test WORKERS=...``): the
-    emulated-cluster tests form
+    """Groups for ``pytest -n N --dist loadgroup`` (``make test-quick``, and ``make test``'s first part,
+    which leaves the emulated cluster to a second, one-process part): the emulated-cluster tests form
     one group (one cluster exists at a time, so they run one after another on one worker, in file
     order); every other module is a group of its own, so its module-scoped shared jobs run once.
     Two workers fit this 2-core machine kind because a test spends much of its time waiting (a stall

@@ -49,8 +49,13 @@ class Cluster:
 
 
 def start_cluster(**spec_kw) -> Cluster:
+    """Bring up ``ClusterSpec(**spec_kw)``. The hosts get no CPU share unless ``cpus_per_host`` is
+    given (``hvdkit-cluster up --cpus-per-host none``): no test here is about the share but
+    test_emulator's, which gives its own, and a share of cores / hosts slows every job that uses
+    fewer hosts than the cluster has (TensorFlow's start on each rank above all)."""
     from hvdkit.cluster import control
     from hvdkit.cluster.spec import ClusterSpec
+    spec_kw.setdefault("cpus_per_host", None)
     return Cluster(control.up(ClusterSpec(**spec_kw).check(), log=lambda *_: None))
 
 

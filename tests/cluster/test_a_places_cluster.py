@@ -7,7 +7,7 @@ In full runs the first test found another module's emulated cluster still up whe
 (``_gone()`` false at its first line: the 3 x 2 cluster of a module-scoped ``cluster`` fixture), so
 its own place could not come up; alone, or after the modules before it, it passes. Until the
 ordering is understood it is an expected failure in the full run (not strict: it passes alone);
-the emulated place's path is also run by test_training_suite and test_advise_cluster."""
+the emulated place's path is also run by test_training_suite (its suite and advise checks)."""
 from __future__ import annotations
 
 import subprocess

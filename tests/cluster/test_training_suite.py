@@ -1,9 +1,13 @@
-"""``hvdkit-bench suite --quick --emulated 3:1`` end to end: the suite brings up 3 emulated hosts of
-one slot each (the hostfile path of :mod:`hvdkit.bench.places`), runs the collectives across them,
-the training grid and convergence (tiny jobs), the report (rendered in headless Chromium where
-installed), and takes the cluster down. The training grid is horovod and ps-sync at 1 and 3 workers: it ends 0; training.json has
-OK rows whose ranks ran on 3 distinct hosts (horovod at 3 workers, one per host; a dedicated server's host counts) and lists
-ps-sync at 3 workers (3 + 1 server = 4 ranks) as skipped; no namespace is left behind.
+"""``hvdkit-bench suite --quick --emulated 3:1`` end to end, and ``hvdkit advise`` against its
+measured training grid: one suite run (:func:`suite_run`) serves both tests, as both need a
+training benchmark on 3 emulated hosts of one slot each (one run, not two: about a minute less).
+
+The suite brings up the hosts (the hostfile path of :mod:`hvdkit.bench.places`), runs the
+collectives across them, the training grid and convergence (tiny jobs), the report (rendered in
+headless Chromium where installed), and takes the cluster down. Its training grid is the one the
+advise check needs plus horovod at 3 workers: cnn, horovod and ps-sync (one dedicated server) at
+1, 2 and 3 workers, 2 rounds, 4 steps per timed epoch, 2 timed epochs, batch 32, 32x32 images
+(the flags of ``hvdkit-bench training`` without ``--quick``), 1 Gbit/s links.
 """
 from __future__ import annotations
 
@@ -18,13 +22,33 @@ from tests.conftest import launch
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, needs_cluster]
 
+#: the throughput grid's flags (--training-args): the advise check's grid (workers 1, 2), plus 3 workers
+#: for the suite's check that a job spans the 3 hosts
+GRID = ["--workers", "1,2,3", "--repeats", "2", "--steps-per-iter", "4", "--iters", "2", "--batch-size", "32",
+        "--image-size", "32"]
 
-def test_suite_quick_on_three_emulated_hosts(shared_dir):
+
+@pytest.fixture(scope="module")
+def suite_run():
+    """The suite's output directory (under /var/tmp, which every emulated host sees) and its launch."""
+    import shutil
+    import tempfile
+
+    shared = tempfile.mkdtemp(prefix="hvdkit-cluster-test-", dir="/var/tmp")
+    out = os.path.join(shared, "suite")
+    r = launch([sys.executable, "-m", "hvdkit.bench", "suite", "--quick", "--emulated", "3:1", "--out-dir", out,
+                "--training-args", " ".join(GRID)], timeout=600)
+    yield out, r
+    shutil.rmtree(shared, ignore_errors=True)
+
+
+def test_suite_quick_on_three_emulated_hosts(suite_run):
+    """The suite ends 0; training.json has OK rows whose ranks ran on 3 distinct hosts (horovod at 3
+    workers, one per host; a dedicated server's host counts) and lists ps-sync at 3 workers (3 + 1
+    server = 4 ranks) as skipped; no namespace is left behind."""
     from hvdkit.cluster import net
 
-    out = os.path.join(shared_dir, "suite")
-    r = launch([sys.executable, "-m", "hvdkit.bench", "suite", "--quick", "--emulated", "3:1", "--out-dir", out,
-                "--training-args", "--workers 1,3"], timeout=600)
+    out, r = suite_run
     assert r.returncode == 0, r.output[-4000:]
     assert r.stdout.strip().splitlines()[-1] == "OK"
     assert not net.leftovers(), net.leftovers()
@@ -36,7 +60,8 @@ def test_suite_quick_on_three_emulated_hosts(shared_dir):
     hosts = {h for x in ok for h in x["rank_hosts"]}
     assert len(hosts) == 3, hosts
     # rank_hosts lists every rank's host, a dedicated server's too: on 3 hosts of one slot only 3-rank
-    # jobs span all three (horovod at 3 workers; ps-async's convergence cell at 2 workers + 1 server)
+    # jobs span all three (horovod at 3 workers; ps-sync at 2 workers + 1 server; ps-async's convergence
+    # cell at 2 workers + 1 server)
     three = [x for x in ok if len(set(x["rank_hosts"])) == 3]
     assert any(x["variant"] == "horovod" and x["workers"] == 3 for x in three), three
     assert all(x["ranks"] == 3 == len(x["rank_hosts"]) for x in three), three
@@ -52,4 +77,34 @@ def test_suite_quick_on_three_emulated_hosts(shared_dir):
     from tests.unit.test_report_browser import CHROMIUM, assert_renders
     if CHROMIUM:   # the page the suite wrote, rendered as a user opens it
         import pathlib
-        assert assert_renders(pathlib.Path(out) / "report.html", pathlib.Path(shared_dir)) >= 1
+        assert assert_renders(pathlib.Path(out) / "report.html", pathlib.Path(out).parent) >= 1
+
+
+def test_predicted_steps_track_measured_ones(suite_run):
+    """``hvdkit advise`` against the suite's grid at 1 and 2 workers (a small version of
+    ``hvdkit-bench advise-check``): horovod and ps-sync-k1 (one dedicated server). The prediction
+    (formulas + the probed link, compute = the measured 1-worker Horovod step) is within a factor
+    2.5 of every cell's faster round of two (the machine's 2 cores are shared, so one job's step
+    can double under outside load: a single round failed so once), and orders horovod and
+    ps-sync-k1 at 2 workers as measured (the model predicts ps-sync-k1 ~2.6x slower)."""
+    from hvdkit.bench.advise_check import measured_comparison
+
+    out, r = suite_run
+    assert r.returncode == 0, r.output[-3000:]
+    full = json.load(open(os.path.join(out, "training.json")))
+    doc = {**full, "rows": [x for x in full["rows"] if x["workers"] in (1, 2)]}   # the advise check's cells
+    rows, stats = measured_comparison(doc, {})
+    assert sorted((x["variant"], x["workers"]) for x in rows) == \
+        [("horovod", 1), ("horovod", 2), ("ps-sync", 1), ("ps-sync", 2)]   # ps-sync-k1: one dedicated server
+    fastest = {}
+    for x in doc["rows"]:
+        if x["status"] == "OK" and x.get("measure", "throughput") == "throughput":
+            k = (x["variant"], x["workers"])
+            fastest[k] = min(fastest.get(k, float("inf")), x["step_ms"])
+    table = [(x["variant"], x["workers"], round(fastest[(x["variant"], x["workers"])], 1), round(x["probe_ms"], 1))
+             for x in rows]
+    for x in rows:
+        assert 0.4 < x["probe_ms"] / fastest[(x["variant"], x["workers"])] < 2.5, table
+    two = {x["variant"]: x for x in rows if x["workers"] == 2}
+    assert (two["horovod"]["measured_ms"] < two["ps-sync"]["measured_ms"]) == \
+        (two["horovod"]["probe_ms"] < two["ps-sync"]["probe_ms"]), two
