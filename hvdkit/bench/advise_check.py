@@ -11,7 +11,7 @@ comparisons (markdown tables, ``--json``)::
    one-worker training cells, every cell with >= 3 workers predicted (every model, variant and rate
    present), against a naive baseline (compute + the busiest link's bytes / the probed rate). The
    ``--json`` file's ``"summary"``: ``held_out``, ``median_abs_error``, ``max_abs_error``, ``groups``,
-   ``ranking_exact``, ``fastest_right``, ``inside_range``, ``points``, ``baseline`` (CONTRACTS C).
+   ``ranking_exact``, ``fastest_right``, ``inside_range``, ``points``, ``baseline`` (docs/advise.md).
    Inputs: ``DIR``... (``hvdkit-bench suite`` or ``training`` output directories: training.json,
    collectives json(s), cluster.json with the probe; or a directory of them, one per link rate), or
    the two files below.

@@ -5,7 +5,7 @@ the model sees only micro-measurements, here the collectives benchmark at 2 host
 host) and one worker's step (the 1-worker training cells: the compute per model, and each variant's
 own overhead on one worker), and predicts the held-out configurations (3 and more workers, every
 model, variant and rate measured) that it never saw. :func:`validate` returns one row per
-predicted cell and :func:`summary` the figures of CONTRACTS C, beside those of a naive baseline
+predicted cell and :func:`summary` the figures docs/advise.md lists, beside those of a naive baseline
 (:func:`baseline_step`: compute + the busiest link's bytes / the probed rate), so the model's
 value is visible.
 """
@@ -114,7 +114,7 @@ def _figures(rows: Sequence[dict], col: str) -> dict:
 
 
 def summary(rows: Sequence[dict], cal: Calibration, predicted: Sequence[Cell]) -> dict:
-    """The ``"summary"`` object of ``advise-check --json`` (CONTRACTS C): ``held_out`` (no predicted
+    """The ``"summary"`` object of ``advise-check --json`` (docs/advise.md): ``held_out`` (no predicted
     configuration was used for calibration, :func:`hvdkit.advise.calibrate.held_out`),
     ``median_abs_error`` and ``max_abs_error`` (fractions), ``groups``, ``ranking_exact``,
     ``fastest_right``, ``inside_range`` (share of predictions within the measured min-max), ``points``,

@@ -2,7 +2,7 @@
 
 One module builds the command of a job (a strategy variant, a model, a worker count, the
 data/step settings, a straggler, a seed, an output directory) and turns the job's
-``results.json`` into one row of ``training.json`` (CONTRACTS.md section 3). The rank count
+``results.json`` into one row of ``training.json`` (its fields: docs/benchmarks.md). The rank count
 comes from the strategy row (:meth:`hvdkit.strategies.variants.Variant.ranks`: a dedicated
 parameter server needs workers + K ranks), never from a rule written here.
 

@@ -27,7 +27,7 @@ link's bytes and utilisation (places with probed links: the slowest link's rate)
 time and samples to ``--target-accuracy``, staleness (PS rows). Figures: see :mod:`hvdkit.bench.jobs`.
 
 Per cell: the median and min-max over its OK rounds. Scaling efficiency(N) = samples/s(N) /
-(N x samples/s(1)) of the same model and variant (DESIGN.md): median(N) / (N median(1)), its
+(N x samples/s(1)) of the same model and variant (docs/performance.md): median(N) / (N median(1)), its
 range min(N) / (N max(1)) .. max(N) / (N min(1)). The baseline samples/s(1) is always the
 1-worker cell *without* a straggler, straggler cells included: a straggler cell's efficiency is
 what is left of ideal scaling with the straggler (at 1 worker with straggler 0:F it is the
@@ -38,7 +38,7 @@ measured; ``efficiency_base`` names the baseline otherwise.
 horovod`` against the bare Horovod loop, ABBA (:mod:`hvdkit.bench.overhead`), in training.json's
 ``overhead``.
 
-Output: ``DIR/training.json`` (CONTRACTS.md section 3; rewritten atomically after every job;
+Output: ``DIR/training.json`` (its fields: docs/benchmarks.md; rewritten atomically after every job;
 rows carry ``measure``, and rows of the other measure already in the file are kept), an
 nccl-tests-style table on stdout, progress on stderr (job k/n, elapsed, estimated time left),
 every job's directory (results.json, job.log) under ``DIR/runs/``. ``--resume DIR`` keeps the OK
