@@ -419,7 +419,12 @@ def main(argv: list[str] | None = None, prog: str = "python -m hvdkit.bench.clus
     out = a.out_dir or os.path.join("results", f"cluster-{datetime.now():%Y-%m-%d-%H%M%S}")
     os.makedirs(out, exist_ok=True)
     if a.merge:
-        return _finish(out, *_merged(a.merge), a.no_plot)
+        try:
+            merged = _merged(a.merge)
+        except (OSError, ValueError) as e:   # a file that does not read or is not a run's output: one line
+            print(f"hvdkit: error: {e}", file=sys.stderr)
+            return 2
+        return _finish(out, *merged, a.no_plot)
     meta = {**host_meta(), "benchmark": "cluster_collectives", "parameters": {
         k: getattr(a, k) for k in ("configs", "rates", "variants", "repeats", "methods", "mpi_args", "min_bytes",
                                    "max_bytes",
@@ -447,6 +452,9 @@ def _merged(paths: list[str]) -> tuple[dict, list, list]:
     for p in paths:
         with open(p) as fh:
             docs.append(json.load(fh))
+        if not isinstance(docs[-1], dict) or "launches" not in docs[-1] or "rows" not in docs[-1]:
+            raise ValueError(f"--merge {p}: not a cluster_collectives.json (no launches and rows; one launch's "
+                             "NAME.json is not mergeable): give the cluster_collectives.json of each run")
     meta = {**host_meta(), "benchmark": "cluster_collectives", "merged": [os.path.abspath(p) for p in paths],
             "runs": [d["meta"] for d in docs]}
     return meta, [x for d in docs for x in d["launches"]], [r for d in docs for r in d["rows"]]
