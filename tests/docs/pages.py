@@ -48,17 +48,21 @@ def fenced_blocks(text: str):
         i += 1
 
 
-def prose(text: str) -> str:
-    """The text without fenced blocks and inline code (for links and headings)."""
-    out, inside, fence = [], False, ""
+def _outside_fences(text: str):
+    """The lines of ``text`` outside fenced code blocks."""
+    inside, fence = False, ""
     for line in text.splitlines():
         m = _FENCE.match(line)
         if m and (not inside or line.strip().startswith(fence[:3])):
             inside, fence = (not inside), m.group(2)
             continue
         if not inside:
-            out.append(re.sub(r"`[^`]*`", "", line))
-    return "\n".join(out)
+            yield line
+
+
+def prose(text: str) -> str:
+    """The text without fenced blocks and inline code (for links and headings)."""
+    return "\n".join(re.sub(r"`[^`]*`", "", line) for line in _outside_fences(text))
 
 
 def _joined(body: list[str], console: bool, start: int):
@@ -156,16 +160,10 @@ def anchors(path: Path) -> set[str]:
 
 
 def _heading_lines(text: str):
-    inside, fence = False, ""
-    for line in text.splitlines():
-        m = _FENCE.match(line)
-        if m and (not inside or line.strip().startswith(fence[:3])):
-            inside, fence = (not inside), m.group(2)
-            continue
-        if not inside:
-            h = re.match(r"^#{1,6}\s+(.*?)\s*#*\s*$", line)
-            if h:
-                yield h.group(1)
+    for line in _outside_fences(text):
+        h = re.match(r"^#{1,6}\s+(.*?)\s*#*\s*$", line)
+        if h:
+            yield h.group(1)
 
 
 def links(path: Path):
