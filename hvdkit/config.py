@@ -55,6 +55,8 @@ class Option:
         metavar: the placeholder in ``--help``.
         check: ``check(value) -> None | reason``, e.g. :func:`at_least` (0): a value with a
             reason is refused when the flags are parsed, as ``--NAME=VALUE REASON``.
+        aliases: other flags of the same setting (``--out-dir`` of ``--output-dir``: the name the
+            benchmarks and the launcher use for theirs), or ().
 
     The top-level settings are :data:`FIELDS`; a strategy declares its own in its class's
     ``options`` (see :mod:`hvdkit.strategies.base`); both go through :func:`parse_config`.
@@ -68,6 +70,7 @@ class Option:
     choices: tuple | None = None
     metavar: str | None = None
     check: Callable[[Any], str | None] | None = None
+    aliases: tuple[str, ...] = ()
 
     @property
     def flag(self) -> str:
@@ -137,7 +140,8 @@ FIELDS: tuple[Option, ...] = (
            "time each step), for experiments; hvdkit's own strategies, not tf-*", "optimisation",
            metavar="RANK:FACTOR"),
     # output
-    Option("output_dir", str, "", "results directory (default runs/<timestamp>-<strategy>)", "output", metavar="DIR"),
+    Option("output_dir", str, "", "results directory (default runs/<timestamp>-<strategy>); also --out-dir, the "
+           "benchmarks' name for theirs", "output", metavar="DIR", aliases=("--out-dir",)),
     Option("export_weights", str, "", "write the final weights to this .npz file (rank 0; weights are "
            "identical on every rank)", "output", metavar="PATH"),
     Option("resume", bool, False, "continue from the checkpoint in --output-dir", "output"),
@@ -323,7 +327,7 @@ def build_parser(prog: str = "python -m hvdkit.train", extra_fields: Sequence[Op
             g.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=None,
                            help=f"{f.help} (default: {'on' if f.default else 'off'})")
         else:
-            g.add_argument(flag, dest=f.name, type=str, default=None, choices=f.choices,
+            g.add_argument(flag, *f.aliases, dest=f.name, type=str, default=None, choices=f.choices,
                            metavar=f.metavar or f.name.upper(), help=f.help + default_txt)
     return p
 

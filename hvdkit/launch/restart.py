@@ -64,16 +64,17 @@ _CAUSES = re.compile(r"^hvdkit: (FAILED|error)|Remote daemon|exited on signal|re
 
 
 def output_dir_of(program: Sequence[str], environ: dict[str, str]) -> str:
-    """The ``--output-dir`` of an ``hvdkit.train`` command line (or ``HVDKIT_OUTPUT_DIR``).
+    """The ``--output-dir`` (or its alias ``--out-dir``) of an ``hvdkit.train`` command line (or
+    ``HVDKIT_OUTPUT_DIR``).
 
     Raises:
         UsageError: none given: a restart could not find the checkpoint.
     """
     args = list(program)
     for i, a in enumerate(args):
-        if a == "--output-dir" and i + 1 < len(args):
+        if a in ("--output-dir", "--out-dir") and i + 1 < len(args):
             return args[i + 1]
-        if a.startswith("--output-dir="):
+        if a.startswith(("--output-dir=", "--out-dir=")):
             return a.split("=", 1)[1]
     if environ.get("HVDKIT_OUTPUT_DIR"):
         return environ["HVDKIT_OUTPUT_DIR"]

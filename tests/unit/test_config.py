@@ -100,3 +100,11 @@ def test_every_strategy_is_registered_under_its_own_name_and_listed_in_help():
     text = build_parser(extra_fields=extra_fields(), strategies=summaries()).format_help()
     assert all(f"  {name} " in text for name in STRATEGIES)
     assert len({f.name for f in extra_fields()}) == len(extra_fields()), "an option declared twice"
+
+
+def test_out_dir_is_the_same_setting_as_output_dir():
+    """``--out-dir`` (the benchmarks' and the launcher's name) is an alias of train's ``--output-dir``: one
+    setting, one dest, the same in every command (issue 26: the same option has the same name)."""
+    from hvdkit.config import parse_config
+    assert parse_config(["--out-dir", "d1"]).output_dir == "d1"
+    assert parse_config(["--output-dir", "d2"]).output_dir == "d2"

@@ -51,6 +51,7 @@ def test_bad_input_is_never_retried(tmp_path):
 def test_the_output_dir_is_required_and_found():
     assert output_dir_of(["--output-dir", "d"], {}) == "d"
     assert output_dir_of(["--output-dir=e"], {}) == "e"
+    assert output_dir_of(["--out-dir", "g"], {}) == "g" and output_dir_of(["--out-dir=h"], {}) == "h"   # the alias
     assert output_dir_of([], {"HVDKIT_OUTPUT_DIR": "f"}) == "f"
     with pytest.raises(UsageError, match="--max-restarts needs the job's --output-dir"):
         output_dir_of(["--epochs", "3"], {})
