@@ -197,9 +197,9 @@ class Calibration:
         and the Hockney fit's slope beyond the largest; None when the method has no points.
 
         Why not the fit alone: under a CPU quota a message step costs at least about one CFS period
-        (the fair runs: every size up to 64 KiB took 10 ms at a 10 ms period, 256 KiB-1 MiB 30 ms), a
-        floor a straight line fitted at >= 1 MiB does not have, and a ring on W hosts moves chunks of
-        2 S / W, down in that floor (cnn, 1.1 MB, at 4 workers).
+        (benchmarks/figures/fair25/*/collectives_np2.md: the small sizes), a floor a straight line
+        fitted at >= 1 MiB does not have, and a ring on W hosts moves chunks of 2 S / W, down in that
+        floor for a small model (docs/advise.md).
         """
         pts = self.points.get((rate, method))
         if not pts:
@@ -265,6 +265,8 @@ class Calibration:
         cal_workers = self.hosts - 1 if comm == "ps" else self.hosts
         parts = split_fit(a, b, n, wire_factor(comm, cal_workers, 1) * wf, ln.link_Bps)
         asynchronous = row.staleness != 0
+        # every host sends and receives at once: the probe's ring-pattern rate where it measured one
+        ring = ln.link_Bps / ln.ring_Bps if ln.ring_Bps and workers > 2 else 1.0
         if comm == "ps":
             w_eff = 1 if asynchronous else workers
             wire = parts["wire"] * wire_factor("ps", w_eff, k) / wire_factor("ps", 1, 1)
@@ -275,15 +277,12 @@ class Calibration:
             # a ring of W is 2 (W - 1) steps of 2 S / W bytes each way; the measured 2-host ring of x bytes
             # is 2 steps of x / 2: so (W - 1) x the 2-host time at x = 2 S / W (Patarasuk & Yuan 2009),
             # read off the measured sizes where the chunk is small (the quota's floor per step)
-            ring = ln.link_Bps / ln.ring_Bps if ln.ring_Bps and workers > 2 else 1.0
             x = 2 * n / workers
             per = self.collective_time(rate, fit_method, x)
             w2 = min(per, wf * x / ln.link_Bps)
             lat_p = min(per - w2, max(0.0, per - b * x))
             lat, cpu, wire = (workers - 1) * lat_p, (workers - 1) * (per - w2 - lat_p), (workers - 1) * w2 * ring
         else:
-            # every host sends and receives at once: the probe's ring-pattern rate where it measured one
-            ring = ln.link_Bps / ln.ring_Bps if ln.ring_Bps and workers > 2 else 1.0
             wire = parts["wire"] * wire_factor(comm, workers) / wire_factor(comm, cal_workers) * ring
             cpu = parts["cpu"] * wire_factor(comm, workers) / wire_factor(comm, cal_workers)
             lat = parts["latency"] * latency_steps(comm, workers) / latency_steps(comm, cal_workers)
@@ -310,9 +309,9 @@ class Calibration:
 
 def busy_threads(row, workers: int) -> int:
     """The busy threads of one of ``row``'s ranks at ``workers`` workers: its ``busy_threads``, but 1 at one
-    worker, where no peer is waited for. Measured (fair hosts, 0.4 core, 10 ms period): Horovod's compute
-    per step was 19.8 ms at one worker and 42.6 ms at two (cnn; mlp-wide 104 and 210 ms), hvdkit's ring
-    (one thread) 19.9 and 23.9 ms."""
+    worker, where no peer is waited for: under a quota Horovod's compute per step doubles from one worker
+    to two and hvdkit's one-thread ring's does not (the step split of
+    benchmarks/figures/fair25/*/training.md; docs/advise.md)."""
     return row.busy_threads if workers > 1 else 1
 
 
