@@ -47,6 +47,7 @@ def test_stack_pins():
     tf215, tf218 = _pins("tf215.txt"), _pins("tf218.txt")
     assert tf215["tensorflow-cpu"] == "2.15.1" and "tf-keras" not in tf215
     assert tf218["tensorflow-cpu"] == "2.18.1" and tf218["tf-keras"] == "2.18.0"
+    assert tf218["keras"].startswith("3.")    # pinned, not left to pip (TensorFlow 2.18 pulls Keras 3)
     assert int(tf218["numpy"].split(".")[0]) < 2        # TensorFlow 2.18: numpy<2.1; hvdkit: numpy<2
     shared = set(tf215) & set(tf218)
     assert {"mpi4py", "numpy", "pytest", "scikit-learn"} <= shared
