@@ -301,8 +301,21 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
         with open(a.markdown, "w") as fh:
             fh.write(md)
     if a.json:
-        write_json(a.json, doc)
+        write_json(a.json, rounded(doc))
     return 0
+
+
+def rounded(obj, digits: int = 12):
+    """``obj`` (JSON-like: dicts, lists, numbers, strings) with every float rounded to ``digits``
+    significant digits, so that regenerating ``--json`` from the same inputs gives the same bytes
+    (the last digits of a sum otherwise differ with summation order and build)."""
+    if isinstance(obj, float):
+        return float(f"{obj:.{digits}g}")
+    if isinstance(obj, dict):
+        return {k: rounded(v, digits) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [rounded(v, digits) for v in obj]
+    return obj
 
 
 def render(dirs: list[str], training_path: str, collectives_path: str, calibration_hosts: int = 2) -> tuple[str, dict]:

@@ -327,3 +327,22 @@ def test_calibrate_hockney_fits_and_their_use(tmp_path, capsys):
     assert ring["comm_s"] == pytest.approx(2 * 0.002 + 1e-8 * s, rel=1e-6)   # two 64 MiB buckets
     assert advise_main(["--model", "resnet50", "--cluster", "2x4", "--calibrate", str(f)]) == 2
     assert "one rank per host" in capsys.readouterr().err
+
+
+def test_advise_check_json_regenerates_byte_identically(tmp_path, monkeypatch):
+    """The committed advise-check JSONs are what ``--json`` writes from their recorded inputs, byte for
+    byte: floats are rounded to 12 significant digits, so summation order cannot change the last digit."""
+    import os
+
+    from hvdkit.bench import advise_check
+    from tests.conftest import ROOT
+
+    assert advise_check.rounded({"a": [0.1 + 0.2, 3, "x"], "b": (1 / 3,)}) == {"a": [0.3, 3, "x"], "b": [0.333333333333]}
+    for name in ("advise_check.json", "advise_check_fair.json"):
+        path = os.path.join(ROOT, "benchmarks", "figures", name)
+        inputs = json.loads(open(path).read())["inputs"]     # relative to the repository's root
+        monkeypatch.chdir(ROOT)
+        argv = ["--training", inputs[0], "--collectives", inputs[1]] if len(inputs) == 2 else inputs
+        out = tmp_path / name
+        assert advise_check.main(argv + ["--json", str(out)]) == 0
+        assert out.read_bytes() == open(path, "rb").read(), f"{name} is stale: regenerate it with --json"
