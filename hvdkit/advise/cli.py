@@ -1,13 +1,13 @@
 """``hvdkit advise``: which strategy, and how well it scales, for a model on a cluster (predicted).
 
-    hvdkit advise --model resnet50 --cluster 16x8:nvlink,25gbit             # P100 throughput table
+    hvdkit advise --model resnet50 --cluster 16x8:nvlink,25gbit   # P100 throughput table
     hvdkit advise --model vgg16 --gpu v100 --cluster 8x8:nvlink,20gbit --overlap --json
     hvdkit advise --model mlp-wide --measure --cluster /run/hvdkit-cluster/cluster.json
     hvdkit advise --model cnn --compute-ms 7 --batch 32 --cluster 4x1:shm,1gbit --plot eff.png
-    hvdkit advise --model resnet50 --cluster 4x1:shm,1gbit \
+    hvdkit advise --model resnet50 --cluster 4x1:shm,1gbit \\
         --strategies horovod,ps-sync:num_servers=2,ps-sync:ps_colocated=true,ps-ssp:staleness=4
-    hvdkit advise --model mlp-wide --compute-ms 44 --batch 32 --cluster cluster.json --hosts 4 \
-        --shared-cores 2 --calibrate cluster_collectives.json     # measured collectives, not formulas
+    hvdkit advise --model mlp-wide --compute-ms 44 --batch 32 --cluster cluster.json --hosts 4 \\
+        --shared-cores 2 --calibrate cluster_collectives.json   # measured collectives, not formulas
     hvdkit advise --model cnn --batch 32 --cluster 4x1:shm,1gbit --calibrate results/suite   # a suite's output
 
 The model: a known ImageNet model (resnet50, resnet101, inception3, vgg16: sizes from their
@@ -23,8 +23,9 @@ prices two systems of its own: horovod-hier (Horovod's hierarchical allreduce, -
 horovod with HOROVOD_HIERARCHICAL_ALLREDUCE=1) and byteps (not in hvdkit, marked * in the table).
 
 Columns: step (ms per step: one batch on every worker), comm (communication seconds of a step),
-exposed (the part not hidden behind compute), eff (scaling efficiency: throughput / (N x one
-accelerator's)), link MB (bytes one step puts on the busiest link, per direction), and the
+exposed (the part not hidden behind compute), eff (compute efficiency: compute / step, i.e. throughput /
+(N x one accelerator computing alone); the calibrated rows of --calibrate DIR: the scaling efficiency,
+their one-worker step / step), link MB (bytes one step puts on the busiest link, per direction), and the
 limiting resource. Formulas and their sources: :mod:`hvdkit.advise.model`.
 """
 from __future__ import annotations

@@ -48,6 +48,8 @@ is one :class:`~hvdkit.errors.UsageError` line (status 2), raised before any job
     SLURM_TASKS_PER_NODE='4(x3)' gives 3 counts for the 2 nodes of SLURM_JOB_NODELIST='n[1-2]'; ...
     --emulated '3:0': write H[:SLOTS][@RATE] with H, SLOTS >= 1, e.g. 3, 3:2 or 3:2@200mbit
     --out-dir /tmp/x: /tmp is private to each host (the 2 hosts do not share it); ...
+    --resume D: its rows were measured on hosts h1:4,h2:4 (--hostfile hosts), not on this run's place (local: ...);
+        give --hostfile hosts to continue them, or give a new --out-dir      (check_resume_place)
 """
 from __future__ import annotations
 
@@ -74,7 +76,7 @@ from hvdkit.launch.network import Choice, choose, host_names, is_local, user_cho
 from hvdkit.launch.slurm import allocation, describe as describe_slurm
 
 __all__ = ["Place", "EmulatedSpec", "add_place_arguments", "place_from_args", "parse_emulated", "hosts_command",
-           "check_ssh", "KINDS", "SSH_TIMEOUT_S", "GPU_COUNT"]
+           "check_ssh", "check_resume_place", "KINDS", "SSH_TIMEOUT_S", "GPU_COUNT"]
 
 KINDS = ("local", "hosts", "slurm", "emulated")
 #: default of --ssh-timeout, seconds
@@ -220,6 +222,44 @@ def place_from_args(a: argparse.Namespace, environ: Mapping[str, str] | None = N
         log(f"hvdkit-bench: note: inside Slurm job {environ.get('SLURM_JOB_ID') or environ.get('SLURM_JOBID')}, "
             "the jobs run on this host only; give --slurm to run them on the allocation's nodes")
     return Place("local", [], **kw)
+
+
+def check_resume_place(recorded: Mapping[str, Any] | None, place: "Place", out: str) -> None:
+    """Refuse to ``--resume`` ``out`` on another place than the one its rows were measured on.
+
+    The place always comes from this command line (none: this host), so a directory measured with
+    ``--hostfile F`` and resumed without it would otherwise go on here and mix two places in one
+    table. Only the recorded :meth:`Place.describe` (training.json's ``place``) names the place
+    (the suite's training.json records no place flags), so it is compared, not reused: the kind;
+    local and hosts: every host's name and slots; slurm: the allocation's slots per node (a new
+    allocation has other node names); emulated: its ``--emulated`` flags.
+
+    Args:
+        recorded: the earlier run's ``place`` (None or {}: nothing recorded, nothing compared).
+        place: this run's place (not entered yet); out: the directory, for the message.
+
+    Raises:
+        UsageError: one line naming the recorded place and the flag to give.
+    """
+    if not recorded or not recorded.get("kind"):
+        return
+    kind, source = recorded["kind"], recorded.get("source") or recorded["kind"]
+    hosts = [(h.get("name"), h.get("slots")) for h in recorded.get("hosts") or []]
+    now = [(h.name, 1 if h.slots is None else h.slots) for h in place.hosts]
+    if kind == place.kind and (kind == "emulated" and source == place.source
+                               or kind == "slurm" and sorted(s for _, s in hosts) == sorted(s for _, s in now)
+                               or kind in ("local", "hosts") and hosts == now):
+        return
+    listed = ",".join(f"{n}:{s}" for n, s in hosts)
+    what, flag = {"local": (f"this host then ({listed})", f"run it on {hosts[0][0] if hosts else 'that host'} with "
+                                                          "no place flag"),
+                  "hosts": (f"hosts {listed} ({source})", f"give {source}"),
+                  "slurm": (f"a Slurm allocation of slots {listed} ({source})",
+                            f"give --slurm inside an allocation of {len(hosts)} nodes with the same slots"),
+                  }.get(kind, (f"an emulated cluster ({source})", f"give {source}"))
+    raise UsageError(f"--resume {out}: its rows were measured on {what}, not on this run's place ({place.source}"
+                     f"{'' if place.kind == 'emulated' else ': ' + ','.join(f'{n}:{s}' for n, s in now)}); {flag} "
+                     f"to continue them, or give a new --out-dir")
 
 
 def _hosts_spec(hosts: Sequence[Host]) -> str:

@@ -4,7 +4,7 @@
     hvdkit-bench suite --quick                          # smoke test (a few minutes)
     hvdkit-bench suite --hostfile hosts.txt --out-dir /shared/suite     # the user's cluster
     hvdkit-bench suite --emulated 3 --quick --out-dir /var/tmp/suite     # 3 emulated hosts
-    hvdkit-bench suite --resume /shared/suite           # finish a suite that was stopped
+    hvdkit-bench suite --hostfile hosts.txt --resume /shared/suite    # finish it (the same place flags)
 
 The place (this host, ``--hosts``, ``--hostfile``, ``--slurm``, ``--emulated``; see
 :mod:`hvdkit.bench.places`) is brought up once and every step runs on it. Writes ``DIR`` (default
@@ -29,7 +29,9 @@ runs/                       every job's directory (results.json, job.log)
 convergence is skipped), convergence the rest; each stops starting jobs when its estimate exceeds
 its share, and the later collectives sizes start only within the budget. ``--resume DIR``
 keeps the finished collectives files and the OK rows of training.json and runs the rest, so a
-suite killed halfway loses only the job that was running. Progress on stderr.
+suite killed halfway loses only the job that was running; give the place flags of the first run
+again (another place than the one recorded is refused: :func:`hvdkit.bench.places.check_resume_place`).
+Progress on stderr.
 
 Exit status 0 when every step that ran succeeded, 1 when a step or a job failed, 2 on bad input
 (a flag, a place that does not answer).
@@ -177,7 +179,7 @@ def _report(s: _Suite) -> None:
 def main(argv: list[str] | None = None, prog: str = PROG) -> int:
     """Run the suite; returns 0 when every step that ran succeeded, 1 when one failed, 2 on bad input.
     ``prog``: the command as typed (``hvdkit bench suite``)."""
-    from hvdkit.bench.places import place_from_args
+    from hvdkit.bench.places import check_resume_place, place_from_args
 
     try:
         a = build_parser(prog).parse_args(argv)
@@ -199,6 +201,10 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
             raise UsageError(f"--collectives-np {a.collectives_np!r}: comma-separated rank counts >= 2")
         out = _out_dir(a)
         place = place_from_args(a)
+        if a.resume:   # the place the kept results were measured on (training.json's, else suite.json's)
+            check_resume_place((_load(os.path.join(out, "training.json")) or {}).get("place")
+                               or ((_load(os.path.join(out, "suite.json")) or {}).get("meta") or {}).get("place"),
+                               place, out)
         os.makedirs(out, exist_ok=True)
     except UsageError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)

@@ -10,7 +10,7 @@ Run it WITHOUT mpirun: it launches one ``hvdkit.train`` job per (cell, round) on
     hvdkit-bench training --hostfile hosts.txt --out-dir /shared/run1       # real hosts over SSH
     hvdkit-bench training --emulated 3 --quick --out-dir /var/tmp/t          # 3 emulated hosts
     hvdkit-bench training --measure convergence --variants ps-sync,ps-async --stragglers none,1:2
-    hvdkit-bench training --resume /shared/run1                  # finish a run that was stopped
+    hvdkit-bench training --hostfile hosts.txt --resume /shared/run1  # finish it (the same place flags)
     python -m hvdkit.bench.training --help
 
 A variant is ``NAME[:option=value,...]`` (:mod:`hvdkit.strategies.variants`; in a list, a token
@@ -43,7 +43,8 @@ rows carry ``measure``, and rows of the other measure already in the file are ke
 nccl-tests-style table on stdout, progress on stderr (job k/n, elapsed, estimated time left),
 every job's directory (results.json, job.log) under ``DIR/runs/``. ``--resume DIR`` keeps the OK
 rows of DIR/training.json measured with the same settings and runs only the missing (and the
-FAILED) jobs.
+FAILED) jobs; the place flags are not recorded for reuse, so give the same ones again (a run on another
+place than training.json's ``place`` is refused: :func:`hvdkit.bench.places.check_resume_place`).
 
 ``HVDKIT_*`` settings (``HVDKIT_LR=0.05``, ...: :func:`hvdkit.config.env_settings`) in the
 benchmark's environment reach every job and rank (they are forwarded to other hosts), where
@@ -453,12 +454,14 @@ def _check_outputs(out: str, table: str | None) -> None:
 def main(argv: Sequence[str] | None = None, prog: str = PROG) -> int:
     """Run the grid on the place the flags name; print the table; the exit status (module docstring).
     ``prog``: the command as typed (``hvdkit bench training``)."""
-    from hvdkit.bench.places import place_from_args
+    from hvdkit.bench.places import check_resume_place, place_from_args
 
     try:
         a, s, cells, out = prepare(argv, prog)
         place = place_from_args(a)
         place.out_dir_ok(out)
+        if a.resume:
+            check_resume_place((_load_json(os.path.join(out, FILE)) or {}).get("place"), place, out)
     except UsageError as e:
         return print_error(prog, e)
     try:

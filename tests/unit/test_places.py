@@ -151,6 +151,60 @@ def test_out_dir_under_tmp_is_refused_across_hosts(tmp_path):
     assert P.place_from_args(_args(), {}).out_dir_ok("/tmp/x") == "/tmp/x"   # this host alone: fine
 
 
+# -- --resume on the place the results were measured on ------------------------------------------
+
+def test_resume_compares_the_recorded_place_with_this_runs(tmp_path, monkeypatch):
+    hf = tmp_path / "hosts"
+    hf.write_text("h1 slots=2\nh2 slots=2\n")
+    on_hosts = P.place_from_args(_args("--hostfile", str(hf)), {}).describe()
+    P.check_resume_place(on_hosts, P.place_from_args(_args("--hosts", "h1:2,h2:2"), {}), "D")   # the same hosts
+    P.check_resume_place(None, P.place_from_args(_args(), {}), "D")                             # nothing recorded
+    here = P.place_from_args(_args(), {})
+    P.check_resume_place(here.describe(), here, "D")
+    with pytest.raises(UsageError) as e:
+        P.check_resume_place(on_hosts, here, "D")
+    assert str(e.value) == (f"--resume D: its rows were measured on hosts h1:2,h2:2 (--hostfile {hf}), not on this "
+                            f"run's place (local: {here.hosts[0].name}:{here.hosts[0].slots}); give --hostfile {hf} to "
+                            "continue them, or give a new --out-dir")
+    with pytest.raises(UsageError, match=r"measured on hosts h1:2,h2:2 .* not on this run's place \(--hosts h1:2,h2:4"):
+        P.check_resume_place(on_hosts, P.place_from_args(_args("--hosts", "h1:2,h2:4"), {}), "D")
+    with pytest.raises(UsageError, match=r"measured on this host then \(elsewhere:8\).*run it on elsewhere with no "):
+        P.check_resume_place({"kind": "local", "source": "local", "hosts": [{"name": "elsewhere", "slots": 8}]}, here,
+                             "D")
+    env = {"SLURM_JOB_ID": "42", "SLURM_JOB_NODELIST": "n[1-2]", "SLURM_TASKS_PER_NODE": "4(x2)"}
+    slurm = P.place_from_args(_args("--slurm"), env).describe()
+    P.check_resume_place(slurm, P.place_from_args(_args("--slurm"), {**env, "SLURM_JOB_ID": "43",
+                                                                      "SLURM_JOB_NODELIST": "m[7-8]"}), "D")
+    with pytest.raises(UsageError, match=r"give --slurm inside an allocation of 2 nodes with the same slots"):
+        P.check_resume_place(slurm, here, "D")
+    from hvdkit.cluster import control
+    monkeypatch.setattr(control, "unavailable", lambda: None)
+    emulated = {"kind": "emulated", "source": "--emulated 3:2", "hosts": [{"name": "h1", "slots": 2}]}
+    P.check_resume_place(emulated, P.place_from_args(_args("--emulated", "3:2"), {}), "D")
+    with pytest.raises(UsageError, match=r"on an emulated cluster \(--emulated 3:2\), .*give --emulated 3:2 to"):
+        P.check_resume_place(emulated, P.place_from_args(_args("--emulated", "3"), {}), "D")
+
+
+def test_resuming_a_hostfile_run_without_the_flag_is_refused_before_any_job(tmp_path, monkeypatch, capsys):
+    """The place comes from the command line only: without this check, the resumed jobs ran on this
+    host, their rows joined the hostfile's in one table, and training.json's place said local."""
+    from hvdkit.bench import jobs, suite, training
+    from hvdkit.results import write_json
+
+    hf, out = tmp_path / "hosts", tmp_path / "run"
+    hf.write_text("h1 slots=2\n")
+    out.mkdir()
+    write_json(str(out / "training.json"), {"benchmark": "training", "meta": {}, "rows": [], "skipped": [],
+                                            "place": P.place_from_args(_args("--hostfile", str(hf)), {}).describe()})
+    monkeypatch.setattr(jobs, "run_job", lambda *a, **k: pytest.fail("a job ran on another place"))
+    monkeypatch.setattr(suite, "launch", lambda *a, **k: pytest.fail("a step ran on another place"))
+    assert training.main(["--resume", str(out), "--workers", "1"]) == 2
+    assert suite.main(["--resume", str(out), "--skip", "report"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and all(f"its rows were measured on hosts h1:2 (--hostfile {hf}), not on this run's place "
+                                 f"(local: " in x and f"give --hostfile {hf} to continue them" in x for x in err), err
+
+
 # -- commands -----------------------------------------------------------------------------------
 
 def test_local_command_is_todays_bench_path():
