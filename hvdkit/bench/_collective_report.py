@@ -251,12 +251,18 @@ def cluster_blocks(doc: dict) -> list:
     summ = doc.get("summary") or []
     if summ:
         f = lambda d, k: _iqr_text(d.get(k), d.get(k + "_min"), d.get(k + "_max"), ".3f")   # noqa: E731
+        cpu = any(d.get("cpu_quota") is not None for d in summ)   # measured since the rows carry it
+        g = lambda d, k: _iqr_text(d.get(k), d.get(k + "_min"), d.get(k + "_max"), ".2f")   # noqa: E731
         out += [Heading("Summary over sizes >= 4 MiB", 2),
                 Table(["configuration", "rate", "method", "rows", "busbw / link", "busbw / ring pattern",
-                       "time / predicted"],
+                       "time / predicted", *(["host CPU / quota", "throttled (s/s)"] if cpu else [])],
                       [[d["config"], d["rate"] or "-", d["method"], str(d["n"]), f(d, "link_frac"), f(d, "ring_frac"),
-                        f(d, "vs_pred")] for d in summ], "lllrrrr",
-                      "median over sizes >= 4 MiB and launches [min-max]")]
+                        f(d, "vs_pred"), *([g(d, "cpu_quota"), g(d, "throttled")] if cpu else [])] for d in summ],
+                      "lllrrrr" + ("rr" if cpu else ""),
+                      "median over sizes >= 4 MiB and launches [min-max]"
+                      + ("; host CPU / quota and throttled: over every rank of those rows, each the median of its "
+                         "timed rounds (a host near 1.00 of its quota and throttled was bound by its CPU share)"
+                         if cpu else ""))]
     gains = doc.get("compression") or []
     if gains:
         out += [Heading("--compression fp16", 2),

@@ -183,8 +183,8 @@ def _command(variant: str, place, bench_args: list[str], extra: tuple = ()) -> l
 
 
 def merge_rows(doc: dict, common: dict) -> list[dict]:
-    """The rows of one ``hvdkit.bench.collectives --json`` document with ``common`` fields
-    (config, rate, link_Bps, launch, variant, ring_bps) and ``link_frac`` = busbw / probed link
+    """The rows of one ``hvdkit.bench.collectives --json`` document (each with its ranks' ``cpu``) with
+    ``common`` fields (config, rate, link_Bps, launch, variant, ring_bps, cpus_per_host) and ``link_frac`` = busbw / probed link
     and ``ring_frac`` = busbw / probed ring-pattern rate (:func:`hvdkit.cluster.probe.ring_share`;
     None without ``ring_bps``) added, both for allreduce rows only.
 
@@ -203,7 +203,7 @@ def merge_rows(doc: dict, common: dict) -> list[dict]:
                "link_frac": r["busbw_GBps"] * 1e9 / bps if bps and allreduce else None,
                "ring_frac": ring_share(r["busbw_GBps"] * 1e9, common.get("ring_bps")) if allreduce else None,
                "pred_time_us": r.get("pred_time_us"), "pred_busbw_GBps": r.get("pred_busbw_GBps"),
-               "wrong": r["wrong"], "checked": r["checked"], "rounds_us": r.get("rounds_us")}
+               "wrong": r["wrong"], "checked": r["checked"], "rounds_us": r.get("rounds_us"), "cpu": r.get("cpu")}
         out.append(row)
     return out
 
@@ -270,6 +270,7 @@ def _one_place(a, config: str | None, rate: str | None, flags: argparse.Namespac
             hosts, slots = len(place.hosts), place.hosts[0].slots or 1
             links = [x["rate_bps"] for x in place.describe()["links"] if x.get("rate_bps")]
             link_Bps = float(np.median(links)) / 8 if links else None
+            cpus = place.describe().get("cpus_per_host")
             bench = [*link_args([], place), "--min-bytes", a.min_bytes, "--max-bytes", a.max_bytes, "--step", a.step,
                      "--iters", str(a.iters), "--warmup", str(a.warmup)]
             log(f"cluster_collectives: {config} at {rate} ({place.source}): "
@@ -294,7 +295,7 @@ def _one_place(a, config: str | None, rate: str | None, flags: argparse.Namespac
                         with open(js) as fh:
                             doc = json.load(fh)
                         rows += merge_rows(doc, {"config": config, "hosts": hosts, "slots": slots, "rate": rate,
-                                                 "link_Bps": link_Bps, "ring_bps": place.ring_bps,
+                                                 "link_Bps": link_Bps, "ring_bps": place.ring_bps, "cpus_per_host": cpus,
                                                  "launch": name, "variant": v})
     except UsageError:
         raise
@@ -310,9 +311,12 @@ def summarize(rows: list[dict], min_bytes: int = 4 << 20) -> list[dict]:
     """Per (config, rate, method): the median over sizes >= ``min_bytes`` (and over repeated
     launches) of busbw / probed link (``link_frac``), of busbw / probed ring-pattern rate
     (``ring_frac``) and of measured / predicted time (``vs_pred``; the alpha-beta model of
-    :mod:`hvdkit.costs`), with their min and max over those rows. Returns a list of dicts
-    (config, rate, method, n, link_frac, link_frac_min, link_frac_max, ring_frac, ring_frac_min,
-    ring_frac_max, vs_pred, vs_pred_min, vs_pred_max); None where a value is missing."""
+    :mod:`hvdkit.costs`), with their min and max over those rows; over those rows' ranks, what
+    bounds them: ``cpu_quota`` (the CPU the rank's host used during its rounds / the host's quota,
+    ``cpus_per_host``: near 1, the CPU share is the bound) and ``throttled`` (seconds per second the
+    quota held the host's threads back). Returns a list of dicts (config, rate, method, n, then
+    K, K_min, K_max for K in link_frac, ring_frac, vs_pred, cpu_quota, throttled); None where a value
+    is missing (no quota: no cpu_quota)."""
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
         if r["bytes"] >= min_bytes:
@@ -322,8 +326,13 @@ def summarize(rows: list[dict], min_bytes: int = 4 << 20) -> list[dict]:
         lf = [r["link_frac"] for r in rs if r.get("link_frac") is not None]
         rf = [r["ring_frac"] for r in rs if r.get("ring_frac") is not None]
         vp = [r["time_us"] / r["pred_time_us"] for r in rs if r.get("pred_time_us")]
+        hq, th = [], []   # every rank of every row: its host's CPU / its quota, throttled seconds per second
+        for r in rs:
+            cpu, q = r.get("cpu") or {}, r.get("cpus_per_host")
+            hq += [c / q for c in cpu.get("host_cores") or [] if c is not None and q]
+            th += [t for t in cpu.get("throttled_per_s") or [] if t is not None]
         stat = {}
-        for k, v in (("link_frac", lf), ("ring_frac", rf), ("vs_pred", vp)):
+        for k, v in (("link_frac", lf), ("ring_frac", rf), ("vs_pred", vp), ("cpu_quota", hq), ("throttled", th)):
             stat[k], stat[k + "_min"], stat[k + "_max"] = ((float(np.median(v)), min(v), max(v)) if v
                                                            else (None, None, None))
         out.append({"config": cfg, "rate": rate, "method": m, "n": len(rs), **stat})

@@ -82,7 +82,10 @@ null. Each row: ``method`` (with ``[LABEL]`` after ``--label LABEL``), ``bytes``
 ``wrong``, ``checked`` (ranks that compared a result), ``rounds_us`` (the slowest rank's time
 of each timed round, in order) and ``start_s`` (when each round's operation started, rank
 0's clock, seconds since the benchmark started: sorting a size's rounds by it gives the
-order they ran in); with a link also ``pred_time_us``, ``pred_busbw_GBps``, ``link_pct``
+order they ran in), ``cpu`` (each rank's median over the timed rounds, per second of its round:
+``process_cores``, the CPU its process used; ``host_cores`` and ``throttled_per_s``, its CPU group's
+use and the time its quota held it back, where the rank runs in one, as on the emulated hosts; lists
+by rank: :func:`cpu_per_rank`); with a link also ``pred_time_us``, ``pred_busbw_GBps``, ``link_pct``
 (null where not applicable). ``ratios``: ``[{"numerator", "denominator", "label",
 "ratios": {bytes: {"ratio", "lo", "hi"}}}]``.
 """
@@ -321,22 +324,26 @@ def _measure(world, methods: dict, nbytes: int, a, origin: float) -> dict:
         schedule = [(name, r) for r in range(rounds) for name in names]
     else:
         schedule = [(name, r) for name in names for r in range(rounds)]
-    got = {name: {"rounds_us": [], "start_s": []} for name in names}
+    got = {name: {"rounds_us": [], "start_s": [], "cpu": []} for name in names}
     for name, r in schedule:
         m = methods[name]
         if r == 0:
             m.prepare(n)
         m.resume()
         world.barrier()
+        c0 = cpu_counters()
         t0 = time.perf_counter()
         m.run()
         t1 = time.perf_counter()
+        c1 = cpu_counters()
         slowest = world.max(t1 - t0)
         m.pause()
         if r >= a.warmup:
             got[name]["rounds_us"].append(slowest * 1e6)
             got[name]["start_s"].append(round(t0 - origin, 6))
+            got[name]["cpu"].append([None if x is None else (y - x) / (t1 - t0) for x, y in zip(c0, c1)])
         if r == rounds - 1:
+            got[name]["cpu"] = cpu_per_rank(world, got[name]["cpu"])
             res = m.result()
             if name == a.inject_error and world.rank == 0 and res is not None and len(res):
                 res = res.copy()
@@ -348,13 +355,50 @@ def _measure(world, methods: dict, nbytes: int, a, origin: float) -> dict:
     return got
 
 
+#: the CPU group this rank's host counts against (an emulated host's ``hvdc-hN``; None: the root group)
+_GROUP: list = []
+#: :func:`cpu_per_rank`'s fields, in the order of :func:`cpu_counters`
+CPU_FIELDS = ("process_cores", "host_cores", "throttled_per_s")
+
+
+def cpu_counters() -> tuple[float, float | None, float | None]:
+    """``(process CPU seconds, host group CPU seconds, host group throttled seconds)`` now: this
+    process's user + system time over all its threads (``time.process_time``), and where the rank runs
+    in a CPU group of its own (an emulated host's quota, :mod:`hvdkit.cluster.cpu`) that group's CPU
+    time and the time its quota held its threads back (None, None elsewhere)."""
+    from hvdkit.cluster import cpu
+
+    if not _GROUP:
+        _GROUP.append(cpu.own_group())
+    g = _GROUP[0]
+    try:
+        return time.process_time(), (cpu.usage_s(g) if g else None), (cpu.throttled_s(g) if g else None)
+    except (OSError, ValueError, KeyError):
+        return time.process_time(), None, None
+
+
+def cpu_per_rank(world, per_round: list) -> dict:
+    """Each rank's median over its timed rounds of :func:`cpu_counters`' deltas per second of the
+    round (cores busy: process, host group; throttled seconds per second), gathered to every rank:
+    ``{"process_cores": [rank 0, ...], "host_cores": [...], "throttled_per_s": [...]}`` (a None where a
+    rank has no CPU group). A rank near its quota's cores with throttling > 0 was bound by its CPU
+    share, not by the link (docs/performance.md)."""
+    mine = []
+    for i in range(len(CPU_FIELDS)):
+        vals = [r[i] for r in per_round if r[i] is not None]
+        mine.append(round(float(np.median(vals)), 4) if vals else None)
+    every = world.allgather(tuple(mine))
+    return {f: [e[i] for e in every] for i, f in enumerate(CPU_FIELDS)}
+
+
 def _row(label: str, m, nbytes: int, size: int, got: dict, link) -> dict:
     p25, med, p75 = quartiles(got["rounds_us"])
     factor = 2 * (size - 1) / size if m.factor == "allreduce" else 1.0
     algbw = nbytes / med * 1e6 / 1e9
     row = {"method": label, "bytes": nbytes, "count": nbytes // 4, "type": "float32", "time_us": med,
            "p25_us": p25, "p75_us": p75, "algbw_GBps": algbw, "busbw_GBps": algbw * factor,
-           "wrong": got["wrong"], "checked": got["checked"], "rounds_us": got["rounds_us"], "start_s": got["start_s"]}
+           "wrong": got["wrong"], "checked": got["checked"], "rounds_us": got["rounds_us"], "start_s": got["start_s"],
+           "cpu": got["cpu"]}
     if link:
         pred = m.predict(nbytes, link["Bps"], link["latency_s"])
         pred = pred if pred else None

@@ -36,6 +36,8 @@ def test_every_method_is_correct_and_the_table_parses(tmp_path, n):
     assert data["ok"] is True and data["meta"]["world_size"] == n
     assert len(data["meta"]["ranks"]) == n
     assert all(r_["wrong"] == 0 for r_ in data["rows"])
+    for r_ in data["rows"]:   # every rank's CPU during its rounds (host group: none on this host)
+        assert len(r_["cpu"]["process_cores"]) == n and all(0 <= c < 8 for c in r_["cpu"]["process_cores"]), r_
 
 
 def test_a_wrong_result_fails_the_run(tmp_path):
