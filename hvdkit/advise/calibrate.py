@@ -304,7 +304,7 @@ class Calibration:
                           exposed_s=step - compute, efficiency=(one.step_s if one else step) / step,
                           samples_per_s=workers * batch / step, link_bytes=wire_factor(comm, workers, k) * nbytes,
                           link="server NIC" if comm == "ps" else "NIC", limiting=LIMITS[worst], hvdkit=row.hvdkit,
-                          terms=terms)
+                          terms=terms, efficiency_kind="scaling")
 
 
 def busy_threads(row, workers: int) -> int:

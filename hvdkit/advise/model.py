@@ -137,7 +137,9 @@ class Options:
 @dataclass
 class Prediction:
     """One strategy's predicted step (seconds; a "step" = one batch on every worker); ``strategy`` is
-    the variant's label (``ps-sync:num_servers=2``) or an own row's name."""
+    the variant's label (``ps-sync:num_servers=2``) or an own row's name. ``efficiency`` is of the kind
+    ``efficiency_kind`` names (docs/performance.md): ``"compute"`` = compute_s / step_s (the formula
+    rows), ``"scaling"`` = the predicted one-worker step / step_s (rows calibrated on measurements)."""
     strategy: str
     step_s: float
     compute_s: float
@@ -151,6 +153,7 @@ class Prediction:
     staleness: float = 0.0
     hvdkit: bool = True
     terms: dict = field(default_factory=dict)
+    efficiency_kind: str = "compute"
 
 
 # ---------------------------------------------------------------- the formulas

@@ -266,7 +266,7 @@ def recommend(preds: list[Prediction], max_staleness: float | None = None) -> tu
     best = min(ok, key=lambda p: p.step_s)
     sync = sorted((p for p in ok if p.staleness == 0), key=lambda p: p.step_s)
     runner = next((p for p in sorted(ok, key=lambda p: p.step_s) if p is not best), None)
-    why = (f"{best.strategy}: predicted {best.step_s * 1e3:.1f} ms/step, scaling efficiency {best.efficiency:.0%}"
+    why = (f"{best.strategy}: predicted {best.step_s * 1e3:.1f} ms/step, {best.efficiency_kind} efficiency {best.efficiency:.0%}"
            + (f", {runner.step_s / best.step_s - 1:.0%} faster than {runner.strategy}" if runner else "")
            + f"; limited by {best.limiting}")
     if best.staleness > 0:

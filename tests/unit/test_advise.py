@@ -177,6 +177,7 @@ def test_recommend_skips_rows_hvdkit_lacks_and_explains():
     best, why = recommend(preds)
     assert best.hvdkit and best.step_s == min(p.step_s for p in preds if p.hvdkit)
     assert why.startswith(best.strategy) and "limited by" in why
+    assert "compute efficiency" in why and "scaling efficiency" not in why   # a formula row: compute / step
     best_sync, _ = recommend(preds, max_staleness=0)
     assert best_sync.staleness == 0
 

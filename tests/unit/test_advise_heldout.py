@@ -156,6 +156,8 @@ def test_calibrated_prediction_hand_values(tmp_path):
     wire = S / B * (4 / 3) / 0.95               # the probe's ring pattern: 0.95 of the link
     cpu = (b * S - S / B) * (4 / 3)
     assert p.step_s == pytest.approx(0.0225 + a * 2 + cpu + wire, rel=1e-3)   # base: median 1-worker step
+    assert p.efficiency_kind == "scaling" and p.efficiency == pytest.approx(cal.predict("cnn", "ring", 1, "1gbit", S)
+                                                                            .step_s / p.step_s)
     # dedicated PS: base = the 1-worker step less its fitted push + pull; the server's link carries 3 S
     a, b = FITS["ps"]
     ps = cal.predict("cnn", "ps-sync", 3, "1gbit", S)
