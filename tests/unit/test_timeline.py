@@ -96,6 +96,9 @@ def test_write_is_atomic_and_once(tmp_path):
 _SIGNAL_CHILD = """
 import os, signal, sys, time
 from hvdkit.timeline import Timeline
+# Python's own SIGINT handler, as in a rank under mpirun: a test run started in the background of a
+# non-interactive shell (nohup ... &) hands its children SIGINT ignored, and Python keeps it so
+signal.signal(signal.SIGINT, signal.default_int_handler)
 tl = Timeline(0)
 tl.span("step 0", "step", 0, 1000)
 tl.arm(sys.argv[1])
@@ -115,7 +118,7 @@ def test_signal_writes_rank0_spans(tmp_path, sig, status):
     watcher writes rank 0's spans as a valid, incomplete trace; SIGTERM ends the process (143),
     SIGINT stays a KeyboardInterrupt of the main thread (Python then ends by SIGINT)."""
     path = tmp_path / "t.json"
-    p = subprocess.run([sys.executable, "-c", _SIGNAL_CHILD, str(path), str(int(sig))], cwd=ROOT, timeout=60,
+    p = subprocess.run([sys.executable, "-c", _SIGNAL_CHILD, str(path), str(int(sig))], cwd=ROOT, timeout=30,
                        capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=ROOT))
     assert p.returncode == status, p.stderr
     doc = json.load(open(path))
