@@ -18,6 +18,14 @@ from hvdkit.launch import local_command
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VENV_BIN = os.path.dirname(sys.executable)
 
+# A test run started in the background of a non-interactive shell (``nohup make test &``, a CI step's
+# job) inherits SIGINT ignored, and so would every process a test starts: Python then installs no
+# KeyboardInterrupt handler, and the cases that send Ctrl-C to a child (a timeline's rank, hvdkit-cluster
+# run, hvdkit-launch) wait for their timeouts. A Python handler here is reset to the default at exec, so
+# the children start as from a terminal.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
 
 @dataclass
 class Launch:

@@ -96,9 +96,6 @@ def test_write_is_atomic_and_once(tmp_path):
 _SIGNAL_CHILD = """
 import os, signal, sys, time
 from hvdkit.timeline import Timeline
-# Python's own SIGINT handler, as in a rank under mpirun: a test run started in the background of a
-# non-interactive shell (nohup ... &) hands its children SIGINT ignored, and Python keeps it so
-signal.signal(signal.SIGINT, signal.default_int_handler)
 tl = Timeline(0)
 tl.span("step 0", "step", 0, 1000)
 tl.arm(sys.argv[1])
