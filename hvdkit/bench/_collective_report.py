@@ -255,14 +255,14 @@ def cluster_blocks(doc: dict) -> list:
         g = lambda d, k: _iqr_text(d.get(k), d.get(k + "_min"), d.get(k + "_max"), ".2f")   # noqa: E731
         out += [Heading("Summary over sizes >= 4 MiB", 2),
                 Table(["configuration", "rate", "method", "rows", "busbw / link", "busbw / ring pattern",
-                       "time / predicted", *(["host CPU / quota", "throttled (s/s)"] if cpu else [])],
+                       "time / predicted", *(["rank CPU / quota"] if cpu else [])],
                       [[d["config"], d["rate"] or "-", d["method"], str(d["n"]), f(d, "link_frac"), f(d, "ring_frac"),
-                        f(d, "vs_pred"), *([g(d, "cpu_quota"), g(d, "throttled")] if cpu else [])] for d in summ],
-                      "lllrrrr" + ("rr" if cpu else ""),
+                        f(d, "vs_pred"), *([g(d, "cpu_quota")] if cpu else [])] for d in summ],
+                      "lllrrrr" + ("r" if cpu else ""),
                       "median over sizes >= 4 MiB and launches [min-max]"
-                      + ("; host CPU / quota and throttled: over every rank of those rows, each the median of its "
-                         "timed rounds (a host near 1.00 of its quota and throttled was bound by its CPU share)"
-                         if cpu else ""))]
+                      + ("; rank CPU / quota: over every rank of those rows, the CPU its process used per second "
+                         "of a round (median of its timed rounds) over its host's quota: near 1.00, the CPU share "
+                         "bounds the method, not the link" if cpu else ""))]
     gains = doc.get("compression") or []
     if gains:
         out += [Heading("--compression fp16", 2),

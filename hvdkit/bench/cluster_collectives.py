@@ -311,12 +311,11 @@ def summarize(rows: list[dict], min_bytes: int = 4 << 20) -> list[dict]:
     """Per (config, rate, method): the median over sizes >= ``min_bytes`` (and over repeated
     launches) of busbw / probed link (``link_frac``), of busbw / probed ring-pattern rate
     (``ring_frac``) and of measured / predicted time (``vs_pred``; the alpha-beta model of
-    :mod:`hvdkit.costs`), with their min and max over those rows; over those rows' ranks, what
-    bounds them: ``cpu_quota`` (the CPU the rank's host used during its rounds / the host's quota,
-    ``cpus_per_host``: near 1, the CPU share is the bound) and ``throttled`` (seconds per second the
-    quota held the host's threads back). Returns a list of dicts (config, rate, method, n, then
-    K, K_min, K_max for K in link_frac, ring_frac, vs_pred, cpu_quota, throttled); None where a value
-    is missing (no quota: no cpu_quota)."""
+    :mod:`hvdkit.costs`), with their min and max over those rows; over those rows' ranks, whether the
+    CPU share bounds them: ``cpu_quota`` (the CPU cores a rank's process used during its rounds /
+    its host's quota, ``cpus_per_host``: near 1, the CPU share is the bound). Returns a list of dicts
+    (config, rate, method, n, then K, K_min, K_max for K in link_frac, ring_frac, vs_pred, cpu_quota);
+    None where a value is missing (no quota: no cpu_quota)."""
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
         if r["bytes"] >= min_bytes:
@@ -326,13 +325,12 @@ def summarize(rows: list[dict], min_bytes: int = 4 << 20) -> list[dict]:
         lf = [r["link_frac"] for r in rs if r.get("link_frac") is not None]
         rf = [r["ring_frac"] for r in rs if r.get("ring_frac") is not None]
         vp = [r["time_us"] / r["pred_time_us"] for r in rs if r.get("pred_time_us")]
-        hq, th = [], []   # every rank of every row: its host's CPU / its quota, throttled seconds per second
+        hq = []   # every rank of every row: the CPU its process used during the rounds / its host's quota
         for r in rs:
             cpu, q = r.get("cpu") or {}, r.get("cpus_per_host")
-            hq += [c / q for c in cpu.get("host_cores") or [] if c is not None and q]
-            th += [t for t in cpu.get("throttled_per_s") or [] if t is not None]
+            hq += [c / q for c in cpu.get("process_cores") or [] if c is not None and q]
         stat = {}
-        for k, v in (("link_frac", lf), ("ring_frac", rf), ("vs_pred", vp), ("cpu_quota", hq), ("throttled", th)):
+        for k, v in (("link_frac", lf), ("ring_frac", rf), ("vs_pred", vp), ("cpu_quota", hq)):
             stat[k], stat[k + "_min"], stat[k + "_max"] = ((float(np.median(v)), min(v), max(v)) if v
                                                            else (None, None, None))
         out.append({"config": cfg, "rate": rate, "method": m, "n": len(rs), **stat})

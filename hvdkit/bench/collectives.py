@@ -82,10 +82,8 @@ null. Each row: ``method`` (with ``[LABEL]`` after ``--label LABEL``), ``bytes``
 ``wrong``, ``checked`` (ranks that compared a result), ``rounds_us`` (the slowest rank's time
 of each timed round, in order) and ``start_s`` (when each round's operation started, rank
 0's clock, seconds since the benchmark started: sorting a size's rounds by it gives the
-order they ran in), ``cpu`` (each rank's median over the timed rounds, per second of its round:
-``process_cores``, the CPU its process used; ``host_cores`` and ``throttled_per_s``, its CPU group's
-use and the time its quota held it back, where the rank runs in one, as on the emulated hosts; lists
-by rank: :func:`cpu_per_rank`); with a link also ``pred_time_us``, ``pred_busbw_GBps``, ``link_pct``
+order they ran in), ``cpu`` (``process_cores``: by rank, the median over the timed rounds of the
+CPU seconds its process used per second of the round: :func:`cpu_per_rank`); with a link also ``pred_time_us``, ``pred_busbw_GBps``, ``link_pct``
 (null where not applicable). ``ratios``: ``[{"numerator", "denominator", "label",
 "ratios": {bytes: {"ratio", "lo", "hi"}}}]``.
 """
@@ -331,17 +329,17 @@ def _measure(world, methods: dict, nbytes: int, a, origin: float) -> dict:
             m.prepare(n)
         m.resume()
         world.barrier()
-        c0 = cpu_counters()
+        c0 = time.process_time()
         t0 = time.perf_counter()
         m.run()
         t1 = time.perf_counter()
-        c1 = cpu_counters()
+        c1 = time.process_time()
         slowest = world.max(t1 - t0)
         m.pause()
         if r >= a.warmup:
             got[name]["rounds_us"].append(slowest * 1e6)
             got[name]["start_s"].append(round(t0 - origin, 6))
-            got[name]["cpu"].append([None if x is None else (y - x) / (t1 - t0) for x, y in zip(c0, c1)])
+            got[name]["cpu"].append((c1 - c0) / slowest if slowest > 0 else None)
         if r == rounds - 1:
             got[name]["cpu"] = cpu_per_rank(world, got[name]["cpu"])
             res = m.result()
@@ -355,40 +353,16 @@ def _measure(world, methods: dict, nbytes: int, a, origin: float) -> dict:
     return got
 
 
-#: the CPU group this rank's host counts against (an emulated host's ``hvdc-hN``; None: the root group)
-_GROUP: list = []
-#: :func:`cpu_per_rank`'s fields, in the order of :func:`cpu_counters`
-CPU_FIELDS = ("process_cores", "host_cores", "throttled_per_s")
-
-
-def cpu_counters() -> tuple[float, float | None, float | None]:
-    """``(process CPU seconds, host group CPU seconds, host group throttled seconds)`` now: this
-    process's user + system time over all its threads (``time.process_time``), and where the rank runs
-    in a CPU group of its own (an emulated host's quota, :mod:`hvdkit.cluster.cpu`) that group's CPU
-    time and the time its quota held its threads back (None, None elsewhere)."""
-    from hvdkit.cluster import cpu
-
-    if not _GROUP:
-        _GROUP.append(cpu.own_group())
-    g = _GROUP[0]
-    try:
-        return time.process_time(), (cpu.usage_s(g) if g else None), (cpu.throttled_s(g) if g else None)
-    except (OSError, ValueError, KeyError):
-        return time.process_time(), None, None
-
-
 def cpu_per_rank(world, per_round: list) -> dict:
-    """Each rank's median over its timed rounds of :func:`cpu_counters`' deltas per second of the
-    round (cores busy: process, host group; throttled seconds per second), gathered to every rank:
-    ``{"process_cores": [rank 0, ...], "host_cores": [...], "throttled_per_s": [...]}`` (a None where a
-    rank has no CPU group). A rank near its quota's cores with throttling > 0 was bound by its CPU
-    share, not by the link (docs/performance.md)."""
-    mine = []
-    for i in range(len(CPU_FIELDS)):
-        vals = [r[i] for r in per_round if r[i] is not None]
-        mine.append(round(float(np.median(vals)), 4) if vals else None)
-    every = world.allgather(tuple(mine))
-    return {f: [e[i] for e in every] for i, f in enumerate(CPU_FIELDS)}
+    """Each rank's median over its timed rounds of the CPU its process used during the round (user +
+    system over all its threads, ``time.process_time``) per second of the round (the slowest rank's
+    time), gathered to every rank: ``{"process_cores": [rank 0, rank 1, ...]}``. A rank at its host's
+    CPU quota (an emulated host's ``--cpus-per-host``) was bound by its CPU share, not by the link
+    (docs/benchmarks.md). Inside an emulated host the cgroup files are not visible (the host's /sys
+    is its own), so the process's own counter is the one read."""
+    vals = [c for c in per_round if c is not None]
+    every = world.allgather(round(float(np.median(vals)), 4) if vals else None)
+    return {"process_cores": list(every)}
 
 
 def _row(label: str, m, nbytes: int, size: int, got: dict, link) -> dict:

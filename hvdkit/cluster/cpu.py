@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from hvdkit.errors import ClusterError
 
 __all__ = ["ROOT", "PERIOD_US", "MIN_QUOTA_US", "ClusterError", "Layout", "layout", "controller", "quota_us",
-           "create", "exists", "usage_s", "throttled_s", "own_group", "pids", "remove", "leftovers", "enter_argv"]
+           "create", "exists", "usage_s", "throttled_s", "pids", "remove", "leftovers", "enter_argv"]
 
 ROOT = "/sys/fs/cgroup"
 #: the CFS period every group gets, microseconds: 10 ms, not the kernel's default 100 ms. With
@@ -205,23 +205,6 @@ def throttled_s(group: str, root: str = ROOT) -> float:
     lay = layout(root)
     st = _stat(os.path.join(lay.cpu_dir, group, "cpu.stat"))
     return st["throttled_usec"] / 1e6 if lay.kind == "v2" else st["throttled_time"] / 1e9
-
-
-def own_group(pid: int | str = "self", root: str = ROOT, proc: str = "/proc") -> str | None:
-    """The CPU group of process ``pid`` (default: this one) as :func:`usage_s` and :func:`throttled_s`
-    take it (relative to the hierarchy, e.g. ``"hvdc-h1"``), read from ``/proc/PID/cgroup`` (v1: the
-    line whose controllers include ``cpu``; v2: the ``0::`` line); None in the root group (no quota of
-    its own to count against), where there is no cpu controller, or when it cannot be read."""
-    try:
-        kind = layout(root).kind
-        with open(os.path.join(proc, str(pid), "cgroup"), encoding="ascii") as f:
-            lines = [line.rstrip("\n").split(":", 2) for line in f if line.count(":") >= 2]
-    except (OSError, ClusterError):
-        return None
-    for _, ctrls, path in lines:
-        if (kind == "v2" and ctrls == "") or (kind == "v1" and "cpu" in ctrls.split(",")):
-            return path.strip("/") or None
-    return None
 
 
 def pids(group: str, root: str = ROOT) -> list[int]:

@@ -257,22 +257,3 @@ def test_places_take_the_share_with_emulated_only(monkeypatch):
     with pytest.raises(UsageError, match=r"^--cpus-per-host 'x'"):
         P.place_from_args(_place_args("--emulated", "2", "--cpus-per-host", "x"), {})
     assert "cpus_per_host" not in P.place_from_args(_place_args(), {}).describe()
-
-
-@pytest.mark.parametrize("kind,text,want", [
-    ("v1", "9:name=systemd:/\n2:cpuacct:/hvdc-h1\n1:cpu:/hvdc-h1\n0::/\n", "hvdc-h1"),
-    ("v1", "4:cpu,cpuacct:/hvdc-h2\n3:cpuset:/\n", "hvdc-h2"),
-    ("v1", "1:cpu:/\n0::/\n", None),                     # the root group: no quota of its own
-    ("v2", "0::/hvdc-h3\n", "hvdc-h3"),
-    ("v2", "0::/\n", None),
-])
-def test_own_group_reads_the_cpu_line_of_proc_cgroup(tmp_path, kind, text, want):
-    """The group a process counts its CPU against (what the collectives benchmark reads around each
-    round): v1's line naming the cpu controller, v2's ``0::`` line; the root group is None."""
-    root = tmp_path / "cg"
-    root.mkdir()
-    _v1(root) if kind == "v1" else _v2(root)
-    (tmp_path / "proc" / "42").mkdir(parents=True)
-    (tmp_path / "proc" / "42" / "cgroup").write_text(text)
-    assert cpu.own_group(42, str(root), str(tmp_path / "proc")) == want
-    assert cpu.own_group(43, str(root), str(tmp_path / "proc")) is None   # no such process

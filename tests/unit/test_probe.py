@@ -69,27 +69,26 @@ def test_cluster_collectives_rows_carry_the_share():
 
 def test_cluster_collectives_summary_says_whether_the_cpu_quota_bound_it():
     """Each rank's CPU during its rounds (hvdkit.bench.collectives' ``cpu``) over its host's quota,
-    and its throttling, summarised per method over ranks and rows, and shown in the report's summary."""
+    summarised per method over ranks and rows, and shown in the report's summary."""
     from hvdkit.bench._collective_report import cluster_blocks
     from hvdkit.bench.cluster_collectives import merge_rows, summarize
+    from hvdkit.bench.report.document import Document
 
-    def doc(host, thr):
+    def doc(cores):
         return {"meta": {"world_size": 2}, "rows": [
             {"method": "ring", "bytes": 8 << 20, "time_us": 1.0, "p25_us": 1.0, "p75_us": 1.0, "busbw_GBps": 0.1,
-             "link_pct": 80.0, "wrong": 0, "checked": 2,
-             "cpu": {"process_cores": [0.4, 0.3], "host_cores": host, "throttled_per_s": thr}}]}
+             "link_pct": 80.0, "wrong": 0, "checked": 2, "cpu": {"process_cores": cores}}]}
     common = {"config": "2x1", "rate": "1gbit", "link_Bps": 1.25e8, "ring_bps": 9.5e8, "variant": "main",
               "cpus_per_host": 0.5}
-    rows = merge_rows(doc([0.5, 0.45], [0.3, 0.1]), {**common, "launch": "a"}) \
-        + merge_rows(doc([0.25, None], [0.0, None]), {**common, "launch": "b"})
+    rows = merge_rows(doc([0.5, 0.45]), {**common, "launch": "a"}) + merge_rows(doc([0.25, None]), {**common, "launch": "b"})
     s = summarize(rows)[0]
     assert (s["cpu_quota"], s["cpu_quota_min"], s["cpu_quota_max"]) == pytest.approx((0.9, 0.5, 1.0))
-    assert (s["throttled"], s["throttled_max"]) == pytest.approx((0.1, 0.3))
-    from hvdkit.bench.report.document import Document
     text = Document("t").add(*cluster_blocks({"rows": rows, "summary": [s]})).markdown()
-    assert "host CPU / quota" in text and "0.90 [0.50-1.00]" in text
-    none = summarize(merge_rows(doc([0.5, 0.5], [0.1, 0.1]), {**common, "cpus_per_host": None, "launch": "c"}))[0]
+    assert "rank CPU / quota" in text and "0.90 [0.50-1.00]" in text
+    none = summarize(merge_rows(doc([0.5, 0.5]), {**common, "cpus_per_host": None, "launch": "c"}))[0]
     assert none["cpu_quota"] is None                        # no quota: nothing to compare against
+    old = Document("t").add(*cluster_blocks({"rows": rows, "summary": [none]})).markdown()
+    assert "rank CPU / quota" not in old                    # a run that did not measure it: the old table
 
 
 @pytest.mark.parametrize("n, want", [(2, [(1, 1), (0, 0)]), (3, [(2, 1), (0, 2), (1, 0)]),
