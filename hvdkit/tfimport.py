@@ -8,6 +8,25 @@ of them are written before TF_CPP_MIN_LOG_LEVEL is read, so no setting hides the
 hvdkit's one-line errors (4 ranks: 12 lines before the one that matters). :func:`import_tensorflow`
 imports TensorFlow with file descriptor 2 sent to a temporary file, then writes back every line
 but those (:data:`STARTUP_NOISE`). TensorFlow 2.15 prints none of them: nothing changes there.
+
+One more line comes later, at TensorFlow's first device query (``tf.config.list_physical_devices``,
+or the first op), once per rank, on a host without NVIDIA's driver::
+
+    2026-12-03 11:28:18.343113: E external/local_xla/xla/stream_executor/cuda/cuda_driver.cc:152]
+    failed call to cuInit: INTERNAL: CUDA error: Failed call to cuInit: UNKNOWN ERROR (303)
+
+(one line). TF 2.18.1's Linux wheel (tensorflow-cpu too) carries XLA's CUDA platform. Where
+``libcuda.so.1``, the driver's library, cannot be loaded, TSL's ``cuda_stub`` answers every driver call
+with 303 (CUDA_ERROR_SHARED_OBJECT_INIT_FAILED), and ``cuGetErrorName`` too, hence "UNKNOWN ERROR".
+XLA's ``InternalInit`` (``external/local_xla/xla/stream_executor/cuda/cuda_driver.cc:152``) logs that
+with LOG(ERROR); older stream_executors logged 303 at VLOG(1) or as a warning. tf215's
+tensorflow-cpu 2.15.1 has no CUDA platform: no cuInit, no line. No setting hides that one line alone
+(TF_CPP_MIN_LOG_LEVEL=3 hides every error), and ``CUDA_VISIBLE_DEVICES=""`` does not help: libcuda
+reads it, and libcuda is the library that did not load. So, only where there is no NVIDIA driver
+(:func:`nvidia_driver_present`), :func:`import_tensorflow` also makes that first device query inside
+its filter and drops that exact line (:data:`NO_DRIVER_NOISE`). Where a driver exists, nothing changes:
+no early query, and the line is kept (it is then a real problem: the driver is there but its library is
+not), as is every other cuInit failure (a loaded libcuda names its errors).
 """
 from __future__ import annotations
 
@@ -16,7 +35,7 @@ import re
 import sys
 import tempfile
 
-__all__ = ["STARTUP_NOISE", "import_tensorflow", "is_startup_noise"]
+__all__ = ["NO_DRIVER_NOISE", "STARTUP_NOISE", "import_tensorflow", "is_startup_noise", "nvidia_driver_present"]
 
 #: TensorFlow 2.18's import-time lines that carry no information for a CPU run
 STARTUP_NOISE = re.compile(r"Unable to register cu(DNN|BLAS|FFT) factory: Attempting to register factory for "
@@ -25,32 +44,59 @@ STARTUP_NOISE = re.compile(r"Unable to register cu(DNN|BLAS|FFT) factory: Attemp
                            r"STDERR$")
 
 
-def is_startup_noise(line: str) -> bool:
-    """True for one line (without its newline) of :data:`STARTUP_NOISE`."""
-    return STARTUP_NOISE.search(line.rstrip("\n")) is not None
+#: TensorFlow 2.18's line at its first device query when libcuda.so.1 cannot be loaded (303: TSL's
+#: cuda_stub, unnamed since cuGetErrorName is stubbed too); noise only where there is no NVIDIA driver
+NO_DRIVER_NOISE = re.compile(r"cuda_driver\.cc:\d+\] failed call to cuInit: INTERNAL: CUDA error: "
+                             r"Failed call to cuInit: UNKNOWN ERROR \(303\)$")
+
+#: what the NVIDIA driver leaves on a host: its kernel module's /proc entry, its control device,
+#: WSL2's GPU device (WSL2 has no /proc/driver/nvidia)
+DRIVER_PATHS = ("/proc/driver/nvidia", "/dev/nvidiactl", "/dev/dxg")
+
+
+def nvidia_driver_present() -> bool:
+    """True where this host has an NVIDIA driver (any of :data:`DRIVER_PATHS`), so a GPU is expected."""
+    return any(os.path.exists(p) for p in DRIVER_PATHS)
+
+
+def is_startup_noise(line: str, nvidia_driver: bool | None = None) -> bool:
+    """True for one line (without its newline) of :data:`STARTUP_NOISE`, or of :data:`NO_DRIVER_NOISE`
+    on a host without an NVIDIA driver (``nvidia_driver``; None: :func:`nvidia_driver_present`)."""
+    line = line.rstrip("\n")
+    if STARTUP_NOISE.search(line) is not None:
+        return True
+    if NO_DRIVER_NOISE.search(line) is None:
+        return False
+    return not (nvidia_driver_present() if nvidia_driver is None else nvidia_driver)
 
 
 def import_tensorflow():
     """``import tensorflow`` (once per process; later calls return the module at once), TensorFlow's
-    start-up noise dropped and every other line it writes to stderr kept, in order.
+    start-up noise dropped and every other line it writes to stderr kept, in order. Where there is
+    no NVIDIA driver, also TensorFlow's first device query, so that its cuInit line is dropped too.
 
     Returns:
         The ``tensorflow`` module. An ImportError propagates, after the lines written so far.
     """
     if "tensorflow" in sys.modules:
         return sys.modules["tensorflow"]
+    driver = nvidia_driver_present()
     sys.stderr.flush()
     saved = os.dup(2)
     with tempfile.TemporaryFile() as captured:
         os.dup2(captured.fileno(), 2)
         try:
             import tensorflow as tf
+
+            if not driver:   # TF 2.18 runs cuInit here, once per process (later queries: no line)
+                tf.config.list_physical_devices("GPU")
         finally:
             sys.stderr.flush()
             os.dup2(saved, 2)
             os.close(saved)
             captured.seek(0)
-            kept = [ln for ln in captured.read().decode(errors="replace").splitlines(True) if not is_startup_noise(ln)]
+            lines = captured.read().decode(errors="replace").splitlines(True)
+            kept = [ln for ln in lines if not is_startup_noise(ln, driver)]
             if kept:
                 os.write(2, "".join(kept).encode())
     return tf

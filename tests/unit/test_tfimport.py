@@ -5,7 +5,7 @@ import os
 import subprocess
 import sys
 
-from hvdkit.tfimport import is_startup_noise
+from hvdkit.tfimport import is_startup_noise, nvidia_driver_present
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -29,8 +29,30 @@ def test_the_noise_and_nothing_else():
         assert not is_startup_noise(other), other
 
 
+#: as TensorFlow 2.18.1 printed it here (no NVIDIA driver) at the first device query, under horovodrun -np 2
+CUINIT_303 = ("[1,1]<stderr>:2026-12-03 11:28:18.343113: E external/local_xla/xla/stream_executor/cuda/"
+              "cuda_driver.cc:152] failed call to cuInit: INTERNAL: CUDA error: Failed call to cuInit: "
+              "UNKNOWN ERROR (303)")
+
+
+def test_the_cuinit_line_only_where_there_is_no_driver():
+    absl_form = ("E0000 00:00:1796297298.343113   17507 cuda_driver.cc:152] failed call to cuInit: INTERNAL: "
+                 "CUDA error: Failed call to cuInit: UNKNOWN ERROR (303)")
+    for line in (CUINIT_303, CUINIT_303.split(":", 1)[1], CUINIT_303 + "\n", absl_form):
+        assert is_startup_noise(line, nvidia_driver=False), line
+        assert not is_startup_noise(line, nvidia_driver=True), line   # a driver without its library: a real problem
+    for other in (CUINIT_303.replace("(303)", "(999)"),
+                  CUINIT_303.replace("UNKNOWN ERROR (303)", "CUDA_ERROR_NO_DEVICE: no CUDA-capable device is detected"),
+                  CUINIT_303 + " and more",
+                  "E0000 00:00:1796180001.123456   20311 cuda_executor.cc:1001] could not create context: "
+                  "CUDA_ERROR_OUT_OF_MEMORY: out of memory"):
+        assert not is_startup_noise(other, nvidia_driver=False), other
+
+
 def test_import_tensorflow_writes_nothing_but_what_matters():
-    code = ("import sys; from hvdkit.tfimport import import_tensorflow; tf = import_tensorflow(); "
+    # the first device query too: TF 2.18 writes its cuInit line there on a host without an NVIDIA driver
+    query = "" if nvidia_driver_present() else "tf.config.list_physical_devices('GPU'); "
+    code = ("import sys; from hvdkit.tfimport import import_tensorflow; tf = import_tensorflow(); " + query +
             "print('after', file=sys.stderr); print(tf.__version__)")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                        env={**os.environ, "PYTHONPATH": ROOT, "TF_CPP_MIN_LOG_LEVEL": "2"})
