@@ -333,13 +333,13 @@ def _measure(world, methods: dict, nbytes: int, a, origin: float) -> dict:
         t0 = time.perf_counter()
         m.run()
         t1 = time.perf_counter()
-        c1 = time.process_time()
         slowest = world.max(t1 - t0)
+        c1, t2 = time.process_time(), time.perf_counter()   # the round's CPU: till every rank is done (a server's too)
         m.pause()
         if r >= a.warmup:
             got[name]["rounds_us"].append(slowest * 1e6)
             got[name]["start_s"].append(round(t0 - origin, 6))
-            got[name]["cpu"].append((c1 - c0) / slowest if slowest > 0 else None)
+            got[name]["cpu"].append((c1 - c0) / (t2 - t0) if t2 > t0 else None)
         if r == rounds - 1:
             got[name]["cpu"] = cpu_per_rank(world, got[name]["cpu"])
             res = m.result()
@@ -355,8 +355,9 @@ def _measure(world, methods: dict, nbytes: int, a, origin: float) -> dict:
 
 def cpu_per_rank(world, per_round: list) -> dict:
     """Each rank's median over its timed rounds of the CPU its process used during the round (user +
-    system over all its threads, ``time.process_time``) per second of the round (the slowest rank's
-    time), gathered to every rank: ``{"process_cores": [rank 0, rank 1, ...]}``. A rank at its host's
+    system over all its threads, ``time.process_time``, from the round's start until every rank has
+    finished it, so a dedicated server's serving thread counts) per second of that span, gathered to
+    every rank: ``{"process_cores": [rank 0, rank 1, ...]}``. A rank at its host's
     CPU quota (an emulated host's ``--cpus-per-host``) was bound by its CPU share, not by the link
     (docs/benchmarks.md). Inside an emulated host the cgroup files are not visible (the host's /sys
     is its own), so the process's own counter is the one read."""
