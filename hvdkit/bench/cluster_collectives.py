@@ -325,12 +325,12 @@ def summarize(rows: list[dict], min_bytes: int = 4 << 20) -> list[dict]:
         lf = [r["link_frac"] for r in rs if r.get("link_frac") is not None]
         rf = [r["ring_frac"] for r in rs if r.get("ring_frac") is not None]
         vp = [r["time_us"] / r["pred_time_us"] for r in rs if r.get("pred_time_us")]
-        hq = []   # every rank of every row: the CPU its process used during the rounds / its host's quota
+        cq = []   # every rank of every row: the CPU its process used during the rounds / its host's quota
         for r in rs:
             cpu, q = r.get("cpu") or {}, r.get("cpus_per_host")
-            hq += [c / q for c in cpu.get("process_cores") or [] if c is not None and q]
+            cq += [c / q for c in cpu.get("process_cores") or [] if c is not None and q]
         stat = {}
-        for k, v in (("link_frac", lf), ("ring_frac", rf), ("vs_pred", vp), ("cpu_quota", hq)):
+        for k, v in (("link_frac", lf), ("ring_frac", rf), ("vs_pred", vp), ("cpu_quota", cq)):
             stat[k], stat[k + "_min"], stat[k + "_max"] = ((float(np.median(v)), min(v), max(v)) if v
                                                            else (None, None, None))
         out.append({"config": cfg, "rate": rate, "method": m, "n": len(rs), **stat})
