@@ -57,7 +57,7 @@ from hvdkit import watchdog
 from hvdkit.comm import EXIT_USAGE, World, log0
 from hvdkit.config import Config
 from hvdkit.startup import name_mismatch
-from hvdkit.strategies.horovod import HorovodComm, horovod_world
+from hvdkit.strategies.horovod import HorovodComm, broadcast_variables, horovod_world
 from hvdkit.trainer import Loop, change_world, finish, log_header, prepare, traced, train_epochs, write_timeline
 
 __all__ = ["HorovodComm", "horovod_world", "TrainingState", "run"]
@@ -172,18 +172,18 @@ def _state_class():
             self._saved = [tf.Variable(v, trainable=False) for v in self._variables]
             pairs = list(zip(self._saved, self._variables))
 
-            @tf.function
             def _save():
                 for s, v in pairs:
                     s.assign(v)
 
-            @tf.function
             def _restore():
                 for s, v in pairs:
                     v.assign(s)
 
-            # traced once here; a concrete function's call skips tf.function's dispatch
-            self._save_vars, self._restore_vars = _save.get_concrete_function(), _restore.get_concrete_function()
+            # traced once here (plain assignments: no AutoGraph); a concrete function's call skips
+            # tf.function's dispatch
+            self._save_vars = tf.function(_save, autograph=False).get_concrete_function()
+            self._restore_vars = tf.function(_restore, autograph=False).get_concrete_function()
             super().__init__(bcast_object=hvd.broadcast_object, get_rank=hvd.rank, **attrs)
 
         def save(self):
@@ -213,7 +213,7 @@ def _state_class():
 
         def sync(self):
             with _peer_loss_restores():   # a peer lost during the sync of a re-form
-                hvd.broadcast_variables(self._variables, root_rank=0)
+                broadcast_variables(hvd, self._variables)
             self._save_vars()
             super().sync()
 

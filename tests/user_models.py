@@ -37,6 +37,22 @@ class _NanAtEval(QuickstartModel):
         return logits if training else logits * float("nan")
 
 
+class _Branchy(QuickstartModel):
+    """A :class:`QuickstartModel` whose ``call`` branches in Python on a tensor, which only AutoGraph
+    can trace (hvdkit.steps.graph_function keeps AutoGraph for a user's class)."""
+
+    def call(self, x, training=False):
+        logits = super().call(x, training=training)
+        if tf.reduce_max(tf.abs(logits)) > 1e6:   # a tensor condition, written as Python
+            logits = logits * 1e-6
+        return logits
+
+
+def branchy(input_shape, num_classes):
+    """A :class:`_Branchy` (``input_shape`` unused)."""
+    return _Branchy(num_classes)
+
+
 def nan_at_eval(input_shape, num_classes):
     """A run whose evaluation figures are NaN (results.json must still be strict JSON)."""
     return _NanAtEval(num_classes)

@@ -12,6 +12,7 @@ from typing import Any
 from hvdkit.comm import exchange, free_port
 from hvdkit.models import model_input_shape
 from hvdkit.startup import addresses
+from hvdkit.steps import graph_function
 from hvdkit.strategies.base import Strategy
 
 __all__ = ["TFDistribute", "make_tf_step", "on_write_scope", "tf_addresses", "local_gpus"]
@@ -82,15 +83,14 @@ def make_tf_step(strategy, model, optimizer, processes: int):
         correct = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, 1), ys), tf.int32))
         return tf.reduce_sum(losses), correct
 
-    @tf.function(input_signature=[tf.TensorSpec((None, *model_input_shape(model)), tf.float32),   # any model kind
-                                  tf.TensorSpec((None,), tf.int64)])
     def step(x, y):
         loss, correct = strategy.run(replica_fn, args=(x, y))
         # this process's replicas only: the trainer sums over ranks itself
         return (tf.add_n(list(strategy.experimental_local_results(loss))),
                 tf.add_n(list(strategy.experimental_local_results(correct))))
 
-    return step
+    return graph_function(step, model, [tf.TensorSpec((None, *model_input_shape(model)), tf.float32),   # any model
+                                        tf.TensorSpec((None,), tf.int64)])
 
 
 @contextlib.contextmanager

@@ -48,7 +48,7 @@ import numpy as np
 
 from hvdkit.config import Option, at_least, option_values
 from hvdkit.errors import UsageError
-from hvdkit.steps import dense_gradients, straggle
+from hvdkit.steps import dense_gradients, graph_function, straggle
 from hvdkit.strategies.base import Strategy
 from hvdkit.strategies.model_parallel.plan import boundary_shapes, plan_stages, stage_bytes_per_step
 from hvdkit.strategies.model_parallel.transport import TAG_ACT, TAG_EVAL, TAG_GRAD, TAG_STATE, StageLink
@@ -163,11 +163,11 @@ class ModelParallelStrategy(Strategy):
                 h = layer(h, training=training)
             return h
 
-        self._fwd_train = tf.function(lambda x: run(x, True), input_signature=[xspec])
-        self._fwd_eval = tf.function(lambda x: run(x, False), input_signature=[xspec])
+        model = self.model
+        self._fwd_train = graph_function(lambda x: run(x, True), model, [xspec])
+        self._fwd_eval = graph_function(lambda x: run(x, False), model, [xspec])
         need_gx = not self.is_first
 
-        @tf.function(input_signature=[xspec, yspec, tf.TensorSpec((), tf.float32)])
         def last_step(x, y, inv_batch):
             with tf.GradientTape() as tape:
                 tape.watch(x)
@@ -179,17 +179,17 @@ class ModelParallelStrategy(Strategy):
             gx = grads[0] if need_gx else tf.zeros((0,), tf.float32)
             return tf.reduce_sum(losses), correct, gx, grads[1:] if need_gx else grads
 
-        @tf.function(input_signature=[xspec, yspec])
         def last_eval(x, y):
             logits = run(x, False)
             loss = tf.reduce_sum(tf.keras.losses.sparse_categorical_crossentropy(y, logits, from_logits=True))
             return loss, tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, 1), y), tf.int32))
 
-        @tf.function
         def apply(grads):
             self.optimizer.apply_gradients(zip(grads, variables))
 
-        self._last_step, self._last_eval, self._apply = last_step, last_eval, apply
+        self._last_step = graph_function(last_step, model, [xspec, yspec, tf.TensorSpec((), tf.float32)])
+        self._last_eval = graph_function(last_eval, model, [xspec, yspec])
+        self._apply = graph_function(apply, model)
 
     # -- training ------------------------------------------------------------------------
     def train_step(self, x, y, timer):
