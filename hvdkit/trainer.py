@@ -137,7 +137,9 @@ def _inputs(cfg: Config, w: World, every_rank: bool = False):
     """Set-up, first part: the checks that need no TensorFlow, so that bad input is refused
     within a second or two: strategy and model names, the data files, and (rank 0; every rank
     with ``every_rank``, an elastic run, whose ranks agree by checking the same things alone)
-    every output path. Returns (strategy class, dataset, output directory, None where not checked)."""
+    every output path, and with ``--resume`` the checkpoint read and refused if its settings differ
+    (:func:`_read_checkpoint`). Returns (strategy class, dataset, output directory, (arrays, meta) of the
+    checkpoint), None and (None, None) where not checked."""
     cls = get_strategy(cfg.strategy)
     cls.check(cfg, w)
     check_model_name(cfg.model)
@@ -145,7 +147,8 @@ def _inputs(cfg: Config, w: World, every_rank: bool = False):
                         image_size=cfg.image_size, synthetic_samples=cfg.synthetic_samples,
                         num_classes=cfg.num_classes)
     out_dir = prepare_outputs(cfg) if w.is_rank0 or every_rank else None
-    return cls, data, out_dir
+    loaded = _read_checkpoint(cfg, os.path.join(out_dir, CHECKPOINT)) if cfg.resume and out_dir else (None, None)
+    return cls, data, out_dir, loaded
 
 
 def _build(cfg: Config, w: World, cls, data: Dataset):
@@ -164,11 +167,12 @@ def _build(cfg: Config, w: World, cls, data: Dataset):
     return strategy, model, optimizer, part
 
 
-def _read_checkpoint(cfg: Config, ckpt_path: str, strategy, model) -> tuple[dict, dict]:
-    """``--resume`` on rank 0, during set-up: read the checkpoint and refuse, before any rank
-    loads anything, one this run cannot continue from (another strategy, model, dataset or
-    optimizer; :meth:`~hvdkit.strategies.base.Strategy.check_state`). Another world size or
-    shard count is fine where the strategy can restore it.
+def _read_checkpoint(cfg: Config, ckpt_path: str) -> tuple[dict, dict]:
+    """``--resume`` on rank 0, in set-up's first part (before TensorFlow starts, so within a second
+    or two): read the checkpoint and refuse one written with other settings (another strategy,
+    model, dataset or optimizer). What needs the model (its shapes, the strategy's state:
+    :meth:`~hvdkit.strategies.base.Strategy.check_state`) is checked once it is built, before any
+    rank loads anything. Another world size or shard count is fine where the strategy can restore it.
 
     Returns:
         (arrays, meta) as :func:`hvdkit.results.load_npz` reads them.
@@ -186,7 +190,6 @@ def _read_checkpoint(cfg: Config, ckpt_path: str, strategy, model) -> tuple[dict
         raise UsageError(f"--resume: {ckpt_path} was written with --optimizer {meta['optimizer']}, not "
                          f"--optimizer {cfg.optimizer}; its optimizer slots fit only that optimizer: resume with "
                          f"--optimizer {meta['optimizer']}")
-    strategy.check_state(arrays, meta, model)
     return arrays, meta
 
 
@@ -266,19 +269,19 @@ def prepare(cfg: Config, w: World, tl: Timeline | None = None, *, elastic: bool 
     except Exception as e:  # noqa: BLE001 - every set-up failure is agreed on, then reported once
         err = e
     settle(err, w)  # before TensorFlow starts
-    cls, data, out_dir = inputs
+    cls, data, out_dir, loaded = inputs
     out_dir = cfg.output_dir if elastic else w.comm.bcast(out_dir, root=0)   # elastic: --output-dir is required
     ckpt_path = os.path.join(out_dir, CHECKPOINT)
 
-    err, built, loaded = None, None, (None, None)
+    err, built = None, None
     deadline = StartupDeadline(w, 0 if elastic else cfg.startup_timeout,  # no silent hang
                                f"creating the {cfg.strategy} strategy")
     try:
         built = _build(cfg, w, cls, data)
         if w.is_rank0 or elastic:   # elastic: every rank, so that every rank reaches the same verdict
             check_room(cfg, w, out_dir, built[1])
-        if cfg.resume and (elastic or w.is_rank0):
-            loaded = _read_checkpoint(cfg, ckpt_path, built[0], built[1])
+        if loaded[0] is not None:   # rank 0 (elastic: every rank) with --resume: the state fits the model
+            built[0].check_state(*loaded, built[1])
     except Exception as e:  # noqa: BLE001
         err = e
     try:
