@@ -1,5 +1,5 @@
 """AutoGraph only where a model needs it (:func:`hvdkit.steps.graph_function`): hvdkit's steps on
-Keras's built-in layers are traced without it (about 2.5 CPU seconds less per rank before the first
+Keras's built-in layers are traced without it (1-2.5 CPU seconds less per rank before the first
 step), a user's own layer or model class keeps it, so its Python ``if`` on a tensor still traces."""
 import numpy as np
 import pytest
