@@ -46,8 +46,9 @@ def graph_function(fn, model=None, input_signature=None):
     Horovod's allreduce and broadcast helpers) before tracing it. Measured on this project's 2-core
     machine, a one-epoch run of ``--model linear`` took 5.2-6.3 CPU seconds with it, and 3.8-4.3 s
     without it here and in Horovod's broadcast (:func:`hvdkit.strategies.horovod.broadcast_variables`),
-    the same weights and accuracy: 1-2.5 s less before the first step, on every rank of every launch. A user's subclassed model keeps AutoGraph (Keras converts its ``call`` only inside
-    an AutoGraph-enabled function)."""
+    the same weights and accuracy: 1-2.5 s less before the first step, on every rank of every launch.
+    A user's subclassed model keeps AutoGraph (Keras converts its ``call`` only inside an
+    AutoGraph-enabled function)."""
     import tensorflow as tf
 
     return tf.function(fn, input_signature=input_signature, autograph=needs_autograph(model))
