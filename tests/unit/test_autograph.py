@@ -35,7 +35,8 @@ def test_a_built_in_models_function_is_traced_without_autograph():
     spec = [tf.TensorSpec((None,), tf.float32)]
     with pytest.raises(TypeError):   # OperatorNotAllowedInGraphError
         graph_function(_branch, build_model("linear", (8, 8, 1), 10), spec)(tf.ones((2,)))
-    np.testing.assert_array_equal(graph_function(_branch, build_model(BRANCHY, (8, 8, 1), 10), spec)(tf.ones((2,))).numpy(), [2, 2])
+    traced = graph_function(_branch, build_model(BRANCHY, (8, 8, 1), 10), spec)
+    np.testing.assert_array_equal(traced(tf.ones((2,))).numpy(), [2, 2])
 
 
 def test_a_user_model_that_branches_on_a_tensor_trains_in_hvdkits_step():
