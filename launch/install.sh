@@ -30,6 +30,7 @@
 #   4. build Horovod $HOROVOD_VERSION from source against that TensorFlow, with MPI and Gloo
 #      (pip keeps the built wheel in its cache, so a rebuild of the venv takes seconds).
 #   5. pip install -e . (hvdkit itself, console scripts hvdkit-train, hvdkit-launch, hvdkit-bench).
+#      Then byte-compile hvdkit/ and tests/ (every run; up-to-date files are skipped).
 #   6. check `horovodrun --check-build` lists TensorFlow, MPI and Gloo; fail loudly otherwise.
 set -euo pipefail
 
@@ -168,6 +169,11 @@ if ! (cd / && "$PY" -c "import hvdkit, sys; sys.exit(0 if hvdkit.__file__.starts
     say "pip install -e ."
     "$PY" -m pip install -q --no-build-isolation --no-deps -e "$ROOT"
 fi
+
+# 5b. byte-compile the checkout, every run (compileall skips what is up to date): an editable install is
+# imported from its sources, and where PYTHONDONTWRITEBYTECODE is set (as on CI machines) every process of
+# every launch would compile hvdkit's modules again: 0.2-0.3 CPU s for the 53 a rank imports, measured
+"$PY" -m compileall -q -j 0 "$ROOT/hvdkit" "$ROOT/tests" >/dev/null || die "byte-compiling $ROOT failed (a syntax error?)"
 
 # 6. check the Horovod build ---------------------------------------------------------------
 check="$("$VENV/bin/horovodrun" --check-build 2>&1)" || die "horovodrun --check-build failed: $check"

@@ -24,9 +24,10 @@ signalled.
 
 When the job ends, the launcher writes ``end`` and closes the pipe (:meth:`Reaper.finish`):
 the reaper ends what the job left running (nothing, after a clean end) the same way and exits,
-quiet when there was nothing. It also exits when the job has no process left, and when its
+quiet when there was nothing; a process still ending by itself within :data:`SETTLE_S` seconds
+is not counted. It also exits when the job has no process left, and when its
 parent is no longer the launcher (reparented: the launcher is gone although the pipe is not
-closed). Its life is the launcher's plus at most ``GRACE_S + KILL_WAIT_S`` seconds.
+closed). Its life is the launcher's plus at most ``SETTLE_S + GRACE_S + KILL_WAIT_S`` seconds.
 
 Limits: a process that leaves the job's session (``setsid``) and whose parent then dies within
 :data:`POLL_S` seconds, before the reaper saw it, is not known to it. Elsewhere than Linux
@@ -44,7 +45,7 @@ import subprocess
 import sys
 import time
 
-__all__ = ["GRACE_S", "KILL_WAIT_S", "POLL_S", "Reaper", "start", "end_job", "job_processes", "read_table"]
+__all__ = ["GRACE_S", "KILL_WAIT_S", "POLL_S", "SETTLE_S", "Reaper", "start", "end_job", "job_processes", "read_table"]
 
 #: seconds between two reads of /proc while the launcher lives
 POLL_S = 0.25
@@ -53,6 +54,10 @@ POLL_S = 0.25
 GRACE_S = 5.0
 #: seconds the reaper waits after its SIGKILL for the processes to be gone, before it exits anyway
 KILL_WAIT_S = 2.0
+#: seconds the job's processes have to end by themselves after the job ended, before the reaper counts
+#: them as left running: as mpirun returns, its ssh client to another host or a rank may still be in
+#: its exit (a clean-clone CI run once reported such a process, on the emulated cluster)
+SETTLE_S = 1.0
 
 #: pid -> (ppid, session id, start time in clock ticks since boot, state letter)
 Table = dict
@@ -163,6 +168,10 @@ def _main(argv: list[str]) -> int:
             break
         if not known:
             return 0
+    t_end = time.monotonic()
+    while why == "ended" and known and time.monotonic() - t_end < SETTLE_S:   # still ending by themselves?
+        time.sleep(0.05)
+        known = job_processes(read_table(), sid, known)
     n, n_killed, seconds = end_job(sid, known, grace_s)
     if n:
         how = f"SIGTERM, then SIGKILL to {n_killed} still running after {grace_s:g} s" if n_killed else "SIGTERM"

@@ -279,6 +279,9 @@ def test_a_job_that_ends_leaving_a_process_running_has_it_ended_and_the_reaper_e
     # a clean end: the reaper says nothing and is gone when run_job returns
     assert run_job(["/bin/true"], dict(os.environ)).status == 0
     assert capfd.readouterr().err == ""
+    # a process of the job still ending as the launcher returns (here: 0.3 s later) is not "left running"
+    assert run_job(["/bin/sh", "-c", "sleep 0.3 & exit 0"], dict(os.environ)).status == 0
+    assert capfd.readouterr().err == ""
     me = os.getpid()
     assert not [pid for pid in filter(str.isdigit, os.listdir("/proc")) if _ppid(int(pid)) == me and
                 b"reaper.py" in open(f"/proc/{pid}/cmdline", "rb").read()]
