@@ -70,11 +70,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m hvdkit.train") ->
         return 0
     agree(err, w)
     mpi_start.done()   # the world is formed; from here on hvdkit.startup.StartupDeadline watches start-up
-
-    from hvdkit.tfimport import import_tensorflow
-
-    import_tensorflow()   # before the trainer's own import: without TF 2.18's start-up lines on every rank
-    from hvdkit.trainer import run
+    from hvdkit.trainer import run   # no TensorFlow yet: set-up's first checks run before it starts (prepare)
 
     run_guarded(run, cfg, w)
     return 0

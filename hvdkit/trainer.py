@@ -34,6 +34,7 @@ from hvdkit.precision import loss_scale_for
 from hvdkit.startup import StartupDeadline, phase
 from hvdkit.steps import configure_threads, make_optimizer
 from hvdkit.strategies import get_strategy
+from hvdkit.tfimport import import_tensorflow
 from hvdkit.timeline import Timeline, gather_and_write
 from hvdkit.timing import StepTimer
 
@@ -269,6 +270,7 @@ def prepare(cfg: Config, w: World, tl: Timeline | None = None, *, elastic: bool 
     except Exception as e:  # noqa: BLE001 - every set-up failure is agreed on, then reported once
         err = e
     settle(err, w)  # before TensorFlow starts
+    import_tensorflow()   # its first import in this process: without TF 2.18's start-up lines (hvdkit.tfimport)
     cls, data, out_dir, loaded = inputs
     out_dir = cfg.output_dir if elastic else w.comm.bcast(out_dir, root=0)   # elastic: --output-dir is required
     ckpt_path = os.path.join(out_dir, CHECKPOINT)

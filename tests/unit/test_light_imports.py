@@ -28,3 +28,14 @@ def _loaded_after(code: str) -> list[str]:
 ], ids=["import", "help", "registry"])
 def test_advise_and_the_registry_import_neither_mpi4py_nor_tensorflow(code):
     assert _loaded_after(code) == []
+
+
+@pytest.mark.parametrize("flags", [["--model", "vgg"], ["--strategy", "ps-sync"],
+                                   ["--model", "linear", "--output-dir", "README.md"]],
+                         ids=["model", "strategy-check", "output-dir"])
+def test_bad_input_is_refused_before_tensorflow_is_imported(flags):
+    """Set-up's first checks (names, the strategy's own check, the data, every output path: trainer._inputs)
+    end a run with status 2 before TensorFlow is imported (about 3 CPU s on every rank of every such job)."""
+    code = (f"from hvdkit.train import main\ntry:\n    main({flags!r})\nexcept SystemExit as e:\n"
+            f"    assert e.code == 2, e.code\nelse:\n    raise AssertionError('no error')")
+    assert _loaded_after(code) == ["mpi4py"]
