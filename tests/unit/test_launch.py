@@ -422,12 +422,16 @@ def test_wrapper_script_dry_run():
 def test_local_command_is_the_launchers_command():
     prog = ["py", "-m", "x"]
     fwd = ["-x", "PATH", "-x", "PYTHONPATH", "-x", "TF_CPP_MIN_LOG_LEVEL"]
+    now = ["--mca", "odls_base_sigkill_timeout", "0"]   # a failed job ends at once (restart_mpi_args' rule)
     assert L.local_command(4, prog, binary="mpirun", is_root=True) == [
         "mpirun", "-np", "4", "--bind-to", "none", "--map-by", "slot", "--allow-run-as-root", "--oversubscribe",
-        *fwd, *prog]
+        *fwd, *now, *prog]
     assert L.local_command(1, prog, binary="mpirun", is_root=False, oversubscribe=False,
                            mpi_args=["--mca", "btl", "self"]) == [
-        "mpirun", "-np", "1", "--bind-to", "none", "--map-by", "slot", *fwd, "--mca", "btl", "self", *prog]
+        "mpirun", "-np", "1", "--bind-to", "none", "--map-by", "slot", *fwd, "--mca", "btl", "self", *now, *prog]
+    traced = [*prog, "--timeline", "t.json"]   # rank 0 writes its spans on SIGTERM: Open MPI's 1 s kept
+    assert L.local_command(2, traced, binary="mpirun", is_root=False)[-len(traced) - 2:] == ["-x", "TF_CPP_MIN_LOG_LEVEL",
+                                                                                            *traced]
     assert L.local_command(2, prog, binary="mpiexec", mpi="mpich", forward=("PATH",), is_root=True) == [
         "mpiexec", "-n", "2", "-genvlist", "PATH", *prog]
 
