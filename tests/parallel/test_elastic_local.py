@@ -51,7 +51,10 @@ ONE_NAME, TWO_NAMES = "localhost slots=2\n", "localhost slots=1\n127.0.0.1 slots
 def _launcher_args(tmp_path, hosts: str = ONE_NAME) -> list[str]:
     path = tmp_path / "hosts"
     path.write_text(hosts)
-    return ["--hostfile", str(path), "--network-interface", "lo", "--gloo-timeout", "5",
+    # --gloo-timeout 20: a process that rejoins waits that long in Gloo's rendezvous for the survivors (who
+    # look for new hosts at their next commit); 5 s failed the rejoin once under a 3-worker suite run.
+    # Nothing here waits for the timeout: a killed process is noticed by its peers' reset connections.
+    return ["--hostfile", str(path), "--network-interface", "lo", "--gloo-timeout", "20",
             "--mpi-args=--blacklist-cooldown-range 1 2"]
 
 
