@@ -259,8 +259,7 @@ def local_command(np: int, program: Sequence[str], *, forward: Sequence[str] = L
 
     Open MPI's ``odls_base_sigkill_timeout`` is 0 by the rule of ``hvdkit-launch --max-restarts``
     (:func:`hvdkit.launch.restart.restart_mpi_args`: not when ``program`` writes a trace or the caller
-    set it): a job whose rank fails ends at once instead of 1 s later (a refused 2-rank job: 1.6-2.6 s
-    with Open MPI's wait, 0.6 s without).
+    set it): a job whose rank fails ends at once instead of 1 s later.
 
     Args:
         np: number of ranks, >= 1.

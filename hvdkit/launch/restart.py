@@ -95,7 +95,8 @@ def restart_mpi_args(mpi_args: Sequence[str], program: Sequence[str], environ: d
     """``mpi_args`` plus ``--mca odls_base_sigkill_timeout 0`` for a ``--max-restarts`` job run by
     Open MPI's mpirun (the module docstring), unless the user set that parameter (in ``mpi_args`` or
     ``OMPI_MCA_odls_base_sigkill_timeout``) or the job writes a trace (``--timeline`` in ``program``,
-    or ``HVDKIT_TIMELINE`` in ``environ``). Pure."""
+    or ``HVDKIT_TIMELINE`` in ``environ``). The local jobs of the tests and benchmarks take the same rule
+    (:func:`hvdkit.launch.command.local_command`). Pure."""
     out = tuple(mpi_args)
     if (any(SIGKILL_WAIT in a for a in mpi_args) or "OMPI_MCA_" + SIGKILL_WAIT in environ
             or environ.get("HVDKIT_TIMELINE") or any(a == "--timeline" or a.startswith("--timeline=") for a in program)):
