@@ -45,6 +45,9 @@ fp16            the default launch; ``--compression fp16`` against float32: meth
                 ring-fp16, horovod, horovod-fp16, ps, ps-fp16, ps-fp16-push, ps-colocated,
                 ps-colocated-fp16 (rows as in main, interleaved round by round)
 fp16-yield      the same methods under the yield variant's launch (rows ``METHOD[yield]``)
+one-link        ``--mca btl_tcp_links 1``: Open MPI's default of one TCP connection per pair of ranks
+                (a baseline for main, where hvdkit-launch gives two); methods mpi, horovod, ring,
+                ps-colocated
 ==============  =====================================================================
 
 ``compression`` in the JSON (and a table on stdout): per config, rate, size >= 4 MiB and pair
@@ -103,6 +106,7 @@ VARIANTS = {
     "gloo": ("gloo", "horovodrun-gloo", (), "horovod", {}),
     "fp16": ("", "mpi", (), _FP16, {}),
     "fp16-yield": ("yield", "mpi", (*_RING, "--mca", "mpi_yield_when_idle", "1"), _FP16, {}),
+    "one-link": ("one-link", "mpi", ("--mca", "btl_tcp_links", "1"), "mpi,horovod,ring,ps-colocated", {}),
 }
 DEFAULT_CONFIGS, DEFAULT_RATES = "2x1,3x1,4x1,2x2", "200mbit,1gbit"
 CSV_FIELDS = ("config", "hosts", "slots", "ranks", "rate", "link_Bps", "launch", "variant", "method", "bytes",

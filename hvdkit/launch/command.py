@@ -34,9 +34,16 @@ FORWARD_PREFIXES = ("NCCL_", "HOROVOD_", "HVDKIT_")
 #: * oob_tcp_keepalive: mpirun notices a lost host within about 5 + 3 x 3 = 14 s of silence and ends
 #:   the job naming it ("Remote daemon ... on node h3"); with Open MPI's defaults (300 s, 9 x 20 s)
 #:   a host lost mid-training left the job hanging for minutes (tests/cluster/test_multihost.py)
+#: * btl_tcp_links: two TCP connections per pair of ranks instead of one. When two ranks send to each
+#:   other at once (a 2-host ring's every step, an exchange, a colocated PS), one connection carried
+#:   each direction at about half the link rate on the emulated hosts, while plain sockets, and
+#:   Open MPI's one-way sends, reached the full rate; with two connections the 2-host collectives rose
+#:   from 0.48-0.52 to 0.75-0.82 of the link at 1 Gbit/s (the ``[one-link]`` rows of
+#:   :mod:`hvdkit.bench.cluster_collectives`; docs/benchmarks.md)
 MULTI_HOST_MCA = {"coll_tuned": (("coll_tuned_use_dynamic_rules", "1"), ("coll_tuned_allreduce_algorithm", "4")),
                   "oob_tcp_keepalive": (("oob_tcp_keepalive_time", "5"), ("oob_tcp_keepalive_intvl", "3"),
-                                        ("oob_tcp_keepalive_probes", "3"))}
+                                        ("oob_tcp_keepalive_probes", "3")),
+                  "btl_tcp_links": (("btl_tcp_links", "2"),)}
 #: what :func:`local_command` forwards by default
 LOCAL_FORWARD = ("PATH", "PYTHONPATH", "TF_CPP_MIN_LOG_LEVEL")
 

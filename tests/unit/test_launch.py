@@ -289,13 +289,16 @@ def test_multi_host_open_mpi_gets_the_ring_allreduce(capsys, monkeypatch):
     ring = ["--mca", "coll_tuned_use_dynamic_rules", "1", "--mca", "coll_tuned_allreduce_algorithm", "4"]
     keep = ["--mca", "oob_tcp_keepalive_time", "5", "--mca", "oob_tcp_keepalive_intvl", "3",
             "--mca", "oob_tcp_keepalive_probes", "3"]    # a lost host noticed within ~14 s
+    links = ["--mca", "btl_tcp_links", "2"]   # each direction of a pair on a connection of its own
     monkeypatch.delenv("OMPI_MCA_coll_tuned_allreduce_algorithm", raising=False)
-    assert multi_host_mpi_args(("-v",), {}) == ("-v", *ring, *keep)
+    assert multi_host_mpi_args(("-v",), {}) == ("-v", *ring, *keep, *links)
     assert multi_host_mpi_args(("--mca", "coll_tuned_allreduce_algorithm", "6"), {}) == \
-        ("--mca", "coll_tuned_allreduce_algorithm", "6", *keep)
-    assert multi_host_mpi_args((), {"OMPI_MCA_coll_tuned_use_dynamic_rules": "0"}) == tuple(keep)
-    assert multi_host_mpi_args(("--mca", "oob_tcp_keepalive_time", "60"), {"OMPI_MCA_coll_tuned_x": "1"}) == \
+        ("--mca", "coll_tuned_allreduce_algorithm", "6", *keep, *links)
+    assert multi_host_mpi_args((), {"OMPI_MCA_coll_tuned_use_dynamic_rules": "0"}) == (*keep, *links)
+    assert multi_host_mpi_args(("--mca", "oob_tcp_keepalive_time", "60"), {"OMPI_MCA_coll_tuned_x": "1",
+                                                                           "OMPI_MCA_btl_tcp_links": "1"}) == \
         ("--mca", "oob_tcp_keepalive_time", "60")
+    assert multi_host_mpi_args(("--mca", "btl_tcp_links", "4"), {}) == ("--mca", "btl_tcp_links", "4", *ring, *keep)
 
     def run(*args):
         assert L.main([*args, "--dry-run", "--", "--epochs", "1"]) == 0
@@ -303,22 +306,22 @@ def test_multi_host_open_mpi_gets_the_ring_allreduce(capsys, monkeypatch):
 
     argv = run("-np", "2", "-H", "a:1,b:1", "--mpi", "openmpi")
     i = argv.index("--mca")
-    assert argv[i:i + 15] == ring + keep and argv[i + 15] == sys.executable
+    assert argv[i:i + 18] == ring + keep + links and argv[i + 18] == sys.executable
     assert "--mca" not in run("-np", "2", "--mpi", "openmpi")
     assert "--mca" not in " ".join(run("-np", "2", "-H", "a:1,b:1", "--mpi", "mpich"))
     argv = run("-np", "2", "-H", "a:1,b:1", "--mpi", "openmpi", "--mpi-args=--mca coll_tuned_use_dynamic_rules 0")
-    assert argv.count("--mca") == 4 and "coll_tuned_allreduce_algorithm" not in argv
+    assert argv.count("--mca") == 5 and "coll_tuned_allreduce_algorithm" not in argv
     argv = run("-np", "2", "-H", "a:1,b:1", "--mpi", "openmpi", "--launcher", "horovodrun")
-    assert "--mpi-args=" + shlex.join(ring + keep) in argv
+    assert "--mpi-args=" + shlex.join(ring + keep + links) in argv
     with monkeypatch.context() as m:   # a Slurm allocation without -H: the same multi-host settings
         for k, v in {"SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "n[1-2]", "SLURM_TASKS_PER_NODE": "1(x2)"}.items():
             m.setenv(k, v)
         argv = run("--mpi", "openmpi")
         i = argv.index("--mca")
-        assert argv[i:i + 15] == ring + keep and "n1:1,n2:1" in argv, argv
+        assert argv[i:i + 18] == ring + keep + links and "n1:1,n2:1" in argv, argv
     monkeypatch.setenv("OMPI_MCA_coll_tuned_allreduce_algorithm", "6")
     argv = run("-np", "2", "-H", "a:1,b:1", "--mpi", "openmpi")
-    assert "coll_tuned_allreduce_algorithm" not in argv and argv.count("--mca") == 3
+    assert "coll_tuned_allreduce_algorithm" not in argv and argv.count("--mca") == 4
 
 
 @pytest.mark.parametrize("args,match", [
