@@ -37,9 +37,9 @@ FORWARD_PREFIXES = ("NCCL_", "HOROVOD_", "HVDKIT_")
 #: * btl_tcp_links: two TCP connections per pair of ranks instead of one. When two ranks send to each
 #:   other at once (a 2-host ring's every step, an exchange, a colocated PS), one connection carried
 #:   each direction at about half the link rate on the emulated hosts, while plain sockets, and
-#:   Open MPI's one-way sends, reached the full rate; with two connections the 2-host collectives rose
-#:   from 0.48-0.52 to 0.75-0.82 of the link at 1 Gbit/s (the ``[one-link]`` rows of
-#:   :mod:`hvdkit.bench.cluster_collectives`; docs/benchmarks.md)
+#:   Open MPI's one-way sends, reached the full rate; with two connections the exchange reaches the
+#:   link (measured side by side: benchmarks/figures/fair26/collectives_links_2x1.md, the
+#:   ``[one-link]`` rows of :mod:`hvdkit.bench.cluster_collectives`; docs/benchmarks.md)
 MULTI_HOST_MCA = {"coll_tuned": (("coll_tuned_use_dynamic_rules", "1"), ("coll_tuned_allreduce_algorithm", "4")),
                   "oob_tcp_keepalive": (("oob_tcp_keepalive_time", "5"), ("oob_tcp_keepalive_intvl", "3"),
                                         ("oob_tcp_keepalive_probes", "3")),
