@@ -13,6 +13,7 @@ unless told otherwise: the weights a worker evaluates or exports are the servers
 from __future__ import annotations
 
 import time
+from functools import partial
 
 import numpy as np
 
@@ -112,19 +113,25 @@ class PSClient:
                 self.local_server.helped = False
 
     def _receive_loop(self, expect, reqs, hdrs, into, out, deadline, st, what) -> dict[int, Header]:
+        """Headers first (``reqs``); each reply's payload is received without blocking once its
+        header is in, so the payloads of all servers flow at once (receiving them one at a time
+        left a server's link idle while another's was shared: see :class:`~.server.ServerLoop`)."""
         from mpi4py import MPI
 
         local = self.local_server
+        data: dict[int, tuple] = {}   # shard -> (receive request, what to do once it completes)
 
         def any_done():
             if local is not None:
                 local.progress()  # serve our own shard's requests instead of waiting for a thread switch
-            return any(r.Test() for r in reqs.values())
+            return any(r.Test() for r in reqs.values()) or any(d[0].Test() for d in data.values())
 
-        while reqs:
+        while reqs or data:
             poll(any_done, deadline, f"worker {self.worker}: no {what} reply from server rank(s) "
-                 f"{[self.server_ranks[k] for k in reqs]} within {self.timeout:.0f} s; a server may have died "
-                 "(raise --ps-timeout for very slow steps)")
+                 f"{[self.server_ranks[k] for k in sorted({*reqs, *data})]} within {self.timeout:.0f} s; "
+                 "a server may have died (raise --ps-timeout for very slow steps)")
+            for k in [k for k, d in data.items() if d[0].Test()]:
+                data.pop(k)[1]()
             for k in [k for k, r in reqs.items() if r.Test()]:
                 del reqs[k]
                 h = Header.unpack(hdrs[k])
@@ -140,12 +147,8 @@ class PSClient:
                     wire = self._wire16.get(k)              # a float16 reply: receive, then decode
                     if wire is None or wire.size != h.nelem:
                         wire = self._wire16[k] = np.empty(h.nelem, FLOAT16)
-                    self.comm.Recv(wire.view(np.uint8), source=src, tag=TAG_REP_DATA)
-                    self.bytes_received += wire.nbytes
-                    try:
-                        decode_payload(h, wire, into[k])
-                    except ProtocolError as e:
-                        raise ProtocolError(f"server rank {src}, shard {k}: {e}") from None
+                    data[k] = (self.comm.Irecv(wire.view(np.uint8), source=src, tag=TAG_REP_DATA),
+                               partial(self._decode16, h, wire, into[k], k, src))
                 elif h.nelem:
                     buf = into[k]
                     dt = DTYPES[h.dtype]
@@ -154,10 +157,19 @@ class PSClient:
                             raise ProtocolError(f"server rank {src} sent {h.nelem} {dt} for shard {k}; "
                                                 f"expected {buf.size} {buf.dtype}")
                         buf = into[k] = np.empty(h.nelem, dt)
-                    self.comm.Recv(buf, source=src, tag=TAG_REP_DATA)
-                    self.bytes_received += buf.nbytes
+                    data[k] = (self.comm.Irecv(buf, source=src, tag=TAG_REP_DATA), partial(self._count, buf.nbytes))
                 out[k] = h
         return out
+
+    def _count(self, nbytes: int) -> None:
+        self.bytes_received += nbytes
+
+    def _decode16(self, h: Header, wire: np.ndarray, into: np.ndarray, k: int, src: int) -> None:
+        self.bytes_received += wire.nbytes
+        try:
+            decode_payload(h, wire, into)
+        except ProtocolError as e:
+            raise ProtocolError(f"server rank {src}, shard {k}: {e}") from None
 
     @staticmethod
     def _complete(sends) -> None:
