@@ -252,14 +252,19 @@ def cluster_blocks(doc: dict) -> list:
     if summ:
         f = lambda d, k: _iqr_text(d.get(k), d.get(k + "_min"), d.get(k + "_max"), ".3f")   # noqa: E731
         cpu = any(d.get("cpu_quota") is not None for d in summ)   # measured since the rows carry it
+        a2a = any(d.get("a2a_frac") is not None for d in summ)    # probed on 3 hosts or more
         g = lambda d, k: _iqr_text(d.get(k), d.get(k + "_min"), d.get(k + "_max"), ".2f")   # noqa: E731
         out += [Heading("Summary over sizes >= 4 MiB", 2),
                 Table(["configuration", "rate", "method", "rows", "busbw / link", "busbw / ring pattern",
-                       "time / predicted", *(["rank CPU / quota"] if cpu else [])],
+                       *(["busbw / all-to-all"] if a2a else []), "time / predicted",
+                       *(["rank CPU / quota"] if cpu else [])],
                       [[d["config"], d["rate"] or "-", d["method"], str(d["n"]), f(d, "link_frac"), f(d, "ring_frac"),
-                        f(d, "vs_pred"), *([g(d, "cpu_quota")] if cpu else [])] for d in summ],
-                      "lllrrrr" + ("r" if cpu else ""),
+                        *([f(d, "a2a_frac")] if a2a else []), f(d, "vs_pred"), *([g(d, "cpu_quota")] if cpu else [])]
+                       for d in summ],
+                      "lllrrrr" + ("r" if a2a else "") + ("r" if cpu else ""),
                       "median over sizes >= 4 MiB and launches [min-max]"
+                      + ("; all-to-all: the probed rate of every host sending to every other at once (plain TCP), "
+                         "the pattern of the colocated PS's push and pull" if a2a else "")
                       + ("; rank CPU / quota: over every rank of those rows, the CPU its process used per second "
                          "of a round (median of its timed rounds) over its host's quota: near 1.00, the CPU share "
                          "bounds the method, not the link" if cpu else ""))]

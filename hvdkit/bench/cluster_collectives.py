@@ -61,7 +61,9 @@ Rows become ``METHOD[LABEL]`` (the variant's label; none for main). Outputs in `
 (config, hosts, slots, ranks, rate, link_Bps, launch, method, bytes, time_us, p25_us, p75_us,
 busbw_GBps, link_frac = busbw / probed link, pred_time_us, pred_busbw_GBps, wrong, checked,
 ring_bps = the probed ring-pattern rate in bits/s, ring_frac = busbw / that rate: the share of
-what this cluster's hosts physically carried in the same pattern with plain TCP sockets);
+what this cluster's hosts physically carried in the same pattern with plain TCP sockets;
+a2a_bps, a2a_frac: the same for the all-to-all pattern, 3 hosts or more, the pattern of the
+colocated PS's push and pull);
 ``busbw_<config>_<rate>.png``: busbw vs size per method (median over repeats), the probed
 link as a dashed line. Exit 0 when every launch ended OK (every rank's result exact), 1
 otherwise, 2 on bad usage (a place that does not answer ssh) or where no emulated cluster can run
@@ -111,7 +113,7 @@ VARIANTS = {
 DEFAULT_CONFIGS, DEFAULT_RATES = "2x1,3x1,4x1,2x2", "200mbit,1gbit"
 CSV_FIELDS = ("config", "hosts", "slots", "ranks", "rate", "link_Bps", "launch", "variant", "method", "bytes",
               "time_us", "p25_us", "p75_us", "busbw_GBps", "link_frac", "pred_time_us", "pred_busbw_GBps",
-              "wrong", "checked", "ring_bps", "ring_frac")
+              "wrong", "checked", "ring_bps", "ring_frac", "a2a_bps", "a2a_frac")
 
 
 def parse_configs(text: str) -> list[tuple[int, int]]:
@@ -188,9 +190,10 @@ def _command(variant: str, place, bench_args: list[str], extra: tuple = ()) -> l
 
 def merge_rows(doc: dict, common: dict) -> list[dict]:
     """The rows of one ``hvdkit.bench.collectives --json`` document (each with its ranks' ``cpu``) with
-    ``common`` fields (config, rate, link_Bps, launch, variant, ring_bps, cpus_per_host) and ``link_frac`` = busbw / probed link
-    and ``ring_frac`` = busbw / probed ring-pattern rate (:func:`hvdkit.cluster.probe.ring_share`;
-    None without ``ring_bps``) added, both for allreduce rows only.
+    ``common`` fields (config, rate, link_Bps, launch, variant, ring_bps, a2a_bps, cpus_per_host) and ``link_frac`` = busbw /
+    probed link, ``ring_frac`` = busbw / probed ring-pattern rate (:func:`hvdkit.cluster.probe.ring_share`;
+    None without ``ring_bps``) and ``a2a_frac`` = busbw / probed all-to-all rate (None without ``a2a_bps``)
+    added, all three for allreduce rows only.
 
     Returns:
         list of dicts with the keys of :data:`CSV_FIELDS` (``rounds_us`` too).
@@ -206,6 +209,7 @@ def merge_rows(doc: dict, common: dict) -> list[dict]:
                "p25_us": r["p25_us"], "p75_us": r["p75_us"], "busbw_GBps": r["busbw_GBps"],
                "link_frac": r["busbw_GBps"] * 1e9 / bps if bps and allreduce else None,
                "ring_frac": ring_share(r["busbw_GBps"] * 1e9, common.get("ring_bps")) if allreduce else None,
+               "a2a_frac": ring_share(r["busbw_GBps"] * 1e9, common.get("a2a_bps")) if allreduce else None,
                "pred_time_us": r.get("pred_time_us"), "pred_busbw_GBps": r.get("pred_busbw_GBps"),
                "wrong": r["wrong"], "checked": r["checked"], "rounds_us": r.get("rounds_us"), "cpu": r.get("cpu")}
         out.append(row)
@@ -279,7 +283,8 @@ def _one_place(a, config: str | None, rate: str | None, flags: argparse.Namespac
                      "--iters", str(a.iters), "--warmup", str(a.warmup)]
             log(f"cluster_collectives: {config} at {rate} ({place.source}): "
                 + (f"probed {link_Bps * 8 / 1e9:.3f} Gbit/s per link" if link_Bps else "no probed link")
-                + (f", ring pattern {place.ring_bps / 1e9:.3f} Gbit/s" if place.ring_bps else ""))
+                + (f", ring pattern {place.ring_bps / 1e9:.3f} Gbit/s" if place.ring_bps else "")
+                + (f", all-to-all pattern {place.a2a_bps / 1e9:.3f} Gbit/s" if place.a2a_bps else ""))
             for rep in range(a.repeats):
                 for v in a.variants:
                     name = f"{config}_{rate or 'hosts'}_{v}_{rep}"
@@ -299,7 +304,8 @@ def _one_place(a, config: str | None, rate: str | None, flags: argparse.Namespac
                         with open(js) as fh:
                             doc = json.load(fh)
                         rows += merge_rows(doc, {"config": config, "hosts": hosts, "slots": slots, "rate": rate,
-                                                 "link_Bps": link_Bps, "ring_bps": place.ring_bps, "cpus_per_host": cpus,
+                                                 "link_Bps": link_Bps, "ring_bps": place.ring_bps, "a2a_bps": place.a2a_bps,
+                                                 "cpus_per_host": cpus,
                                                  "launch": name, "variant": v})
     except UsageError:
         raise
@@ -314,11 +320,11 @@ def _one_place(a, config: str | None, rate: str | None, flags: argparse.Namespac
 def summarize(rows: list[dict], min_bytes: int = 4 << 20) -> list[dict]:
     """Per (config, rate, method): the median over sizes >= ``min_bytes`` (and over repeated
     launches) of busbw / probed link (``link_frac``), of busbw / probed ring-pattern rate
-    (``ring_frac``) and of measured / predicted time (``vs_pred``; the alpha-beta model of
+    (``ring_frac``), of busbw / probed all-to-all rate (``a2a_frac``) and of measured / predicted time (``vs_pred``; the alpha-beta model of
     :mod:`hvdkit.costs`), with their min and max over those rows; over those rows' ranks, whether the
     CPU share bounds them: ``cpu_quota`` (the CPU cores a rank's process used during its rounds /
     its host's quota, ``cpus_per_host``: near 1, the CPU share is the bound). Returns a list of dicts
-    (config, rate, method, n, then K, K_min, K_max for K in link_frac, ring_frac, vs_pred, cpu_quota);
+    (config, rate, method, n, then K, K_min, K_max for K in link_frac, ring_frac, a2a_frac, vs_pred, cpu_quota);
     None where a value is missing (no quota: no cpu_quota)."""
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
@@ -328,13 +334,14 @@ def summarize(rows: list[dict], min_bytes: int = 4 << 20) -> list[dict]:
     for (cfg, rate, m), rs in groups.items():
         lf = [r["link_frac"] for r in rs if r.get("link_frac") is not None]
         rf = [r["ring_frac"] for r in rs if r.get("ring_frac") is not None]
+        af = [r["a2a_frac"] for r in rs if r.get("a2a_frac") is not None]
         vp = [r["time_us"] / r["pred_time_us"] for r in rs if r.get("pred_time_us")]
         cq = []   # every rank of every row: the CPU its process used during the rounds / its host's quota
         for r in rs:
             cpu, q = r.get("cpu") or {}, r.get("cpus_per_host")
             cq += [c / q for c in cpu.get("process_cores") or [] if c is not None and q]
         stat = {}
-        for k, v in (("link_frac", lf), ("ring_frac", rf), ("vs_pred", vp), ("cpu_quota", cq)):
+        for k, v in (("link_frac", lf), ("ring_frac", rf), ("a2a_frac", af), ("vs_pred", vp), ("cpu_quota", cq)):
             stat[k], stat[k + "_min"], stat[k + "_max"] = ((float(np.median(v)), min(v), max(v)) if v
                                                            else (None, None, None))
         out.append({"config": cfg, "rate": rate, "method": m, "n": len(rs), **stat})
@@ -343,12 +350,13 @@ def summarize(rows: list[dict], min_bytes: int = 4 << 20) -> list[dict]:
 
 def _print_summary(summary: list[dict], min_bytes: int) -> None:
     print(f"# per config, rate, method: median over sizes >= {min_bytes >> 20} MiB and launches [min, max]")
+    a2a = any(d.get("a2a_frac") is not None for d in summary)
     print(f"# {'config':<6} {'rate':<8} {'method':<22} {'n':>3}  {'busbw/link':<22} {'busbw/ring pattern':<22} "
-          f"{'time/predicted':<22}")
+          + (f"{'busbw/all-to-all':<22} " if a2a else "") + f"{'time/predicted':<22}")
     f = (lambda d, k: "-" if d.get(k) is None else f"{d[k]:.3f} [{d[k + '_min']:.3f}, {d[k + '_max']:.3f}]")
     for d in summary:
         print(f"  {d['config']:<6} {d['rate'] or '-':<8} {d['method']:<22} {d['n']:>3}  {f(d, 'link_frac'):<22} "
-              f"{f(d, 'ring_frac'):<22} {f(d, 'vs_pred'):<22}")
+              f"{f(d, 'ring_frac'):<22} " + (f"{f(d, 'a2a_frac'):<22} " if a2a else "") + f"{f(d, 'vs_pred'):<22}")
 
 
 def _write_csv(path: str, rows: list[dict]) -> None:

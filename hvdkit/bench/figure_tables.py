@@ -118,16 +118,20 @@ def probe_blocks(doc: Mapping) -> list:
                          f"probed links; median rate {probe.get('link_Bps', 0) * 8 / 1e9:.3f} Gbit/s, median round "
                          f"trip {probe.get('rtt_s', 0) * 1e3:.3f} ms"))
     ring = probe.get("ring") or {}
+    a2a = probe.get("alltoall") or {}
     comp = probe.get("compute") or {}
     hosts = list(dict.fromkeys([*(ring.get("per_host_bps") or {}), *comp]))
+    rate = (lambda pat, h: "-" if h not in (pat.get("per_host_bps") or {}) else f"{pat['per_host_bps'][h] / 1e9:.3f}")
     if hosts:
-        out.append(Table(["host", "ring pattern (Gbit/s)", "compute (GFLOP/s)", "kernel"],
-                         [[h, "-" if h not in (ring.get("per_host_bps") or {}) else
-                           f"{ring['per_host_bps'][h] / 1e9:.3f}",
+        out.append(Table(["host", "ring pattern (Gbit/s)", *(["all-to-all (Gbit/s)"] if a2a else []),
+                          "compute (GFLOP/s)", "kernel"],
+                         [[h, rate(ring, h), *([rate(a2a, h)] if a2a else []),
                            f"{comp[h]['gflops']:.1f}" if h in comp else "-", comp.get(h, {}).get("kernel", "-")]
-                          for h in hosts], "lrrl",
-                         "every host sending to the next at once (ring pattern), and a matmul per host"
-                         + (f"; ring rate {ring['rate_bps'] / 1e9:.3f} Gbit/s" if ring.get("rate_bps") else "")))
+                          for h in hosts], "lrr" + ("r" if a2a else "") + "l",
+                         "every host sending to the next at once (ring pattern)"
+                         + (", every host to every other at once (all-to-all)" if a2a else "") + ", and a matmul per host"
+                         + (f"; ring rate {ring['rate_bps'] / 1e9:.3f} Gbit/s" if ring.get("rate_bps") else "")
+                         + (f", all-to-all {a2a['rate_bps'] / 1e9:.3f} Gbit/s" if a2a.get("rate_bps") else "")))
     if not pairs and not hosts:
         out.append(Heading("No probe recorded", 2))
     return out

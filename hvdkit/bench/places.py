@@ -394,6 +394,8 @@ class Place:
         source: where the hosts came from, for messages and :meth:`describe` (``--hostfile F``).
         ring_bps: the probed ring-pattern rate, bits/s (:func:`hvdkit.cluster.probe.ring_rate_bps`;
             emulated, after entering; None elsewhere).
+        a2a_bps: the probed all-to-all pattern's rate, bits/s (:func:`hvdkit.cluster.probe.alltoall_rate_bps`;
+            emulated with 3 hosts or more, after entering; None elsewhere).
     """
 
     def __init__(self, kind: str, hosts: Sequence[Host], *, hosts_arg: str = "", hostfile: str = "",
@@ -407,6 +409,7 @@ class Place:
         self._gpus: dict[str, int] = {}
         self._links: list[dict] = []
         self.ring_bps: float | None = None
+        self.a2a_bps: float | None = None
         self._cpus: float | None = None   # emulated: the CPU share per host applied (cores)
         self._choices: dict[str, Choice | None] = {}
         self._mpi: tuple[str, str] | None = None
@@ -493,6 +496,7 @@ class Place:
                             "rtt_ms": None if p.get("rtt_s") is None else p["rtt_s"] * 1e3}
                            for p in state["probe"]["pairs"]]
             self.ring_bps = probe.ring_rate_bps(state)
+            self.a2a_bps = probe.alltoall_rate_bps(state)
         self._log(f"hvdkit-bench: emulated cluster up: {spec.hosts} hosts x {spec.slots} slots, "
                   f"{spec.bandwidth_bps / 1e6:g} Mbit/s links, "
                   + (f"{self._cpus:.3g} cores per host" if self._cpus else "no CPU share per host") + (

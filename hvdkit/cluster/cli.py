@@ -126,12 +126,17 @@ def _print_status(state: dict) -> None:
               f"{'-' if quota is None else f'{quota:.3g}':>5} {_used(h):>8}")
     if state.get("link_Bps"):
         print(f"# probed: {state['link_Bps'] * 8 / 1e9:.3f} Gbit/s per link, round trip {state['rtt_s'] * 1e6:.0f} us")
-    from hvdkit.cluster.probe import KERNEL, compute_gflops, ring_rate_bps
+    from hvdkit.cluster.probe import KERNEL, alltoall_rate_bps, compute_gflops, ring_rate_bps
     if ring_rate_bps(state):
         ring = state["probe"]["ring"]
         print(f"# probed ring pattern (every host sending to its right neighbour at once): "
               f"{ring['rate_bps'] / 1e9:.3f} Gbit/s median over hosts; received "
               + ", ".join(f"{h} {r / 1e9:.3f}" for h, r in ring["per_host_bps"].items()))
+    if alltoall_rate_bps(state):
+        a2a = state["probe"]["alltoall"]
+        print(f"# probed all-to-all pattern (every host sending to every other at once): "
+              f"{a2a['rate_bps'] / 1e9:.3f} Gbit/s median over hosts; received "
+              + ", ".join(f"{h} {r / 1e9:.3f}" for h, r in a2a["per_host_bps"].items()))
     if compute_gflops(state):
         print(f"# probed compute ({KERNEL}, all hosts at once): "
               + ", ".join(f"{h} {g:.1f}" for h, g in compute_gflops(state).items()) + " GFLOP/s")

@@ -1,6 +1,6 @@
 """``hvdkit-cluster probe``: what the emulated cluster can carry and compute, measured, not assumed.
 
-Three measurements, each process of a host started through :func:`hvdkit.cluster.ssh.host_exec`
+Four measurements, each process of a host started through :func:`hvdkit.cluster.ssh.host_exec`
 (the host's network namespace and, where the cluster has CPU quotas, its CPU group), all
 plain sockets and numpy, every socket and every wait bounded:
 
@@ -15,7 +15,10 @@ plain sockets and numpy, every socket and every wait bounded:
    (``python -m hvdkit.cluster.probe ring``): the traffic of a ring allreduce's steps, so it
    includes what the hosts' CPU shares and a shared switch allow, not only each link alone.
    Each host's rate is what it received from its first byte to its last.
-3. **Compute** (:func:`measure_compute`): a fixed dense kernel, :data:`KERNEL` (numpy
+3. **The all-to-all pattern** (:func:`measure_alltoall`, 3 hosts or more): every host sends to
+   every other while receiving from all of them, one TCP stream per pair and direction: the
+   traffic of a colocated parameter server. Each host's rate is what it received in all.
+4. **Compute** (:func:`measure_compute`): a fixed dense kernel, :data:`KERNEL` (numpy
    ``float32`` matmul of 512 x 512 matrices, BLAS and OpenMP held to one thread), on every host
    at the same time (``python -m hvdkit.cluster.probe compute``), in GFLOP/s (2 n^3 per product).
 
@@ -23,8 +26,9 @@ Results (written into ``cluster.json``'s ``"probe"`` by :func:`hvdkit.cluster.co
 per pair ``src``, ``dst``, ``Bps`` (bytes/s), ``rtt_s`` (median round trip, seconds); summary
 ``link_Bps`` and ``rtt_s`` (medians over the pairs inside one switch), which
 ``hvdkit.bench.collectives --cluster-json`` reads; ``"ring": {"rate_bps", "per_host_bps",
-"min_bps", "seconds"}`` (bits/s; ``rate_bps`` the median over hosts) and ``"compute": {host:
-{"gflops", "kernel"}}``. Read them with :func:`ring_rate_bps` and :func:`compute_gflops`.
+"min_bps", "seconds"}`` (bits/s; ``rate_bps`` the median over hosts), ``"alltoall"`` (the same
+fields; None below 3 hosts) and ``"compute": {host: {"gflops", "kernel"}}``. Read them with
+:func:`ring_rate_bps`, :func:`alltoall_rate_bps` and :func:`compute_gflops`.
 
 A host whose endpoint does not start, fails or does not finish in time ends the measurement
 with one :class:`RuntimeError` line naming every such host and why.
@@ -46,12 +50,12 @@ import threading
 import time
 from typing import Callable, Sequence
 
-__all__ = ["measure", "measure_pairs", "measure_ring", "measure_compute", "run_together", "pairs", "ring_neighbours",
-           "ring_rate_bps", "compute_gflops", "ring_share", "KERNEL", "main", "build_parser"]
+__all__ = ["measure", "measure_pairs", "measure_ring", "measure_alltoall", "measure_compute", "run_together", "pairs",
+           "ring_neighbours", "ring_rate_bps", "alltoall_rate_bps", "compute_gflops", "ring_share", "KERNEL", "main", "build_parser"]
 
 CHUNK = 1 << 20
 PORT = 5201
-#: the ring pattern's port (each host listens on its own address)
+#: the ring pattern's port (each host listens on its own address); the all-to-all pattern's is the next
 RING_PORT = 5202
 #: matrix order of the compute kernel
 MATMUL_N = 512
@@ -72,6 +76,15 @@ def ring_rate_bps(cluster_json: dict) -> float | None:
     was not probed, or by a probe older than the ring pattern."""
     ring = ((cluster_json or {}).get("probe") or {}).get("ring") or {}
     rate = ring.get("rate_bps")
+    return float(rate) if rate else None
+
+
+def alltoall_rate_bps(cluster_json: dict) -> float | None:
+    """The probed all-to-all pattern's rate, bits/s (:func:`measure_alltoall`; the median over
+    hosts of what each received while every host sent to every other); None when the cluster has
+    fewer than 3 hosts, was not probed, or was probed before the pattern existed."""
+    a2a = ((cluster_json or {}).get("probe") or {}).get("alltoall") or {}
+    rate = a2a.get("rate_bps")
     return float(rate) if rate else None
 
 
@@ -151,43 +164,37 @@ def _wait_go(timeout_s: float = START_TIMEOUT_S + 5) -> None:
         raise TimeoutError(f"no 'go' from the probe driver within {timeout_s:g} s")
 
 
-def _ring(address: str, right: str, port: int, seconds: float, timeout_s: float) -> dict:
-    """One host of the ring pattern: listen on ``address``; on ``go``, stream to ``right`` for
-    ``seconds`` in one thread while receiving from the left neighbour in this one. Returns the
-    bytes received, the seconds from the first received byte to the last, and the bytes sent.
+def _pattern(address: str, dests: list[str], port: int, seconds: float, timeout_s: float) -> dict:
+    """One host of a traffic pattern: listen on ``address``; on ``go``, stream to every address in
+    ``dests`` for ``seconds`` (one TCP stream and one thread each) while receiving as many
+    streams here, each in a thread of its own (the ring: one each way; all-to-all: every other
+    host). Returns the bytes received, the seconds from the first received byte (any stream)
+    to the last, and the bytes sent.
 
     Raises:
         OSError / TimeoutError: a socket failed or stalled for ``timeout_s`` seconds.
     """
     sent: dict = {}
+    got: list[tuple] = []        # per received stream: (bytes, first byte's time, last byte's time)
+    errors: list[OSError] = []
 
-    def stream() -> None:
+    def stream(dest: str) -> None:
         try:
-            with socket.create_connection((right, port), timeout=timeout_s) as c:
+            with socket.create_connection((dest, port), timeout=timeout_s) as c:
                 block, total, t_end = bytes(CHUNK), 0, time.monotonic() + seconds
                 while time.monotonic() < t_end:
                     c.sendall(block)
                     total += CHUNK
                 c.shutdown(socket.SHUT_WR)
                 c.recv(1)        # the receiver closes once it has everything: the bytes were delivered
-                sent["bytes"] = total
+                sent[dest] = total
         except OSError as e:
-            sent["error"] = f"sending to {right}:{port}: {e}"
+            errors.append(OSError(f"sending to {dest}:{port}: {e}"))
 
-    with socket.create_server((address, port)) as srv:
-        srv.settimeout(timeout_s)
-        print("ready", flush=True)
-        _wait_go()
-        sender = threading.Thread(target=stream, daemon=True)
-        sender.start()
-        try:
-            conn, _ = srv.accept()
-        except socket.timeout:
-            raise TimeoutError(f"no connection from the left neighbour within {timeout_s:g} s") from None
-        conn.settimeout(timeout_s)
+    def receive(conn) -> None:
+        buf, total, t0 = bytearray(CHUNK), 0, None
+        t1 = None
         with conn:
-            buf = bytearray(CHUNK)
-            total = 0
             try:
                 n = conn.recv_into(buf)
                 t0 = t1 = time.perf_counter()
@@ -196,16 +203,41 @@ def _ring(address: str, right: str, port: int, seconds: float, timeout_s: float)
                     t1 = time.perf_counter()
                     n = conn.recv_into(buf)
             except socket.timeout:
-                raise TimeoutError(f"the left neighbour's stream stalled for {timeout_s:g} s after "
-                                   f"{total} bytes") from None
-        sender.join(timeout_s)
-    if sender.is_alive():
-        raise TimeoutError(f"sending to {right}:{port} did not end within {timeout_s:g} s")
-    if "error" in sent:
-        raise OSError(sent["error"])
-    dt = t1 - t0
+                errors.append(TimeoutError(f"a neighbour's stream stalled for {timeout_s:g} s after {total} bytes"))
+                return
+            except OSError as e:
+                errors.append(OSError(f"receiving: {e}"))
+                return
+        got.append((total, t0, t1))
+
+    with socket.create_server((address, port)) as srv:
+        srv.settimeout(timeout_s)
+        print("ready", flush=True)
+        _wait_go()
+        threads = [threading.Thread(target=stream, args=(d,), daemon=True) for d in dests]
+        for t in threads:
+            t.start()
+        for i in range(len(dests)):
+            try:
+                conn, _ = srv.accept()
+            except socket.timeout:
+                raise TimeoutError(f"no connection from the left neighbour within {timeout_s:g} s" if len(dests) == 1
+                                   else f"{i} of {len(dests)} neighbours connected within {timeout_s:g} s") from None
+            conn.settimeout(timeout_s)
+            t = threading.Thread(target=receive, args=(conn,), daemon=True)
+            t.start()
+            threads.append(t)
+        for t in threads:
+            t.join(seconds + 2 * timeout_s)
+    if any(t.is_alive() for t in threads):
+        raise TimeoutError(f"the streams did not end within {seconds + 2 * timeout_s:g} s")
+    if errors:
+        raise errors[0]
+    total = sum(g[0] for g in got)
+    starts, ends = [g[1] for g in got if g[1] is not None], [g[2] for g in got if g[2] is not None]
+    dt = max(ends) - min(starts) if starts else 0.0
     return {"recv_bytes": total, "recv_seconds": dt, "recv_bps": total * 8 / dt if dt > 0 else 0.0,
-            "sent_bytes": sent["bytes"]}
+            "sent_bytes": sum(sent.values())}
 
 
 def _compute(seconds: float, n: int = MATMUL_N) -> dict:
@@ -363,6 +395,20 @@ def ring_neighbours(i: int, n: int) -> tuple[int, int]:
     return (i - 1) % n, (i + 1) % n
 
 
+def _measure_pattern(hosts: list[dict], dests_of: Callable[[int], list[int]], what: str, seconds: float, port: int,
+                     stall_s: float, wrap) -> dict:
+    """Every host streams to the hosts ``dests_of(i)`` while receiving as many streams, all at once
+    (:func:`_pattern` on each); the summary of what each received."""
+    dests = {h["name"]: [hosts[j]["address"] for j in dests_of(i)] for i, h in enumerate(hosts)}
+    got = run_together(hosts, lambda h: [sys.executable, "-m", "hvdkit.cluster.probe", "pattern", h["address"],
+                                         *dests[h["name"]], "--seconds", str(seconds), "--port", str(port),
+                                         "--timeout", str(stall_s)],
+                       what, seconds + 3 * stall_s, wrap=wrap)
+    per = {h["name"]: got[h["name"]]["recv_bps"] for h in hosts}
+    return {"rate_bps": statistics.median(per.values()), "min_bps": min(per.values()), "per_host_bps": per,
+            "seconds": seconds}
+
+
 def measure_ring(hosts: list[dict], seconds: float = 1.0, *, port: int = RING_PORT, stall_s: float = 5.0,
                  wrap: Callable[[dict, list[str]], list[str]] = _host_exec) -> dict | None:
     """The ring pattern on ``hosts`` (>= 2; None for fewer): every host streams to its right
@@ -379,14 +425,26 @@ def measure_ring(hosts: list[dict], seconds: float = 1.0, *, port: int = RING_PO
     """
     if len(hosts) < 2:
         return None
-    right = {h["name"]: hosts[ring_neighbours(i, len(hosts))[1]] for i, h in enumerate(hosts)}
-    got = run_together(hosts, lambda h: [sys.executable, "-m", "hvdkit.cluster.probe", "ring", h["address"],
-                                         right[h["name"]]["address"], "--seconds", str(seconds), "--port", str(port),
-                                         "--timeout", str(stall_s)],
-                       "ring pattern", seconds + 3 * stall_s, wrap=wrap)
-    per = {h["name"]: got[h["name"]]["recv_bps"] for h in hosts}
-    return {"rate_bps": statistics.median(per.values()), "min_bps": min(per.values()), "per_host_bps": per,
-            "seconds": seconds}
+    return _measure_pattern(hosts, lambda i: [ring_neighbours(i, len(hosts))[1]], "ring pattern", seconds, port,
+                            stall_s, wrap)
+
+
+def measure_alltoall(hosts: list[dict], seconds: float = 1.0, *, port: int = RING_PORT + 1, stall_s: float = 5.0,
+                     wrap: Callable[[dict, list[str]], list[str]] = _host_exec) -> dict | None:
+    """The all-to-all pattern on ``hosts`` (>= 3; None for fewer, where it is the ring pattern):
+    every host streams to every other host for ``seconds`` (H - 1 streams out, H - 1 in, each a
+    TCP stream of its own), all at once: the traffic of a colocated parameter server's push
+    and pull (every worker to every shard), of an MPI all-to-all, and of BytePS's colocated mode.
+    On one switch it carries the same bytes per host link as the ring pattern, but through
+    H - 1 competing streams per direction (4 emulated hosts of 0.5 core: 0.180 Gbit/s against the
+    ring pattern's 0.191 at 200 Mbit/s, 0.948 against 0.947 at 1 Gbit/s;
+    benchmarks/figures/fair26/collectives_4x1.json). Same result, bounds and errors as
+    :func:`measure_ring`.
+    """
+    if len(hosts) < 3:
+        return None
+    return _measure_pattern(hosts, lambda i: [j for j in range(len(hosts)) if j != i], "all-to-all pattern", seconds,
+                            port, stall_s, wrap)
 
 
 def measure_compute(hosts: list[dict], seconds: float = 0.5, *,
@@ -453,9 +511,11 @@ def measure_pairs(hosts: list[dict], seconds: float = 2.0, pings: int = 50, log=
 def measure(hosts: list[dict], seconds: float = 2.0, pings: int = 50, log=print, *,
             ring_seconds: float | None = None, compute_seconds: float | None = None) -> dict:
     """Everything the probe measures: :func:`measure_pairs`' result plus ``"ring"``
-    (:func:`measure_ring`, ``ring_seconds``, default ``min(seconds, 1)``; None with one host) and
+    (:func:`measure_ring`, ``ring_seconds``, default ``min(seconds, 1)``; None with one host),
+    ``"alltoall"`` (:func:`measure_alltoall`, as long; None with fewer than 3 hosts) and
     ``"compute"`` (:func:`measure_compute`, ``compute_seconds``, default ``min(seconds, 0.5)``).
-    The ring and the compute kernel add about ``ring_seconds + compute_seconds`` + 1 s of start-up.
+    The patterns and the compute kernel add about ``2 ring_seconds + compute_seconds`` + 1.5 s
+    of start-up.
 
     Raises:
         RuntimeError: one line naming the pair or the hosts that failed.
@@ -464,6 +524,10 @@ def measure(hosts: list[dict], seconds: float = 2.0, pings: int = 50, log=print,
     out["ring"] = measure_ring(hosts, seconds=min(seconds, 1.0) if ring_seconds is None else ring_seconds)
     if out["ring"]:
         log(f"  ring pattern {out['ring']['rate_bps'] / 1e9:7.3f} Gbit/s (median over hosts, all sending at once)")
+    out["alltoall"] = measure_alltoall(hosts, seconds=min(seconds, 1.0) if ring_seconds is None else ring_seconds)
+    if out["alltoall"]:
+        log(f"  all-to-all pattern {out['alltoall']['rate_bps'] / 1e9:7.3f} Gbit/s (median over hosts, each sending "
+            "to every other at once)")
     out["compute"] = measure_compute(hosts, seconds=min(seconds, 0.5) if compute_seconds is None else compute_seconds)
     if out["compute"]:
         log("  compute " + ", ".join(f"{n} {c['gflops']:.1f}" for n, c in out["compute"].items()) + f" GFLOP/s ({KERNEL})")
@@ -471,7 +535,7 @@ def measure(hosts: list[dict], seconds: float = 2.0, pings: int = 50, log=print,
 
 
 def build_parser(prog: str = "python -m hvdkit.cluster.probe") -> argparse.ArgumentParser:
-    """The endpoints' flags (serve, send, ring, compute); ``prog``: the name ``--help`` shows."""
+    """The endpoints' flags (serve, send, pattern, compute); ``prog``: the name ``--help`` shows."""
     from hvdkit.cliparse import Parser
 
     p = Parser(prog=prog, description=__doc__.splitlines()[0])
@@ -482,9 +546,9 @@ def build_parser(prog: str = "python -m hvdkit.cluster.probe") -> argparse.Argum
     c.add_argument("address")
     c.add_argument("--seconds", type=float, default=2.0)
     c.add_argument("--pings", type=int, default=50)
-    r = sub.add_parser("ring")
+    r = sub.add_parser("pattern")
     r.add_argument("address", help="this host's address (listen here)")
-    r.add_argument("right", help="the right neighbour's address (send there)")
+    r.add_argument("dests", nargs="+", help="the addresses to stream to (as many streams are received here)")
     r.add_argument("--seconds", type=float, default=1.0)
     k = sub.add_parser("compute")
     k.add_argument("--seconds", type=float, default=0.5)
@@ -495,8 +559,8 @@ def build_parser(prog: str = "python -m hvdkit.cluster.probe") -> argparse.Argum
 
 
 def main(argv=None) -> int:
-    """The endpoints, run inside a host's namespace by :func:`measure_pairs`, :func:`measure_ring`
-    and :func:`measure_compute`. Bad flags: one line, status 2."""
+    """The endpoints, run inside a host's namespace by :func:`measure_pairs`, :func:`measure_ring`,
+    :func:`measure_alltoall` and :func:`measure_compute`. Bad flags: one line, status 2."""
     from hvdkit.cliparse import print_error
     from hvdkit.errors import UsageError
 
@@ -511,7 +575,7 @@ def main(argv=None) -> int:
         print(json.dumps(_send(a.address, a.port, a.seconds, a.pings, a.timeout)))
         return 0
     try:
-        out = _ring(a.address, a.right, a.port, a.seconds, a.timeout) if a.role == "ring" else _compute(a.seconds)
+        out = _pattern(a.address, a.dests, a.port, a.seconds, a.timeout) if a.role == "pattern" else _compute(a.seconds)
     except (OSError, ValueError) as e:   # one line for the driver to quote (TimeoutError is an OSError)
         print(f"{type(e).__name__}: {e}", file=sys.stderr)
         return 1

@@ -63,15 +63,20 @@ def test_racks_hosts_names_tmp_and_measured_links():
         assert set(ring) == {"h1", "h2", "h3", "h4"}, ring
         assert all(0 < ring[h] <= 1.05 * 4e8 for h in ("h2", "h4")), ring
         assert all(0 < ring[h] <= 1.05 * 1e8 for h in ("h1", "h3")), ring
+        # every host to every other at once: what each receives is capped by its host link
+        a2a = result["alltoall"]["per_host_bps"]
+        assert set(a2a) == {"h1", "h2", "h3", "h4"} and all(0 < r <= 1.05 * 4e8 for r in a2a.values()), a2a
         compute = result["compute"]
         assert set(compute) == {"h1", "h2", "h3", "h4"} and all(v["gflops"] > 0 for v in compute.values()), compute
         saved = control.load()
         assert saved["link_Bps"] == pytest.approx(result["link_Bps"]) and saved["rtt_s"] > 0
         assert probe.ring_rate_bps(saved) == pytest.approx(result["ring"]["rate_bps"])
+        assert probe.alltoall_rate_bps(saved) == pytest.approx(result["alltoall"]["rate_bps"])
         assert set(probe.compute_gflops(saved)) == {"h1", "h2", "h3", "h4"}
         status = subprocess.run([*CLI, "status"], capture_output=True, text=True, timeout=30)
         assert status.returncode == 0 and "racks:2" in status.stdout and "probed:" in status.stdout
         assert "probed ring pattern" in status.stdout and "GFLOP/s" in status.stdout, status.stdout
+        assert "probed all-to-all pattern" in status.stdout, status.stdout
     finally:
         stop_cluster()
     assert _nothing_left() == []

@@ -119,9 +119,47 @@ def test_ring_pattern_on_loopback_sends_to_the_right_neighbour():
     assert got["min_bps"] <= got["rate_bps"] <= max(got["per_host_bps"].values())
     assert got["seconds"] == 0.2
     # host i listens on its own address and streams to host i+1's (the last to the first)
-    assert {n: argv[argv.index("ring") + 1:argv.index("ring") + 3] for n, argv in seen.items()} == {
+    assert {n: argv[argv.index("pattern") + 1:argv.index("pattern") + 3] for n, argv in seen.items()} == {
         "h1": ["127.0.0.1", "127.0.0.2"], "h2": ["127.0.0.2", "127.0.0.3"], "h3": ["127.0.0.3", "127.0.0.1"]}
     assert probe.measure_ring(hosts[:1], wrap=_plain) is None     # one host: no ring
+
+
+def test_alltoall_pattern_on_loopback_streams_to_every_other_host():
+    seen = {}
+
+    def record(h, argv):
+        seen[h["name"]] = argv
+        return argv
+
+    hosts = _hosts(3)
+    got = probe.measure_alltoall(hosts, seconds=0.2, port=_free_port(), wrap=record)
+    assert set(got["per_host_bps"]) == {"h1", "h2", "h3"} and all(r > 0 for r in got["per_host_bps"].values())
+    assert got["min_bps"] <= got["rate_bps"] and got["seconds"] == 0.2
+    # host i listens on its own address and streams to both others
+    assert {n: argv[argv.index("pattern") + 1:argv.index("--seconds")] for n, argv in seen.items()} == {
+        "h1": ["127.0.0.1", "127.0.0.2", "127.0.0.3"], "h2": ["127.0.0.2", "127.0.0.1", "127.0.0.3"],
+        "h3": ["127.0.0.3", "127.0.0.1", "127.0.0.2"]}
+    assert probe.measure_alltoall(hosts[:2], wrap=_plain) is None     # two hosts: the ring pattern
+    assert probe.alltoall_rate_bps({"probe": {"alltoall": got}}) == got["rate_bps"]
+    assert probe.alltoall_rate_bps({"probe": {"ring": {"rate_bps": 1.0}}}) is None
+
+
+def test_an_alltoall_host_that_never_connects_is_named_in_bounded_time():
+    # h3's endpoint never starts streaming (it listens elsewhere, its streams refused): h1 and h2
+    # are refused by it and wait for its stream in vain; every host is named, within bounds
+    def wrap(h, argv):
+        if h["name"] == "h3":
+            argv = list(argv)
+            argv[argv.index("pattern") + 2:argv.index("--seconds")] = ["127.0.0.9", "127.0.0.9"]
+        return argv
+
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError) as e:
+        probe.measure_alltoall(_hosts(3), seconds=0.2, port=_free_port(), stall_s=1.0, wrap=wrap)
+    msg = str(e.value)
+    assert msg.startswith("probe all-to-all pattern: 3 of 3 hosts failed: h1 (") and "\n" not in msg, msg
+    assert "h3 (" in msg and "Connection refused" in msg, msg
+    assert time.monotonic() - t0 < 20
 
 
 def test_compute_kernel_runs_single_threaded_on_every_host():
@@ -154,7 +192,7 @@ def test_a_ring_neighbour_that_is_unreachable_fails_both_of_its_sides_in_bounded
     def wrap(h, argv):
         if h["name"] == "h2":
             argv = list(argv)
-            argv[argv.index("ring") + 2] = "127.0.0.9"
+            argv[argv.index("pattern") + 2] = "127.0.0.9"
         return argv
 
     t0 = time.monotonic()
