@@ -231,7 +231,8 @@ class Calibration:
         one-worker step less its network, the collective's fit at 2 hosts is split by
         :func:`~hvdkit.advise.model.split_fit` and scaled: latency by :func:`latency_steps`, wire by
         :func:`wire_factor` (a ring or colocated PS on more than 2 hosts at the probe's ring-pattern rate,
-        every host sending and receiving at once, where cluster.json has it), the CPU term of a ring and a colocated PS by the wire factor (the bytes each
+        every host sending and receiving at once, where cluster.json has it; a colocated PS at its
+        all-to-all pattern's rate where the probe measured that), the CPU term of a ring and a colocated PS by the wire factor (the bytes each
         rank copies and sums), of a dedicated PS kept (the worker's own serialisation) plus
         :func:`~hvdkit.advise.model.server_serial_time` of the W - 1 other pushes; ``share``:
         :func:`~hvdkit.advise.model.cpu_share` of the job (the fit's: 2 ranks). Asynchronous rows
@@ -265,8 +266,10 @@ class Calibration:
         cal_workers = self.hosts - 1 if comm == "ps" else self.hosts
         parts = split_fit(a, b, n, wire_factor(comm, cal_workers, 1) * wf, ln.link_Bps)
         asynchronous = row.staleness != 0
-        # every host sends and receives at once: the probe's ring-pattern rate where it measured one
-        ring = ln.link_Bps / ln.ring_Bps if ln.ring_Bps and workers > 2 else 1.0
+        # every host sends and receives at once: the probe's rate of the row's pattern where it measured
+        # one (a colocated PS: every worker to every shard, the all-to-all pattern; else the ring's)
+        pattern_Bps = ln.a2a_Bps if comm == "colocated" and ln.a2a_Bps else ln.ring_Bps
+        ring = ln.link_Bps / pattern_Bps if pattern_Bps and workers > 2 else 1.0
         if comm == "ps":
             w_eff = 1 if asynchronous else workers
             wire = parts["wire"] * wire_factor("ps", w_eff, k) / wire_factor("ps", 1, 1)

@@ -71,6 +71,8 @@ class Link:
     Attributes:
         rate: label (``"1gbit"``). link_Bps: median probed TCP rate of a link, bytes/s. rtt_s: round trip, s.
         ring_Bps: the probe's ring pattern (every host to its right neighbour at once), bytes/s, or None.
+        a2a_Bps: the probe's all-to-all pattern (every host to every other at once), bytes/s, or None
+            (fewer than 3 hosts, or probed before the pattern existed).
         cpus_per_host: the CPU quota of each emulated host in cores (None: no quota, the hosts share
             the machine's cores). cores: the cores of the machine every host shares (an emulated cluster
             without quotas; None: real hosts, or unknown). slots: ranks per host.
@@ -82,6 +84,7 @@ class Link:
     cpus_per_host: float | None = None
     cores: int | None = None
     slots: int = 1
+    a2a_Bps: float | None = None
 
 
 @dataclass
@@ -211,6 +214,7 @@ def _link_from(cluster: dict | None, training: dict | None, rate: str) -> Link:
     if cluster:
         probe = cluster.get("probe") or {}
         ring = (probe.get("ring") or {}).get("rate_bps")
+        a2a = (probe.get("alltoall") or {}).get("rate_bps")
         quota = cluster.get("cpus_per_host")
         if quota is None:
             qs = [(h.get("cpu") or {}).get("quota_cores") for h in cluster.get("hosts") or []]
@@ -219,7 +223,8 @@ def _link_from(cluster: dict | None, training: dict | None, rate: str) -> Link:
         if bps:
             return Link(rate, float(bps), float(cluster.get("rtt_s") or probe.get("rtt_s") or 0.0),
                         float(ring) / 8 if ring else None, float(quota) if quota else None,
-                        int(cores) if cores else None, int((cluster.get("spec") or {}).get("slots") or 1))
+                        int(cores) if cores else None, int((cluster.get("spec") or {}).get("slots") or 1),
+                        float(a2a) / 8 if a2a else None)
     if training is None:
         raise UsageError("no probed link: give the cluster.json of the place (hvdkit-cluster probe)")
     if training.get("benchmark") != "training":
@@ -236,9 +241,10 @@ def _link_from(cluster: dict | None, training: dict | None, rate: str) -> Link:
     slots = [int(h.get("slots") or 1) for h in place.get("hosts") or []] or [1]
     quota = place.get("cpus_per_host")
     ring = ((place.get("probe") or {}).get("ring") or {}).get("rate_bps")
+    a2a = ((place.get("probe") or {}).get("alltoall") or {}).get("rate_bps")
     return Link(rate, min(x["rate_bps"] for x in links) / 8, statistics.median(rtts) if rtts else 0.0,
                 float(ring) / 8 if ring else None, float(quota) if isinstance(quota, (int, float)) else None,
-                int(cores) if cores else None, slots[0])
+                int(cores) if cores else None, slots[0], float(a2a) / 8 if a2a else None)
 
 
 def _rate_of(cluster: dict | None, training: dict, path: str) -> str:

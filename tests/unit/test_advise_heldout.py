@@ -92,14 +92,16 @@ def _suite_dir(path, three=None, quota=0.5, nominal=1e9):
     (path / "cluster.json").write_text(json.dumps({
         "spec": {"hosts": 4, "slots": 1, "bandwidth_bps": nominal}, "link_Bps": B, "rtt_s": 1e-4, "cpus_per_host": quota,
         "hosts": [{"name": f"h{i}", "cpu": {"cgroup": f"hvdc-h{i}", "quota_cores": quota}} for i in range(1, 5)],
-        "probe": {"link_Bps": B, "rtt_s": 1e-4, "ring": {"rate_bps": B * 8 * 0.95}}}))
+        "probe": {"link_Bps": B, "rtt_s": 1e-4, "ring": {"rate_bps": B * 8 * 0.95},
+                  "alltoall": {"rate_bps": B * 8 * 0.9}}}))
     return path
 
 
 def test_load_dir_reads_a_suite_directory(tmp_path):
     m = measured.load_dir(str(_suite_dir(tmp_path / "1gbit")))
     ln = m.links["1gbit"]
-    assert (ln.link_Bps, ln.cpus_per_host, ln.ring_Bps) == (B, 0.5, pytest.approx(B * 0.95))
+    assert (ln.link_Bps, ln.cpus_per_host, ln.ring_Bps, ln.a2a_Bps) == (B, 0.5, pytest.approx(B * 0.95),
+                                                                      pytest.approx(B * 0.9))
     cells = {c.key: c for c in m.cells}
     h3 = cells[("cnn", "horovod", 3, "1gbit")]
     assert (h3.step_ms, h3.min_ms, h3.max_ms, h3.rounds, h3.hosts) == (110.0, 100.0, 120.0, 3, 3)
@@ -165,8 +167,13 @@ def test_calibrated_prediction_hand_values(tmp_path):
     expect = base + a + (b * S - 2 * S / B) + server_serial_time(2, S, 2e9) / 0.5 + 2 * S / B * 3   # 0.5 core
     assert ps.step_s == pytest.approx(expect, rel=1e-3)
     assert cal.predict("cnn", "ps-sync:num_servers=2", 3, "1gbit", S) is not None   # ps2 from the one-server fit
-    cal.links["1gbit"] = replace(cal.links["1gbit"], ring_Bps=B / 2)   # the probe's ring pattern at half the link
+    cal.links["1gbit"] = replace(cal.links["1gbit"], ring_Bps=B / 2, a2a_Bps=None)   # the ring pattern at half the link
     assert cal.predict("cnn", "ring", 3, "1gbit", S).terms["wire"] == pytest.approx(2 * S / B * 4 / 3)
+    # a colocated PS's traffic is the all-to-all pattern: at its probed rate where there is one, else the ring's
+    colo = cal.predict("cnn", "ps-sync:ps_colocated=true", 3, "1gbit", S).terms["wire"]
+    cal.links["1gbit"] = replace(cal.links["1gbit"], a2a_Bps=B / 4)
+    assert cal.predict("cnn", "ps-sync:ps_colocated=true", 3, "1gbit", S).terms["wire"] == pytest.approx(2 * colo)
+    assert cal.predict("cnn", "ring", 3, "1gbit", S).terms["wire"] == pytest.approx(2 * S / B * 4 / 3)   # unchanged
     assert cal.predict("mlp", "ring", 3, "1gbit", S) is None                        # a model never measured
 
 
