@@ -130,6 +130,16 @@ def test_100MB_parameter_roundtrips_bit_exact_and_mismatched_push_is_refused(n):
     assert "big/kernel:0" in r.stdout
 
 
+def test_a_payload_on_its_way_does_not_hold_up_the_other_workers():
+    """ps_hol_check.py, 3 ranks: worker 0's payload is held back 4 s after its header; worker 1 is
+    served meanwhile (under 2 s), then both pushes are applied; every rank's verdict checked."""
+    r = launch(mpirun_cmd(3, os.path.join(os.path.dirname(__file__), "ps_hol_check.py")), timeout=120)
+    assert r.returncode == 0, r.output
+    for rank in range(3):
+        assert f"ps_hol_check rank {rank}/3: OK" in r.stdout, f"rank {rank} did not pass:\n{r.output}"
+    assert "FAIL" not in r.stdout and "worker 1 served in" in r.stdout, r.stdout
+
+
 @pytest.mark.parametrize("how", ["raise", pytest.param("exit", marks=pytest.mark.slow)])
 def test_a_failing_worker_ends_the_job(tmp_path, how):
     # worker 1 fails at its step 6, not 2: ps-async's workers do not wait for each other, and on a loaded
