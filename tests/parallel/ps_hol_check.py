@@ -8,22 +8,19 @@ pulls once. The server must serve worker 1 while worker 0's payload is still on 
 push_pull ends well before the hold does (under :data:`SERVED_WITHIN_S`; a server that receives
 one payload at a time would keep it waiting the whole hold). Then worker 0's payload arrives and
 its push is applied too: the shard ends at version 2, every worker's weights equal to
-``w0 - g1 - g0`` (lr = 1, SGD) in that order. Every rank prints
-``ps_hol_check rank R/3: OK`` or ``... FAILED`` with the failures of every rank; the exit status
-is 0 only when every rank passed. An exception ends the whole job (``run_guarded``).
+``w0 - g1 - g0`` (lr = 1, SGD) in that order. The verdict: :mod:`tests.parallel.verdict` (every
+rank prints ``ps_hol_check rank R/3: OK`` or ``FAILED``, rank 0 every rank's failures).
 """
 from __future__ import annotations
 
-import sys
 import time
 
 import numpy as np
-from mpi4py import MPI
 
-from hvdkit.comm import run_guarded
 from hvdkit.strategies.ps import rules
 from hvdkit.strategies.ps.group import PSGroup
 from hvdkit.strategies.ps.protocol import DTYPE_CODES, TAG_REQ, TAG_REQ_DATA, Header, Kind, Layout
+from tests.parallel.verdict import script
 
 N = 1000
 #: seconds worker 0 holds its payload back after its header
@@ -40,12 +37,11 @@ def _grad(worker: int) -> np.ndarray:
     return np.full(N, worker + 1, np.float32)
 
 
-def main() -> int:
-    world = MPI.COMM_WORLD
-    rank, size = world.Get_rank(), world.Get_size()
-    if size != 3:
-        print(f"ps_hol_check: needs 3 ranks, got {size}", flush=True)
-        return 2
+def check(w) -> list[str]:
+    """This rank's failures (``w``: :class:`hvdkit.comm.World` of 3 ranks)."""
+    world, rank = w.comm, w.rank
+    if w.size != 3:
+        return [f"needs 3 ranks, got {w.size}"]
     layout = Layout.of_variables([_Var()], 1)
     w0 = np.zeros(N, np.float32)
     group = PSGroup(world, layout, w0, [2], [0, 1], "async", lambda n: rules.Optimizer("sgd", 1.0, n), timeout=30)
@@ -89,14 +85,8 @@ def main() -> int:
         if got.tobytes() != want.tobytes():
             fail.append(f"worker {rank}: final weights {got[:3]}..., expected {want[:3]}...")
     group.close()
-    for f in fail:
-        print(f"ps_hol_check rank {rank}/{size} FAIL {f}", flush=True)
-    verdicts = world.allgather(len(fail))
-    ok = not any(verdicts)
-    print(f"ps_hol_check rank {rank}/{size}: OK" if ok else
-          f"ps_hol_check rank {rank}/{size}: FAILED (failures per rank {verdicts})", flush=True)
-    return 0 if ok else 1
+    return fail
 
 
 if __name__ == "__main__":
-    sys.exit(run_guarded(main))
+    script("ps_hol_check", check)

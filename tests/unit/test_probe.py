@@ -106,15 +106,18 @@ def test_ring_neighbours_refuses_bad_input(i, n):
         probe.ring_neighbours(i, n)
 
 
-def test_ring_pattern_on_loopback_sends_to_the_right_neighbour():
-    seen = {}
-
+def _recording(seen: dict):
+    """A ``wrap`` that runs each host's endpoint as it is and keeps its argv in ``seen``."""
     def record(h, argv):
         seen[h["name"]] = argv
         return argv
+    return record
 
+
+def test_ring_pattern_on_loopback_sends_to_the_right_neighbour():
+    seen = {}
     hosts = _hosts(3)
-    got = probe.measure_ring(hosts, seconds=0.2, port=_free_port(), wrap=record)
+    got = probe.measure_ring(hosts, seconds=0.2, port=_free_port(), wrap=_recording(seen))
     assert set(got["per_host_bps"]) == {"h1", "h2", "h3"} and all(r > 0 for r in got["per_host_bps"].values())
     assert got["min_bps"] <= got["rate_bps"] <= max(got["per_host_bps"].values())
     assert got["seconds"] == 0.2
@@ -126,13 +129,8 @@ def test_ring_pattern_on_loopback_sends_to_the_right_neighbour():
 
 def test_alltoall_pattern_on_loopback_streams_to_every_other_host():
     seen = {}
-
-    def record(h, argv):
-        seen[h["name"]] = argv
-        return argv
-
     hosts = _hosts(3)
-    got = probe.measure_alltoall(hosts, seconds=0.2, port=_free_port(), wrap=record)
+    got = probe.measure_alltoall(hosts, seconds=0.2, port=_free_port(), wrap=_recording(seen))
     assert set(got["per_host_bps"]) == {"h1", "h2", "h3"} and all(r > 0 for r in got["per_host_bps"].values())
     assert got["min_bps"] <= got["rate_bps"] and got["seconds"] == 0.2
     # host i listens on its own address and streams to both others
