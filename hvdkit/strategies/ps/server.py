@@ -30,11 +30,11 @@ class ServerLoop:
     :meth:`progress` handles every request that has already arrived and returns at once;
     :meth:`run` loops until every worker has sent DONE. A request's payload is received
     without blocking: the server posts its receive when the header comes and goes on with
-    the other workers' headers, so the pushes of all workers flow at once (receiving one
-    payload at a time let two servers pull from one worker while another worker's link
-    idled: the colocated PS at 3-4 hosts ran 1.5-1.7x slower than the ring, which moves the
-    same bytes; benchmarks/figures/fair26). Requests are handled in the order their payloads
-    complete; a worker has at most one request outstanding per shard. In colocated mode a server thread
+    the other workers' headers, so the pushes of all workers flow at once and a payload still
+    on its way (a slow or failing link) holds up no other worker (tests/parallel/ps_hol_check.py;
+    receiving one payload at a time, the other worker waited the whole 4 s hold). Requests are
+    handled in the order their payloads complete; a worker has at most one request
+    outstanding per shard. In colocated mode a server thread
     runs :meth:`run` (sleeping between checks) while the worker thread of the same process
     also calls :meth:`progress` whenever it waits for a reply, so a request for the local
     shard is served without a thread switch; a lock keeps the two from handling one
