@@ -265,6 +265,47 @@ class PSColocatedFp16(PSColocated):
     compression, pull, tolerance, wire_fraction = "fp16", "fp16", 1e-3, 0.5
 
 
+class MpiAlltoall(_Method):
+    """The colocated PS's traffic in plain mpi4py, without the PS: rank r owns chunk r of the
+    buffer (:func:`hvdkit.collectives.ring.chunk_bounds`); it sends every other rank that rank's
+    chunk of its buffer and receives its own chunk from all of them at once (``Isend``/``Irecv``
+    to every peer, one ``Waitall``: the push), sums them, then sends its summed chunk to every
+    other rank and receives theirs the same way (the pull). The bytes, peers and pattern of
+    ps-colocated (every rank a worker and a shard; BytePS's colocated mode, Jiang et al. OSDI
+    2020), so the two side by side separate the pattern over MPI from the PS's protocol,
+    threads and polling. An allreduce: the result is the sum, checked exactly."""
+
+    def prepare(self, n):
+        super().prepare(n)
+        from hvdkit.collectives.ring import chunk_bounds
+
+        self.bounds = chunk_bounds(n, self.size)
+        self.scratch = np.empty((self.size, int(np.diff(self.bounds).max(initial=0))), np.float32)
+
+    def _exchange(self, send_of, recv_of, tag: int) -> None:
+        r, reqs = self.rank, []
+        for p in range(self.size):
+            if p != r:
+                reqs.append(self.comm.Irecv(recv_of(p), source=p, tag=tag))
+                reqs.append(self.comm.Isend(send_of(p), dest=p, tag=tag))
+        MPI.Request.Waitall(reqs)
+
+    def run(self):
+        r, b = self.rank, self.bounds
+        k = int(b[r + 1] - b[r])
+        chunk = (lambda a, p: a[b[p]:b[p + 1]])
+        self._exchange(lambda p: chunk(self.send, p), lambda p: self.scratch[p, :k], 0x5A01)   # push
+        mine = chunk(self.recv, r)
+        np.copyto(mine, chunk(self.send, r))
+        for p in range(self.size):
+            if p != r:
+                np.add(mine, self.scratch[p, :k], out=mine)
+        self._exchange(lambda p: mine, lambda p: chunk(self.recv, p), 0x5A02)                # pull
+
+    def predict(self, nbytes, link_Bps, latency_s):
+        return costs.colocated_ps_time(nbytes, self.size, link_Bps, latency_s)
+
+
 class Memcpy(_Method):
     factor = "copy"
     needs_mpi = False
@@ -327,7 +368,7 @@ class HorovodWorld(MPIWorld):
 
 #: name -> class, in the table's order
 METHODS = {"mpi": Mpi, "mpi-pickle": MpiPickle, "horovod": Horovod, "ring": Ring, "ps": PS, "ps2": PS2,
-           "ps-colocated": PSColocated, "memcpy": Memcpy, "horovod-fp16": HorovodFp16, "ring-fp16": RingFp16,
-           "ps-fp16": PSFp16, "ps-fp16-push": PSFp16Push, "ps-colocated-fp16": PSColocatedFp16}
+           "ps-colocated": PSColocated, "mpi-a2a": MpiAlltoall, "memcpy": Memcpy, "horovod-fp16": HorovodFp16,
+           "ring-fp16": RingFp16, "ps-fp16": PSFp16, "ps-fp16-push": PSFp16Push, "ps-colocated-fp16": PSColocatedFp16}
 #: the compressed rows, left out of the default set (``--methods`` names them)
 COMPRESSED = ("horovod-fp16", "ring-fp16", "ps-fp16", "ps-fp16-push", "ps-colocated-fp16")

@@ -27,13 +27,14 @@ hard ``--timeout``. Variants (``--variants``):
 
 ==============  =====================================================================
 main            hvdkit-launch's launch (across hosts: Open MPI's ring allreduce); methods
-                mpi, horovod, ring, ps, ps2 (>= 3 ranks), ps-colocated (or ``--methods``)
+                mpi, horovod, ring, ps, ps2 (>= 3 ranks), ps-colocated, mpi-a2a (>= 3 ranks)
+                (or ``--methods``)
 ompi-ring       Open MPI's ring allreduce forced: ``--mca coll_tuned_use_dynamic_rules 1
                 --mca coll_tuned_allreduce_algorithm 4``; methods mpi, horovod
 ompi-segring    Open MPI's segmented ring (algorithm 5, 1 MiB segments); methods mpi, horovod
 yield           ompi-ring plus ``--mca mpi_yield_when_idle 1`` (waiting ranks call sched_yield
                 instead of only polling: the emulated hosts share this machine's cores);
-                methods mpi, horovod, ring
+                methods mpi, horovod, ring, ps-colocated, mpi-a2a
 ompi-default    the same methods with ``--mca coll_tuned_use_dynamic_rules 0`` (a
                 baseline for ompi-ring even when hvdkit-launch's defaults are on)
 hvd-fusion      Horovod with ring forced and ``HOROVOD_FUSION_THRESHOLD=0`` and
@@ -101,7 +102,8 @@ VARIANTS = {
     "ompi-segring": ("ompi-segring", "mpi", ("--mca", "coll_tuned_use_dynamic_rules", "1", "--mca",
                      "coll_tuned_allreduce_algorithm", "5", "--mca", "coll_tuned_allreduce_algorithm_segmentsize",
                      "1048576"), "mpi,horovod", {}),
-    "yield": ("yield", "mpi", (*_RING, "--mca", "mpi_yield_when_idle", "1"), "mpi,horovod,ring", {}),
+    "yield": ("yield", "mpi", (*_RING, "--mca", "mpi_yield_when_idle", "1"), "mpi,horovod,ring,ps-colocated,mpi-a2a",
+              {}),
     "ompi-default": ("ompi-default", "mpi", ("--mca", "coll_tuned_use_dynamic_rules", "0"), "mpi,horovod", {}),
     "hvd-fusion": ("hvd-fusion", "mpi", _RING, "horovod",
                    {"HOROVOD_FUSION_THRESHOLD": "0", "HOROVOD_CYCLE_TIME": "0.1"}),
@@ -169,7 +171,9 @@ def build_parser(prog: str = "python -m hvdkit.bench.cluster_collectives") -> ar
 def _main_methods(ranks: int, given: str) -> str:
     if given:
         return given
-    return ",".join(["mpi", "horovod", "ring", "ps"] + (["ps2"] if ranks >= 3 else []) + ["ps-colocated"])
+    # mpi-a2a at 3 ranks or more: at 2 its exchange is a ring's
+    return ",".join(["mpi", "horovod", "ring", "ps"] + (["ps2"] if ranks >= 3 else []) + ["ps-colocated"]
+                    + (["mpi-a2a"] if ranks >= 3 else []))
 
 
 def _command(variant: str, place, bench_args: list[str], extra: tuple = ()) -> list[str]:

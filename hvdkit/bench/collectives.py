@@ -23,6 +23,9 @@ ps, ps2         push + pull through K = 1 or 2 dedicated server ranks (the last 
                 SGD update (lr = 1) applied on the servers
 ps-colocated    push + pull through N shard servers, one thread per rank (BytePS-style),
                 synchronous, update applied; per rank the bytes of a ring (docs/performance.md)
+mpi-a2a         ps-colocated's traffic in plain mpi4py: each rank sums its 1/N chunk from every
+                rank (``Isend``/``Irecv`` to all peers at once), then sends it to all: the pattern
+                without the PS's protocol and threads
 memcpy          ``np.copyto`` of S bytes on each rank alone: the physical limit of one host
 horovod-fp16,   ``--compression fp16`` (:mod:`hvdkit.compression`): the same reductions with float16
 ring-fp16,      on the wire (scaled by powers of two), as the strategies run them; ps-fp16-push
@@ -68,7 +71,7 @@ writes it: ``1gbit``, ``200mbit``) with ``--link-latency SECONDS`` (alpha, defau
 rate in *bytes* per second and ``rtt_s`` its measured round trip in seconds (alpha =
 rtt_s / 2), as ``hvdkit-cluster probe`` writes. Columns then: ``pred`` (the predicted time:
 a ring for mpi, mpi-pickle, horovod and ring, :func:`~hvdkit.costs.ps_time` for ps and ps2,
-:func:`~hvdkit.costs.colocated_ps_time` for ps-colocated), ``pbusbw`` (the busbw that time
+:func:`~hvdkit.costs.colocated_ps_time` for ps-colocated and mpi-a2a), ``pbusbw`` (the busbw that time
 gives) and ``link%`` (measured busbw / link rate x 100). Without a link (one host) those
 columns are absent.
 

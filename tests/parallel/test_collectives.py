@@ -26,7 +26,8 @@ def test_every_method_is_correct_and_the_table_parses(tmp_path, n):
     assert r.returncode == 0, r.output
     assert r.stdout.strip().endswith("OK")
     rows = rows_of(r.stdout)
-    methods = {"mpi", "mpi-pickle", "horovod", "ring", "ps", "ps-colocated", "memcpy"} | ({"ps2"} if n >= 3 else set())
+    methods = {"mpi", "mpi-pickle", "horovod", "ring", "ps", "ps-colocated", "mpi-a2a", "memcpy"} | \
+        ({"ps2"} if n >= 3 else set())
     assert {row[0] for row in rows} == methods
     assert len(rows) == len(methods) * 4                     # sizes 4 B, 64 B, 1 KiB, 16 KiB (step 16, <= 64 KiB)
     for row in rows:                                         # method size count type time p25 p75 algbw busbw #wrong
