@@ -137,7 +137,24 @@ def latency_steps(comm: str, workers: int) -> int:
 
 #: the names of :meth:`Calibration.predict`'s terms in a prediction's ``limiting``
 LIMITS = {"compute": "compute", "latency": "latency (per message)", "cpu": "CPU per byte (copies, reduction, polling)",
-          "wire": "NIC bandwidth", "server": "servers (asynchronous requests)"}
+          "wire": "NIC bandwidth", "server": "servers (asynchronous requests)",
+          "transport": "MPI's all-to-all transport"}
+
+#: the collectives method whose traffic is a colocated PS's with no PS (every rank to every rank at once),
+#: measured at 3 hosts or more: the transport's all-to-all rate (:attr:`Calibration.a2a_frac`)
+A2A_METHOD = "mpi-a2a"
+
+
+def a2a_fraction(row: dict, place_ring_Bps: float | None) -> float | None:
+    """The all-to-all rate an ``mpi-a2a`` collectives row reached as a share of the ring pattern's probed
+    rate: busbw ``2 (N-1)/N x bytes / time`` (the bytes each rank sends, as a ring's; BytePS's colocated
+    mode, Jiang et al. OSDI 2020) over the row's own probe (``ring_bps``, a cluster-collectives run) or
+    else ``place_ring_Bps`` (bytes/s: the place's ring pattern, else its link); None without either."""
+    ranks, t = int(row["ranks"]), float(row["time_us"]) / 1e6
+    ring = float(row["ring_bps"]) / 8 if row.get("ring_bps") else place_ring_Bps
+    if ranks < 2 or t <= 0 or not ring:
+        return None
+    return 2 * (ranks - 1) / ranks * row["bytes"] / t / ring
 
 
 @dataclass
@@ -162,6 +179,12 @@ class Calibration:
             row without network at one worker (a ring, a colocated PS) spends beyond its compute
             (the harness's own split, ``Cell.base_ms``): the strategy's per-step copies. A floor of the
             row's communication at more workers, not added to it (:meth:`predict`).
+        a2a_frac: ``{rate: fraction}``: the transport's all-to-all rate as a share of the ring pattern's
+            probed rate (:func:`a2a_fraction`, median of the ``mpi-a2a`` rows at 3 hosts or more, the
+            default launch, the largest size measured if >= the fits' ``min_bytes``: a rate, not a
+            latency): the floor of a colocated PS's push + pull on
+            more than 2 hosts (:meth:`predict`). A pattern the 2-host collectives cannot show (one
+            peer each); measured with no PS and no training, like the probe's patterns.
     """
     fits: dict
     base: dict
@@ -173,6 +196,7 @@ class Calibration:
     notes: list = field(default_factory=list)
     points: dict = field(default_factory=dict)
     overhead: dict = field(default_factory=dict)
+    a2a_frac: dict = field(default_factory=dict)
 
     def share(self, rate: str, ranks_on_host: int, ranks: int, threads: int = 1, method: str | None = None) -> float:
         """:func:`~hvdkit.advise.model.cpu_share` of one busy thread of a job of ``ranks`` ranks of
@@ -234,7 +258,9 @@ class Calibration:
         every host sending and receiving at once, where cluster.json has it; a colocated PS at its
         all-to-all pattern's rate where the probe measured that), the CPU term of a ring and a colocated PS by the wire factor (the bytes each
         rank copies and sums), of a dedicated PS kept (the worker's own serialisation) plus
-        :func:`~hvdkit.advise.model.server_serial_time` of the W - 1 other pushes; ``share``:
+        :func:`~hvdkit.advise.model.server_serial_time` of the W - 1 other pushes; a colocated PS on
+        more than 2 hosts at least its bytes at :attr:`a2a_frac` of the ring pattern's rate where the
+        calibration has it (the excess: the ``transport`` term); ``share``:
         :func:`~hvdkit.advise.model.cpu_share` of the job (the fit's: 2 ranks). Asynchronous rows
         (ps-async, ps-ssp, ps-dcasgd): each worker's cycle is its one-worker step, unless the K servers
         are the bound: W / K requests, each the server link's time one way (pushes in and pulls out
@@ -296,6 +322,14 @@ class Calibration:
         soft = (lat + cpu) * share_fit / share
         step = compute + soft + wire
         terms = {"compute": compute, "latency": lat * share_fit / share, "cpu": cpu * share_fit / share, "wire": wire}
+        frac = self.a2a_frac.get(rate)
+        if comm == "colocated" and workers > 2 and frac and (ln.ring_Bps or ln.link_Bps):
+            # every rank sends to and receives from every other at once: at most the transport's
+            # measured all-to-all rate (benchmarks/figures/fair26/collectives_a2a_4x1.md: Open MPI's
+            # TCP transport at 0.60-0.62 of the ring pattern, the sockets' all-to-all at 0.94-0.99)
+            floor = wire_factor("colocated", workers) * n * wf / (frac * (ln.ring_Bps or ln.link_Bps))
+            terms["transport"] = max(0.0, floor - soft - wire)
+            step += terms["transport"]
         if asynchronous and comm == "ps":
             per_request = parts["wire"] / 2 + server_serial_time(1, nbytes / k, self.reduce_Bps) / share
             bound = workers / k * per_request
@@ -355,6 +389,20 @@ def calibrate(meas, hosts: int = 2, min_bytes: int = 1 << 20) -> Calibration:
     cal = Calibration(fits, {}, dict(meas.links), used, hosts,
                       fit_quota={k: v for k, v in quota.items() if k in fits},
                       points={k: tuple(sorted(v)) for k, v in every.items() if k in fits})
+    a2a: dict = {}
+    for r in meas.collectives:   # the transport's all-to-all: mpi-a2a at >= 3 hosts, largest size per run
+        if r["method"] == A2A_METHOD and (r.get("hosts") or 0) >= 3 and r.get("slots", 1) == 1 \
+                and r.get("variant", "main") == "main" and r.get("rate") in meas.links and r["bytes"] >= min_bytes:
+            a2a.setdefault((r["rate"], r["hosts"]), []).append(r)
+    fracs: dict = {}
+    for (rate, h), rs in sorted(a2a.items()):
+        top = max(r["bytes"] for r in rs)
+        ln = meas.links[rate]
+        got = [f for f in (a2a_fraction(r, ln.ring_Bps or ln.link_Bps) for r in rs if r["bytes"] == top) if f]
+        if got:
+            fracs.setdefault(rate, []).extend(got)
+            used.add(("transport", rate, A2A_METHOD, h))
+    cal.a2a_frac = {rate: float(np.median(v)) for rate, v in fracs.items()}
     raw: dict = {}
     for c in meas.cells:
         if c.workers != 1 or c.rate not in meas.links:
@@ -402,7 +450,9 @@ def calibrate(meas, hosts: int = 2, min_bytes: int = 1 << 20) -> Calibration:
 def held_out(cal: Calibration, predicted) -> bool:
     """True when no predicted configuration was used for calibration: none of ``predicted``
     (:class:`~hvdkit.advise.measured.Cell`) is a calibration cell, no calibration cell has as many
-    workers as the smallest prediction, and the collectives used ran on fewer hosts than it needs."""
+    workers as the smallest prediction, and the collectives fitted ran on fewer hosts than it needs.
+    The transport's all-to-all (``("transport", ...)`` in ``used``: ``mpi-a2a`` at 3 hosts or more)
+    is no configuration of a strategy: no PS, no model, no training step, like the probe's patterns."""
     keys = {c.key for c in predicted}
     if not keys:
         return False

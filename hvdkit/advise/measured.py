@@ -344,11 +344,30 @@ def load_files(training_path: str, collectives_path: str | None) -> Measured:
     return out
 
 
-def load(paths: list[str], collectives: str | None = None) -> Measured:
-    """Directories (:func:`load_dir`) and/or one training file with ``collectives`` (:func:`load_files`)."""
+def load(paths: list[str], collectives: str | None = None, transport: str | None = None) -> Measured:
+    """Directories (:func:`load_dir`) and/or one training file with ``collectives`` (:func:`load_files`);
+    ``transport``: a collectives document (either format) whose ``mpi-a2a`` rows at 3 hosts or more
+    measured the transport's all-to-all at the same rates (only those rows are added: its other
+    methods ran on other hosts than the 2-host fits).
+
+    Raises:
+        UsageError: a path that does not exist or read; a ``transport`` file with no ``mpi-a2a`` row at
+            3 hosts or more of a rate the other inputs measured (names the command that measures one).
+    """
     out = Measured()
     for p in paths:
         if not os.path.exists(p):
             raise UsageError(f"{p}: no such file or directory; give the --out-dir of hvdkit-bench suite or training")
         out.extend(load_dir(p) if os.path.isdir(p) else load_files(p, collectives))
+    if transport:
+        if not os.path.isfile(transport):
+            raise UsageError(f"{transport}: no such file; give the --json of hvdkit-bench cluster-collectives")
+        rows = [r for r in _collective_rows(read_json(transport), None, transport)
+                if r["method"] == "mpi-a2a" and (r.get("hosts") or 0) >= 3 and r.get("rate") in out.links]
+        if not rows:
+            raise UsageError(f"{transport}: no mpi-a2a row at 3 hosts or more at {', '.join(sorted(out.links))}; "
+                             "measure one with hvdkit-bench cluster-collectives --configs 4x1 --methods mpi-a2a "
+                             f"--rates {','.join(sorted(out.links))}")
+        out.collectives += rows
+        out.sources.append(transport)
     return out

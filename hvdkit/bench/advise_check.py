@@ -276,6 +276,10 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
                         "cluster_training --json output (default benchmarks/figures/cluster_training.json)")
     p.add_argument("--collectives", default="benchmarks/figures/cluster_collectives.json",
                    help="cluster_collectives --json output (default benchmarks/figures/cluster_collectives.json)")
+    p.add_argument("--transport", metavar="FILE",
+                   help="with DIR: a cluster-collectives --json with mpi-a2a at 3 hosts or more at the same rates "
+                        "(the transport's all-to-all, the floor of a colocated PS beyond 2 hosts; no strategy, "
+                        "so the held-out cells stay unseen)")
     p.add_argument("--calibration-hosts", type=int, default=2, metavar="H",
                    help="calibrate on the collectives measured at H hosts (default 2; H >= 3 sees as many hosts as "
                         "a predicted cell: the summary says held_out false)")
@@ -292,7 +296,9 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
     except UsageError as e:
         return print_error(prog, e)
     try:
-        md, doc = render(a.dirs, a.training, a.collectives, a.calibration_hosts)
+        if a.transport and not a.dirs:
+            raise UsageError("--transport goes with DIR (the held-out check of suite or training directories)")
+        md, doc = render(a.dirs, a.training, a.collectives, a.calibration_hosts, a.transport)
     except UsageError as e:
         print(f"hvdkit: error: {e}", file=sys.stderr)
         return 2
@@ -318,10 +324,12 @@ def rounded(obj, digits: int = 12):
     return obj
 
 
-def render(dirs: list[str], training_path: str, collectives_path: str, calibration_hosts: int = 2) -> tuple[str, dict]:
+def render(dirs: list[str], training_path: str, collectives_path: str, calibration_hosts: int = 2,
+           transport: str | None = None) -> tuple[str, dict]:
     """``(markdown, document)``: the tables (held out, in sample, published) and the ``--json``
-    document, from ``dirs`` (suite/training directories) or, without them, the two files. Runs
-    nothing; :mod:`hvdkit.bench.figures` regenerates advise_check.md through it.
+    document, from ``dirs`` (suite/training directories; ``transport``: :func:`hvdkit.advise.measured.load`'s)
+    or, without them, the two files. Runs nothing; :mod:`hvdkit.bench.figures` regenerates advise_check.md
+    through it.
 
     Raises:
         UsageError: ``calibration_hosts`` < 2, an input that does not read, or a training.json
@@ -331,7 +339,7 @@ def render(dirs: list[str], training_path: str, collectives_path: str, calibrati
     if calibration_hosts < 2:
         raise UsageError(f"--calibration-hosts {calibration_hosts}: collectives need >= 2 hosts")
     if dirs:
-        meas = measured.load(dirs)
+        meas = measured.load(dirs, transport=transport)
     else:
         docs = []
         for path in (training_path, collectives_path):
@@ -360,6 +368,7 @@ def render(dirs: list[str], training_path: str, collectives_path: str, calibrati
         md += markdown_published(pub)
     return md, {"summary": summ, "held_out": held, "measured": rows, "stats": stats, "published": pub,
                 "assumptions": ASSUMPTIONS, "inputs": list(dirs) or [training_path, collectives_path],
+                **({"transport": transport} if transport else {}),
                 "calibration": sorted(list(u) for u in cal.used)}
 
 if __name__ == "__main__":

@@ -217,7 +217,8 @@ def render(json_path: str, doc=None) -> str | None:
         from hvdkit.bench import advise_check
         ins = [_resolve(p, json_path) for p in doc["inputs"]]
         files = len(ins) == 2 and all(os.path.isfile(p) for p in ins)
-        return advise_check.render([] if files else ins, *(ins if files else ("", "")))[0]
+        tr = _resolve(doc["transport"], json_path) if doc.get("transport") else None
+        return advise_check.render([] if files else ins, *(ins if files else ("", "")), transport=tr)[0]
     g = generator_for(doc)
     if g is None:
         return None

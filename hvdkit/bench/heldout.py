@@ -135,6 +135,15 @@ def _pct(x) -> str:
 TARGETS = {"median_abs_error": 0.10, "max_abs_error": 0.25}
 
 
+def _transport(cal: Calibration) -> dict:
+    """``{rate: [hosts, ...]}`` of the transport measurements the calibration used."""
+    out: dict = {}
+    for u in sorted(cal.used):
+        if u[0] == "transport" and u[1] in cal.a2a_frac:
+            out.setdefault(u[1], []).append(u[3])
+    return out
+
+
 def markdown(rows: Sequence[dict], summ: dict, cal: Calibration, title: str = "",
              missed: Sequence[Cell] = ()) -> str:
     """The held-out table, its groups' rankings and the summary against the targets, as markdown;
@@ -143,7 +152,11 @@ def markdown(rows: Sequence[dict], summ: dict, cal: Calibration, title: str = ""
     used_t = sorted({(u[1], u[2], u[4]) for u in cal.used if u[0] == "cell"})
     out = [f"### Held-out validation{': ' + title if title else ''}", "",
            f"Calibrated on: the collectives at {cal.hosts} hosts ({', '.join(f'{m} {r}' for r, m, _ in used_c) or 'none'}) "
-           f"and {len(used_t)} one-worker training cells; predicted: {len(rows)} cells with >= "
+           f"and {len(used_t)} one-worker training cells"
+           + "".join(f"; the transport's all-to-all at {r} (mpi-a2a at {', '.join(str(h) for h in hs)} hosts, no PS "
+                     f"and no training: {cal.a2a_frac[r]:.2f} of the ring pattern's rate)"
+                     for r, hs in sorted(_transport(cal).items()))
+           + f"; predicted: {len(rows)} cells with >= "
            f"{HELD_OUT_MIN_WORKERS} workers (held_out = {str(summ['held_out']).lower()}: "
            + ("none of them seen" if summ["held_out"] else "NOT held out, the calibration saw as many hosts") + ").", "",
            "| rate | model | workers | strategy | measured ms [min-max] | predicted ms | err | inside | baseline ms | "

@@ -341,9 +341,11 @@ def test_advise_check_json_regenerates_byte_identically(tmp_path, monkeypatch):
     assert advise_check.rounded({"a": [0.1 + 0.2, 3, "x"], "b": (1 / 3,)}) == {"a": [0.3, 3, "x"], "b": [0.333333333333]}
     for name in ("advise_check.json", "advise_check_fair.json"):
         path = os.path.join(ROOT, "benchmarks", "figures", name)
-        inputs = json.loads(open(path).read())["inputs"]     # relative to the repository's root
+        doc = json.loads(open(path).read())
+        inputs = doc["inputs"]                               # relative to the repository's root
         monkeypatch.chdir(ROOT)
         argv = ["--training", inputs[0], "--collectives", inputs[1]] if len(inputs) == 2 else inputs
+        argv += ["--transport", doc["transport"]] if doc.get("transport") else []
         out = tmp_path / name
         assert advise_check.main(argv + ["--json", str(out)]) == 0
         assert out.read_bytes() == open(path, "rb").read(), f"{name} is stale: regenerate it with --json"

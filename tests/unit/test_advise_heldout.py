@@ -10,6 +10,7 @@ from hvdkit.advise.calibrate import calibrate, held_out, latency_steps, wire_fac
 from hvdkit.advise.cli import main as advise_main
 from hvdkit.advise.model import cpu_share, server_serial_time, split_fit
 from hvdkit.bench import advise_check, heldout
+from hvdkit.errors import UsageError
 
 S = 4_000_000          # gradient bytes of the fixture model
 B = 1.2e8              # probed link, bytes/s
@@ -175,6 +176,63 @@ def test_calibrated_prediction_hand_values(tmp_path):
     assert cal.predict("cnn", "ps-sync:ps_colocated=true", 3, "1gbit", S).terms["wire"] == pytest.approx(2 * colo)
     assert cal.predict("cnn", "ring", 3, "1gbit", S).terms["wire"] == pytest.approx(2 * S / B * 4 / 3)   # unchanged
     assert cal.predict("mlp", "ring", 3, "1gbit", S) is None                        # a model never measured
+
+
+def _transport_file(path, frac=0.25, ring_bps=B * 8 * 0.95):
+    """A cluster-collectives JSON: mpi-a2a on 4 hosts at 16 MiB reaching ``frac`` of its own probed ring
+    pattern, a size below 1 MiB and a yield launch (both ignored), and a 2-host ring (never fitted from it)."""
+    n, busbw = 1 << 24, frac * ring_bps / 8
+
+    def row(method, n, t, hosts=4, variant="main"):
+        return {"config": f"{hosts}x1", "hosts": hosts, "slots": 1, "ranks": hosts, "rate": "1gbit",
+                "variant": variant, "method": method, "bytes": n, "time_us": t * 1e6, "ring_bps": ring_bps}
+    rows = [row("mpi-a2a", n, 1.5 * n / busbw), row("mpi-a2a", 1 << 19, 100.0), row("mpi-a2a[yield]", n, 100.0,
+                                                                                   variant="yield"),
+            row("ring", n, 99.0, hosts=2)]
+    path.write_text(json.dumps({"meta": {"cpus_per_host": 0.5}, "rows": rows}))
+    return str(path)
+
+
+def test_a_colocated_ps_beyond_2_hosts_is_held_to_the_transports_all_to_all(tmp_path, capsys):
+    """``--transport``: mpi-a2a at 4 hosts fixes the share of the ring pattern's rate the transport's
+    all-to-all reaches (median of the largest size, the default launch); a colocated PS on more than 2
+    hosts takes at least its bytes at that rate (the excess: the ``transport`` term); the 2-host fits, the
+    other rows and 2 workers are unchanged, and the held-out cells stay unseen."""
+    d = _suite_dir(tmp_path / "fair" / "1gbit")
+    plain = calibrate(measured.load([str(d)]))
+    meas = measured.load([str(d)], transport=_transport_file(tmp_path / "a2a.json"))
+    cal = calibrate(meas)
+    assert cal.a2a_frac == {"1gbit": pytest.approx(0.25)} and cal.fits == plain.fits
+    assert ("transport", "1gbit", "mpi-a2a", 4) in cal.used
+    assert held_out(cal, [c for c in meas.cells if c.workers >= 3])
+    colo = "ps-sync:ps_colocated=true"
+    p, q = cal.predict("cnn", colo, 3, "1gbit", S), plain.predict("cnn", colo, 3, "1gbit", S)
+    floor = 4 / 3 * S / (0.25 * B * 0.95)         # its bytes at a quarter of the ring pattern's probed rate
+    assert "transport" not in q.terms
+    assert p.terms["transport"] == pytest.approx(floor - (q.step_s - q.compute_s))
+    assert p.step_s == pytest.approx(q.compute_s + floor) and p.step_s > q.step_s
+    for v, w in (("ring", 3), ("horovod", 3), (colo, 2)):
+        assert cal.predict("cnn", v, w, "1gbit", S).step_s == plain.predict("cnn", v, w, "1gbit", S).step_s
+    small = json.loads((tmp_path / "a2a.json").read_text())
+    small["rows"] = [r for r in small["rows"] if r["bytes"] < 1 << 24]   # 1 MiB and less: latency, not a rate
+    (tmp_path / "small.json").write_text(json.dumps(small))
+    assert calibrate(measured.load([str(d)], transport=str(tmp_path / "small.json"))).a2a_frac == {}
+    cal.a2a_frac["1gbit"] = 100.0                  # a transport faster than the fitted collective: no floor
+    assert cal.predict("cnn", colo, 3, "1gbit", S).step_s == pytest.approx(q.step_s)
+    # the advise check records the file and names it in the calibration line
+    out = tmp_path / "check.json"
+    assert advise_check.main([str(tmp_path / "fair"), "--transport", str(tmp_path / "a2a.json"), "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["transport"] == str(tmp_path / "a2a.json") and doc["summary"]["held_out"] is True
+    assert "the transport's all-to-all at 1gbit (mpi-a2a at 4 hosts" in capsys.readouterr().out
+    # a file without mpi-a2a at >= 3 hosts, or --transport without DIR: one line, status 2
+    (tmp_path / "none.json").write_text(json.dumps({"rows": [{"method": "ring", "hosts": 2, "ranks": 2, "rate": "1gbit",
+                                                               "bytes": 1, "time_us": 1.0}]}))
+    with pytest.raises(UsageError, match="no mpi-a2a row at 3 hosts or more at 1gbit; measure one with"):
+        measured.load([str(d)], transport=str(tmp_path / "none.json"))
+    assert advise_check.main(["--transport", str(tmp_path / "a2a.json")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--transport goes with DIR" in err
 
 
 def test_baseline_is_compute_plus_bytes_over_rate():
