@@ -263,8 +263,11 @@ class Calibration:
         calibration has it (the excess: the ``transport`` term); ``share``:
         :func:`~hvdkit.advise.model.cpu_share` of the job (the fit's: 2 ranks). Asynchronous rows
         (ps-async, ps-ssp, ps-dcasgd): each worker's cycle is its one-worker step, unless the K servers
-        are the bound: W / K requests, each the server link's time one way (pushes in and pulls out
-        overlap on a full-duplex link, Dean et al. 2012's asynchronous servers) and the sum of one push.
+        are the bound: each takes the W requests of its shard S / K one after another (hvdkit's server
+        is one loop), each its bytes one way (pushes in and pulls out overlap on a full-duplex link,
+        Dean et al. 2012's asynchronous servers), the transport's copies (the fit's CPU term) and the
+        sum of one push: W / K times those of a request of the whole S, at the CPU share of one busy
+        rank on its host (the waiting workers sleep: :func:`hvdkit.comm.poll`).
         """
         if rate not in self.links:
             return None
@@ -331,7 +334,14 @@ class Calibration:
             terms["transport"] = max(0.0, floor - soft - wire)
             step += terms["transport"]
         if asynchronous and comm == "ps":
-            per_request = parts["wire"] / 2 + server_serial_time(1, nbytes / k, self.reduce_Bps) / share
+            # each of the K servers takes the W requests of its shard S / K one at a time (one loop): per
+            # request, its bytes one way (pushes in and pulls out overlap), the transport's copies (the
+            # fit's CPU term) and the sum; W / K times the time of a request of the whole S. While the
+            # servers are the bound the workers wait for them asleep (hvdkit.comm.poll: spin 0.2 ms, then
+            # yield and sleep), so a server has the CPU of one busy rank on its host
+            alone = self.share(rate, 1, 1)
+            per_request = parts["wire"] / 2 + parts["cpu"] * share_fit / alone \
+                + server_serial_time(1, nbytes, self.reduce_Bps) / alone
             bound = workers / k * per_request
             terms["server"] = max(0.0, bound - step)
             step = max(step, bound)

@@ -235,6 +235,27 @@ def test_a_colocated_ps_beyond_2_hosts_is_held_to_the_transports_all_to_all(tmp_
     assert err.count("\n") == 1 and "--transport goes with DIR" in err
 
 
+def test_an_asynchronous_server_serves_one_request_at_a_time(tmp_path):
+    """ps-async's servers bound the step at W / K requests, each the server link's time one way (pushes in,
+    pulls out: full duplex), the fit's CPU term (the transport's copies, which the server's one loop does
+    between its receives; fair26: without it ps-async on mlp-wide at 1 Gbit/s was 27-29% under) and the sum
+    of one push; each of K servers takes all W workers' requests for its shard, S / K, at the CPU share
+    of one busy rank (the workers wait asleep)."""
+    cal = calibrate(measured.load_dir(str(_suite_dir(tmp_path / "a"))))
+    a, b = FITS["ps"]
+    wire, cpu, add = 2 * S / B, b * S - 2 * S / B, S / 2e9 / 0.5     # one push + pull of S; the sum at 0.5 core
+    p = cal.predict("cnn", "ps-async", 8, "1gbit", S)
+    assert p.step_s == pytest.approx(8 * (wire / 2 + cpu + add), rel=1e-6) and p.limiting == "servers (asynchronous requests)"
+    two = cal.predict("cnn", "ps-async:num_servers=2", 8, "1gbit", S)
+    assert two.step_s == pytest.approx(4 * (wire / 2 + cpu + add), rel=1e-6)   # each: 8 requests of S / 2
+    assert cal.predict("cnn", "ps-async", 1, "1gbit", S).terms["server"] == 0.0       # one worker: its own cycle
+    # hosts sharing the machine's 2 cores: 9 ranks, yet the waiting workers sleep (hvdkit.comm.poll), so the
+    # server has a core of its own, as each of the 2 ranks of the fit had
+    shared = calibrate(measured.load_dir(str(_suite_dir(tmp_path / "s", quota=None))))
+    assert shared.predict("cnn", "ps-async", 8, "1gbit", S).step_s == pytest.approx(8 * (wire / 2 + cpu + S / 2e9),
+                                                                                     rel=1e-6)
+
+
 def test_baseline_is_compute_plus_bytes_over_rate():
     assert heldout.baseline_step("ring", S, 4, B, 0.01) == pytest.approx(0.01 + 1.5 * S / B)
     assert heldout.baseline_step("ps-sync", S, 4, B, 0.01) == pytest.approx(0.01 + 8 * S / B)
