@@ -182,9 +182,9 @@ class Calibration:
         a2a_frac: ``{rate: fraction}``: the transport's all-to-all rate as a share of the ring pattern's
             probed rate (:func:`a2a_fraction`, median of the ``mpi-a2a`` rows at 3 hosts or more, the
             default launch, the largest size measured if >= the fits' ``min_bytes``: a rate, not a
-            latency): the floor of a colocated PS's push + pull on
-            more than 2 hosts (:meth:`predict`). A pattern the 2-host collectives cannot show (one
-            peer each); measured with no PS and no training, like the probe's patterns.
+            latency): the floor of a colocated PS's push + pull on more than 2 hosts (:meth:`predict`).
+            A pattern the 2-host collectives cannot show (one peer each); measured with no PS and no
+            training, like the probe's patterns.
     """
     fits: dict
     base: dict
