@@ -7,9 +7,11 @@ comparisons (markdown tables, ``--json``)::
     python -m hvdkit.bench.advise_check --markdown benchmarks/figures/advise_check.md --json benchmarks/figures/advise_check.json
     hvdkit-bench advise-check /var/tmp/fair24 --json advise_check_fair.json   # suite/training dirs, one per rate
 
-0. Held out (:mod:`hvdkit.bench.heldout`): calibrated ONLY on the collectives at 2 hosts and the
-   one-worker training cells, every cell with >= 3 workers predicted (every model, variant and rate
-   present), against a naive baseline (compute + the busiest link's bytes / the probed rate). The
+0. Held out (:mod:`hvdkit.bench.heldout`): calibrated ONLY on the collectives at 2 hosts, the
+   one-worker training cells and the transport's all-to-all (``mpi-a2a`` at 3 hosts or more, in a
+   directory's collectives or ``--transport FILE``; no strategy), every cell with >= 3 workers
+   predicted (every model, variant and rate present), against a naive baseline (compute + the
+   busiest link's bytes / the probed rate). The
    ``--json`` file's ``"summary"``: ``held_out``, ``median_abs_error``, ``max_abs_error``, ``groups``,
    ``ranking_exact``, ``fastest_right``, ``inside_range``, ``points``, ``baseline`` (docs/advise.md).
    Inputs: ``DIR``... (``hvdkit-bench suite`` or ``training`` output directories: training.json,
