@@ -326,7 +326,7 @@ class Calibration:
         step = compute + soft + wire
         terms = {"compute": compute, "latency": lat * share_fit / share, "cpu": cpu * share_fit / share, "wire": wire}
         frac = self.a2a_frac.get(rate)
-        if comm == "colocated" and workers > 2 and frac and (ln.ring_Bps or ln.link_Bps):
+        if comm == "colocated" and workers > 2 and frac:
             # every rank sends to and receives from every other at once: at most the transport's
             # measured all-to-all rate (benchmarks/figures/fair26/collectives_a2a_4x1.md: Open MPI's
             # TCP transport at 0.60-0.62 of the ring pattern, the sockets' all-to-all at 0.94-0.99)
