@@ -362,9 +362,10 @@ def load(paths: list[str], collectives: str | None = None, transport: str | None
     if transport:
         if not os.path.isfile(transport):
             raise UsageError(f"{transport}: no such file; give the --json of hvdkit-bench cluster-collectives")
+        # the rows calibrate() reads as the transport (hvdkit.advise.calibrate.A2A_METHOD); the others stay
+        # out of the 2-host fits
         rows = [r for r in _collective_rows(read_json(transport), None, transport)
-                if r["method"] == "mpi-a2a" and (r.get("hosts") or 0) >= 3 and r.get("rate") in out.links]   # as
-        # calibrate() selects them (hvdkit.advise.calibrate.A2A_METHOD); the other rows stay out of the 2-host fits
+                if r["method"] == "mpi-a2a" and (r.get("hosts") or 0) >= 3 and r.get("rate") in out.links]
         if not rows:
             raise UsageError(f"{transport}: no mpi-a2a row at 3 hosts or more at {', '.join(sorted(out.links))}; "
                              "measure one with hvdkit-bench cluster-collectives --configs 4x1 --methods mpi-a2a "
