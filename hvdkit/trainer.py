@@ -152,15 +152,19 @@ def _inputs(cfg: Config, w: World, every_rank: bool = False):
     return cls, data, out_dir, loaded
 
 
-def _build(cfg: Config, w: World, cls, data: Dataset):
-    """Set-up, second part: the strategy (its own checks), the model and the optimizer."""
-    configure_threads(cfg.threads, w.local_rank, w.local_size)  # before any TensorFlow op
+def _build(cfg: Config, w: World, cls, data: Dataset, with_model: bool = True):
+    """Set-up, second part: the strategy (its own checks), the model and the optimizer (None, None
+    on a rank that builds no model: ``cls.builds_model``)."""
+    if with_model:
+        configure_threads(cfg.threads, w.local_rank, w.local_size)  # before any TensorFlow op
     strategy = cls(cfg, w)
     part = strategy.data_partition()
     n_data = strategy.num_workers
     if len(data.x_train) < n_data:
         raise UsageError(f"dataset {data.name} has {len(data.x_train)} training samples, fewer than the "
                          f"{n_data} ranks that share it; use fewer ranks or more data")
+    if not with_model:
+        return strategy, None, None, part
     with strategy.scope():
         model = build_model(cfg.model, data.input_shape, data.num_classes, seed=cfg.seed)
         optimizer = make_optimizer(cfg, strategy.lr_scale)
@@ -236,7 +240,8 @@ def prepare(cfg: Config, w: World, tl: Timeline | None = None, *, elastic: bool 
 
     In order: the checks that need no TensorFlow (strategy and model names, the data; every
     output path, on rank 0: :func:`prepare_outputs`); the strategy, the model and the optimizer
-    (learning rate ``cfg.lr * strategy.lr_scale``); with ``--resume``, the checkpoint read and
+    (learning rate ``cfg.lr * strategy.lr_scale``; neither, and no TensorFlow, on a rank for which
+    the strategy's ``builds_model`` is False: a dedicated parameter server); with ``--resume``, the checkpoint read and
     refused if this run cannot continue it (another strategy, model, dataset or optimizer, or
     :meth:`~hvdkit.strategies.base.Strategy.check_state`); ``strategy.setup`` and the restored
     state and :class:`Progress`; the :class:`Loop`: its timer records into ``tl``
@@ -270,8 +275,10 @@ def prepare(cfg: Config, w: World, tl: Timeline | None = None, *, elastic: bool 
     except Exception as e:  # noqa: BLE001 - every set-up failure is agreed on, then reported once
         err = e
     settle(err, w)  # before TensorFlow starts
-    import_tensorflow()   # its first import in this process: without TF 2.18's start-up lines (hvdkit.tfimport)
     cls, data, out_dir, loaded = inputs
+    with_model = cls.builds_model(cfg, w)   # False: a dedicated server, which never imports TensorFlow
+    if with_model:
+        import_tensorflow()   # its first import in this process: without TF 2.18's start-up lines (hvdkit.tfimport)
     out_dir = cfg.output_dir if elastic else w.comm.bcast(out_dir, root=0)   # elastic: --output-dir is required
     ckpt_path = os.path.join(out_dir, CHECKPOINT)
 
@@ -279,7 +286,7 @@ def prepare(cfg: Config, w: World, tl: Timeline | None = None, *, elastic: bool 
     deadline = StartupDeadline(w, 0 if elastic else cfg.startup_timeout,  # no silent hang
                                f"creating the {cfg.strategy} strategy")
     try:
-        built = _build(cfg, w, cls, data)
+        built = _build(cfg, w, cls, data, with_model)
         if w.is_rank0 or elastic:   # elastic: every rank, so that every rank reaches the same verdict
             check_room(cfg, w, out_dir, built[1])
         if loaded[0] is not None:   # rank 0 (elastic: every rank) with --resume: the state fits the model

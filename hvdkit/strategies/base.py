@@ -12,6 +12,10 @@ hook                        called on                    collective? guarantees
 ==========================  ===========================  ==================================================
 ``check(cfg, world)``       every rank, first set-up     local, no TensorFlow: refuse options or a world size
                             step (classmethod)           the strategy cannot run on (UsageError)
+``builds_model(cfg,         every rank, first set-up     local, no TensorFlow: whether this rank builds the
+world)`` (classmethod)      step, after ``check``        model (and so imports TensorFlow). Default True. A
+                                                         rank that builds none (a dedicated ps server) gets
+                                                         ``setup(None, None)`` and serves
 ``__init__(cfg, world)``    every rank, during set-up    no collective of ``world.comm`` (a rank that failed
                                                          earlier is already waiting in the set-up agreement);
                                                          bounded point-to-point exchanges
@@ -28,7 +32,8 @@ meta, model)``              during set-up                :class:`~hvdkit.errors.
                                                          when this run cannot restore the checkpoint (another
                                                          model or optimizer); ``setup`` has not run yet
 ``setup(model, optimizer)`` every rank, after set-up     collective over ``world.comm``: every replica starts
-                            agreed                       from rank 0's state
+                            agreed                       from rank 0's state; (None, None) where
+                                                         ``builds_model`` is False
 ``load_state(arrays)``      every rank (``--resume``)    collective over ``world.comm``; ``arrays`` are
                                                          identical on every rank. A checkpoint of another
                                                          world size is restored (the ps re-cuts its shards)
@@ -307,6 +312,14 @@ class Strategy(abc.ABC):
             UsageError: one line saying what to change.
         """
         option_values(cls.options, cfg.extra)
+
+    @classmethod
+    def builds_model(cls, cfg: Config, world: World) -> bool:
+        """Whether this rank builds the model, and so imports TensorFlow (local, no MPI, no TensorFlow;
+        the trainer asks it right after the first set-up agreement). True by default. A rank for
+        which it is False runs no TensorFlow at all: the trainer skips the model and optimizer and
+        calls ``setup(None, None)``; its ``data_partition()`` must be None (it serves)."""
+        return True
 
     # -- roles ---------------------------------------------------------------------------
     def data_partition(self) -> tuple[int, int] | None:

@@ -169,6 +169,26 @@ def test_a_hung_worker_is_detected_by_the_server(tmp_path, strategy):
     assert r.seconds < 60
 
 
+#: each rank trains through hvdkit.train's main, then says whether TensorFlow is in its process
+_TF_PER_RANK = ("import os, sys\nfrom hvdkit.train import main\nrc = main(sys.argv[1:])\n"
+                "print(f\"rank {os.environ['OMPI_COMM_WORLD_RANK']}: status {rc} "
+                "tensorflow {'tensorflow' in sys.modules}\", flush=True)")
+
+
+def test_a_dedicated_server_never_imports_tensorflow(tmp_path):
+    """ps-async with 2 workers and 2 dedicated servers (ranks 2 and 3): the servers hold shards of
+    rank 0's variable table and weights (Layout.bcast) and apply the update rules in NumPy, so
+    their processes never import TensorFlow (about 3-4 CPU s and a few hundred MB saved per
+    server); the workers train, and the run ends 0 on every rank."""
+    r = launch(mpirun_cmd(4, "-c", _TF_PER_RANK, "--strategy", "ps-async", "--num-servers", "2", "--model",
+                          "linear", "--max-steps", "5", "--epochs", "1", "--no-tensorboard", "--output-dir",
+                          str(tmp_path / "run")), timeout=180)
+    assert r.returncode == 0, r.output
+    for rank, tf in ((0, True), (1, True), (2, False), (3, False)):
+        assert f"rank {rank}: status 0 tensorflow {tf}" in r.stdout, r.output
+    assert ps_section(tmp_path / "run")["num_servers"] == 2
+
+
 def test_ps_needs_a_worker():
     r = train(0, "--strategy", "ps-sync", timeout=60)
     assert r.returncode == 2

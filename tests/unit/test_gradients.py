@@ -100,6 +100,29 @@ def test_ps_layout_dtype_carries_float64_and_holds_half_precision_in_float32():
         Layout.of_variables([_V("n:0", (2,), np.int32)], 1).dtype
 
 
+def test_a_layout_travels_as_its_table_and_a_dedicated_server_builds_no_model():
+    """What a dedicated server learns of the model (Layout.bcast: the table as JSON bytes, no pickle)
+    is the layout rank 0 built, bfloat16 and float64 names included; ``builds_model`` is False only
+    on the last ``num_servers`` ranks of a dedicated layout."""
+    from mpi4py import MPI
+
+    from hvdkit.comm import World
+    from hvdkit.config import Config
+    from hvdkit.strategies import get_strategy
+
+    lay = Layout.of_variables([_V("a:0", (3, 2), np.float32), _V("b:0", (2,), np.float64),
+                               _V("bf:0", (4,), ml_dtypes.bfloat16)], 2)
+    assert Layout.of_table(lay.table(), 2) == lay and Layout.of_table(lay.table(), 2).crc == lay.crc
+    assert Layout.bcast(lay, MPI.COMM_SELF) is lay
+    cls = get_strategy("ps-sync")
+    world = lambda rank: World(comm=None, rank=rank, size=5, local_rank=rank, local_size=5, host="h")  # noqa: E731
+    two = Config(strategy="ps-sync", extra={"num_servers": 2})
+    assert [cls.builds_model(two, world(r)) for r in range(5)] == [True, True, True, False, False]
+    colocated = Config(strategy="ps-sync", extra={"ps_colocated": True})
+    assert all(cls.builds_model(colocated, world(r)) for r in range(5))
+    assert get_strategy("horovod").builds_model(Config(), world(4))
+
+
 @pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16])
 def test_ring_reduces_half_precision_in_its_own_dtype(dtype):
     """float16/bfloat16 have no MPI datatype: the ring moves their bytes and adds them in their dtype."""

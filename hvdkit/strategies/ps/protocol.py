@@ -269,6 +269,28 @@ class Layout:
         """JSON-ready variable table: [[name, shape, dtype], ...]."""
         return [[n, list(s), d] for n, s, d in zip(self.names, self.shapes, self.dtypes)]
 
+    @classmethod
+    def of_table(cls, table: Sequence[Sequence], num_shards: int) -> "Layout":
+        """Inverse of :meth:`table` (with the shard count)."""
+        return cls(tuple(str(n) for n, _, _ in table), tuple(tuple(int(d) for d in s) for _, s, _ in table),
+                   tuple(str(d) for _, _, d in table), int(num_shards))
+
+    @classmethod
+    def bcast(cls, layout: "Layout | None", comm, root: int = 0) -> "Layout":
+        """``root``'s layout on every rank of ``comm`` (collective): its :meth:`table` as UTF-8 JSON,
+        one int64 (bytes, shards) header then the bytes, no pickle. For ranks that build no model
+        (a dedicated server): they learn the variables from the root's. ``layout`` is read on the
+        root only."""
+        head = np.zeros(2, np.int64)
+        if comm.Get_rank() == root:
+            body = json_bytes(layout.table())
+            head[:] = (body.size, layout.num_shards)
+        comm.Bcast(head, root=root)
+        if comm.Get_rank() != root:
+            body = np.empty(int(head[0]), np.uint8)
+        comm.Bcast(body, root=root)
+        return layout if comm.Get_rank() == root else cls.of_table(from_json_bytes(body), int(head[1]))
+
     @cached_property
     def crc(self) -> int:
         """CRC-32 of the variable table and shard count (the ``layout_crc`` of every request)."""

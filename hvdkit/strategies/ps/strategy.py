@@ -150,6 +150,14 @@ class PSStrategy(Strategy):
         self.client: PSClient | None = None
         self._workers_comm = None
 
+    @classmethod
+    def builds_model(cls, cfg, world) -> bool:
+        """False on a dedicated server rank (the last ``num_servers``): it holds a shard of the flat
+        vector and applies the update rules in NumPy (:mod:`~hvdkit.strategies.ps.rules`), so it
+        imports no TensorFlow; ``setup`` gives it rank 0's variable table and weights."""
+        o = cls._opts(cfg.extra)
+        return o.ps_colocated or world.rank < world.size - o.num_servers
+
     # -- roles -----------------------------------------------------------------------------
     def data_partition(self):
         return (self.worker_ranks.index(self.world.rank), len(self.worker_ranks)) if self.is_worker else None
@@ -172,8 +180,11 @@ class PSStrategy(Strategy):
 
         cfg, w = self.cfg, self.world
         self.model, self.optimizer = model, optimizer
-        self.flat_layout = Layout.of_variables(model.trainable_variables, len(self.server_ranks))
-        flat = self.flat_layout.flatten([v.numpy() for v in model.trainable_variables])
+        # a dedicated server builds no model (builds_model): it learns the variables from rank 0's
+        self.flat_layout = Layout.bcast(None if model is None else
+                                        Layout.of_variables(model.trainable_variables, len(self.server_ranks)), w.comm)
+        flat = np.empty(self.flat_layout.size, self.flat_layout.dtype) if model is None else \
+            self.flat_layout.flatten([v.numpy() for v in model.trainable_variables])
         w.comm.Bcast(flat, root=0)                                    # every replica starts from rank 0's weights
         self.flat_w, self.flat_g = flat, np.empty_like(flat)
         self._assign()
@@ -193,6 +204,8 @@ class PSStrategy(Strategy):
             self._grads_fn = make_step_functions(model, optimizer, self.loss_scale is not None)[0]
 
     def _assign(self) -> None:
+        if self.model is None:   # a dedicated server
+            return
         for v, a in zip(self.model.trainable_variables, self.flat_layout.unflatten(self.flat_w)):
             v.assign(a.astype(v.dtype.as_numpy_dtype, copy=False))  # float32 masters of float16 variables round
 
@@ -383,7 +396,7 @@ class PSStrategy(Strategy):
             if self.shard == k:
                 self.group.server.load_state_vector(vec, version, iters)
         self._assign()
-        for j, v in enumerate(self.model.non_trainable_variables):
+        for j, v in enumerate(self.model.non_trainable_variables if self.model is not None else ()):
             if f"ps/non_trainable/{j}" in arrays:  # absent from checkpoints of older versions
                 v.assign(arrays[f"ps/non_trainable/{j}"])
         self.load_loss_scale(arrays)
