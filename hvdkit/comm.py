@@ -131,6 +131,8 @@ def agree(error: BaseException | None, w: World | None = None) -> None:
     ``SystemExit(2)``. Unexpected exception types (not :class:`UsageError`, ``ValueError``,
     ``FileNotFoundError``) also get their traceback printed by the rank that raised them.
 
+    A rank that arrives early waits asleep (:func:`poll` on a nonblocking barrier), not spinning.
+
     Raises:
         SystemExit: with status 2 on every rank when any rank failed.
     """
@@ -143,6 +145,11 @@ def agree(error: BaseException | None, w: World | None = None) -> None:
             sys.stderr.flush()
         mine = (f"{type(error).__name__}: {error}" if not expected else str(error),
                 getattr(error, "exit_status", EXIT_USAGE))
+    # wait for every rank asleep (poll), not spinning in the allgather: a rank whose set-up is short
+    # (a dedicated server imports no TensorFlow) waits seconds here for the others' import, and on
+    # shared cores a spinning rank takes the core from them
+    barrier = w.comm.Ibarrier()
+    poll(barrier.Test, None, "set-up agreement")
     outcomes = w.comm.allgather(mine)  # tiny strings, set-up only; never on a training path
     failed = [(r, m) for r, m in enumerate(outcomes) if m is not None]
     if not failed:

@@ -276,10 +276,10 @@ def prepare(cfg: Config, w: World, tl: Timeline | None = None, *, elastic: bool 
         err = e
     settle(err, w)  # before TensorFlow starts
     cls, data, out_dir, loaded = inputs
+    out_dir = cfg.output_dir if elastic else w.comm.bcast(out_dir, root=0)   # elastic: --output-dir is required
     with_model = cls.builds_model(cfg, w)   # False: a dedicated server, which never imports TensorFlow
     if with_model:
         import_tensorflow()   # its first import in this process: without TF 2.18's start-up lines (hvdkit.tfimport)
-    out_dir = cfg.output_dir if elastic else w.comm.bcast(out_dir, root=0)   # elastic: --output-dir is required
     ckpt_path = os.path.join(out_dir, CHECKPOINT)
 
     err, built = None, None

@@ -24,7 +24,11 @@ time and ``python -X importtime``, 2 rounds): the failed attempt is over 0.06 s 
 mpirun, ssh and orted have the ranks running 0.6-0.8 s after it; Python, hvdkit and MPI_Init take
 0.6-0.7 s more; TensorFlow's import 3.0-3.6 s (three ranks import at once on the 2 cores); the
 strategy, model and checkpoint 0.4-0.5 s (the header); the first step and its progress line
-0.5 s. TensorFlow's import alone is most of a 4 s budget here.
+0.5 s. TensorFlow's import alone is most of a 4 s budget here. Since 2026-12-04 the server rank
+imports no TensorFlow (its set-up waits asleep for the workers'): side by side with the code before
+(3 alternations of 2 kills each, one machine, one hour), to training again took 6.4 [6.0-7.8] s
+against 8.9 [7.4-9.5] for ps-sync and 7.2 [6.1-8.2] against 8.3 [7.0-9.5] for ps-async; both
+slower than on 2026-12-01, when the code before took 5.4.
 
 Run as a script it measures these costs (``--repeats`` rounds, the cases interleaved round by
 round; median, min, max, IQR) on a cluster it brings up and removes itself::
