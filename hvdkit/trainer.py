@@ -283,7 +283,10 @@ def prepare(cfg: Config, w: World, tl: Timeline | None = None, *, elastic: bool 
     ckpt_path = os.path.join(out_dir, CHECKPOINT)
 
     err, built = None, None
-    deadline = StartupDeadline(w, 0 if elastic else cfg.startup_timeout,  # no silent hang
+    # no silent hang; none on a rank that builds no model: its start-up would be timed from before the
+    # workers' TensorFlow import and would fire first, naming the one rank that is not stuck (the
+    # model-building ranks' deadlines, rank 0's first, end the job for it)
+    deadline = StartupDeadline(w, 0 if (elastic or not with_model) else cfg.startup_timeout,
                                f"creating the {cfg.strategy} strategy")
     try:
         built = _build(cfg, w, cls, data, with_model)

@@ -7,7 +7,7 @@ import pytest
 
 from hvdkit.results import load_npz
 from hvdkit.strategies.ps.rules import ssp_staleness_bound
-from tests.conftest import launch, load_results, mpirun_cmd, train, train_many
+from tests.conftest import ROOT, launch, load_results, mpirun_cmd, train, train_many
 
 pytestmark = pytest.mark.parallel
 
@@ -187,6 +187,32 @@ def test_a_dedicated_server_never_imports_tensorflow(tmp_path):
     for rank, tf in ((0, True), (1, True), (2, False), (3, False)):
         assert f"rank {rank}: status 0 tensorflow {tf}" in r.stdout, r.output
     assert ps_section(tmp_path / "run")["num_servers"] == 2
+
+
+#: a sitecustomize that delays a process's first import of TensorFlow by SLOW_TF_S seconds
+_SLOW_TF = ("import os, sys, time\n"
+            "class _SlowTF:\n"
+            "    def find_spec(self, name, path=None, target=None):\n"
+            "        if name == 'tensorflow':\n"
+            "            sys.meta_path.remove(self)\n"
+            "            time.sleep(float(os.environ['SLOW_TF_S']))\n"
+            "        return None\n"
+            "sys.meta_path.insert(0, _SlowTF())\n")
+
+
+def test_a_dedicated_servers_start_up_is_not_timed_from_before_the_workers_import(tmp_path):
+    """Workers whose TensorFlow import takes 6 s longer than usual, ``--startup-timeout 3``: the
+    deadline of a worker starts after its import, so the job trains (status 0). A dedicated server
+    imports nothing and arms no deadline of its own: armed, it fired 5 s after its start, while the
+    workers still imported, naming itself (rank 2, the one rank that was not slow)."""
+    (tmp_path / "sitecustomize.py").write_text(_SLOW_TF)
+    r = launch(mpirun_cmd(3, "-m", "hvdkit.train", "--strategy", "ps-sync", "--model", "linear", "--max-steps", "5",
+                          "--epochs", "1", "--startup-timeout", "3", "--no-tensorboard", "--output-dir",
+                          str(tmp_path / "run")), timeout=180,
+               env={"PYTHONPATH": ROOT + os.pathsep + str(tmp_path), "SLOW_TF_S": "6"})
+    assert r.returncode == 0, r.output
+    assert "start-up did not finish" not in r.output, r.output
+    assert ps_section(tmp_path / "run")["num_servers"] == 1
 
 
 def test_ps_needs_a_worker():
