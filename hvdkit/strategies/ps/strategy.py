@@ -137,13 +137,7 @@ class PSStrategy(Strategy):
         o, n = self.opts, world.size
         self.colocated, self.timeout = o.ps_colocated, o.ps_timeout
         self.staleness, self.dc_lambda, self.dc_adaptive = o.staleness, o.dc_lambda, o.dc_adaptive
-        if self.colocated:
-            self.server_ranks = list(range(n))
-            self.worker_ranks = list(range(n))
-        else:
-            k = o.num_servers
-            self.server_ranks = list(range(n - k, n))
-            self.worker_ranks = list(range(n - k))
+        self.server_ranks, self.worker_ranks = self._roles(o, n)
         self.is_worker = world.rank in self.worker_ranks
         self.shard = self.server_ranks.index(world.rank) if world.rank in self.server_ranks else None
         self.group: PSGroup | None = None
@@ -155,8 +149,15 @@ class PSStrategy(Strategy):
         """False on a dedicated server rank (the last ``num_servers``): it holds a shard of the flat
         vector and applies the update rules in NumPy (:mod:`~hvdkit.strategies.ps.rules`), so it
         imports no TensorFlow; ``setup`` gives it rank 0's variable table and weights."""
-        o = cls._opts(cfg.extra)
-        return o.ps_colocated or world.rank < world.size - o.num_servers
+        return world.rank in cls._roles(cls._opts(cfg.extra), world.size)[1]
+
+    @staticmethod
+    def _roles(o, n: int) -> tuple[list[int], list[int]]:
+        """(server ranks, worker ranks) of a world of ``n`` at options ``o``: every rank both with
+        ``ps_colocated``, else the last ``num_servers`` ranks serve and the others work."""
+        if o.ps_colocated:
+            return list(range(n)), list(range(n))
+        return list(range(n - o.num_servers, n)), list(range(n - o.num_servers))
 
     # -- roles -----------------------------------------------------------------------------
     def data_partition(self):
