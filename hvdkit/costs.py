@@ -91,7 +91,8 @@ def ring_allreduce_time(nbytes: float, ranks: int, link_Bps: float, latency_s: f
     return 2 * (n - 1) * latency_s + 2 * (n - 1) / n * nbytes / link_Bps
 
 
-def ps_time(nbytes: float, workers: int, servers: int, link_Bps: float, latency_s: float = 0.0) -> float:
+def ps_time(nbytes: float, workers: int, servers: int, link_Bps: float, latency_s: float = 0.0,
+            serial: bool = False) -> float:
     """Seconds for one synchronous push + pull through ``servers`` dedicated server ranks.
 
     ``2 alpha + 2 max(S, W S / K) / B``: the parameters are split into K equal shards, one per
@@ -104,17 +105,27 @@ def ps_time(nbytes: float, workers: int, servers: int, link_Bps: float, latency_
     Distributed DNN Training in Heterogeneous GPU/CPU Clusters", OSDI 2020): with as much
     server bandwidth as worker bandwidth (K = W) each worker moves S per direction.
 
+    ``serial`` (``--ps-replies serial``): each server sends its W replies one after another in worker
+    order, so worker i has its weights after i x S / (K B) and its next push arrives while later pulls
+    still leave (a full-duplex link carries both): a step's bytes take ``max(2 S, (W + K) S / K) / B``
+    on the busiest link, the W pulls one after another and then the last worker's push of S (its own
+    link), instead of the two phases one after the other. Pipelining the two directions this way is
+    the overlap of transfers TicTac orders for (Hashemi et al., MLSys 2019).
+
     Args:
         nbytes: S, bytes per worker (the whole buffer), >= 0.
         workers: W, worker ranks (each on its own link), >= 1.
         servers: K, dedicated server ranks (each on its own link), >= 1.
         link_Bps: B, bytes per second, > 0.
         latency_s: alpha, seconds, >= 0 (one per phase: the push, then the pull).
+        serial: the replies one at a time (above).
 
     Raises:
         ValueError: an argument out of range.
     """
     _check(nbytes, link_Bps, latency_s, workers=workers, servers=servers)
+    if serial:
+        return 2 * latency_s + max(2 * nbytes, (workers + servers) * nbytes / servers) / link_Bps
     per_phase = max(nbytes, workers * nbytes / servers)
     return 2 * latency_s + 2 * per_phase / link_Bps
 

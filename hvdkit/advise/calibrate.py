@@ -117,13 +117,14 @@ def fitted_options(fits: dict, rows, hosts: int) -> tuple:
 # ---------------------------------------------------------------- calibration on micro-measurements
 
 
-def wire_factor(comm: str, workers: int, servers: int | None = None) -> float:
+def wire_factor(comm: str, workers: int, servers: int | None = None, serial: bool = False) -> float:
     """Bytes on the busiest link per gradient byte S of one step, from the row's traffic formula in
     :mod:`hvdkit.costs` (at S = 1 byte, B = 1 byte/s, no latency; docs/performance.md): a ring (flat, or
     hierarchical at one rank per host), a colocated PS, K dedicated servers (push + pull through the
-    server's link). One worker on a ring: 0."""
+    server's link; ``serial``: the replies one worker at a time, pulls overlapping the next pushes). One
+    worker on a ring: 0."""
     if comm == "ps":
-        return costs.ps_time(1.0, workers, servers or 1, 1.0)
+        return costs.ps_time(1.0, workers, servers or 1, 1.0, serial=serial)
     if comm == "colocated":
         return costs.colocated_ps_time(1.0, workers, 1.0)
     return costs.ring_allreduce_time(1.0, workers, 1.0)
@@ -301,7 +302,8 @@ class Calibration:
         ring = ln.link_Bps / pattern_Bps if pattern_Bps and workers > 2 else 1.0
         if comm == "ps":
             w_eff = 1 if asynchronous else workers
-            wire = parts["wire"] * wire_factor("ps", w_eff, k) / wire_factor("ps", 1, 1)
+            wire = parts["wire"] * wire_factor("ps", w_eff, k, row.serial_replies and not asynchronous) \
+                / wire_factor("ps", 1, 1)
             # the sum runs at reduce_Bps on a full core: in the fit's CPU units (at share_fit), / share_fit
             cpu = parts["cpu"] + server_serial_time(w_eff - 1, nbytes / k, self.reduce_Bps) / share_fit
             lat = parts["latency"]

@@ -208,7 +208,8 @@ def _local(nbytes: float, cl: Cluster, aggregate: bool) -> tuple[float, float]:
     return nbytes, 2 * ((g - 1) * cl.intra_latency_s + (g - 1) / g * nbytes / cl.intra_Bps)
 
 
-def ps_sync_time(nbytes: float, cl: Cluster, servers: int, aggregate: bool = False, pipelined: bool = False) -> float:
+def ps_sync_time(nbytes: float, cl: Cluster, servers: int, aggregate: bool = False, pipelined: bool = False,
+                 serial: bool = False) -> float:
     """Synchronous push + pull through K dedicated server hosts, plus the servers' sum and update.
 
     Per direction ``alpha + max(S_h, H S_h / K) / B_e`` (:func:`hvdkit.costs.ps_time`; Jiang et al.
@@ -216,10 +217,12 @@ def ps_sync_time(nbytes: float, cl: Cluster, servers: int, aggregate: bool = Fal
     local aggregation (every worker pushes), S with it; gamma: each server sums ``H S_h / K`` bytes and
     applies ``S / K`` at ``server_Bps``. ``pipelined`` (BytePS, sec. 4: tensors cut into small
     partitions that flow through the stages one after another; full-duplex links): the stages
-    overlap, so the time is the slowest stage's: ``max(local, one direction, servers)``.
+    overlap, so the time is the slowest stage's: ``max(local, one direction, servers)``. ``serial``: the
+    servers send the replies one worker at a time (hvdkit's ``ps_replies=serial``), so the pulls overlap
+    the next pushes (:func:`hvdkit.costs.ps_time`).
     """
     sh, local = _local(nbytes, cl, aggregate)
-    wire = costs.ps_time(sh, cl.hosts, servers, cl.inter_Bps, cl.inter_latency_s)
+    wire = costs.ps_time(sh, cl.hosts, servers, cl.inter_Bps, cl.inter_latency_s, serial=serial)
     server = (cl.hosts * sh + nbytes) / servers / cl.server_Bps
     if pipelined:
         return max(local, wire / 2, server)

@@ -77,6 +77,8 @@ class Priced:
         hvdkit: hvdkit can train it (recommendations name only such rows).
         busy_threads: threads of a rank that keep a core busy (the row's ``busy_threads``; Horovod's
             background thread makes 2).
+        serial_replies: a dedicated PS whose servers send the weights one worker at a time
+            (``ps_replies=serial``: :func:`hvdkit.costs.ps_time`'s ``serial``).
     """
     label: str
     comm: str
@@ -87,6 +89,7 @@ class Priced:
     fusion_bytes: int | None = None
     hvdkit: bool = True
     busy_threads: int = 1
+    serial_replies: bool = False
 
 
 def _refuse(text: str, why: str) -> NoReturn:
@@ -120,7 +123,8 @@ def priced(row: str | Variant | OwnRow, workers: int = 1) -> Priced:
     pull = push if v.opts.get("ps_pull") in (None, "fp16") else 1.0   # a ps pull in float32 is full size
     return Priced(v.label, comm, v.servers(workers) if comm == "ps" else None, v.staleness_bound,
                   bool(getattr(v.cls, "graph_allreduce", False)), wire_fraction=(push + pull) / 2,
-                  fusion_bytes=v.opts.get("fusion_bytes"), busy_threads=int(getattr(v.cls, "busy_threads", 1)))
+                  fusion_bytes=v.opts.get("fusion_bytes"), busy_threads=int(getattr(v.cls, "busy_threads", 1)),
+                  serial_replies=v.opts.get("ps_replies") == "serial")
 
 
 def parse_rows(text: str) -> list[Priced]:
@@ -205,7 +209,7 @@ def predict_variant(variant: str | Variant | OwnRow | Priced, wl: Workload, cl: 
         link = ("server NIC" if h * sh / k > sh else "worker NIC", max(sh, h * sh / k))
     else:
         pipe = row.comm == "byteps"
-        one = lambda b, c=cl: ps_sync_time(b, c, k, agg, pipe)   # noqa: E731
+        one = lambda b, c=cl: ps_sync_time(b, c, k, agg, pipe, row.serial_replies)   # noqa: E731
         link = ("server NIC" if h * sh / k > sh else "worker NIC", max(sh, h * sh / k))
     fit = dict((name, (a, b)) for name, a, b in opt.fitted).get(row.label)
     if fit:   # a measured Hockney fit replaces the formula: a + b x bytes per bucket

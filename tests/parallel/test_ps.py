@@ -46,6 +46,7 @@ def ps_section(out):
 PS_RUNS = {
     "horovod": (2, [*EXACT, "--strategy", "horovod"]),
     "ps-sync": (3, [*EXACT, "--strategy", "ps-sync"]),
+    "ps-sync-serial": (3, [*EXACT, "--strategy", "ps-sync", "--ps-replies", "serial"]),
     "ps-sync-colocated": (2, [*EXACT, "--strategy", "ps-sync", "--ps-colocated"]),
     "ps-async": (3, ["--strategy", "ps-async", "--epochs", "8"]),
     "ps-ssp": (3, ["--strategy", "ps-ssp", "--staleness", "1", "--straggler", "1:3", "--epochs", "2"]),
@@ -68,7 +69,7 @@ def ps_runs(tmp_path_factory):
 
 def test_ps_sync_equals_horovod_and_single_process_sgd(ps_runs):
     weights = {}
-    for name in ("ps-sync", "ps-sync-colocated", "horovod"):
+    for name in ("ps-sync", "ps-sync-serial", "ps-sync-colocated", "horovod"):
         res = load_results(ps_runs / name)
         assert res["final"]["steps"] == STEPS and res["num_workers"] == 2
         assert res["final"]["weights_identical_across_ranks"], res["ranks"]
@@ -78,6 +79,12 @@ def test_ps_sync_equals_horovod_and_single_process_sgd(ps_runs):
     for name in ("ps-sync", "ps-sync-colocated", "single"):
         for a, b in zip(weights[name], weights["horovod"]):
             np.testing.assert_allclose(a, b, rtol=0, atol=1e-5, err_msg=name)
+    # the replies one at a time (--ps-replies serial) change when a worker gets its weights, not
+    # which: the server sums in worker order, so the weights are the very same
+    for a, b in zip(weights["ps-sync-serial"], weights["ps-sync"]):
+        np.testing.assert_array_equal(a, b)
+    assert [s["replies"] for s in ps_section(ps_runs / "ps-sync-serial")["shards"]] == ["serial"]
+    assert [s["replies"] for s in ps_section(ps_runs / "ps-sync")["shards"]] == ["concurrent"]
     assert ps_section(ps_runs / "ps-sync")["max_staleness"] == 0
     # bytes a worker moves per step: dedicated, all S each way; colocated (N = 2), the other
     # rank's half each way, 2 (N-1)/N x S as a ring
@@ -219,6 +226,12 @@ def test_ps_needs_a_worker():
     r = train(0, "--strategy", "ps-sync", timeout=60)
     assert r.returncode == 2
     assert "needs at least 2 ranks" in r.output and "--ps-colocated" in r.output
+
+
+def test_serial_replies_are_refused_for_a_colocated_ps():
+    r = train(0, "--strategy", "ps-sync", "--ps-colocated", "--ps-replies", "serial", timeout=60)
+    assert r.returncode == 2, r.output
+    assert r.output.count("hvdkit: error:") == 1 and "--ps-replies serial is for dedicated servers" in r.output
 
 
 @pytest.mark.slow

@@ -41,6 +41,8 @@ def test_ps_sync_push_pull_servers_and_local_aggregation():
     cl = _cl(2, 4)
     # no aggregation: a host pushes 4 MB; 1 server receives 8 MB per direction: 2 * 8e6/1e8
     assert ps_sync_time(1e6, cl, 1) == pytest.approx(0.16)
+    # the replies one host at a time: the 2 pulls of 4 MB, then the last push: 12 MB at 1e8 B/s
+    assert ps_sync_time(1e6, cl, 1, serial=True) == pytest.approx(0.12)
     # BytePS: intra reduce + broadcast 2 * 3/4 * 1e6/1e10, then 2 * max(1e6, 2e6)/1e8
     assert ps_sync_time(1e6, cl, 1, aggregate=True) == pytest.approx(1.5e-4 + 0.04)
     assert ps_sync_time(1e6, cl, 1, aggregate=True, pipelined=True) == pytest.approx(0.02)   # max of the stages

@@ -168,6 +168,11 @@ def test_calibrated_prediction_hand_values(tmp_path):
     expect = base + a + (b * S - 2 * S / B) + server_serial_time(2, S, 2e9) / 0.5 + 2 * S / B * 3   # 0.5 core
     assert ps.step_s == pytest.approx(expect, rel=1e-3)
     assert cal.predict("cnn", "ps-sync:num_servers=2", 3, "1gbit", S) is not None   # ps2 from the one-server fit
+    # the replies one worker at a time: the server's link carries the 3 pulls, then the last push: 4 S, not 6 S
+    serial = cal.predict("cnn", "ps-sync:ps_replies=serial", 3, "1gbit", S)
+    assert serial.terms["wire"] == pytest.approx(ps.terms["wire"] * 4 / 6) and serial.step_s < ps.step_s
+    assert cal.predict("cnn", "ps-async:ps_replies=serial", 3, "1gbit", S).terms["wire"] == \
+        pytest.approx(cal.predict("cnn", "ps-async", 3, "1gbit", S).terms["wire"])   # one worker's own, as without
     cal.links["1gbit"] = replace(cal.links["1gbit"], ring_Bps=B / 2, a2a_Bps=None)   # the ring pattern at half the link
     assert cal.predict("cnn", "ring", 3, "1gbit", S).terms["wire"] == pytest.approx(2 * S / B * 4 / 3)
     # a colocated PS's traffic is the all-to-all pattern: at its probed rate where there is one, else the ring's

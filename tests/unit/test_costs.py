@@ -46,6 +46,17 @@ def test_ps_time_server_link_is_the_bottleneck_with_three_workers_and_one_server
     assert costs.ps_time(MB, 1, 1, GBIT) == pytest.approx(0.016)
 
 
+def test_serial_replies_overlap_the_pulls_with_the_next_pushes():
+    # W = 3, K = 1, replies one at a time: 3 pulls of S one after another, then the last worker's
+    # push of S: 4 S / B = 32 ms (+ 2 alpha), against the 6 S / B = 48 ms of the two phases
+    assert costs.ps_time(MB, 3, 1, GBIT, serial=True) == pytest.approx(0.032)
+    assert costs.ps_time(MB, 3, 1, GBIT, 1e-4, serial=True) == pytest.approx(0.0322)
+    # K = 2: (W + K) S / K = 2.5 S: 20 ms; one worker or K >= W: the worker's own 2 S, as without
+    assert costs.ps_time(MB, 3, 2, GBIT, serial=True) == pytest.approx(0.020)
+    assert costs.ps_time(MB, 1, 1, GBIT, serial=True) == costs.ps_time(MB, 1, 1, GBIT)
+    assert costs.ps_time(MB, 3, 3, GBIT, serial=True) == costs.ps_time(MB, 3, 3, GBIT)
+
+
 def test_colocated_ps_moves_what_a_ring_moves():
     # N = 4: 2 * 3/4 * S / B = 12 ms, as the ring; latency 2 alpha instead of 2 (N-1) alpha
     assert costs.colocated_ps_time(MB, 4, GBIT) == pytest.approx(0.012)

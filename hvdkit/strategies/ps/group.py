@@ -66,6 +66,7 @@ class PSGroup:
         compression, pull: the workers' :class:`~hvdkit.strategies.ps.worker.PSClient` settings
             (``"fp16"``: push float16 gradients; ``pull="fp16"``: their replies in float16 too).
             The servers need none: the wire says what each message carries.
+        replies: how a server sends the weight replies it releases together (:class:`ServerLoop`).
 
     Attributes:
         comm: the group's own communicator (a ``Dup`` of ``comm``; freed by :meth:`close`).
@@ -82,7 +83,8 @@ class PSGroup:
     def __init__(self, comm, layout: Layout, weights: np.ndarray, server_ranks: Sequence[int],
                  worker_ranks: Sequence[int], mode: str, optimizer: Callable[[int], rules.Optimizer], *,
                  timeout: float, staleness: int = 0, dc_lambda: float = 0.0, dc_adaptive: bool = False,
-                 serve_in_thread: bool = False, compression: str = "none", pull: str = "float32"):
+                 serve_in_thread: bool = False, compression: str = "none", pull: str = "float32",
+                 replies: str = "concurrent"):
         if layout.num_shards != len(server_ranks):
             raise ValueError(f"layout has {layout.num_shards} shards but {len(server_ranks)} server ranks were given")
         self.server_ranks, self.worker_ranks = list(server_ranks), list(worker_ranks)
@@ -99,7 +101,7 @@ class PSGroup:
             dc = rules.DCState(dc_lambda, dc_adaptive) if mode == "dcasgd" else None
             self.server = ShardServer(self.shard, layout, weights[sl], mode, optimizer(sl.stop - sl.start),
                                       len(self.worker_ranks), staleness=staleness, dc=dc)
-            self.loop = ServerLoop(self.comm, self.server, self.worker_ranks, timeout)
+            self.loop = ServerLoop(self.comm, self.server, self.worker_ranks, timeout, replies)
             if self.colocated or serve_in_thread:
                 self._thread = threading.Thread(target=run_guarded, name=f"ps-shard-{self.shard}", daemon=True,
                                                 args=(self.loop.run, COLOCATED_POLL_S if self.colocated else None))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
+from collections import deque
 
 import numpy as np
 
@@ -21,7 +22,10 @@ from hvdkit.strategies.ps.protocol import (DTYPE_CODES, DTYPES, FLOAT16, TAG_REP
                                            encode_payload, from_json_bytes, json_bytes)
 from hvdkit.strategies.ps.shard import Reply, ShardServer
 
-__all__ = ["ServerLoop", "serve"]
+__all__ = ["ServerLoop", "serve", "REPLIES"]
+
+#: how a server sends the weight replies released together (:class:`ServerLoop`)
+REPLIES = ("concurrent", "serial")
 
 
 class ServerLoop:
@@ -46,12 +50,26 @@ class ServerLoop:
     float16 (scaled: :func:`~hvdkit.strategies.ps.protocol.encode_payload`, encoded once per
     version) when the worker's latest PUSH or PULL asked for it (header ``reply_dtype``).
 
+    Replies (``replies``): ``"concurrent"`` starts every reply at once, so the weights of a sync step
+    share the server's link and reach every worker at the same moment, W x S / B after the barrier;
+    ``"serial"`` sends the weight replies one at a time in worker order (the next one starts when the
+    previous one's send has completed), so worker i has its weights after (i + 1) x S / B and starts
+    its next step while the others' still go out, and its next push comes in while later pulls leave
+    (a full-duplex link carries both). A sync step then takes about compute + (W + 1) S / B on the
+    server's link instead of compute + 2 W S / B (docs/performance.md; the ordering of transfers to
+    overlap them with computation is TicTac's idea, Hashemi et al., MLSys 2019). For dedicated
+    servers: a colocated PS's replies form an all-to-all, which one order would turn into incast.
+
     Args:
         comm: the PS communicator (a Dup of the world: PS traffic never mixes with other messages).
         server: the shard's state.
         worker_ranks: rank in ``comm`` of worker id i, for i in 0..W-1.
         timeout: seconds a waiting worker may wait for the others (a sync step, an SSP gate)
             before the server gives up on the missing workers as dead or hung.
+        replies: ``"concurrent"`` or ``"serial"`` (above).
+
+    Raises:
+        ValueError: ``replies`` is neither.
 
     Attributes:
         trace: a :class:`hvdkit.timeline.Timeline` (``--timeline``), or None. It gets a span
@@ -61,10 +79,16 @@ class ServerLoop:
 
     trace = None
 
-    def __init__(self, comm, server: ShardServer, worker_ranks: list[int], timeout: float):
+    def __init__(self, comm, server: ShardServer, worker_ranks: list[int], timeout: float,
+                 replies: str = "concurrent"):
         from mpi4py import MPI
 
+        if replies not in REPLIES:
+            raise ValueError(f"replies={replies!r}: one of {', '.join(REPLIES)}")
         self.comm, self.server, self.worker_ranks, self.timeout = comm, server, list(worker_ranks), timeout
+        self.serial = replies == "serial"
+        self.outbox: deque[Reply] = deque()   # serial: weight replies not started yet, in order
+        self.inflight = None                  # serial: the data send of the reply started last
         self.worker_of = {r: i for i, r in enumerate(worker_ranks)}
         self.lock = threading.Lock()
         self._hdr, self._st, self._probe_st = empty_header(), MPI.Status(), MPI.Status()
@@ -128,6 +152,8 @@ class ServerLoop:
                 if not n:
                     break
                 handled = True
+            if self.outbox:
+                self._pump()
             self._reap()
             return handled
         finally:
@@ -160,7 +186,17 @@ class ServerLoop:
             self.awake.set()
 
     def _arrived_or_paused(self) -> bool:
-        return self.arrived() or self._landed() or not self.awake.is_set()
+        return self.arrived() or self._landed() or self._next_due() or not self.awake.is_set()
+
+    def _next_due(self) -> bool:
+        """Serial replies: one is waiting and the previous one's send has completed."""
+        return bool(self.outbox) and (self.inflight is None or self.inflight.Test())
+
+    def _pump(self) -> None:
+        """Serial replies: start the next queued weight reply(ies) while no earlier one is on its way."""
+        while self.outbox and (self.inflight is None or self.inflight.Test()):
+            self.inflight = None
+            self._send_one(self.outbox.popleft())
 
     def run(self, idle_sleep: float | None = None) -> dict:
         """Serve until every worker has sent DONE; return the shard's statistics.
@@ -195,6 +231,10 @@ class ServerLoop:
             else:
                 time.sleep(idle_sleep * (20 if self.helped else 1))
         with self.lock:
+            while self.outbox:   # serial replies still to go (a worker released by the last DONE)
+                if self.inflight is not None:
+                    self.inflight.Wait()
+                self._pump()
             for r, _ in self.sends:
                 r.Wait()
             self.sends.clear()
@@ -232,28 +272,40 @@ class ServerLoop:
         self.sends.append((self.comm.Isend(h, dest=dest, tag=TAG_REP), h))
         if n:
             wire = payload.view(np.uint8) if payload.dtype == FLOAT16 else payload   # MPI has no float16
-            self.sends.append((self.comm.Isend(wire, dest=dest, tag=TAG_REP_DATA), payload))
+            req = self.comm.Isend(wire, dest=dest, tag=TAG_REP_DATA)
+            self.sends.append((req, payload))
+            return req
+        return None
 
     def _send_weights(self, replies: list[Reply]) -> None:
-        server, snap = self.server, self.snapshot
         if self.trace is not None:
             self._trace_waits(replies)
+        if self.serial:   # in worker order: a reply's weights are taken when it starts (the newest version)
+            self.outbox.extend(sorted(replies, key=lambda r: r.worker))
+            self._pump()
+            return
         for r in replies:
-            fp16 = self.reply_code[r.worker] == DTYPE_CODES[FLOAT16]   # --compression fp16, pull fp16
-            live = server.sent(r.worker, wire_bytes=2 * server.weights.size if fp16 else None)
-            if fp16:
-                snap16 = self.snapshot16
-                if snap16[1] != server.version:
-                    buf = self.pool16.pop() if self.pool16 else np.empty(live.size, FLOAT16)
-                    snap16[:] = [buf, server.version, encode_payload(live, buf)]
-                self._reply(r.worker, Kind.WEIGHTS, snap16[0], version=server.version,
-                            waited_us=int(r.waited_s * 1e6), scale=snap16[2])
-                continue
-            if snap[1] != server.version:
-                buf = self.pool.pop() if self.pool else np.empty_like(live)
-                np.copyto(buf, live)
-                snap[:] = [buf, server.version]
-            self._reply(r.worker, Kind.WEIGHTS, snap[0], version=server.version, waited_us=int(r.waited_s * 1e6))
+            self._send_one(r)
+
+    def _send_one(self, r: Reply) -> None:
+        """Send worker ``r.worker`` the shard's current weights (a snapshot of this version)."""
+        server, snap = self.server, self.snapshot
+        fp16 = self.reply_code[r.worker] == DTYPE_CODES[FLOAT16]   # --compression fp16, pull fp16
+        live = server.sent(r.worker, wire_bytes=2 * server.weights.size if fp16 else None)
+        if fp16:
+            snap16 = self.snapshot16
+            if snap16[1] != server.version:
+                buf = self.pool16.pop() if self.pool16 else np.empty(live.size, FLOAT16)
+                snap16[:] = [buf, server.version, encode_payload(live, buf)]
+            self.inflight = self._reply(r.worker, Kind.WEIGHTS, snap16[0], version=server.version,
+                                        waited_us=int(r.waited_s * 1e6), scale=snap16[2])
+            return
+        if snap[1] != server.version:
+            buf = self.pool.pop() if self.pool else np.empty_like(live)
+            np.copyto(buf, live)
+            snap[:] = [buf, server.version]
+        self.inflight = self._reply(r.worker, Kind.WEIGHTS, snap[0], version=server.version,
+                                    waited_us=int(r.waited_s * 1e6))
 
     def _reap(self) -> None:
         if not self.sends:
@@ -389,7 +441,8 @@ class ServerLoop:
             self._send_weights(server.on_idle(worker, now))
         elif h.kind == Kind.GET_STATS:
             # the serving rank's host too: a dedicated server's host appears nowhere else in results.json
-            self._reply(worker, Kind.STATS, json_bytes({**server.stats(), "host": socket.gethostname()}))
+            self._reply(worker, Kind.STATS, json_bytes({**server.stats(), "host": socket.gethostname(),
+                                                        "replies": REPLIES[self.serial]}))
         elif h.kind == Kind.GET_STATE:
             self._reply(worker, Kind.STATE, server.state_vector(), version=server.version,
                         iterations=server.optimizer.iterations)
@@ -398,7 +451,7 @@ class ServerLoop:
                                 f"from worker {worker}")
 
 
-def serve(comm, server: ShardServer, worker_ranks: list[int], timeout: float) -> dict:
+def serve(comm, server: ShardServer, worker_ranks: list[int], timeout: float, replies: str = "concurrent") -> dict:
     """Run one shard server on ``comm`` until every worker has sent DONE (see :class:`ServerLoop`).
 
     Returns:
@@ -407,4 +460,4 @@ def serve(comm, server: ShardServer, worker_ranks: list[int], timeout: float) ->
     Raises:
         TimeoutError, ProtocolError: as :meth:`ServerLoop.run`.
     """
-    return ServerLoop(comm, server, worker_ranks, timeout).run()
+    return ServerLoop(comm, server, worker_ranks, timeout, replies).run()

@@ -65,6 +65,7 @@ from hvdkit.strategies.base import COMPRESSION, NUM_SERVERS, Strategy, average_s
 from hvdkit.strategies.ps import rules
 from hvdkit.strategies.ps.group import PSGroup
 from hvdkit.strategies.ps.protocol import Layout
+from hvdkit.strategies.ps.server import REPLIES
 from hvdkit.strategies.ps.shard import resplit_states
 from hvdkit.strategies.ps.worker import PSClient
 
@@ -85,6 +86,9 @@ PS_FIELDS = (
     Option("ps_pull", str, "fp16", "with --compression fp16: the dtype of the weights a push brings back (fp16: "
            "half the bytes, the workers compute on a float16 rounding of the servers' float32 masters; float32: "
            "exact); evaluation and the final weights are always float32", _G, choices=("fp16", "float32")),
+    Option("ps_replies", str, "concurrent", "how a dedicated server sends the weights it releases together (a sync "
+           "step, an SSP gate): concurrent (all at once, sharing its link) or serial (one at a time in worker "
+           "order: the first workers compute while the rest still receive)", _G, choices=REPLIES),
 )
 
 
@@ -121,6 +125,10 @@ class PSStrategy(Strategy):
     def check(cls, cfg, world):
         super().check(cfg, world)
         o, n = option_values(cls.options, cfg.extra), world.size
+        if o.ps_colocated and o.ps_replies == "serial":
+            raise UsageError("--ps-replies serial is for dedicated servers: a colocated PS's replies form an "
+                             "all-to-all, and sent one at a time in one order every server would send to the same "
+                             "worker at once; drop --ps-replies or --ps-colocated")
         if o.ps_colocated:
             from mpi4py import MPI
 
@@ -196,7 +204,8 @@ class PSStrategy(Strategy):
                              lambda size: rules.Optimizer(cfg.optimizer, lr, size, momentum=cfg.momentum,
                                                           dtype=self.flat_layout.dtype.type),
                              timeout=self.timeout, staleness=self.staleness, dc_lambda=self.dc_lambda,
-                             dc_adaptive=self.dc_adaptive, compression=self.opts.compression, pull=self.opts.ps_pull)
+                             dc_adaptive=self.dc_adaptive, compression=self.opts.compression, pull=self.opts.ps_pull,
+                             replies=self.opts.ps_replies)
         self._workers_comm = w.comm.Split(0 if self.is_worker else MPI.UNDEFINED, w.rank)
         self.client = self.group.client
         if self.group.loop is not None:
