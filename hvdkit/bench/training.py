@@ -17,8 +17,10 @@ A variant is ``NAME[:option=value,...]`` (:mod:`hvdkit.strategies.variants`; in 
 with ``=`` and no ``:`` continues the previous variant). A cell is (variant, model, workers,
 straggler); its rank count is the strategy row's (a dedicated PS needs workers + K ranks). A cell
 needing more ranks than the place's slots is skipped and listed, not run. Every round runs every
-cell once, in a fixed order (stragglers, workers, models, variants), then the next round, so a
-burst of outside load hits all cells alike.
+cell once, then the next round, so a burst of outside load hits all cells alike; the order (stragglers,
+workers, models, variants) is reversed in every second round, so that of two variants run one after
+the other neither always runs second (ABBA: whatever a job leaves behind for the next one, or a
+drift within a round, falls on both alike).
 
 ``--measure throughput`` (default): synthetic images, 1 warm-up epoch + ``--iters`` timed epochs
 of ``--steps-per-iter`` steps; samples/s, the compute/comm/wait/data split per step, the busiest
@@ -252,10 +254,12 @@ def _row_key(r: dict) -> tuple:
 
 
 def schedule(cells: Sequence[Cell], rounds: int, done: Iterable[tuple] = ()) -> list[tuple[Cell, int]]:
-    """The jobs to run, round by round: every cell once per round in ``cells``' order, then the
-    next round; a (cell key, round) in ``done`` (``Cell.key + (round,)``) is left out."""
+    """The jobs to run, round by round: every cell once per round, in ``cells``' order in even rounds
+    and in the reverse order in odd ones (ABBA), then the next round; a (cell key, round) in ``done``
+    (``Cell.key + (round,)``) is left out."""
     done = set(done)
-    return [(c, r) for r in range(rounds) for c in cells if c.key + (r,) not in done]
+    return [(c, r) for r in range(rounds) for c in (cells if r % 2 == 0 else cells[::-1])
+            if c.key + (r,) not in done]
 
 
 def _settings_dict(s: Settings) -> dict:
