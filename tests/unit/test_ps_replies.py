@@ -89,3 +89,25 @@ def test_a_queued_reply_carries_the_weights_current_when_it_starts():
 def test_an_unknown_reply_schedule_is_refused():
     with pytest.raises(ValueError, match="replies='fifo'"):
         loop("fifo")
+
+
+@pytest.mark.parametrize("replies", ["concurrent", "serial"])
+def test_a_replaced_snapshot_is_reused_once_its_sends_are_done(replies):
+    lp, comm = loop(replies, mode="async")
+    bufs = []
+    for version in range(4):
+        lp.server.version = version
+        lp._send_weights([Reply(0, 0.0)])
+        for _, _, _, req in comm.sent:
+            req.done = True
+        lp._reap()
+        bufs.append(lp.snapshot[0])
+    assert bufs[2] is bufs[0] and bufs[3] is bufs[1]   # two buffers in turn, not one per version
+
+
+def test_advise_refuses_serial_replies_on_a_colocated_ps():
+    from hvdkit.advise.predict import priced
+    from hvdkit.errors import UsageError
+
+    with pytest.raises(UsageError, match="ps_replies=serial is for dedicated servers"):
+        priced("ps-sync:ps_colocated=true,ps_replies=serial")

@@ -52,8 +52,10 @@ class ServerLoop:
 
     Replies (``replies``): ``"concurrent"`` starts every reply at once, so the weights of a sync step
     share the server's link and reach every worker at the same moment, W x S / B after the barrier;
-    ``"serial"`` sends the weight replies one at a time in worker order (the next one starts when the
-    previous one's send has completed), so worker i has its weights after (i + 1) x S / B and starts
+    ``"serial"`` sends the weight replies one at a time, first in first out, those released together in
+    worker order (the next one starts when the previous one's send has completed; a queued reply takes
+    the weights current when it starts, and its ``waited_us`` does not count its time in the queue),
+    so worker i of a sync step has its weights after (i + 1) x S / B and starts
     its next step while the others' still go out, and its next push comes in while later pulls leave
     (a full-duplex link carries both). A sync step then takes about compute + (W + 1) S / B on the
     server's link instead of compute + 2 W S / B (docs/performance.md; the ordering of transfers to
@@ -263,7 +265,8 @@ class ServerLoop:
 
     # -- one request ---------------------------------------------------------------------------
     def _reply(self, worker: int, kind: Kind, payload: np.ndarray | None, *, version: int = 0, waited_us: int = 0,
-               iterations: int = 0, scale: int = 0) -> None:
+               iterations: int = 0, scale: int = 0):
+        """Start the header's and the payload's sends to ``worker``; return the payload's request (None: none)."""
         dest = self.worker_ranks[worker]
         n = 0 if payload is None else payload.size
         code = 1 if payload is None else DTYPE_CODES[payload.dtype]
@@ -296,16 +299,25 @@ class ServerLoop:
             snap16 = self.snapshot16
             if snap16[1] != server.version:
                 buf = self.pool16.pop() if self.pool16 else np.empty(live.size, FLOAT16)
+                self._retire(snap16[0], self.pool16)
                 snap16[:] = [buf, server.version, encode_payload(live, buf)]
             self.inflight = self._reply(r.worker, Kind.WEIGHTS, snap16[0], version=server.version,
                                         waited_us=int(r.waited_s * 1e6), scale=snap16[2])
             return
         if snap[1] != server.version:
             buf = self.pool.pop() if self.pool else np.empty_like(live)
+            self._retire(snap[0], self.pool)
             np.copyto(buf, live)
             snap[:] = [buf, server.version]
         self.inflight = self._reply(r.worker, Kind.WEIGHTS, snap[0], version=server.version,
                                     waited_us=int(r.waited_s * 1e6))
+
+    def _retire(self, old: np.ndarray | None, pool: list) -> None:
+        """A snapshot being replaced goes back to ``pool`` if no send still holds it (one that does is
+        returned by :meth:`_reap` when it completes): without this, a snapshot whose sends had all been
+        reaped while it was current was dropped, and every version allocated a new buffer."""
+        if old is not None and all(b is not old for _, b in self.sends) and all(p is not old for p in pool):
+            pool.append(old)
 
     def _reap(self) -> None:
         if not self.sends:
