@@ -51,7 +51,9 @@ happened. The cases alternate round by round.
 ``--merge A.json B.json --json OUT.json`` joins the figures of several runs (e.g. the
 ``-commit1`` cases run apart, to keep each hold of the cluster short) and summarises them again.
 Every job runs this checkout's hvdkit (``PYTHONPATH``, on every rank too); a ``cost`` job the
-checkout its ``--code`` entry names.
+checkout its ``--code`` entry names, started in that checkout's directory (``python -m`` puts the
+working directory before ``PYTHONPATH``: until 2026-12-04 every cost job ran this checkout's code,
+whatever ``--code`` said).
 """
 from __future__ import annotations
 
@@ -113,7 +115,7 @@ def cost_job(cluster, work: str, commit_every: int, code: str) -> dict:
     hostfile, out = os.path.join(work, "hosts"), os.path.join(work, "out")
     _write(hostfile, ["h1", "h2", "h3"])
     job = Job(cluster, work, hostfile, out, env={"PYTHONHASHSEED": "0", "PYTHONPATH": code},
-              flags=_flags(COST_EPOCHS, commit_every))
+              flags=_flags(COST_EPOCHS, commit_every), cwd=code)
     rc, error, per, el, steps = None, None, [], {}, []
     try:
         rc = job.finish(timeout=180)
