@@ -38,7 +38,7 @@ from hvdkit.tfimport import import_tensorflow
 from hvdkit.timeline import Timeline, gather_and_write
 from hvdkit.timing import StepTimer
 
-__all__ = ["run", "traced", "prepare", "prepare_outputs", "check_room", "change_world", "log_header", "train_epochs",
+__all__ = ["run", "traced", "prepare", "prepare_outputs", "check_room", "check_fail_at", "change_world", "log_header", "train_epochs",
            "finish", "write_timeline", "Loop", "Progress", "CHECKPOINT", "OUTPUT_FILES"]
 
 #: files rank 0 writes into the output directory (and ``CHECKPOINT`` with ``--checkpoint``)
@@ -134,6 +134,23 @@ def _weights_crc(model) -> str:
     return f"{crc:08x}"
 
 
+def check_fail_at(cfg: Config, loop_ranks: list[int]) -> None:
+    """Refuse a ``--fail-at RANK:STEP`` whose rank takes no training step (a parameter server, a tf-ps
+    task, a rank beyond the world): the failure would never happen and the run would end as if it had
+    not been asked for. ``loop_ranks``: :meth:`~hvdkit.strategies.base.Strategy.loop_ranks`.
+
+    Raises:
+        UsageError: one line naming the ranks that train.
+    """
+    fail = cfg.fail_rank_step
+    if fail is None or fail[0] in loop_ranks:
+        return
+    ranks = (f"{loop_ranks[0]}-{loop_ranks[-1]}" if len(loop_ranks) > 2 and loop_ranks[-1] - loop_ranks[0] ==
+             len(loop_ranks) - 1 else ", ".join(map(str, loop_ranks)))
+    raise UsageError(f"--fail-at {cfg.fail_at}: rank {fail[0]} takes no training step under --strategy {cfg.strategy} "
+                     f"at this world size (the ranks that train: {ranks}); name one of them")
+
+
 def _inputs(cfg: Config, w: World, every_rank: bool = False):
     """Set-up, first part: the checks that need no TensorFlow, so that bad input is refused
     within a second or two: strategy and model names, the data files, and (rank 0; every rank
@@ -143,6 +160,7 @@ def _inputs(cfg: Config, w: World, every_rank: bool = False):
     checkpoint), None and (None, None) where not checked."""
     cls = get_strategy(cfg.strategy)
     cls.check(cfg, w)
+    check_fail_at(cfg, cls.loop_ranks(cfg, w))
     check_model_name(cfg.model)
     data = load_dataset(cfg.dataset, seed=cfg.seed, eval_fraction=cfg.eval_fraction,
                         image_size=cfg.image_size, synthetic_samples=cfg.synthetic_samples,

@@ -21,6 +21,9 @@ world)`` (classmethod)      step, after ``check``        model (and so imports T
                                                          bounded point-to-point exchanges
                                                          (:func:`hvdkit.comm.exchange`) are allowed. Raise
                                                          :class:`~hvdkit.errors.UsageError` for bad input.
+``loop_ranks(cfg, world)``  every rank, first set-up     local, no TensorFlow: the ranks that will run the loop
+(classmethod)               step, after ``check``        (take steps), those whose ``data_partition()`` will not
+                                                         be None. Default every rank. ``--fail-at`` names one
 ``data_partition()``        every rank, set-up           local. (index, count) among the loop ranks, or None
 ``num_workers``,            every rank                   local. ranks computing gradients; lr multiplier
 ``lr_scale``
@@ -320,6 +323,13 @@ class Strategy(abc.ABC):
         which it is False runs no TensorFlow at all: the trainer skips the model and optimizer and
         calls ``setup(None, None)``; its ``data_partition()`` must be None (it serves)."""
         return True
+
+    @classmethod
+    def loop_ranks(cls, cfg: Config, world: World) -> list[int]:
+        """The ranks that will run the training loop at ``world``'s size (take steps; their
+        ``data_partition()`` is not None), ascending. Local, no TensorFlow, after :meth:`check`.
+        Default: every rank."""
+        return list(range(world.size))
 
     # -- roles ---------------------------------------------------------------------------
     def data_partition(self) -> tuple[int, int] | None:

@@ -124,6 +124,10 @@ class TFParameterServerStrategy(TFDistribute):
         return f"ps {rank - 1}" if rank <= self.num_servers else f"worker {rank - self.num_servers - 1}"
 
     # -- roles ---------------------------------------------------------------------------
+    @classmethod
+    def loop_ranks(cls, cfg, world):
+        return [0]   # the chief runs the loop; ps and worker tasks serve
+
     def data_partition(self):
         return (0, 1) if self.world.rank == 0 else None  # the chief feeds every step's batch
 

@@ -87,6 +87,8 @@ def test_a_rank_raising_ends_the_job_quickly(tmp_path):
     (["--dataset", "npz:/no/such.npz"], "hvdkit: error: --dataset npz:/no/such.npz: no such file"),
     (["--batch-size", "0"], "hvdkit: error: --batch-size=0 must be > 0"),
     (["--bogus"], "hvdkit: error: unrecognized arguments: --bogus"),
+    (["--strategy", "ps-sync", "--fail-at", "1:3"],   # rank 1 is the server: it takes no step (was ignored)
+     "hvdkit: error: --fail-at 1:3: rank 1 takes no training step under --strategy ps-sync at this world size"),
 ])
 def test_bad_input_gives_one_clear_line(args, message):
     r = train(2, *args, timeout=90)

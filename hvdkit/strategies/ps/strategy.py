@@ -159,6 +159,10 @@ class PSStrategy(Strategy):
         imports no TensorFlow; ``setup`` gives it rank 0's variable table and weights."""
         return world.rank in cls._roles(cls._opts(cfg.extra), world.size)[1]
 
+    @classmethod
+    def loop_ranks(cls, cfg, world):
+        return cls._roles(option_values(cls.options, cfg.extra), world.size)[1]   # the workers
+
     @staticmethod
     def _roles(o, n: int) -> tuple[list[int], list[int]]:
         """(server ranks, worker ranks) of a world of ``n`` at options ``o``: every rank both with
