@@ -119,8 +119,6 @@ def priced(row: str | Variant | OwnRow, workers: int = 1) -> Priced:
     if comm is None or v.layout not in ("replicas", "dedicated", "colocated"):
         _refuse(v.label, f"hvdkit advise has no formula for {v.name} (layout {v.layout}, traffic "
                          f"{v.traffic or 'none'}); it prices rings, dedicated and colocated parameter servers")
-    if v.opts.get("ps_replies") == "serial" and v.layout == "colocated":
-        _refuse(v.label, "ps_replies=serial is for dedicated servers; hvdkit train refuses it with ps_colocated=true")
     push = wire_itemsize(v.opts.get("compression"), 4) / 4       # float32 gradients; no such option: as is
     pull = push if v.opts.get("ps_pull") in (None, "fp16") else 1.0   # a ps pull in float32 is full size
     return Priced(v.label, comm, v.servers(workers) if comm == "ps" else None, v.staleness_bound,

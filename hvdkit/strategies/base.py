@@ -11,7 +11,9 @@ What the trainer calls, in order, and what each hook may do:
 hook                        called on                    collective? guarantees
 ==========================  ===========================  ==================================================
 ``check(cfg, world)``       every rank, first set-up     local, no TensorFlow: refuse options or a world size
-                            step (classmethod)           the strategy cannot run on (UsageError)
+                            step (classmethod)           the strategy cannot run on (UsageError); the
+                                                         options' combinations in ``check_options(opts)``
+                                                         (classmethod), which variants are checked by too
 ``builds_model(cfg,         every rank, first set-up     local, no TensorFlow: whether this rank builds the
 world)`` (classmethod)      step, after ``check``        model (and so imports TensorFlow). Default True. A
                                                          rank that builds none (a dedicated ps server) gets
@@ -314,7 +316,19 @@ class Strategy(abc.ABC):
         Raises:
             UsageError: one line saying what to change.
         """
-        option_values(cls.options, cfg.extra)
+        cls.check_options(vars(option_values(cls.options, cfg.extra)))
+
+    @classmethod
+    def check_options(cls, opts: Mapping[str, Any]) -> None:
+        """Refuse a combination of this row's options that it cannot run, each option valid alone
+        (``opts``: every option of the row by name, validated). Local, no world: :meth:`check` calls
+        it for a run, and :func:`hvdkit.strategies.variants.parse_variant` for a variant (the
+        benchmarks' cells, ``hvdkit advise``'s rows), so both refuse the same settings in the same
+        words. Default: nothing.
+
+        Raises:
+            UsageError: one line naming the options (as ``name=value`` and as flags).
+        """
 
     @classmethod
     def builds_model(cls, cfg: Config, world: World) -> bool:

@@ -138,8 +138,9 @@ def parse_variant(text: str | Variant) -> Variant:
     Raises:
         UsageError: one line starting ``variant 'TEXT': ``: an unknown strategy (the message lists
             the registered ones), an option the row does not have (lists the row's options), an
-            option given twice or without a value, or a value its Option refuses (the Option's own
-            message, e.g. ``--num-servers=0 must be >= 1``).
+            option given twice or without a value, a value its Option refuses (the Option's own
+            message, e.g. ``--num-servers=0 must be >= 1``), or a combination the row refuses
+            (:meth:`~hvdkit.strategies.base.Strategy.check_options`).
     """
     if isinstance(text, Variant):
         return text
@@ -173,6 +174,10 @@ def parse_variant(text: str | Variant) -> Variant:
             opts[o.name] = o.validate(value)
         except UsageError as e:
             raise UsageError(f"{where}: {e}") from None
+    try:
+        cls.check_options(opts)   # the combinations a run refuses (Strategy.check_options)
+    except UsageError as e:
+        raise UsageError(f"{where}: {e}") from None
     return Variant(name, opts)
 
 

@@ -231,7 +231,7 @@ def test_ps_needs_a_worker():
 def test_serial_replies_are_refused_for_a_colocated_ps():
     r = train(0, "--strategy", "ps-sync", "--ps-colocated", "--ps-replies", "serial", timeout=60)
     assert r.returncode == 2, r.output
-    assert r.output.count("hvdkit: error:") == 1 and "--ps-replies serial is for dedicated servers" in r.output
+    assert r.output.count("hvdkit: error:") == 1 and "ps_replies=serial (--ps-replies serial) is for dedicated servers" in r.output
 
 
 @pytest.mark.slow

@@ -109,5 +109,6 @@ def test_advise_refuses_serial_replies_on_a_colocated_ps():
     from hvdkit.advise.predict import priced
     from hvdkit.errors import UsageError
 
-    with pytest.raises(UsageError, match="ps_replies=serial is for dedicated servers"):
-        priced("ps-sync:ps_colocated=true,ps_replies=serial")
+    with pytest.raises(UsageError, match=r"variant 'ps-sync:ps_colocated=true,ps_replies=serial': ps_replies=serial "
+                                         r"\(--ps-replies serial\) is for dedicated servers"):
+        priced("ps-sync:ps_colocated=true,ps_replies=serial")   # the row's own rule (PSStrategy.check_options)

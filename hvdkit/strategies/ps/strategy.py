@@ -125,10 +125,6 @@ class PSStrategy(Strategy):
     def check(cls, cfg, world):
         super().check(cfg, world)
         o, n = option_values(cls.options, cfg.extra), world.size
-        if o.ps_colocated and o.ps_replies == "serial":
-            raise UsageError("--ps-replies serial is for dedicated servers: a colocated PS's replies form an "
-                             "all-to-all, and sent one at a time in one order every server would send to the same "
-                             "worker at once; drop --ps-replies or --ps-colocated")
         if o.ps_colocated:
             from mpi4py import MPI
 
@@ -158,6 +154,13 @@ class PSStrategy(Strategy):
         vector and applies the update rules in NumPy (:mod:`~hvdkit.strategies.ps.rules`), so it
         imports no TensorFlow; ``setup`` gives it rank 0's variable table and weights."""
         return world.rank in cls._roles(cls._opts(cfg.extra), world.size)[1]
+
+    @classmethod
+    def check_options(cls, opts):
+        if opts["ps_colocated"] and opts["ps_replies"] == "serial":
+            raise UsageError("ps_replies=serial (--ps-replies serial) is for dedicated servers: a colocated PS's "
+                             "replies form an all-to-all, and sent one at a time in one order every server would "
+                             "send to the same worker at once; drop ps_replies or ps_colocated (--ps-colocated)")
 
     @classmethod
     def loop_ranks(cls, cfg, world):
