@@ -170,7 +170,7 @@ def _state_class():
         def __init__(self, model, optimizer, **attrs):
             self._variables = [*model.variables, *optimizer.variables]
             self._saved = [tf.Variable(v, trainable=False) for v in self._variables]
-            self.pairs = pairs = tuple(zip(self._saved, self._variables))
+            pairs = list(zip(self._saved, self._variables))
 
             def _save():
                 for s, v in pairs:
@@ -186,11 +186,8 @@ def _state_class():
             self._restore_vars = tf.function(_restore, autograph=False).get_concrete_function()
             super().__init__(bcast_object=hvd.broadcast_object, get_rank=hvd.rank, **attrs)
 
-        def save(self, variables: bool = True):
-            """Save the variables (unless ``variables=False``: the step just run copied them itself,
-            ``ReplicaStrategy.shadow``) and the Python attributes."""
-            if variables:
-                self._save_vars()
+        def save(self):
+            self._save_vars()
             super().save()
 
         def restore(self):
@@ -261,13 +258,6 @@ def _run(cfg: Config, w: World, tl) -> dict | None:
     state.spent = {"save": [], "hosts": []}   # seconds of each save and each check for new hosts, this process
     commit_every = strategy.opts.commit_every
     hosts_every = commit_every * -(-HOSTS_EVERY // commit_every)   # at a save: Horovod's re-form syncs the saved state
-    # --commit-every 1: the compiled step copies the variables after its update (a call of a function of
-    # its own per step cost 0.5 ms, 5% of a small model's step: benchmarks/figures/cluster_elastic.md);
-    # an epoch's end saves them apart (the batch-norm statistics are averaged after its last step)
-    in_step = commit_every == 1 and getattr(strategy, "graph_allreduce", False)
-    if in_step:
-        strategy.shadow = state.pairs
-        strategy.rebuild()
 
     def commit(p, end_of_epoch: bool) -> None:
         state.reached, state.last_step_t = p.global_step, time.time()
@@ -279,7 +269,7 @@ def _run(cfg: Config, w: World, tl) -> dict | None:
                  f"after the last step before the change; {entry['steps_repeated']} steps repeated")
         if end_of_epoch or p.global_step % commit_every == 0:
             t = time.perf_counter()
-            state.save(variables=end_of_epoch or not in_step)   # local: what a lost peer's restore goes back to
+            state.save()   # local: what a lost peer's restore goes back to
             state.spent["save"].append(time.perf_counter() - t)
         if end_of_epoch or p.global_step % hosts_every == 0:
             t = time.perf_counter()

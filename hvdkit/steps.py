@@ -290,7 +290,7 @@ def make_step_functions(model, optimizer, loss_scaling: bool = False):
     return graph_function(grads_of, model, _signature(model, loss_scaling)), graph_function(apply_fn, model)
 
 
-def make_fused_step(model, optimizer, allreduce, loss_scaling: bool = False, shadow=()):
+def make_fused_step(model, optimizer, allreduce, loss_scaling: bool = False):
     """One compiled step: gradients (:func:`dense_gradients`), ``allreduce(grads)`` (a graph op), update.
 
     The communication time is measured inside the graph: ``tf.timestamp()`` ops ordered by
@@ -309,11 +309,6 @@ def make_fused_step(model, optimizer, allreduce, loss_scaling: bool = False, sha
         (the logits' dtype) / int32 / float64 / float64 / bool scalars; ``comm_start`` is when
         the allreduce began, in seconds since the epoch (``tf.timestamp``, as ``time.time()``);
         ``finite`` whether the update was applied (always True without ``loss_scaling``).
-
-    ``shadow``: ``(saved, variable)`` pairs; after the update the step assigns each variable's value
-    to its ``saved`` copy (the elastic state's commit, :mod:`hvdkit.elastic`: inside the step it
-    costs a copy of the bytes, where a function of its own cost a call per step). TensorFlow's
-    automatic control dependencies order each read after the update's write of that variable.
     """
     import tensorflow as tf
 
@@ -329,8 +324,6 @@ def make_fused_step(model, optimizer, allreduce, loss_scaling: bool = False, sha
         with tf.control_dependencies(reduced):
             t1 = tf.timestamp()
         finite = _apply(optimizer, reduced, variables, loss_scaling)
-        for saved, v in shadow:
-            saved.assign(v)
         return loss_sum, correct, t1 - t0, t0, finite
 
     return graph_function(step_of, model, _signature(model, loss_scaling))

@@ -446,12 +446,9 @@ def train_epochs(loop: Loop, p: Progress, commit=None) -> None:
     """THE loop: the epochs from ``p`` on; updates ``p`` as it trains.
 
     Collective over the strategy's communicators on every loop rank. After each step (but an
-    epoch's last), ``commit(p, end_of_epoch=False)`` when given (an elastic run: :mod:`hvdkit.elastic`),
-    before any other collective: a peer lost in one (a ``--checkpoint-every`` checkpoint, the stop
-    flag's) restores the commit, whose variables may have been saved by the step itself
-    (``ReplicaStrategy.shadow``), so the position it saves must be that step's; then the checkpoint
-    when due. After each epoch's evaluation, the epoch-end checkpoint, then
-    ``commit(p, end_of_epoch=True)``.
+    epoch's last), a ``--checkpoint-every`` checkpoint when due, then ``commit(p, end_of_epoch=False)``
+    when given (an elastic run: :mod:`hvdkit.elastic`); after each epoch's evaluation, the epoch-end
+    checkpoint, then ``commit(p, end_of_epoch=True)``.
     """
     cfg, w, strategy, model, part, timer = loop.cfg, loop.world, loop.strategy, loop.model, loop.part, loop.timer
     mc = strategy.metrics_comm
@@ -484,15 +481,15 @@ def train_epochs(loop: Loop, p: Progress, commit=None) -> None:
             p.global_step += 1
             p.start += part[1] * len(b)   # every data rank trained one batch of this length
             last = i + 1 == len(all_batches) or bool(cfg.max_steps and p.global_step >= cfg.max_steps)
-            if commit is not None and not last:   # first: no collective between the step and its commit
-                watchdog.at(watchdog.COMMIT)  # Horovod's commit checks for new hosts: a collective
-                commit(p, end_of_epoch=False)
-                watchdog.at(watchdog.DATA)
             if cfg.checkpoint and cfg.checkpoint_every and p.global_step % cfg.checkpoint_every == 0 and not last:
                 watchdog.at(watchdog.EPOCH_END, grace_s=time.perf_counter() - t_epoch)  # a slow file system's grace
                 loop.kept = _checkpoint(cfg, w, strategy, model, loop.ckpt_path, loop.kept, epoch, p, in_epoch=True)
                 watchdog.at(watchdog.DATA)
             _stop_if_asked(loop, epoch, p, at_epoch_end=False, last=last)
+            if commit is not None and not last:
+                watchdog.at(watchdog.COMMIT)  # Horovod's commit checks for new hosts: a collective
+                commit(p, end_of_epoch=False)
+                watchdog.at(watchdog.DATA)
             now = time.perf_counter()
             if w.is_rank0 and now - t_log >= cfg.progress_seconds and i + 1 < len(all_batches):
                 t_log = now

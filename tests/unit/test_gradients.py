@@ -136,27 +136,3 @@ def test_ring_reduces_half_precision_in_its_own_dtype(dtype):
         assert [a.dtype for a in got] == [np.dtype(dtype)] * 2
     finally:
         ring.free()
-
-
-def test_a_fused_step_copies_its_shadow_after_the_update():
-    """``make_fused_step(shadow=...)`` (the elastic commit at every step): after a step each saved copy
-    holds its variable's new value, the optimizer's slots included; without a
-    shadow nothing is copied."""
-    import tensorflow as tf
-
-    from hvdkit.models import build_model
-    from hvdkit.steps import make_fused_step
-
-    model = build_model("cnn", (8, 8, 1), 3, seed=0)
-    opt = tf.keras.optimizers.SGD(0.1, momentum=0.9)
-    opt.build(model.trainable_variables)
-    variables = [*model.variables, *opt.variables]
-    saved = [tf.Variable(v, trainable=False) for v in variables]
-    before = [s.numpy().copy() for s in saved]
-    x = np.random.default_rng(0).standard_normal((4, 8, 8, 1)).astype(np.float32)
-    y = np.array([0, 1, 2, 1], np.int64)
-    make_fused_step(model, opt, lambda grads: grads)(x, y)          # no shadow: the copies stay
-    assert all(np.array_equal(s.numpy(), b) for s, b in zip(saved, before))
-    make_fused_step(model, opt, lambda grads: grads, shadow=tuple(zip(saved, variables)))(x, y)
-    assert all(np.array_equal(s.numpy(), v.numpy()) for s, v in zip(saved, variables))
-    assert not all(np.array_equal(s.numpy(), b) for s, b in zip(saved, before))
