@@ -160,7 +160,8 @@ def _inputs(cfg: Config, w: World, every_rank: bool = False):
     checkpoint), None and (None, None) where not checked."""
     cls = get_strategy(cfg.strategy)
     cls.check(cfg, w)
-    check_fail_at(cfg, cls.loop_ranks(cfg, w))
+    if not every_rank:   # elastic: the world changes size later; Horovod's row makes every rank a loop rank
+        check_fail_at(cfg, cls.loop_ranks(cfg, w))
     check_model_name(cfg.model)
     data = load_dataset(cfg.dataset, seed=cfg.seed, eval_fraction=cfg.eval_fraction,
                         image_size=cfg.image_size, synthetic_samples=cfg.synthetic_samples,

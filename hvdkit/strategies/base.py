@@ -14,6 +14,10 @@ hook                        called on                    collective? guarantees
                             step (classmethod)           the strategy cannot run on (UsageError); the
                                                          options' combinations in ``check_options(opts)``
                                                          (classmethod), which variants are checked by too
+``loop_ranks(cfg, world)``  every rank, first set-up     local, no TensorFlow: the ranks that will run the loop
+(classmethod)               step, after ``check``        (take steps: their ``data_partition()`` will not be
+                                                         None). Default every rank. ``--fail-at`` must name
+                                                         one (:func:`hvdkit.trainer.check_fail_at`)
 ``builds_model(cfg,         every rank, first set-up     local, no TensorFlow: whether this rank builds the
 world)`` (classmethod)      step, after ``check``        model (and so imports TensorFlow). Default True. A
                                                          rank that builds none (a dedicated ps server) gets
@@ -23,9 +27,6 @@ world)`` (classmethod)      step, after ``check``        model (and so imports T
                                                          bounded point-to-point exchanges
                                                          (:func:`hvdkit.comm.exchange`) are allowed. Raise
                                                          :class:`~hvdkit.errors.UsageError` for bad input.
-``loop_ranks(cfg, world)``  every rank, first set-up     local, no TensorFlow: the ranks that will run the loop
-(classmethod)               step, after ``check``        (take steps), those whose ``data_partition()`` will not
-                                                         be None. Default every rank. ``--fail-at`` names one
 ``data_partition()``        every rank, set-up           local. (index, count) among the loop ranks, or None
 ``num_workers``,            every rank                   local. ranks computing gradients; lr multiplier
 ``lr_scale``

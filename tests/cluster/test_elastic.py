@@ -100,7 +100,8 @@ def test_a_lost_host_leaves_and_rejoins(hosts3, shared_dir):
     changed (a rejoin happens at a check for new hosts, every 50 steps; a loss restores the last commit),
     which the machine's timing decides: the uninterrupted run settles at 0.964-0.967 from epoch 27 on,
     10 elastic runs at 0.969-0.978, and 2 more at 0.943 (the same mean and the same first 6 epochs'
-    accuracies both times: one course; 2026-12-04, with the commit first after a step and before it), so a
+    accuracies both times: one course; 2026-12-04, both with a change that did nothing at these flags, the
+    commit moved before the mid-epoch checkpoint and the stop flag, neither of which this run has), so a
     loss is not to cost accuracy beyond that spread, and a better minimum is no failure. The course is printed before the check."""
     hostfile = os.path.join(shared_dir, "hosts")
     _write(hostfile, ["h1", "h2", "h3"])
