@@ -164,13 +164,15 @@ def _state_class():
         Horovod's own ``TensorFlowKerasState`` calls ``optimizer.variables()``, which Keras 2.11+
         optimizers no longer have (a property), hence this class. The copy stays in TensorFlow: one
         call of a compiled function, not a ``v.numpy()`` per variable (the save's time:
-        benchmarks/figures/cluster_elastic.md); ``--commit-every 1`` saves after every step.
+        benchmarks/figures/cluster_elastic.md); at ``--commit-every 1`` the compiled step makes the
+        copy itself (``pairs``, ``ReplicaStrategy.shadow``) and ``save(variables=False)`` saves the
+        attributes alone.
         """
 
         def __init__(self, model, optimizer, **attrs):
             self._variables = [*model.variables, *optimizer.variables]
             self._saved = [tf.Variable(v, trainable=False) for v in self._variables]
-            pairs = list(zip(self._saved, self._variables))
+            self.pairs = pairs = tuple(zip(self._saved, self._variables))
 
             def _save():
                 for s, v in pairs:
@@ -186,8 +188,11 @@ def _state_class():
             self._restore_vars = tf.function(_restore, autograph=False).get_concrete_function()
             super().__init__(bcast_object=hvd.broadcast_object, get_rank=hvd.rank, **attrs)
 
-        def save(self):
-            self._save_vars()
+        def save(self, variables: bool = True):
+            """Save the variables (unless ``variables=False``: the step just run copied them itself,
+            ``ReplicaStrategy.shadow``) and the Python attributes."""
+            if variables:
+                self._save_vars()
             super().save()
 
         def restore(self):
@@ -258,8 +263,25 @@ def _run(cfg: Config, w: World, tl) -> dict | None:
     state.spent = {"save": [], "hosts": []}   # seconds of each save and each check for new hosts, this process
     commit_every = strategy.opts.commit_every
     hosts_every = commit_every * -(-HOSTS_EVERY // commit_every)   # at a save: Horovod's re-form syncs the saved state
+    # --commit-every 1: the compiled step copies the variables after its update (a call of a function of
+    # its own per step cost 0.5 ms, 5% of a small model's step: benchmarks/figures/cluster_elastic.md);
+    # an epoch's end saves them apart (the batch-norm statistics are averaged after its last step)
+    in_step = commit_every == 1 and getattr(strategy, "graph_allreduce", False)
+    if in_step:
+        strategy.shadow = state.pairs
+        strategy.rebuild()
 
-    def commit(p, end_of_epoch: bool) -> None:
+    def commit(p, stage: str) -> None:
+        """:func:`hvdkit.trainer.train_epochs`' commit: ``step`` after every step (the save, local),
+        ``hosts`` after a step's checkpoint and stop flag (the check for new hosts, a collective),
+        ``epoch`` after an epoch's end (both)."""
+        if stage == "hosts":
+            if p.global_step % hosts_every == 0:
+                t = time.perf_counter()
+                state.check_host_updates()   # a broadcast over every rank: hosts added or removed re-form here
+                state.spent["hosts"].append(time.perf_counter() - t)
+            return
+        end = stage == "epoch"
         state.reached, state.last_step_t = p.global_step, time.time()
         if state.pending is not None:   # the first step after a change of membership
             entry, before = state.pending
@@ -267,13 +289,13 @@ def _run(cfg: Config, w: World, tl) -> dict | None:
             entry["seconds_without_training"] = round(state.last_step_t - before, 3)
             log0(f"# training again with world size {entry['world_size']}, {entry['seconds_without_training']:.1f} s "
                  f"after the last step before the change; {entry['steps_repeated']} steps repeated")
-        if end_of_epoch or p.global_step % commit_every == 0:
+        if end or p.global_step % commit_every == 0:
             t = time.perf_counter()
-            state.save()   # local: what a lost peer's restore goes back to
+            state.save(variables=end or not in_step)   # local: what a lost peer's restore goes back to
             state.spent["save"].append(time.perf_counter() - t)
-        if end_of_epoch or p.global_step % hosts_every == 0:
+        if end:
             t = time.perf_counter()
-            state.check_host_updates()   # a broadcast over every rank: hosts added or removed re-form here
+            state.check_host_updates()
             state.spent["hosts"].append(time.perf_counter() - t)
 
     @hvd.elastic.run

@@ -219,8 +219,7 @@ def _apply(optimizer, grads, variables, skip_nonfinite: bool):
         optimizer.apply_gradients(zip(grads, variables))
         return tf.constant(True)
 
-    tf.cond(finite, apply, lambda: tf.constant(False))
-    return finite
+    return tf.cond(finite, apply, lambda: tf.constant(False))   # the same value, once the branch has run
 
 
 def dense_gradients(grads, variables) -> list:
@@ -290,7 +289,7 @@ def make_step_functions(model, optimizer, loss_scaling: bool = False):
     return graph_function(grads_of, model, _signature(model, loss_scaling)), graph_function(apply_fn, model)
 
 
-def make_fused_step(model, optimizer, allreduce, loss_scaling: bool = False):
+def make_fused_step(model, optimizer, allreduce, loss_scaling: bool = False, shadow=()):
     """One compiled step: gradients (:func:`dense_gradients`), ``allreduce(grads)`` (a graph op), update.
 
     The communication time is measured inside the graph: ``tf.timestamp()`` ops ordered by
@@ -309,6 +308,14 @@ def make_fused_step(model, optimizer, allreduce, loss_scaling: bool = False):
         (the logits' dtype) / int32 / float64 / float64 / bool scalars; ``comm_start`` is when
         the allreduce began, in seconds since the epoch (``tf.timestamp``, as ``time.time()``);
         ``finite`` whether the update was applied (always True without ``loss_scaling``).
+
+    ``shadow``: ``(saved, variable)`` pairs; after the update the step assigns each variable's value
+    to its ``saved`` copy (the elastic state's commit, :mod:`hvdkit.elastic`: inside the step it
+    costs a copy of the bytes, where a function of its own cost a call per step). Every copy waits
+    for the allreduce, so a step whose allreduce fails copies nothing, and TensorFlow's automatic
+    control dependencies order each copy after the update's write of its variable: alone they would
+    not order the copies of the batch-norm statistics (written by the forward pass) after the
+    allreduce.
     """
     import tensorflow as tf
 
@@ -324,6 +331,9 @@ def make_fused_step(model, optimizer, allreduce, loss_scaling: bool = False):
         with tf.control_dependencies(reduced):
             t1 = tf.timestamp()
         finite = _apply(optimizer, reduced, variables, loss_scaling)
+        with tf.control_dependencies([*reduced, finite]):   # after the allreduce: a failed step copies nothing
+            for saved, v in shadow:   # and each after the update's write of its variable (automatic)
+                saved.assign(v)
         return loss_sum, correct, t1 - t0, t0, finite
 
     return graph_function(step_of, model, _signature(model, loss_scaling))

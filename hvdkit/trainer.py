@@ -446,10 +446,17 @@ class Loop:
 def train_epochs(loop: Loop, p: Progress, commit=None) -> None:
     """THE loop: the epochs from ``p`` on; updates ``p`` as it trains.
 
-    Collective over the strategy's communicators on every loop rank. After each step (but an
-    epoch's last), a ``--checkpoint-every`` checkpoint when due, then ``commit(p, end_of_epoch=False)``
-    when given (an elastic run: :mod:`hvdkit.elastic`); after each epoch's evaluation, the epoch-end
-    checkpoint, then ``commit(p, end_of_epoch=True)``.
+    Collective over the strategy's communicators on every loop rank. ``commit`` (an elastic run:
+    :mod:`hvdkit.elastic`), when given, is called with a stage: ``commit(p, "step")`` first after every
+    step, an epoch's last one included, before any collective: it saves locally what a peer lost in a
+    later collective restores, and the step may have saved the variables itself
+    (``ReplicaStrategy.shadow``), so the position saved with them must be that step's; then a
+    ``--checkpoint-every`` checkpoint when due and the stop flag; then (but at an epoch's last step)
+    ``commit(p, "hosts")``, the check for new hosts, a collective that may re-form the job, after the
+    step's checkpoint so that a re-form never skips it. After each epoch's evaluation, the epoch-end
+    checkpoint, then ``commit(p, "epoch")``. A restore to an epoch's last step finds that epoch's
+    samples trained (``p.start`` at its end): it runs no step and ends the epoch (its training metrics
+    from no samples).
     """
     cfg, w, strategy, model, part, timer = loop.cfg, loop.world, loop.strategy, loop.model, loop.part, loop.timer
     mc = strategy.metrics_comm
@@ -482,14 +489,16 @@ def train_epochs(loop: Loop, p: Progress, commit=None) -> None:
             p.global_step += 1
             p.start += part[1] * len(b)   # every data rank trained one batch of this length
             last = i + 1 == len(all_batches) or bool(cfg.max_steps and p.global_step >= cfg.max_steps)
+            if commit is not None:   # first, at an epoch's last step too: no collective between a step and its save
+                commit(p, "step")
             if cfg.checkpoint and cfg.checkpoint_every and p.global_step % cfg.checkpoint_every == 0 and not last:
                 watchdog.at(watchdog.EPOCH_END, grace_s=time.perf_counter() - t_epoch)  # a slow file system's grace
                 loop.kept = _checkpoint(cfg, w, strategy, model, loop.ckpt_path, loop.kept, epoch, p, in_epoch=True)
                 watchdog.at(watchdog.DATA)
             _stop_if_asked(loop, epoch, p, at_epoch_end=False, last=last)
             if commit is not None and not last:
-                watchdog.at(watchdog.COMMIT)  # Horovod's commit checks for new hosts: a collective
-                commit(p, end_of_epoch=False)
+                watchdog.at(watchdog.COMMIT)  # Horovod's check for new hosts: a collective
+                commit(p, "hosts")
                 watchdog.at(watchdog.DATA)
             now = time.perf_counter()
             if w.is_rank0 and now - t_log >= cfg.progress_seconds and i + 1 < len(all_batches):
@@ -524,7 +533,7 @@ def train_epochs(loop: Loop, p: Progress, commit=None) -> None:
             loop.kept = _checkpoint(cfg, w, strategy, model, loop.ckpt_path, loop.kept, epoch, p)
         _stop_if_asked(loop, epoch, p, at_epoch_end=True, last=final)
         if commit is not None:
-            commit(p, end_of_epoch=True)
+            commit(p, "epoch")
         if final:
             break
     else:  # no epoch left to run (a resumed, finished run): the end of training all the same

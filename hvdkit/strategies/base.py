@@ -482,6 +482,9 @@ class ReplicaStrategy(Strategy):
     """
 
     graph_allreduce: ClassVar[bool] = False
+    #: ``(saved, variable)`` pairs a compiled step copies after its update (a ``graph_allreduce`` row's,
+    #: :func:`hvdkit.steps.make_fused_step`): set by ``--elastic --commit-every 1`` before :meth:`rebuild`
+    shadow: tuple = ()
     traffic = "ring_allreduce_time"   # a bandwidth-optimal allreduce of the gradients every step
     loss_scaling = True  # the finite check runs on the averaged gradients, identical on every rank
 
@@ -498,7 +501,7 @@ class ReplicaStrategy(Strategy):
         (such as the fp16 scaling's N) is reused. Local."""
         scaled = self.loss_scale is not None
         self._grads_fn, self._apply_fn = make_step_functions(self.model, self.optimizer, scaled)
-        self._fused = make_fused_step(self.model, self.optimizer, self.allreduce, scaled) \
+        self._fused = make_fused_step(self.model, self.optimizer, self.allreduce, scaled, self.shadow) \
             if self.graph_allreduce else None
 
     @abc.abstractmethod

@@ -136,3 +136,62 @@ def test_ring_reduces_half_precision_in_its_own_dtype(dtype):
         assert [a.dtype for a in got] == [np.dtype(dtype)] * 2
     finally:
         ring.free()
+
+
+def test_a_fused_step_copies_its_shadow_after_the_update():
+    """``make_fused_step(shadow=...)`` (the elastic commit at every step): after a step each saved copy
+    holds its variable's new value, the optimizer's slots included; without a
+    shadow nothing is copied."""
+    import tensorflow as tf
+
+    from hvdkit.models import build_model
+    from hvdkit.steps import make_fused_step
+
+    model = build_model("cnn", (8, 8, 1), 3, seed=0)
+    opt = tf.keras.optimizers.SGD(0.1, momentum=0.9)
+    opt.build(model.trainable_variables)
+    variables = [*model.variables, *opt.variables]
+    saved = [tf.Variable(v, trainable=False) for v in variables]
+    before = [s.numpy().copy() for s in saved]
+    x = np.random.default_rng(0).standard_normal((4, 8, 8, 1)).astype(np.float32)
+    y = np.array([0, 1, 2, 1], np.int64)
+    make_fused_step(model, opt, lambda grads: grads)(x, y)          # no shadow: the copies stay
+    assert all(np.array_equal(s.numpy(), b) for s, b in zip(saved, before))
+    make_fused_step(model, opt, lambda grads: grads, shadow=tuple(zip(saved, variables)))(x, y)
+    assert all(np.array_equal(s.numpy(), v.numpy()) for s, v in zip(saved, variables))
+    assert not all(np.array_equal(s.numpy(), b) for s, b in zip(saved, before))
+
+
+@pytest.mark.parametrize("loss_scaling", [False, True])
+def test_a_fused_step_whose_allreduce_fails_copies_nothing(loss_scaling):
+    """A step whose allreduce fails (a peer lost) leaves every saved copy as it was, the batch-norm
+    statistics (written by the forward pass, before the allreduce) and the optimizer's iteration count
+    included: the copies wait for the update. Before they did, the statistics' copies ran ahead of a
+    failed allreduce (found in review, 2026-12-04): a restore then paired them with the previous step."""
+    import tensorflow as tf
+
+    from hvdkit.steps import make_fused_step
+
+    model = tf.keras.Sequential([tf.keras.Input((6,)), tf.keras.layers.Dense(4),   # with batch norm
+                                 tf.keras.layers.BatchNormalization(), tf.keras.layers.Dense(3)])
+    opt = tf.keras.optimizers.SGD(0.1, momentum=0.9)
+    opt.build(model.trainable_variables)
+    variables = [*model.variables, *opt.variables]
+    saved = [tf.Variable(v, trainable=False) for v in variables]
+    before = [s.numpy().copy() for s in saved]
+
+    def lost_peer(grads):
+        with tf.control_dependencies([tf.debugging.Assert(tf.constant(False), ["a peer was lost"])]):
+            return [tf.identity(g) for g in grads]
+
+    x = np.random.default_rng(1).standard_normal((8, 6)).astype(np.float32)
+    y = np.arange(8, dtype=np.int64) % 3
+    step = make_fused_step(model, opt, lost_peer, loss_scaling, shadow=tuple(zip(saved, variables)))
+    args = (x, y, tf.constant(1.0)) if loss_scaling else (x, y)
+    for _ in range(3):   # the copies would run in some orders and not in others
+        with pytest.raises(tf.errors.InvalidArgumentError, match="a peer was lost"):
+            step(*args)
+        assert all(np.array_equal(s.numpy(), b) for s, b in zip(saved, before))
+    moving = [v for v in model.variables if "moving" in v.name]
+    assert moving and not all(np.array_equal(v.numpy(), s.numpy()) for v, s in zip(variables, saved)
+                              if "moving" in v.name)   # the forward pass did write the statistics
