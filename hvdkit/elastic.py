@@ -273,8 +273,11 @@ def _run(cfg: Config, w: World, tl) -> dict | None:
 
     def commit(p, stage: str) -> None:
         """:func:`hvdkit.trainer.train_epochs`' commit: ``step`` after every step (the save, local),
-        ``hosts`` after a step's checkpoint and stop flag (the check for new hosts, a collective),
-        ``epoch`` after an epoch's end (both)."""
+        ``last`` after an epoch's last step (the save only where the step copied the variables: the
+        epoch's end saves them next), ``hosts`` after a step's checkpoint and stop flag (the check for
+        new hosts, a collective), ``epoch`` after an epoch's end (both)."""
+        if stage == "last" and not in_step:
+            return
         if stage == "hosts":
             if p.global_step % hosts_every == 0:
                 t = time.perf_counter()

@@ -448,15 +448,16 @@ def train_epochs(loop: Loop, p: Progress, commit=None) -> None:
 
     Collective over the strategy's communicators on every loop rank. ``commit`` (an elastic run:
     :mod:`hvdkit.elastic`), when given, is called with a stage: ``commit(p, "step")`` first after every
-    step, an epoch's last one included, before any collective: it saves locally what a peer lost in a
-    later collective restores, and the step may have saved the variables itself
+    step (``"last"`` after an epoch's last), before any collective: it saves locally what a peer lost in
+    a later collective restores, and the step may have saved the variables itself
     (``ReplicaStrategy.shadow``), so the position saved with them must be that step's; then a
     ``--checkpoint-every`` checkpoint when due and the stop flag; then (but at an epoch's last step)
     ``commit(p, "hosts")``, the check for new hosts, a collective that may re-form the job, after the
-    step's checkpoint so that a re-form never skips it. After each epoch's evaluation, the epoch-end
-    checkpoint, then ``commit(p, "epoch")``. A restore to an epoch's last step finds that epoch's
-    samples trained (``p.start`` at its end): it runs no step and ends the epoch (its training metrics
-    from no samples).
+    step's checkpoint so that a host change never skips it. After each epoch's evaluation, the
+    epoch-end checkpoint, then ``commit(p, "epoch")``. A restore to an epoch's last step (the step
+    copied the variables) finds that epoch's samples trained, ``p.start`` at its end: it ends the epoch
+    after at most one short step of the samples a smaller world leaves over, its training metrics from
+    those samples alone (none: loss and accuracy 0).
     """
     cfg, w, strategy, model, part, timer = loop.cfg, loop.world, loop.strategy, loop.model, loop.part, loop.timer
     mc = strategy.metrics_comm
@@ -490,7 +491,7 @@ def train_epochs(loop: Loop, p: Progress, commit=None) -> None:
             p.start += part[1] * len(b)   # every data rank trained one batch of this length
             last = i + 1 == len(all_batches) or bool(cfg.max_steps and p.global_step >= cfg.max_steps)
             if commit is not None:   # first, at an epoch's last step too: no collective between a step and its save
-                commit(p, "step")
+                commit(p, "last" if last else "step")
             if cfg.checkpoint and cfg.checkpoint_every and p.global_step % cfg.checkpoint_every == 0 and not last:
                 watchdog.at(watchdog.EPOCH_END, grace_s=time.perf_counter() - t_epoch)  # a slow file system's grace
                 loop.kept = _checkpoint(cfg, w, strategy, model, loop.ckpt_path, loop.kept, epoch, p, in_epoch=True)

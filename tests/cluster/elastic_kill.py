@@ -262,14 +262,18 @@ def merge(docs: list[dict]) -> dict:
     """One figures document from several runs of this script (e.g. the ``-commit1`` cases in a
     second run, to keep each hold of the cluster short): their jobs, rows and cost jobs (rounds
     numbered on across runs), summarised again; ``meta`` the first's, with every run's date,
-    load and cases."""
+    load, cases and checkouts (a document merged before brings its own runs: merging a new run into
+    the committed figures keeps every run's record)."""
     out = {"meta": dict(docs[0]["meta"]), "jobs": [], "rows": [], "cost": []}
-    shift = 0
+    shift, runs = 0, []
     for d in docs:
         for key in ("jobs", "rows", "cost"):
             out[key] += [{**x, "round": x["round"] + shift} for x in d.get(key, [])]
-        shift += d["meta"]["repeats"]
-    out["meta"]["runs"] = [{k: d["meta"].get(k) for k in ("date", "loadavg", "cases", "repeats", "code")} for d in docs]
+        shift = 1 + max((x["round"] for key in ("jobs", "rows", "cost") for x in out[key]), default=-1)
+        runs += d["meta"].get("runs") or [{k: d["meta"].get(k) for k in ("date", "loadavg", "cases", "repeats", "code")}]
+    out["meta"]["runs"] = runs
+    out["meta"]["note"] = (f"{len(runs)} runs of tests/cluster/elastic_kill.py merged with --merge's function (meta.runs): "
+                           f"cost jobs named by the code they ran")
     out["summary"], out["cost_summary"] = summarize(out["rows"], out["cost"])
     return out
 
