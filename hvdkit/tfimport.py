@@ -34,8 +34,13 @@ import os
 import re
 import sys
 import tempfile
+import time
 
-__all__ = ["NO_DRIVER_NOISE", "STARTUP_NOISE", "import_tensorflow", "is_startup_noise", "nvidia_driver_present"]
+__all__ = ["IMPORT_S", "NO_DRIVER_NOISE", "STARTUP_NOISE", "import_tensorflow", "is_startup_noise", "nvidia_driver_present"]
+
+#: seconds the first :func:`import_tensorflow` of this process took (None before it ran): most of a
+#: rank's start-up (2.4-2.9 s alone on a core of this machine kind; results.json ``ranks[].startup``)
+IMPORT_S: float | None = None
 
 #: TensorFlow 2.18's import-time lines that carry no information for a CPU run
 STARTUP_NOISE = re.compile(r"Unable to register cu(DNN|BLAS|FFT) factory: Attempting to register factory for "
@@ -78,8 +83,10 @@ def import_tensorflow():
     Returns:
         The ``tensorflow`` module. An ImportError propagates, after the lines written so far.
     """
+    global IMPORT_S
     if "tensorflow" in sys.modules:
         return sys.modules["tensorflow"]
+    t0 = time.perf_counter()
     driver = nvidia_driver_present()
     sys.stderr.flush()
     saved = os.dup(2)
@@ -99,4 +106,5 @@ def import_tensorflow():
             kept = [ln for ln in lines if not is_startup_noise(ln, driver)]
             if kept:
                 os.write(2, "".join(kept).encode())
+    IMPORT_S = time.perf_counter() - t0
     return tf

@@ -18,9 +18,26 @@ import time
 from collections import defaultdict
 from contextlib import contextmanager
 
-__all__ = ["StepTimer", "PHASES"]
+__all__ = ["StepTimer", "PHASES", "process_age_s"]
 
 PHASES = ("compute", "comm", "wait", "data")
+
+
+def process_age_s() -> float | None:
+    """Seconds since this process started (Linux: ``/proc/uptime`` minus ``/proc/self/stat``'s
+    start time, both in the same clock; 10 ms resolution), or None where ``/proc`` lacks them.
+    A rank started by mpirun counts from its exec, so this includes the interpreter's start and
+    every import before the call."""
+    try:
+        with open("/proc/self/stat") as f:
+            start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])   # field 22 (starttime), after comm
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        import os
+        return max(0.0, uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return None
+
 
 
 class StepTimer:

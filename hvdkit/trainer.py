@@ -34,11 +34,12 @@ from hvdkit.precision import loss_scale_for
 from hvdkit.startup import StartupDeadline, phase
 from hvdkit.steps import configure_threads, make_optimizer
 from hvdkit.strategies import get_strategy
+from hvdkit import tfimport as _tfimport
 from hvdkit.tfimport import import_tensorflow
 from hvdkit.timeline import Timeline, gather_and_write
-from hvdkit.timing import StepTimer
+from hvdkit.timing import StepTimer, process_age_s
 
-__all__ = ["run", "traced", "prepare", "prepare_outputs", "check_room", "check_fail_at", "change_world", "log_header", "train_epochs",
+__all__ = ["run", "traced", "prepare", "prepare_outputs", "check_room", "check_fail_at", "change_world", "log_header", "startup_figures", "train_epochs",
            "finish", "write_timeline", "Loop", "Progress", "CHECKPOINT", "OUTPUT_FILES"]
 
 #: files rank 0 writes into the output directory (and ``CHECKPOINT`` with ``--checkpoint``)
@@ -338,7 +339,7 @@ def prepare(cfg: Config, w: World, tl: Timeline | None = None, *, elastic: bool 
     loop = Loop(cfg, w, strategy, model, data, part, StepTimer(warmup=1, trace=tl), ckpt_path, t_start, deadline,
                 _tensorboard(cfg, w, out_dir),
                 kept=(_at(prog.epoch, prog.start, prog.global_step), ckpt_path) if cfg.resume else None,
-                out_dir=out_dir)
+                out_dir=out_dir, startup=startup_figures())
     return loop, prog
 
 
@@ -441,6 +442,7 @@ class Loop:
     kept: tuple[str, str] | None = None   # the last checkpoint: (where, path)
     out_dir: str = ""   # where rank 0 writes results.json, epochs.csv and tensorboard/
     stop: StopFlag | None = None   # SIGUSR1: checkpoint at the next step and stop (None: never)
+    startup: dict = field(default_factory=dict)   # hvdkit.timing.startup_figures at the end of set-up
 
 
 def train_epochs(loop: Loop, p: Progress, commit=None) -> None:
@@ -667,6 +669,27 @@ def _reduce_epoch(comm, sums: np.ndarray, train_s: float) -> dict[str, float]:
             "samples": int(tot[2]), "samples_per_s": tot[2] / max(slowest, 1e-9), "train_s": slowest}
 
 
+def startup_figures() -> dict[str, float | None]:
+    """Where this process's start-up went, at the end of the run's set-up (seconds):
+    ``setup_s``: from the process's start to now (:func:`process_age_s`);
+    ``tensorflow_import_s``: the first ``import tensorflow`` (:data:`hvdkit.tfimport.IMPORT_S`;
+    0.0 in a process that never imported it, a dedicated parameter server).
+    A restart's time to training again is mostly these (docs/fault-tolerance.md)."""
+    age = process_age_s()
+    return {"setup_s": None if age is None else round(age, 3),
+            "tensorflow_import_s": round(_tfimport.IMPORT_S or 0.0, 3)}
+
+
+def _slowest_startup(ranks: list[dict]) -> dict:
+    """results.json's ``startup``: the loop rank whose set-up ended last (``setup_s``, from its process's
+    start; its ``tensorflow_import_s`` and rank), or ``{}`` where no rank could read its process's age."""
+    timed = [r for r in ranks if (r.get("startup") or {}).get("setup_s") is not None]
+    if not timed:
+        return {}
+    last = max(timed, key=lambda r: r["startup"]["setup_s"])
+    return {**last["startup"], "rank": last["rank"], "unit": "seconds from the process's start (the slowest loop rank)"}
+
+
 def finish(loop: Loop, history: list, out_dir: str, extra: dict | None = None) -> dict | None:
     """Gather every loop rank's outcome over ``metrics_comm``; rank 0 writes results.json (with
     ``extra`` merged in), epochs.csv and the export, and returns the results; None elsewhere."""
@@ -677,7 +700,8 @@ def finish(loop: Loop, history: list, out_dir: str, extra: dict | None = None) -
             "pid": os.getpid(), **strategy.rank_info(), "weights_crc32": _weights_crc(model),
             "measured_steps": summary["measured_steps"], "samples": summary["samples"],
             "seconds": summary["seconds"], **{k: summary[k] for k in ("step_s", "compute_s", "comm_s",
-                                                                       "wait_s", "data_s", "other_s")}}
+                                                                       "wait_s", "data_s", "other_s")},
+            "startup": loop.startup}
     ranks = mc.gather(mine, root=0)
     report = strategy.report()
     if not w.is_rank0:
@@ -706,6 +730,7 @@ def finish(loop: Loop, history: list, out_dir: str, extra: dict | None = None) -
         "timing": {**timing, "unit": "seconds per step, mean over ranks", "warmup_steps_excluded": timer.warmup},
         "ranks": ranks,
         **({"loss_scale": strategy.loss_scale.summary()} if strategy.loss_scale is not None else {}),
+        "startup": _slowest_startup(ranks),
         "wall_s": time.perf_counter() - t_start,
         **report,
         **(extra or {}),

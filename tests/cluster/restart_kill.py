@@ -18,17 +18,18 @@ progress line past a given step of a given epoch. :class:`KillRun` holds what ha
   written after the kill (``checkpoint_after_kill``: an asynchronous PS's rank 0 trains on
   alone until the job is ended, and may finish the epoch and checkpoint it).
 
-Where the seconds of ``to_training_s`` go (ps-sync, measured 2026-12-01 with each rank's start
-time and ``python -X importtime``, 2 rounds): the failed attempt is over 0.06 s after the kill
-(Open MPI's 1 s wait before SIGKILL is off for ``--max-restarts``: :mod:`hvdkit.launch.restart`);
-mpirun, ssh and orted have the ranks running 0.6-0.8 s after it; Python, hvdkit and MPI_Init take
-0.6-0.7 s more; TensorFlow's import 3.0-3.6 s (three ranks import at once on the 2 cores); the
-strategy, model and checkpoint 0.4-0.5 s (the header); the first step and its progress line
-0.5 s. TensorFlow's import alone is most of a 4 s budget here. Since 2026-12-04 the server rank
-imports no TensorFlow (its set-up waits asleep for the workers'): side by side with the code before
-(3 alternations of 2 kills each, one machine, one hour), to training again took 6.4 [6.0-7.8] s
-against 8.9 [7.4-9.5] for ps-sync and 7.2 [6.1-8.2] against 8.3 [7.0-9.5] for ps-async; both
-slower than on 2026-12-01, when the code before took 5.4.
+Where the seconds of ``to_training_s`` go: the relaunched ranks report it themselves (results.json
+``startup``, the loop rank whose set-up ended last: ``relaunch_import_s``, its TensorFlow import, and
+``relaunch_setup_s``, from its process's start to the end of its set-up), so every row splits into
+the kill -> the relaunched rank's start (``to_header_s - relaunch_setup_s``: the failed attempt over,
+mpirun, ssh, orted and the interpreter's start), its set-up, and the first step. On 2026-12-05
+(3 rounds, each host a CPU share of 2/3 core, the emulator's default): 0.8-1.0 s to the rank's start,
+set-up 4.3-6.5 s of which TensorFlow's import 3.3-5.0 s, the first step 0.1-0.2 s. TensorFlow's
+import is about 2.8 s of CPU time (2.4-2.9 s alone on a core of this machine), so on a host of 2/3
+core it takes 4.2 s alone, more than the 4 s target for the whole restart: a relaunch that starts
+new processes cannot train again within 4 s on these hosts. (Earlier, when the server rank imported
+TensorFlow too and the hosts had no CPU share: 8.9 [7.4-9.5] s for ps-sync; since 2026-12-04 the
+server imports none and its set-up waits asleep for the workers'.)
 
 Run as a script it measures these costs (``--repeats`` rounds, the cases interleaved round by
 round; median, min, max, IQR) on a cluster it brings up and removes itself::
@@ -236,22 +237,26 @@ def measure(repeats: int, cases: list[str], work: str, log=print) -> dict:
                 row = {"case": name, "round": r, **run.figures()}
                 try:
                     with open(os.path.join(out, "results.json")) as f:
-                        row["restarts"] = json.load(f)["restarts"]
+                        res = json.load(f)   # the last attempt's: the relaunch's start-up
+                    row["restarts"] = res["restarts"]
+                    startup = res.get("startup") or {}
+                    row["relaunch_setup_s"] = startup.get("setup_s")
+                    row["relaunch_import_s"] = startup.get("tensorflow_import_s")
                 except (OSError, ValueError, KeyError):
-                    row["restarts"] = None
+                    row["restarts"] = row["relaunch_setup_s"] = row["relaunch_import_s"] = None
                 log(json.dumps(row))
                 if row["status"] != 0:
                     log(run.text()[-3000:])
                 rows.append(row)
     finally:
         control.down(log=lambda *_: None)
-    keys = ("notice_s", "to_header_s", "to_training_s", "steps_repeated")
+    keys = ("notice_s", "to_header_s", "to_training_s", "relaunch_import_s", "relaunch_setup_s", "steps_repeated")
     summary = [{"case": c, **{k: _stats([x[k] for x in rows if x["case"] == c]) for k in keys},
                 "checkpoint_after_kill": sum(x["checkpoint_after_kill"] for x in rows if x["case"] == c)}
                for c in cases]
     meta = {"benchmark": "cluster_restarts", "host": platform.node(), "cores": os.cpu_count(),
             "loadavg": list(os.getloadavg()), "date": datetime.now().isoformat(timespec="seconds"),
-            "cluster": {"hosts": 3, "slots": 1, "bandwidth_bps": 10**9},
+            "cluster": {"hosts": 3, "slots": 1, "bandwidth_bps": 10**9, "cpus_per_host": state.get("cpus_per_host")},
             "job": "hvdkit-launch -np 3 --hostfile (h2, h3, h1: workers h2 and h3, server h1) --max-restarts 2 -- "
                    "--strategy S " + " ".join(FLAGS),
             "kill": "SIGKILL of every process of h3 (worker rank 1) except its sshd listener, when rank 0 logs "
@@ -262,6 +267,10 @@ def measure(repeats: int, cases: list[str], work: str, log=print) -> dict:
                                "checkpoint loaded)",
                 "to_training_s": "kill -> the relaunched attempt's first 'epoch E step I/N' progress line "
                                  "(training again; >= 0.05 s of training into the epoch loop)",
+                "relaunch_import_s": "the relaunched attempt's TensorFlow import, in the loop rank whose set-up ended "
+                                     "last (results.json startup.tensorflow_import_s)",
+                "relaunch_setup_s": "that rank's process start -> the end of its set-up (results.json startup.setup_s: "
+                                    "interpreter, hvdkit, MPI_Init, TensorFlow, strategy, model, checkpoint)",
                 "steps_repeated": "rank 0's global step in its last progress line before the kill minus the "
                                   "global step of the checkpoint resumed from (rows where it was written before "
                                   "the kill)",

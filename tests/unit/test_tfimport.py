@@ -52,10 +52,14 @@ def test_the_cuinit_line_only_where_there_is_no_driver():
 def test_import_tensorflow_writes_nothing_but_what_matters():
     # the first device query too: TF 2.18 writes its cuInit line there on a host without an NVIDIA driver
     query = "" if nvidia_driver_present() else "tf.config.list_physical_devices('GPU'); "
-    code = ("import sys; from hvdkit.tfimport import import_tensorflow; tf = import_tensorflow(); " + query +
-            "print('after', file=sys.stderr); print(tf.__version__)")
+    code = ("import sys; from hvdkit import tfimport; from hvdkit.trainer import startup_figures; "
+            "assert tfimport.IMPORT_S is None; tf = tfimport.import_tensorflow(); " + query +
+            "print('after', file=sys.stderr); print(tf.__version__); print(startup_figures())")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                        env={**os.environ, "PYTHONPATH": ROOT, "TF_CPP_MIN_LOG_LEVEL": "2"})
     assert p.returncode == 0, p.stderr
     assert p.stderr == "after\n", p.stderr
     assert p.stdout.startswith("2.")
+    # the import's seconds (results.json ranks[].startup): within the process's age, both measured
+    figures = eval(p.stdout.splitlines()[1])   # noqa: S307 - our own child's dict
+    assert 0.1 < figures["tensorflow_import_s"] < figures["setup_s"] < 120, figures
