@@ -101,11 +101,26 @@ def test_tf_multiworker_batch_norm_model_exports_without_hanging(tmp_path):
     assert any("moving_mean" in k for k in arrays)
 
 
-@pytest.mark.slow   # tf-ps also trains in the quick tier's resume and failure tests
-def test_tf_ps_3_ranks_trains(tmp_path):
-    r = train(3, "--strategy", "tf-ps", *QUICK, "--output-dir", str(tmp_path / "run"), timeout=180)
+#: tf-ps's run of :func:`tf_ps_run`: the linear model (the resume test's), 2 epochs
+TF_PS = ["--strategy", "tf-ps", "--model", "linear", "--no-tensorboard"]
+
+
+@pytest.fixture(scope="module")
+def tf_ps_run(tmp_path_factory):
+    """One uninterrupted 3-rank tf-ps run (:data:`TF_PS`, 2 epochs, weights exported), shared by the
+    test that it trains and the resume test's reference (one launch, about 11 s, not two).
+    Returns (its launch, its directory: ``a/`` the output, ``a.npz`` the weights)."""
+    d = tmp_path_factory.mktemp("tf_ps_run")
+    r = train(3, *TF_PS, "--epochs", "2", "--output-dir", str(d / "a"), "--export-weights", str(d / "a.npz"),
+              timeout=180)
     assert r.returncode == 0, r.output
-    res = load_results(tmp_path / "run")
+    return r, d
+
+
+@pytest.mark.slow   # tf-ps also trains in the quick tier's resume and failure tests
+def test_tf_ps_3_ranks_trains(tf_ps_run):
+    r, d = tf_ps_run
+    res = load_results(d / "a")
     td = _check_trained(res, "tf-ps", 3, [0])  # only the chief runs the loop
     assert {k: len(v) for k, v in td["cluster"].items()} == {"chief": 1, "ps": 1, "worker": 1}
     assert td["num_servers"] == 1 and res["num_workers"] == 1
@@ -122,13 +137,10 @@ def test_tf_ps_chief_failure_ends_every_rank(tmp_path):
 
 
 @pytest.mark.slow
-def test_tf_ps_resume_ends_like_an_uninterrupted_run(tmp_path):
+def test_tf_ps_resume_ends_like_an_uninterrupted_run(tmp_path, tf_ps_run):
     """Resumed at the same ps count, and (from a copy of the same checkpoint) with one ps rank
-    more, the run ends with the weights of an uninterrupted one."""
-    common = ["--strategy", "tf-ps", "--model", "linear", "--no-tensorboard"]
-    a = train(3, *common, "--epochs", "2", "--output-dir", str(tmp_path / "a"),
-              "--export-weights", str(tmp_path / "a.npz"), timeout=180)
-    assert a.returncode == 0, a.output
+    more, the run ends with the weights of an uninterrupted one (:func:`tf_ps_run`)."""
+    common = TF_PS
     b1 = train(3, *common, "--epochs", "1", "--output-dir", str(tmp_path / "b"), timeout=180)
     assert b1.returncode == 0, b1.output
     shutil.copytree(tmp_path / "b", tmp_path / "c")
@@ -139,7 +151,7 @@ def test_tf_ps_resume_ends_like_an_uninterrupted_run(tmp_path):
     c2 = train(4, *common, "--num-servers", "2", "--epochs", "2", "--output-dir", str(tmp_path / "c"), "--resume",
                "--export-weights", str(tmp_path / "c.npz"), timeout=180)
     assert c2.returncode == 0, c2.output
-    wa, _ = load_npz(str(tmp_path / "a.npz"))
+    wa, _ = load_npz(str(tf_ps_run[1] / "a.npz"))
     for resumed in ("b.npz", "c.npz"):
         wb, _ = load_npz(str(tmp_path / resumed))
         for k in wa:
