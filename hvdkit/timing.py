@@ -24,9 +24,10 @@ PHASES = ("compute", "comm", "wait", "data")
 
 
 def process_age_s() -> float | None:
-    """Seconds since this process started (Linux: ``/proc/uptime`` minus ``/proc/self/stat``'s
-    start time, both in the same clock; 10 ms resolution), or None where ``/proc`` lacks them.
-    A rank started by mpirun counts from its exec, so this includes the interpreter's start and
+    """Seconds since this process was created (Linux: ``/proc/uptime`` minus ``/proc/self/stat``'s
+    start time, both in the same clock; 10 ms resolution), or None where ``/proc`` lacks them or
+    disagrees with itself (a negative age: a container's emulated ``/proc/uptime``). A rank started by
+    mpirun's daemon is created just before its exec, so this includes the interpreter's start and
     every import before the call."""
     try:
         with open("/proc/self/stat") as f:
@@ -34,7 +35,8 @@ def process_age_s() -> float | None:
         with open("/proc/uptime") as f:
             uptime = float(f.read().split()[0])
         import os
-        return max(0.0, uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
+        age = uptime - start_ticks / os.sysconf("SC_CLK_TCK")
+        return age if age >= 0 else None
     except (OSError, ValueError, IndexError):
         return None
 

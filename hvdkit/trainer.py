@@ -681,13 +681,14 @@ def startup_figures() -> dict[str, float | None]:
 
 
 def _slowest_startup(ranks: list[dict]) -> dict:
-    """results.json's ``startup``: the loop rank whose set-up ended last (``setup_s``, from its process's
-    start; its ``tensorflow_import_s`` and rank), or ``{}`` where no rank could read its process's age."""
+    """results.json's ``startup``: the loop rank with the longest set-up (``setup_s``, from its own
+    process's start; its ``tensorflow_import_s`` and rank), or ``{}`` where no rank could read its
+    process's age."""
     timed = [r for r in ranks if (r.get("startup") or {}).get("setup_s") is not None]
     if not timed:
         return {}
     last = max(timed, key=lambda r: r["startup"]["setup_s"])
-    return {**last["startup"], "rank": last["rank"], "unit": "seconds from the process's start (the slowest loop rank)"}
+    return {**last["startup"], "rank": last["rank"], "unit": "seconds from the process's start (the loop rank with the longest set-up)"}
 
 
 def finish(loop: Loop, history: list, out_dir: str, extra: dict | None = None) -> dict | None:

@@ -86,8 +86,8 @@ def elastic_blocks(doc: Mapping) -> list:
 
 
 _RESTART = (("notice_s", "attempt ended (s)", 2), ("to_header_s", "relaunched, header (s)", 2),
-            ("to_training_s", "training again (s)", 2), ("relaunch_import_s", "of which TF import (s)", 2),
-            ("relaunch_setup_s", "relaunched rank's set-up (s)", 2), ("steps_repeated", "steps repeated", 0))
+            ("to_training_s", "training again (s)", 2), ("relaunch_setup_s", "relaunched rank's set-up (s)", 2),
+            ("relaunch_import_s", "of which TF import (s)", 2), ("steps_repeated", "steps repeated", 0))
 
 
 def restarts_blocks(doc: Mapping) -> list:

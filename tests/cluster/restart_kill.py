@@ -19,15 +19,15 @@ progress line past a given step of a given epoch. :class:`KillRun` holds what ha
   alone until the job is ended, and may finish the epoch and checkpoint it).
 
 Where the seconds of ``to_training_s`` go: the relaunched ranks report it themselves (results.json
-``startup``, the loop rank whose set-up ended last: ``relaunch_import_s``, its TensorFlow import, and
+``startup``, the loop rank with the longest set-up: ``relaunch_import_s, its TensorFlow import, and
 ``relaunch_setup_s``, from its process's start to the end of its set-up), so every row splits into
 the kill -> the relaunched rank's start (``to_header_s - relaunch_setup_s``: the failed attempt over,
 mpirun, ssh, orted and the interpreter's start), its set-up, and the first step. On 2026-12-05
 (3 rounds, each host a CPU share of 2/3 core, the emulator's default): 0.8-1.0 s to the rank's start,
-set-up 4.3-6.5 s of which TensorFlow's import 3.3-5.0 s, the first step 0.1-0.2 s. TensorFlow's
-import is about 2.8 s of CPU time (2.4-2.9 s alone on a core of this machine), so on a host of 2/3
-core it takes 4.2 s alone, more than the 4 s target for the whole restart: a relaunch that starts
-new processes cannot train again within 4 s on these hosts. (Earlier, when the server rank imported
+set-up 4.3-6.5 s of which TensorFlow's import 3.3-5.0 s (2.4-2.9 s on a whole core of this machine,
+numpy included), the first step 0.1-0.2 s. The set-up alone, 4.3 s at best, is over the 4 s target
+for the whole restart: a relaunch that starts new processes cannot train again within 4 s on these
+hosts. (Earlier, when the server rank imported
 TensorFlow too and the hosts had no CPU share: 8.9 [7.4-9.5] s for ps-sync; since 2026-12-04 the
 server imports none and its set-up waits asleep for the workers'.)
 
@@ -267,8 +267,8 @@ def measure(repeats: int, cases: list[str], work: str, log=print) -> dict:
                                "checkpoint loaded)",
                 "to_training_s": "kill -> the relaunched attempt's first 'epoch E step I/N' progress line "
                                  "(training again; >= 0.05 s of training into the epoch loop)",
-                "relaunch_import_s": "the relaunched attempt's TensorFlow import, in the loop rank whose set-up ended "
-                                     "last (results.json startup.tensorflow_import_s)",
+                "relaunch_import_s": "the relaunched attempt's TensorFlow import, in the loop rank with the longest "
+                                     "set-up (results.json startup.tensorflow_import_s)",
                 "relaunch_setup_s": "that rank's process start -> the end of its set-up (results.json startup.setup_s: "
                                     "interpreter, hvdkit, MPI_Init, TensorFlow, strategy, model, checkpoint)",
                 "steps_repeated": "rank 0's global step in its last progress line before the kill minus the "

@@ -1,7 +1,8 @@
 """tf.distribute rows (tf-mirrored, tf-central-storage, tf-multiworker, tf-ps) through hvdkit.train.
 
-Each case is the smallest run that shows the strategy trains (mlp on digits, a few epochs,
-eval accuracy well above the 0.1 of chance), launched with a hard timeout and checking
+Each case is the smallest run that shows the strategy trains (mlp on digits, a few epochs; tf-ps:
+the linear model, 2 epochs, the run its resume test compares with; eval accuracy well above the
+0.1 of chance), launched with a hard timeout and checking
 every loop rank's outcome in results.json.
 """
 import os
