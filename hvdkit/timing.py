@@ -14,6 +14,7 @@ figure, as nccl-tests and Horovod's synthetic benchmark do.
 """
 from __future__ import annotations
 
+import os
 import time
 from collections import defaultdict
 from contextlib import contextmanager
@@ -34,12 +35,10 @@ def process_age_s() -> float | None:
             start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])   # field 22 (starttime), after comm
         with open("/proc/uptime") as f:
             uptime = float(f.read().split()[0])
-        import os
         age = uptime - start_ticks / os.sysconf("SC_CLK_TCK")
         return age if age >= 0 else None
     except (OSError, ValueError, IndexError):
         return None
-
 
 
 class StepTimer:

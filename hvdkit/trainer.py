@@ -442,7 +442,7 @@ class Loop:
     kept: tuple[str, str] | None = None   # the last checkpoint: (where, path)
     out_dir: str = ""   # where rank 0 writes results.json, epochs.csv and tensorboard/
     stop: StopFlag | None = None   # SIGUSR1: checkpoint at the next step and stop (None: never)
-    startup: dict = field(default_factory=dict)   # hvdkit.timing.startup_figures at the end of set-up
+    startup: dict = field(default_factory=dict)   # startup_figures() at the end of set-up (results.json ranks[].startup)
 
 
 def train_epochs(loop: Loop, p: Progress, commit=None) -> None:
