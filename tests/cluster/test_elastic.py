@@ -25,13 +25,15 @@ from tests.conftest import ROOT, VENV_BIN, BackgroundJob, load_results
 
 pytestmark = [pytest.mark.cluster, needs_cluster]
 
-#: 3 ranks x 4 per batch: 120 steps an epoch, about 1 s; 30 epochs outlast a loss and a rejoin
-FLAGS = ["--strategy", "horovod", "--model", "mlp", "--epochs", "30", "--batch-size", "4", "--seed", "0",
+#: 3 ranks x 4 per batch: 120 steps an epoch, about 1.2 s; the four changes of membership end in epoch 6-7
+#: (2026-12-05: the last rejoin 24-25 s after the kill in epoch 2), so 18 epochs leave 11 or more (13 s) for a slower machine
+EPOCHS = 18
+FLAGS = ["--strategy", "horovod", "--model", "mlp", "--epochs", str(EPOCHS), "--batch-size", "4", "--seed", "0",
          "--no-tensorboard", "--commit-every", "10", "--progress-seconds", "1000"]
 #: the uninterrupted run of FLAGS (`mpirun -np 3 python -m hvdkit.train FLAGS` on one host, deterministic
-#: here): mean evaluation accuracy of its last 5 epochs, 0.9644 in both runs measured (kept as a figure: a
-#: second 3-rank run of 30 epochs would cost the suite 16 s)
-REF_ACC_LAST5 = 0.9644
+#: here): mean evaluation accuracy of its last 5 epochs, 0.9617 in both runs measured on 2026-12-05 (kept as a
+#: figure: a second 3-rank run would cost the suite 12 s)
+REF_ACC_LAST5 = 0.9617
 #: how far below REF_ACC_LAST5 an elastic run may end: the spread of its courses (the test's docstring)
 ACC_MARGIN = 0.03
 #: seconds a collective waits for a silent peer (the job's failure detection) and a rejoin waits in Gloo's
@@ -98,11 +100,12 @@ def test_a_lost_host_leaves_and_rejoins(hosts3, shared_dir):
     evaluation accuracy of the last 5 epochs (the last epoch's alone moves by 1-2 points from epoch to epoch,
     3.6 of the 360 evaluation samples a point). The trajectory depends on the steps at which the world
     changed (a rejoin happens at a check for new hosts, every 50 steps; a loss restores the last commit),
-    which the machine's timing decides: the uninterrupted run settles at 0.964-0.967 from epoch 27 on,
-    10 elastic runs at 0.969-0.978, and 2 more at 0.943 (the same mean and the same first 6 epochs'
-    accuracies both times: one course; 2026-12-04, both with a change that did nothing at these flags, the
-    commit moved before the mid-epoch checkpoint and the stop flag, neither of which this run has), so a
-    loss is not to cost accuracy beyond that spread, and a better minimum is no failure. The course is printed before the check."""
+    which the machine's timing decides, and an elastic run's sums are Gloo's, not MPI's (one without any
+    change of membership leaves the mpirun run's course in epoch 3, float order). Measured 2026-12-05 at
+    18 epochs: the uninterrupted run's last 5 epochs at 0.953-0.969 (mean 0.9617), 3 elastic runs' means
+    at 0.957-0.972 and a 30-epoch one's epochs 14-18 at 0.972 (the limit is 0.932); at 30 epochs 10 runs were at 0.969-0.978 and 2 at 0.943. So a
+    loss is not to cost accuracy beyond that spread, and a better minimum is no failure. The course is
+    printed before the check."""
     hostfile = os.path.join(shared_dir, "hosts")
     _write(hostfile, ["h1", "h2", "h3"])
 
@@ -148,7 +151,7 @@ def test_a_lost_host_leaves_and_rejoins(hosts3, shared_dir):
     assert 0 <= lost["steps_repeated"] <= 10 and 0 <= cut["steps_repeated"] <= 10, (lost, cut)
     assert t_two_b - t_down < 20, (t_two_b - t_down, text[-4000:])
     assert res["world_size"] == 3 and res["final"]["weights_identical_across_ranks"] is True, res["final"]
-    assert [e["epoch"] for e in res["epochs"]] == list(range(1, 31)), [e["epoch"] for e in res["epochs"]]
+    assert [e["epoch"] for e in res["epochs"]] == list(range(1, EPOCHS + 1)), [e["epoch"] for e in res["epochs"]]
     acc = sum(e["eval_accuracy"] for e in res["epochs"][-5:]) / 5
     # the course, printed before the accuracy's check: a failing run shows where its trajectory went
     print(json.dumps({"kill_to_two_ranks_s": round(t_two - t_kill, 2), "rejoin_s": round(t_three - t_two, 2),
