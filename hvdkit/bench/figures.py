@@ -90,7 +90,8 @@ def _cmd_recovery(doc: Mapping) -> str:
     return (f"`python -m tests.cluster.{'elastic_kill' if _bench(doc) == 'cluster_elastic' else 'restart_kill'}`, "
             f"{_where(m)}; emulated cluster {c.get('hosts', '?')} hosts x {c.get('slots', '?')} slot(s) at "
             f"{(c.get('bandwidth_bps') or 0) / 1e9:g} Gbit/s"
-            + (f", {c['cpus_per_host']:.3g} core(s) of CPU per host" if c.get("cpus_per_host") else "")
+            + (f", {c['cpus_per_host']:.3g} core(s) of CPU per host" if c.get("cpus_per_host")
+               else ", no CPU share per host (the hosts share this machine's cores)" if "cpus_per_host" in c else "")
             + f"; job: `{m.get('job', '?')}`")
 
 

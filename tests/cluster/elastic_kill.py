@@ -342,14 +342,13 @@ def main(argv=None) -> int:
         i = argv.index("--code")
         code = dict(kv.split("=", 1) for kv in argv[i + 1].split(",") if kv)
         del argv[i:i + 2]
-    args = parse_cases("python -m tests.cluster.elastic_kill", __doc__, CASES, argv)
-    if args is None:
+    ns = parse_cases("python -m tests.cluster.elastic_kill", __doc__, CASES, argv)
+    if ns is None:
         return 2
-    repeats, cases, path = args
-    doc = measure(repeats, cases, code)
+    doc = measure(ns.repeats, ns.cases, code)
     for s in doc["cost_summary"]:
         print(json.dumps(s))
-    return report(doc, path, all(j["error"] is None for j in doc["jobs"]) and
+    return report(doc, ns.json, all(j["error"] is None for j in doc["jobs"]) and
                   all(c["error"] is None for c in doc["cost"]))
 
 

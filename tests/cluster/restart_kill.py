@@ -19,7 +19,7 @@ progress line past a given step of a given epoch. :class:`KillRun` holds what ha
   alone until the job is ended, and may finish the epoch and checkpoint it).
 
 Where the seconds of ``to_training_s`` go: the relaunched ranks report it themselves (results.json
-``startup``, the loop rank with the longest set-up: ``relaunch_import_s, its TensorFlow import, and
+``startup``, the loop rank with the longest set-up: ``relaunch_import_s``, its TensorFlow import, and
 ``relaunch_setup_s``, from its process's start to the end of its set-up), so every row splits into
 the kill -> the relaunched rank's start (``to_header_s - relaunch_setup_s``: the failed attempt over,
 mpirun, ssh, orted and the interpreter's start), its set-up, and the first step. On 2026-12-05
@@ -27,15 +27,19 @@ mpirun, ssh, orted and the interpreter's start), its set-up, and the first step.
 set-up 4.3-6.5 s of which TensorFlow's import 3.3-5.0 s (2.4-2.9 s on a whole core of this machine,
 numpy included), the first step 0.1-0.2 s. The set-up alone, 4.3 s at best, is over the 4 s target
 for the whole restart: a relaunch that starts new processes cannot train again within 4 s on these
-hosts. (Earlier, when the server rank imported
-TensorFlow too and the hosts had no CPU share: 8.9 [7.4-9.5] s for ps-sync; since 2026-12-04 the
-server imports none and its set-up waits asleep for the workers'.)
+hosts. Without a CPU share per host (``--cpus-per-host none``: the hosts share the 2 cores, as when
+issue 21 measured 6.7 s): training again 4.28 [4.19-4.53] s for ps-sync, the set-up 3.4-3.7 s of which
+the import 2.2-2.7 s, 0.6-0.7 s from the kill to the rank's start. (Earlier, when the server rank
+imported TensorFlow too and the hosts had no CPU share: 8.9 [7.4-9.5] s for ps-sync; since 2026-12-04
+the server imports none and its set-up waits asleep for the workers'.)
 
 Run as a script it measures these costs (``--repeats`` rounds, the cases interleaved round by
 round; median, min, max, IQR) on a cluster it brings up and removes itself::
 
     flock /tmp/hvdkit-mpi.lock .venv/bin/python -m tests.cluster.restart_kill --repeats 3 \\
         --json benchmarks/figures/cluster_restarts.json
+    flock /tmp/hvdkit-mpi.lock .venv/bin/python -m tests.cluster.restart_kill --repeats 3 \\
+        --cpus-per-host none --json benchmarks/figures/cluster_restarts_no_share.json
 """
 from __future__ import annotations
 
@@ -215,13 +219,15 @@ def _stats(xs: list) -> dict:
             "n": len(xs), "spread": f"{med:g} [{round(min(xs), 2):g}-{round(max(xs), 2):g}]"}
 
 
-def measure(repeats: int, cases: list[str], work: str, log=print) -> dict:
-    """Bring up 3 hosts x 1 slot (1 Gbit/s), run every case ``repeats`` times (round by round),
-    killing worker rank 1's host h3 (its job's processes; sshd stays) in epoch 2 after step 60;
-    remove the cluster. Returns {"meta", "rows", "summary"}."""
+def measure(repeats: int, cases: list[str], work: str, log=print, cpus_per_host="auto") -> dict:
+    """Bring up 3 hosts x 1 slot (1 Gbit/s; ``cpus_per_host``: each host's CPU share, as
+    ``hvdkit-cluster up --cpus-per-host``: the emulator's default, cores / hosts, or None for none),
+    run every case ``repeats`` times (round by round), killing worker rank 1's host h3 (its job's
+    processes; sshd stays) in epoch 2 after step 60; remove the cluster. Returns {"meta", "rows", "summary"}."""
     from hvdkit.cluster import control
     from hvdkit.cluster.spec import ClusterSpec
-    state = control.up(ClusterSpec(hosts=3, slots=1, bandwidth_bps=10**9).check(), log=lambda *_: None)
+    state = control.up(ClusterSpec(hosts=3, slots=1, bandwidth_bps=10**9, cpus_per_host=cpus_per_host).check(),
+                       log=lambda *_: None)
     rows = []
     try:
         env = job_env(control.environment(state))
@@ -281,10 +287,12 @@ def measure(repeats: int, cases: list[str], work: str, log=print) -> dict:
     return {"meta": meta, "rows": rows, "summary": summary}
 
 
-def parse_cases(prog: str, doc: str, cases, argv) -> tuple | None:
-    """The measurement scripts' command line: (--repeats, the chosen cases, --json path), or None
-    after one ``hvdkit: error:`` line for an unknown case."""
-    p = argparse.ArgumentParser(prog=prog, description=doc.split("\n\n")[0])
+def parse_cases(prog: str, doc: str, cases, argv,
+                parser: argparse.ArgumentParser | None = None) -> argparse.Namespace | None:
+    """The measurement scripts' command line: its namespace (``repeats``, ``cases``: the chosen ones,
+    a list; ``json``: the path or "", and the flags of ``parser``, a script's own parser if given), or
+    None after one ``hvdkit: error:`` line for an unknown case."""
+    p = parser or argparse.ArgumentParser(prog=prog, description=doc.split("\n\n")[0])
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--cases", default=",".join(cases), help=f"comma-separated, of {', '.join(cases)}")
     p.add_argument("--json", default="", help="write the figures here")
@@ -294,7 +302,8 @@ def parse_cases(prog: str, doc: str, cases, argv) -> tuple | None:
     if bad:
         print(f"hvdkit: error: unknown case(s) {', '.join(bad)}; choose from {', '.join(cases)}", file=sys.stderr)
         return None
-    return ns.repeats, chosen, ns.json
+    ns.cases = chosen
+    return ns
 
 
 def report(doc: dict, path: str, ok: bool) -> int:
@@ -309,16 +318,29 @@ def report(doc: dict, path: str, ok: bool) -> int:
 
 
 def main(argv=None) -> int:
-    args = parse_cases("python -m tests.cluster.restart_kill", __doc__, CASES, argv)
-    if args is None:
+    from hvdkit.cluster.spec import AUTO, parse_cpus
+    from hvdkit.errors import UsageError
+
+    def cpus(text: str):
+        try:
+            return parse_cpus(text)
+        except UsageError as e:
+            raise argparse.ArgumentTypeError(str(e).split(": ", 1)[1]) from None
+
+    prog = "python -m tests.cluster.restart_kill"
+    p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
+    p.add_argument("--cpus-per-host", metavar="C|none", type=cpus, default=AUTO,
+                   help="each host's CPU share, as hvdkit-cluster up's (default: this machine's cores / hosts; "
+                        "none: no share, the hosts compete for the cores as plain processes)")
+    ns = parse_cases(prog, __doc__, CASES, argv, parser=p)
+    if ns is None:
         return 2
-    repeats, cases, path = args
     work = tempfile.mkdtemp(prefix="hvdkit-restarts-", dir="/var/tmp")
     try:
-        doc = measure(repeats, cases, work)
+        doc = measure(ns.repeats, ns.cases, work, cpus_per_host=ns.cpus_per_host)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    return report(doc, path, all(r["status"] == 0 and r["restarts"] == 1 for r in doc["rows"]))
+    return report(doc, ns.json, all(r["status"] == 0 and r["restarts"] == 1 for r in doc["rows"]))
 
 
 if __name__ == "__main__":
