@@ -116,8 +116,8 @@ class _Suite:
 
 
 def _collectives(s: _Suite, place, a, nps: list[int]) -> None:
-    # --quick: two sizes (1 KiB, 64 KiB), every method, its results checked: a smoke test (the 5 sizes from
-    # 4 B took 17 s on 3 emulated hosts of shared cores, where a tiny message's round took 20-70 ms)
+    # --quick: two sizes (1 KiB, 64 KiB), every method, its results checked: a smoke test (the 4 sizes from
+    # 4 B to 16 KiB took 17 s on 3 emulated hosts of shared cores, where a tiny message's round took 20-70 ms)
     args = (["--min-bytes", "1K", "--max-bytes", "64K", "--step", "64", "--iters", "3", "--warmup", "1"] if a.quick else
             ["--max-bytes", "16M", "--iters", "10", "--warmup", "3"]) + a.collectives_args.split()
     done = []

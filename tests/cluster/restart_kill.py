@@ -27,9 +27,10 @@ mpirun, ssh, orted and the interpreter's start), its set-up, and the first step.
 set-up 4.3-6.5 s of which TensorFlow's import 3.3-5.0 s (2.4-2.9 s on a whole core of this machine,
 numpy included), the first step 0.1-0.2 s. The set-up alone, 4.3 s at best, is over the 4 s target
 for the whole restart: a relaunch that starts new processes cannot train again within 4 s on these
-hosts. Without a CPU share per host (``--cpus-per-host none``: the hosts share the 2 cores, as when
-issue 21 measured 6.7 s): training again 4.28 [4.19-4.53] s for ps-sync, the set-up 3.4-3.7 s of which
-the import 2.2-2.7 s, 0.6-0.7 s from the kill to the rank's start. (Earlier, when the server rank
+hosts. Without a CPU share per host (``--cpus-per-host none``: the hosts share the 2 cores, as the
+first figures were measured, 6.7 s on 2026-11-30): training again 4.28 [4.19-4.53] s for ps-sync; over
+all 9 kills 0.66-0.80 s from the kill to the rank's start, the set-up 3.35-3.69 s of which the import
+2.21-2.71 s. (Earlier, when the server rank
 imported TensorFlow too and the hosts had no CPU share: 8.9 [7.4-9.5] s for ps-sync; since 2026-12-04
 the server imports none and its set-up waits asleep for the workers'.)
 
@@ -204,6 +205,8 @@ def job_env(cluster_env: dict) -> dict:
 
 
 #: the measured cases: name -> (strategy, extra flags); workers on h2 and h3, the server on h1
+#: the emulated cluster of :func:`measure` (its CPU share aside)
+CLUSTER = {"hosts": 3, "slots": 1, "bandwidth_bps": 10**9}
 CASES = {"ps-sync": ("ps-sync", ()), "ps-sync-every10": ("ps-sync", ("--checkpoint-every", "10")),
          "ps-async": ("ps-async", ())}
 
@@ -226,8 +229,7 @@ def measure(repeats: int, cases: list[str], work: str, log=print, cpus_per_host=
     processes; sshd stays) in epoch 2 after step 60; remove the cluster. Returns {"meta", "rows", "summary"}."""
     from hvdkit.cluster import control
     from hvdkit.cluster.spec import ClusterSpec
-    state = control.up(ClusterSpec(hosts=3, slots=1, bandwidth_bps=10**9, cpus_per_host=cpus_per_host).check(),
-                       log=lambda *_: None)
+    state = control.up(ClusterSpec(**CLUSTER, cpus_per_host=cpus_per_host).check(), log=lambda *_: None)
     rows = []
     try:
         env = job_env(control.environment(state))
@@ -262,7 +264,7 @@ def measure(repeats: int, cases: list[str], work: str, log=print, cpus_per_host=
                for c in cases]
     meta = {"benchmark": "cluster_restarts", "host": platform.node(), "cores": os.cpu_count(),
             "loadavg": list(os.getloadavg()), "date": datetime.now().isoformat(timespec="seconds"),
-            "cluster": {"hosts": 3, "slots": 1, "bandwidth_bps": 10**9, "cpus_per_host": state.get("cpus_per_host")},
+            "cluster": {**CLUSTER, "cpus_per_host": state.get("cpus_per_host")},
             "job": "hvdkit-launch -np 3 --hostfile (h2, h3, h1: workers h2 and h3, server h1) --max-restarts 2 -- "
                    "--strategy S " + " ".join(FLAGS),
             "kill": "SIGKILL of every process of h3 (worker rank 1) except its sshd listener, when rank 0 logs "
@@ -318,26 +320,26 @@ def report(doc: dict, path: str, ok: bool) -> int:
 
 
 def main(argv=None) -> int:
-    from hvdkit.cluster.spec import AUTO, parse_cpus
+    from hvdkit.cluster.spec import AUTO, ClusterSpec, parse_cpus
     from hvdkit.errors import UsageError
-
-    def cpus(text: str):
-        try:
-            return parse_cpus(text)
-        except UsageError as e:
-            raise argparse.ArgumentTypeError(str(e).split(": ", 1)[1]) from None
 
     prog = "python -m tests.cluster.restart_kill"
     p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
-    p.add_argument("--cpus-per-host", metavar="C|none", type=cpus, default=AUTO,
+    p.add_argument("--cpus-per-host", metavar="C|none",
                    help="each host's CPU share, as hvdkit-cluster up's (default: this machine's cores / hosts; "
                         "none: no share, the hosts compete for the cores as plain processes)")
     ns = parse_cases(prog, __doc__, CASES, argv, parser=p)
     if ns is None:
         return 2
+    try:   # refused in one line before any host comes up (a bad value, more cores than this machine has)
+        cpus = AUTO if ns.cpus_per_host is None else parse_cpus(ns.cpus_per_host)
+        ClusterSpec(**CLUSTER, cpus_per_host=cpus).check()
+    except UsageError as e:
+        print(f"hvdkit: error: {e}", file=sys.stderr)
+        return 2
     work = tempfile.mkdtemp(prefix="hvdkit-restarts-", dir="/var/tmp")
     try:
-        doc = measure(ns.repeats, ns.cases, work, cpus_per_host=ns.cpus_per_host)
+        doc = measure(ns.repeats, ns.cases, work, cpus_per_host=cpus)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return report(doc, ns.json, all(r["status"] == 0 and r["restarts"] == 1 for r in doc["rows"]))
