@@ -204,9 +204,9 @@ def job_env(cluster_env: dict) -> dict:
     return {**os.environ, **cluster_env, "TF_CPP_MIN_LOG_LEVEL": "2"}
 
 
-#: the measured cases: name -> (strategy, extra flags); workers on h2 and h3, the server on h1
 #: the emulated cluster of :func:`measure` (its CPU share aside)
 CLUSTER = {"hosts": 3, "slots": 1, "bandwidth_bps": 10**9}
+#: the measured cases: name -> (strategy, extra flags); workers on h2 and h3, the server on h1
 CASES = {"ps-sync": ("ps-sync", ()), "ps-sync-every10": ("ps-sync", ("--checkpoint-every", "10")),
          "ps-async": ("ps-async", ())}
 
