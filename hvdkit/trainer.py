@@ -34,8 +34,7 @@ from hvdkit.precision import loss_scale_for
 from hvdkit.startup import StartupDeadline, phase
 from hvdkit.steps import configure_threads, make_optimizer
 from hvdkit.strategies import get_strategy
-from hvdkit import tfimport as _tfimport
-from hvdkit.tfimport import import_tensorflow
+from hvdkit import tfimport
 from hvdkit.timeline import Timeline, gather_and_write
 from hvdkit.timing import StepTimer, process_age_s
 
@@ -299,7 +298,7 @@ def prepare(cfg: Config, w: World, tl: Timeline | None = None, *, elastic: bool 
     out_dir = cfg.output_dir if elastic else w.comm.bcast(out_dir, root=0)   # elastic: --output-dir is required
     with_model = cls.builds_model(cfg, w)   # False: a dedicated server, which never imports TensorFlow
     if with_model:
-        import_tensorflow()   # its first import in this process: without TF 2.18's start-up lines (hvdkit.tfimport)
+        tfimport.import_tensorflow()   # its first import in this process: without TF 2.18's start-up lines (hvdkit.tfimport)
     ckpt_path = os.path.join(out_dir, CHECKPOINT)
 
     err, built = None, None
@@ -677,7 +676,7 @@ def startup_figures() -> dict[str, float | None]:
     A restart's time to training again is mostly these (docs/fault-tolerance.md)."""
     age = process_age_s()
     return {"setup_s": None if age is None else round(age, 3),
-            "tensorflow_import_s": round(_tfimport.IMPORT_S or 0.0, 3)}
+            "tensorflow_import_s": round(tfimport.IMPORT_S or 0.0, 3)}
 
 
 def _slowest_startup(ranks: list[dict]) -> dict:

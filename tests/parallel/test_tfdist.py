@@ -141,15 +141,14 @@ def test_tf_ps_chief_failure_ends_every_rank(tmp_path):
 def test_tf_ps_resume_ends_like_an_uninterrupted_run(tmp_path, tf_ps_run):
     """Resumed at the same ps count, and (from a copy of the same checkpoint) with one ps rank
     more, the run ends with the weights of an uninterrupted one (:func:`tf_ps_run`)."""
-    common = TF_PS
-    b1 = train(3, *common, "--epochs", "1", "--output-dir", str(tmp_path / "b"), timeout=180)
+    b1 = train(3, *TF_PS, "--epochs", "1", "--output-dir", str(tmp_path / "b"), timeout=180)
     assert b1.returncode == 0, b1.output
     shutil.copytree(tmp_path / "b", tmp_path / "c")
-    b2 = train(3, *common, "--epochs", "2", "--output-dir", str(tmp_path / "b"), "--resume",
+    b2 = train(3, *TF_PS, "--epochs", "2", "--output-dir", str(tmp_path / "b"), "--resume",
                "--export-weights", str(tmp_path / "b.npz"), timeout=180)
     assert b2.returncode == 0, b2.output
     assert "resuming after epoch 1" in b2.stdout
-    c2 = train(4, *common, "--num-servers", "2", "--epochs", "2", "--output-dir", str(tmp_path / "c"), "--resume",
+    c2 = train(4, *TF_PS, "--num-servers", "2", "--epochs", "2", "--output-dir", str(tmp_path / "c"), "--resume",
                "--export-weights", str(tmp_path / "c.npz"), timeout=180)
     assert c2.returncode == 0, c2.output
     wa, _ = load_npz(str(tf_ps_run[1] / "a.npz"))
