@@ -61,6 +61,20 @@ def _idle_barrier() -> None:
         time.sleep(0.005)
 
 
+def _shutdown_horovod() -> None:
+    """``hvd.shutdown()`` after the job's last horovod run: Horovod's background thread negotiates
+    with its peers every cycle (an allreduce over MPI each millisecond, even with nothing to reduce)
+    and, where ranks outnumber cores, waits for a late peer in Open MPI's ``sched_yield`` loop. Left
+    running beside the next runs it starved them: two such threads on one emulated host held both
+    cores in ``sched_yield`` for up to 45 s (kernel 6.18, tests/cluster/test_addresses.py's job
+    taking 40-69 s instead of 11-14 s; seen with ``/proc`` and gdb). A ``hvdkit.train`` process
+    ends after its one run, so only this driver keeps the thread past its run."""
+    import horovod.tensorflow as hvd
+
+    if hvd.is_initialized():
+        hvd.shutdown()
+
+
 def main(path: str) -> int:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     from hvdkit.tfimport import import_tensorflow   # hvdkit first: TF_USE_LEGACY_KERAS on the tf218 stack
@@ -80,16 +94,19 @@ def main(path: str) -> int:
         return 2
     world()  # collective over COMM_WORLD, computed once: log0 asks for it on rank 0 alone later
     cache: dict = {}
-    for r in runs:
+    configs = [parse_config(r["args"], extra_fields=extra_fields(), strategies=summaries()) for r in runs]
+    last_horovod = max((i for i, c in enumerate(configs) if c.strategy == "horovod"), default=None)
+    for i, (r, cfg) in enumerate(zip(runs, configs)):
         comm = _comm_of(r["ranks"], cache)
         if comm is not None:
             tf.keras.backend.clear_session()
-            cfg = parse_config(r["args"], extra_fields=extra_fields(), strategies=summaries())
             try:
                 run_guarded(run, cfg, world(comm))
             except SystemExit as e:
                 print(f"train_many: {r['name']} ended with status {e.code}", file=sys.stderr, flush=True)
                 MPI.COMM_WORLD.Abort(2)
+            if i == last_horovod:
+                _shutdown_horovod()
             print(f"train_many rank {rank}/{r['ranks']}: {r['name']} OK", flush=True)
         _idle_barrier()
     if rank == 0:
