@@ -13,7 +13,9 @@ comparisons (markdown tables, ``--json``)::
    predicted (every model, variant and rate present), against a naive baseline (compute + the
    busiest link's bytes / the probed rate). The
    ``--json`` file's ``"summary"``: ``held_out``, ``median_abs_error``, ``max_abs_error``, ``groups``,
-   ``ranking_exact``, ``fastest_right``, ``inside_range``, ``points``, ``baseline`` (docs/advise.md).
+   ``ranking_exact``, ``fastest_right``, ``pairs_distinct``, ``pairs_agree``, ``ranking_as_measured``,
+   ``fastest_as_measured`` (the rankings within the measured spread), ``inside_range``, ``points``,
+   ``baseline`` (docs/advise.md).
    Inputs: ``DIR``... (``hvdkit-bench suite`` or ``training`` output directories: training.json,
    collectives json(s), cluster.json with the probe; or a directory of them, one per link rate), or
    the two files below.

@@ -286,9 +286,31 @@ def test_summary_fields_on_fixture_rows():
     assert s["inside_range"] == pytest.approx(2 / 6)                # the two exact predictions only
     assert s["baseline"]["ranking_exact"] == 1 and s["baseline"]["fastest_right"] == 1
     assert s["baseline"]["max_abs_error"] == pytest.approx(0.7)
+    assert (s["ranking_as_measured"], s["fastest_as_measured"]) == (1, 1)   # mlp: its two ranges are apart (95-105, 114-126)
     # distinct pairs (ranges +-5% do not overlap): cnn 3 of 3, mlp 1 (100 vs 120); the model orders cnn's 3 right
     assert (s["pairs_distinct"], s["pairs_agree"], s["baseline"]["pairs_agree"]) == (4, 3, 3)
     assert s["held_out"] is False                                    # nothing predicted from a calibration
+
+
+def test_within_the_measured_spread_an_overlap_is_no_order():
+    """A group whose measured ranges overlap (ring 190 [181-200], ps-async 200 [196-204]) has no
+    measured order between them: predicting ps-async first misses ranking_exact and fastest_right but
+    not ranking_as_measured and fastest_as_measured. A pair whose ranges are apart still counts: the
+    second group's swapped order misses all four."""
+    def r(model, v, meas, lo, hi, pred):
+        return {"model": model, "variant": v, "workers": 3, "rate": "200mbit", "measured_ms": meas, "min_ms": lo,
+                "max_ms": hi, "predicted_ms": pred, "baseline_ms": pred, "error": pred / meas - 1,
+                "baseline_error": pred / meas - 1, "inside": lo <= pred <= hi, "limiting": "compute"}
+    tied = [r("cnn", "ring", 190.6, 181.1, 200.1, 172.3), r("cnn", "ps-async", 200.2, 196.2, 204.2, 168.1),
+            r("cnn", "ps-sync", 329.5, 329.5, 329.5, 357.9)]
+    apart = [r("mlp", "ring", 164.0, 159.6, 168.4, 150.0), r("mlp", "horovod", 183.5, 179.1, 187.9, 140.0)]
+    s = heldout.summary(tied + apart, calibrate(measured.Measured()), [])
+    assert (s["groups"], s["ranking_exact"], s["fastest_right"]) == (2, 0, 0)
+    assert (s["ranking_as_measured"], s["fastest_as_measured"]) == (1, 1)
+    assert (s["pairs_distinct"], s["pairs_agree"]) == (3, 2)
+    assert (s["baseline"]["ranking_as_measured"], s["baseline"]["fastest_as_measured"]) == (1, 1)
+    md = heldout.markdown(tied + apart, s, calibrate(measured.Measured()))
+    assert "within the measured spread (a pair whose ranges overlap has no measured order) the ranking is right in 1 of 2, the fastest in 1" in md
 
 
 def test_advise_check_on_a_directory_writes_the_summary(tmp_path, capsys):
