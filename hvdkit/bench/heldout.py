@@ -93,7 +93,9 @@ def _figures(rows: Sequence[dict], col: str) -> dict:
     is the measured fastest (``fastest_right``); and the same read within the measured spread, where two
     variants whose measured [min-max] ranges overlap have no measured order: every pair that does have one
     is ordered as measured (``ranking_as_measured``), the predicted fastest's range overlaps the measured
-    fastest's (``fastest_as_measured``: it is not measurably slower)."""
+    fastest's (``fastest_as_measured``: it is not measurably slower). Two equal predictions order
+    nothing: such a pair is not ordered as measured, such a group's ranking is not exact, and where the
+    predicted fastest is a tie, it is right only within the spread, and only if every tied variant is."""
     errs = [abs(r[f"{col}_ms"] / r["measured_ms"] - 1) for r in rows]
     groups: dict = {}
     for r in rows:
@@ -108,14 +110,17 @@ def _figures(rows: Sequence[dict], col: str) -> dict:
             for y in grp[i + 1:]:
                 if _apart(x, y):
                     distinct += 1
-                    right = (x["measured_ms"] < y["measured_ms"]) == (x[f"{col}_ms"] < y[f"{col}_ms"])
+                    xm, ym, xp, yp = x["measured_ms"], y["measured_ms"], x[f"{col}_ms"], y[f"{col}_ms"]
+                    right = (xm < ym and xp < yp) or (ym < xm and yp < xp)   # a predicted tie orders nothing
                     agree += right
                     wrong += not right
         by_meas, by_pred = sorted(grp, key=lambda r: r["measured_ms"]), sorted(grp, key=lambda r: r[f"{col}_ms"])
-        exact += [r["variant"] for r in by_meas] == [r["variant"] for r in by_pred]
-        fastest += by_meas[0]["variant"] == by_pred[0]["variant"]
+        untied = len({r[f"{col}_ms"] for r in grp}) == len(grp)
+        first = [r for r in grp if r[f"{col}_ms"] == by_pred[0][f"{col}_ms"]]   # the predicted fastest (ties: all)
+        exact += untied and [r["variant"] for r in by_meas] == [r["variant"] for r in by_pred]
+        fastest += len(first) == 1 and by_meas[0]["variant"] == first[0]["variant"]
         as_measured += wrong == 0
-        fastest_tied += not _apart(by_meas[0], by_pred[0])
+        fastest_tied += all(not _apart(by_meas[0], r) for r in first)
     return {"median_abs_error": statistics.median(errs) if errs else None, "max_abs_error": max(errs) if errs else None,
             "groups": n, "ranking_exact": exact, "fastest_right": fastest, "pairs_distinct": distinct,
             "pairs_agree": agree, "ranking_as_measured": as_measured, "fastest_as_measured": fastest_tied}
