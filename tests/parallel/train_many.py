@@ -22,9 +22,11 @@ What belongs here: runs expected to succeed, of the ring, the parameter servers,
 parallelism, ``tf-mirrored``, ``tf-central-storage`` and Horovod; Horovod is initialised
 once per process, on the communicator of the first horovod run, so every horovod run of
 one job must use the same rank count (``hvdkit.strategies.horovod.init_horovod`` refuses
-another). ``tf-multiworker`` and ``tf-ps`` (one TF cluster per process) run in launches
-of their own, and so does every case about the command line's behaviour (exit statuses,
-one-line errors, aborts, timing): those need a real launch.
+another), and shut down after the job's last horovod run (:func:`_shutdown_horovod`): put a
+job's horovod runs first, together, as a run between two of them trains beside Horovod's background
+thread. ``tf-multiworker`` and ``tf-ps`` (one TF cluster per process) run in launches of their
+own, and so does every case about the command line's behaviour (exit statuses, one-line errors,
+aborts, timing): those need a real launch.
 
 Every rank of a run prints ``train_many rank R/N: NAME OK`` when its part ended; rank 0
 prints ``train_many: ALL OK (K runs)`` at the end. A run that fails on any rank ends the
@@ -66,9 +68,11 @@ def _shutdown_horovod() -> None:
     with its peers every cycle (an allreduce over MPI each millisecond, even with nothing to reduce)
     and, where ranks outnumber cores, waits for a late peer in Open MPI's ``sched_yield`` loop. Left
     running beside the next runs it starved them: two such threads on one emulated host held both
-    cores in ``sched_yield`` for up to 45 s (kernel 6.18, tests/cluster/test_addresses.py's job
-    taking 40-69 s instead of 11-14 s; seen with ``/proc`` and gdb). A ``hvdkit.train`` process
-    ends after its one run, so only this driver keeps the thread past its run."""
+    cores in ``sched_yield`` for up to 45 s (kernel 6.18; tests/cluster/test_addresses.py's job took
+    11-69 s over 38 rounds, 10.6-14.0 s over 10 with this; seen with ``/proc`` and gdb). A
+    ``hvdkit.train`` process ends after its one run, so only this driver keeps the thread past its run.
+    Horovod is recognised by ``cfg.strategy == "horovod"``: a strategy that starts Horovod otherwise
+    would need adding here."""
     import horovod.tensorflow as hvd
 
     if hvd.is_initialized():
