@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from hvdkit import costs
-from hvdkit.advise.model import Prediction, cpu_share, server_serial_time, split_fit
+from hvdkit.advise.model import Prediction, cpu_share, server_queue_cycle, server_serial_time, split_fit
 from hvdkit.advise.predict import priced
 from hvdkit.errors import UsageError
 
@@ -268,7 +268,9 @@ class Calibration:
         is one loop), each its bytes one way (pushes in and pulls out overlap on a full-duplex link,
         Dean et al. 2012's asynchronous servers), the transport's copies (the fit's CPU term) and the
         sum of one push: W / K times those of a request of the whole S, at the CPU share of one busy
-        rank on its host (the waiting workers sleep: :func:`hvdkit.comm.poll`).
+        rank on its host (the waiting workers sleep: :func:`hvdkit.comm.poll`); below that bound, the
+        cycle with the requests' queueing at the loop (:func:`~hvdkit.advise.model.server_queue_cycle`:
+        W workers, the one-worker step as the cycle, one request of S / K as the service).
         """
         if rate not in self.links:
             return None
@@ -345,8 +347,14 @@ class Calibration:
             per_request = parts["wire"] / 2 + parts["cpu"] * share_fit / alone \
                 + server_serial_time(1, nbytes, self.reduce_Bps) / alone
             bound = workers / k * per_request
-            terms["server"] = max(0.0, bound - step)
-            step = max(step, bound)
+            # below that bound the requests still queue: a worker whose request finds the loop busy waits
+            # for it (the machine-repairman model, server_queue_cycle: each worker's cycle is its one-worker
+            # step, of which one request is the server's); without it ps-async at 2-3 workers came out as
+            # its one-worker step, 8-16% under on fair26's cnn at 200 Mbit/s (docs/performance.md)
+            d = per_request / k
+            queued = server_queue_cycle(workers, d, max(0.0, step - d)) if workers > 1 else step
+            terms["server"] = max(0.0, bound - step, queued - step)
+            step = max(step, bound, queued)
         one = self.predict(model, variant, 1, rate, nbytes, batch) if workers > 1 else None
         worst = max(terms, key=terms.get)
         return Prediction(strategy=row.label, step_s=step, compute_s=compute, comm_s=step - compute,

@@ -32,7 +32,7 @@ from hvdkit import costs
 
 __all__ = ["Workload", "Cluster", "Options", "Prediction", "ring_time", "flat_ring_time", "hierarchical_time",
            "ps_sync_time", "colocated_time", "overlapped_step", "straggler_factor", "async_throughput", "cpu_share",
-           "split_fit", "server_serial_time"]
+           "split_fit", "server_serial_time", "server_queue_cycle"]
 
 
 @dataclass(frozen=True)
@@ -373,3 +373,35 @@ def server_serial_time(pushes: int, shard_bytes: float, reduce_Bps: float) -> fl
     if pushes < 0 or shard_bytes < 0 or not reduce_Bps > 0:
         raise ValueError(f"pushes={pushes}, shard_bytes={shard_bytes} must be >= 0 and reduce_Bps={reduce_Bps} > 0")
     return pushes * shard_bytes / reduce_Bps
+
+
+def server_queue_cycle(workers: int, service_s: float, think_s: float) -> float:
+    """Seconds of one worker's cycle when W workers take turns at one server loop that serves their
+    requests one at a time, first come first served: the closed network of the machine-repairman model,
+    solved by mean value analysis.
+
+    A worker thinks for ``think_s`` = Z (its compute and the rest of its own push + pull), then its
+    request takes ``service_s`` = D of the server, after the requests already there. MVA (Reiser &
+    Lavenberg, "Mean-value analysis of closed multichain queuing networks", JACM 27(2), 1980) adds one
+    worker at a time: by the arrival theorem a request of W workers finds the queue Q and utilisation U
+    of W - 1, so it waits ``R = D + D (Q - U) + U D / 2``: a whole service for each request queued, the
+    residual of the one in service, D / 2 for a deterministic service (the mean residual life
+    E[S^2] / 2 E[S], Kleinrock, Queueing Systems vol. 1, 1975; exact MVA assumes exponential
+    service, whose residual is a whole D); then ``X = W / (Z + R)``, ``Q = X R``, ``U = X D``. Returns
+    ``Z + R`` = W / X: Z + D at one worker, growing with W. With the residual approximation it stays
+    below the servers' bound W D once they are saturated (at W = 8, Z = 3 D: 7.0 D), so the caller keeps
+    the larger of the two (:meth:`hvdkit.advise.calibrate.Calibration.predict`).
+
+    Raises:
+        ValueError: W < 1 or a negative time.
+    """
+    if workers < 1 or service_s < 0 or think_s < 0:
+        raise ValueError(f"workers={workers} must be >= 1, service_s={service_s} and think_s={think_s} >= 0")
+    if service_s == 0:
+        return think_s
+    q = u = r = 0.0
+    for n in range(1, workers + 1):
+        r = service_s + service_s * (q - u) + u * service_s / 2
+        x = n / (think_s + r)
+        q, u = x * r, x * service_s
+    return think_s + r
