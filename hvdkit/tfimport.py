@@ -30,13 +30,14 @@ not), as is every other cuInit failure (a loaded libcuda names its errors).
 
 Python's cyclic garbage collector is kept out of the import (:func:`import_tensorflow`): the import
 leaves about 415,000 objects the collector tracks (TF 2.15), enough to start 4-5 full collections on
-the way, each walking every object made so far; and every full collection after it walked them again. Measured on this machine
-kind (2026-12-05): 0.30 s of a 2.4 s import was collection, and in a 2-epoch ``cnn`` run 0.43-0.48 s
-of 3.6-3.8 s of CPU; with the collector off during the import and the objects alive after it frozen
-(``gc.freeze()``: moved to a generation no collection visits, CPython's advice for a large heap made
-once), 0.02 s. In ``perf`` samples of the whole test suite (every rank of every job), the collector's
-functions were 14% of the CPU. Nothing is lost: what the import leaves is module state that lives
-as long as the process.
+the way, each walking every object made so far, and every full collection after it walked them all
+again. Measured on this machine kind (2026-12-05): 0.30 s of a 2.4 s import was collection, and in a
+2-epoch ``cnn`` run 0.43-0.48 s of 3.6-3.8 s of CPU; with the collector off during the import and
+the objects alive after it frozen (``gc.freeze()``: moved to a generation no collection visits,
+CPython's advice for a large heap made once), 0.02 s, and the run's CPU 3.1-3.4 s. In ``perf``
+samples of a whole test suite (every rank of every job) the collector's functions were 14% of the
+CPU before, 1.5% after. Nothing is lost: what the import leaves is module state that lives as long
+as the process.
 """
 from __future__ import annotations
 
@@ -50,7 +51,8 @@ import time
 __all__ = ["IMPORT_S", "NO_DRIVER_NOISE", "STARTUP_NOISE", "import_tensorflow", "is_startup_noise", "nvidia_driver_present"]
 
 #: seconds the first :func:`import_tensorflow` of this process took (None before it ran): most of a
-#: rank's start-up (2.4-2.9 s alone on a core of this machine kind; results.json ``ranks[].startup``)
+#: rank's start-up (1.9-2.1 s alone on a core of this machine kind, 2.4-2.9 s before the collector was
+#: kept out of it; results.json ``ranks[].startup``)
 IMPORT_S: float | None = None
 
 #: TensorFlow 2.18's import-time lines that carry no information for a CPU run

@@ -108,8 +108,10 @@ class Horovod(_Method):
     def __init__(self, comm, rank, size):
         super().__init__(comm, rank, size)
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        from hvdkit.tfimport import import_tensorflow
+
+        tf = import_tensorflow()   # as the trainer imports it (no start-up noise, no collection inside)
         import horovod.tensorflow as hvd
-        import tensorflow as tf
 
         if not hvd.is_initialized():
             hvd.init(comm=comm)

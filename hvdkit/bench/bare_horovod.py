@@ -12,8 +12,9 @@ after the first step, a fixed random batch, ``--warmup-iters`` untimed iteration
 What is kept equal to ``hvdkit.train --strategy horovod`` (so the step-time ratio measures
 only the harness): the model (built by :func:`hvdkit.models.build_model` with the same
 seed), the per-rank batch shape, the loss (mean sparse softmax cross-entropy on logits),
-the optimizer (SGD with momentum 0.9, lr x workers) and TensorFlow's thread pools
-(:func:`hvdkit.steps.configure_threads`, the function the trainer calls).
+the optimizer (SGD with momentum 0.9, lr x workers), TensorFlow's thread pools
+(:func:`hvdkit.steps.configure_threads`, the function the trainer calls) and TensorFlow's import
+(:func:`hvdkit.tfimport.import_tensorflow`: the garbage collector kept out of it, its objects frozen).
 
 What the bare loop does not do (and the harness does, which is the overhead measured):
 per-step batch slicing from the dataset, timestamps around the allreduce inside its one
@@ -76,7 +77,10 @@ def main(argv: list[str] | None = None, prog: str = "mpirun -np N python -m hvdk
         return print_error(prog, e) if (launcher_rank(os.environ) or (0, 1))[0] == 0 else 2
     from mpi4py import MPI
     import numpy as np
-    import tensorflow as tf
+
+    from hvdkit.tfimport import import_tensorflow
+
+    tf = import_tensorflow()   # as the trainer imports it, so that the two compare like for like
     import horovod.tensorflow as hvd
 
     from hvdkit.models import build_model

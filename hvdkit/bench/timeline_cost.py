@@ -96,7 +96,9 @@ def main(argv: list[str] | None = None, prog: str = "hvdkit-bench timeline-cost"
               ">= 2 x --block + 2)", file=sys.stderr)
         return 2
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    import tensorflow as tf
+    from hvdkit.tfimport import import_tensorflow
+
+    tf = import_tensorflow()   # as the trainer imports it
 
     from hvdkit import results as R
     from hvdkit.bench._common import host_meta, quartiles

@@ -22,17 +22,11 @@ Where the seconds of ``to_training_s`` go: the relaunched ranks report it themse
 ``startup``, the loop rank with the longest set-up: ``relaunch_import_s``, its TensorFlow import, and
 ``relaunch_setup_s``, from its process's start to the end of its set-up), so every row splits into
 the kill -> the relaunched rank's start (``to_header_s - relaunch_setup_s``: the failed attempt over,
-mpirun, ssh, orted and the interpreter's start), its set-up, and the first step. On 2026-12-05
-(3 rounds, each host a CPU share of 2/3 core, the emulator's default): 0.8-1.0 s to the rank's start,
-set-up 4.3-6.5 s of which TensorFlow's import 3.3-5.0 s (2.4-2.9 s on a whole core of this machine,
-numpy included), the first step 0.1-0.2 s. The set-up alone, 4.3 s at best, is over the 4 s target
-for the whole restart: a relaunch that starts new processes cannot train again within 4 s on these
-hosts. Without a CPU share per host (``--cpus-per-host none``: the hosts share the 2 cores, as the
-first figures were measured, 6.7 s on 2026-11-30): training again 4.28 [4.19-4.53] s for ps-sync; over
-all 9 kills 0.66-0.80 s from the kill to the rank's start, the set-up 3.35-3.69 s of which the import
-2.21-2.71 s. (Earlier, when the server rank
-imported TensorFlow too and the hosts had no CPU share: 8.9 [7.4-9.5] s for ps-sync; since 2026-12-04
-the server imports none and its set-up waits asleep for the workers'.)
+mpirun, ssh, orted and the interpreter's start), its set-up, and the first step. The figures, and
+what they show, are in ``benchmarks/figures/cluster_restarts.md`` (each host a CPU share of 2/3 core,
+the emulator's default), ``benchmarks/figures/cluster_restarts_no_share.md`` (``--cpus-per-host
+none``: the hosts share the 2 cores, as the first figures were measured, 6.7 s on 2026-11-30) and
+docs/fault-tolerance.md ("Restarts, for every strategy").
 
 Run as a script it measures these costs (``--repeats`` rounds, the cases interleaved round by
 round; median, min, max, IQR) on a cluster it brings up and removes itself::
