@@ -263,14 +263,15 @@ class Calibration:
         more than 2 hosts at least its bytes at :attr:`a2a_frac` of the ring pattern's rate where the
         calibration has it (the excess: the ``transport`` term); ``share``:
         :func:`~hvdkit.advise.model.cpu_share` of the job (the fit's: 2 ranks). Asynchronous rows
-        (ps-async, ps-ssp, ps-dcasgd): each worker's cycle is its one-worker step, unless the K servers
-        are the bound: each takes the W requests of its shard S / K one after another (hvdkit's server
+        (ps-async, ps-ssp, ps-dcasgd): each worker's cycle is its one-worker step (at this job's CPU
+        share) plus its wait at the servers, and at least the K servers' bound: each takes the W requests of its shard S / K one after another (hvdkit's server
         is one loop), each its bytes one way (pushes in and pulls out overlap on a full-duplex link,
         Dean et al. 2012's asynchronous servers), the transport's copies (the fit's CPU term) and the
         sum of one push: W / K times those of a request of the whole S, at the CPU share of one busy
         rank on its host (the waiting workers sleep: :func:`hvdkit.comm.poll`); below that bound, the
-        cycle with the requests' queueing at the loop (:func:`~hvdkit.advise.model.server_queue_cycle`:
-        W workers, the one-worker step as the cycle, one request of S / K as the service).
+        wait is the requests' queueing at the loop (:func:`~hvdkit.advise.model.server_queue_cycle`:
+        W workers, one request of S / K as the service, the rest of that one-worker step as the
+        workers' own work).
         """
         if rate not in self.links:
             return None
@@ -348,9 +349,10 @@ class Calibration:
                 + server_serial_time(1, nbytes, self.reduce_Bps) / alone
             bound = workers / k * per_request
             # below that bound the requests still queue: a worker whose request finds the loop busy waits
-            # for it (the machine-repairman model, server_queue_cycle: each worker's cycle is its one-worker
-            # step, of which one request is the server's); without it ps-async at 2-3 workers came out as
-            # its one-worker step, 8-16% under on fair26's cnn at 200 Mbit/s (docs/performance.md)
+            # for it (the machine-repairman model, server_queue_cycle: each worker's cycle is `step`, the
+            # one-worker step at this job's CPU share, of which one request is the server's); without it
+            # ps-async below the bound came out as that step, 8-16% under on fair26's cnn (1 Gbit/s at 3
+            # and 4 workers, 200 Mbit/s at 3; docs/advise.md)
             d = per_request / k
             queued = server_queue_cycle(workers, d, max(0.0, step - d)) if workers > 1 else step
             terms["server"] = max(0.0, bound - step, queued - step)

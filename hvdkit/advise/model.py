@@ -377,25 +377,27 @@ def server_serial_time(pushes: int, shard_bytes: float, reduce_Bps: float) -> fl
 
 def server_queue_cycle(workers: int, service_s: float, think_s: float) -> float:
     """Seconds of one worker's cycle when W workers take turns at one server loop that serves their
-    requests one at a time, first come first served: the closed network of the machine-repairman model,
-    solved by mean value analysis.
+    requests one at a time, first come first served: the machine-repairman model (a closed network),
+    solved by mean value analysis with a deterministic service's residual; the formula and its sources
+    (Reiser & Lavenberg, JACM 27(2), 1980; Kleinrock, Queueing Systems vol. 1, 1975) are on
+    docs/performance.md ("Step").
 
-    A worker thinks for ``think_s`` = Z (its compute and the rest of its own push + pull), then its
-    request takes ``service_s`` = D of the server, after the requests already there. MVA (Reiser &
-    Lavenberg, "Mean-value analysis of closed multichain queuing networks", JACM 27(2), 1980) adds one
-    worker at a time: by the arrival theorem a request of W workers finds the queue Q and utilisation U
-    of W - 1, so it waits ``R = D + D (Q - U) + U D / 2``: a whole service for each request queued, the
-    residual of the one in service, D / 2 for a deterministic service (the mean residual life
-    E[S^2] / 2 E[S], Kleinrock, Queueing Systems vol. 1, 1975; exact MVA assumes exponential
-    service, whose residual is a whole D); then ``X = W / (Z + R)``, ``Q = X R``, ``U = X D``. Returns
-    ``Z + R`` = W / X: Z + D at one worker, growing with W. With the residual approximation it stays
-    below the servers' bound W D once they are saturated (at W = 8, Z = 3 D: 7.0 D), so the caller keeps
-    the larger of the two (:meth:`hvdkit.advise.calibrate.Calibration.predict`).
+    Args:
+        workers: W, >= 1.
+        service_s: D, seconds of the server's loop per request, >= 0.
+        think_s: Z, seconds of a worker's own work per cycle (its compute and the rest of its push +
+            pull), >= 0.
+
+    Returns:
+        Z + R, R a request's time at the server (its wait and its service): Z + D at one worker,
+        growing with W. With the residual approximation it stays below the servers' bound W D once
+        they are saturated (at W = 8, Z = 3 D: 7.0 D), so the caller keeps the larger of the two
+        (:meth:`hvdkit.advise.calibrate.Calibration.predict`).
 
     Raises:
-        ValueError: W < 1 or a negative time.
+        ValueError: W < 1, or a time negative or NaN.
     """
-    if workers < 1 or service_s < 0 or think_s < 0:
+    if workers < 1 or not service_s >= 0 or not think_s >= 0:
         raise ValueError(f"workers={workers} must be >= 1, service_s={service_s} and think_s={think_s} >= 0")
     if service_s == 0:
         return think_s

@@ -360,6 +360,9 @@ class HorovodWorld(MPIWorld):
 
     def __init__(self):
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        from hvdkit.tfimport import import_tensorflow
+
+        import_tensorflow()   # before horovod.tensorflow imports it the plain way (as Horovod below)
         import horovod.tensorflow as hvd
 
         from hvdkit.strategies.horovod import HorovodComm

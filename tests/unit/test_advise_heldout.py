@@ -266,7 +266,7 @@ def test_requests_queue_at_an_asynchronous_server_below_its_bound(tmp_path):
     between their own work (Z) and one server loop (D per request) are the machine-repairman model, solved
     by MVA with a deterministic service (``server_queue_cycle``). Without it ps-async's step stayed its
     one-worker cycle until the bound: fair26, cnn at 200 Mbit/s, 3 workers, 168.1 ms predicted against
-    200.2 measured, which put it before the ring (190.6)."""
+    200.2 measured, before the ring's 172.3 predicted (190.6 measured)."""
     assert server_queue_cycle(1, 1.0, 3.0) == 4.0                        # one worker: its own cycle, Z + D
     # two: the second request finds the first in service with probability U = D / (Z + D), and waits its
     # residual D / 2
@@ -328,7 +328,8 @@ def _row(model, v, meas, lo, hi, pred, base=None):
 
 
 #: ring 190.6 [181.1-200.1] and ps-async 200.2 [196.2-204.2] overlap (fair26, 200mbit cnn 3 workers): no
-#: measured order between them; ps-sync is apart from both
+#: measured order between them; ps-sync is apart from both (the predictions: the model's before
+#: server_queue_cycle, which put ps-async first)
 TIED = [_row("cnn", "ring", 190.6, 181.1, 200.1, 172.3), _row("cnn", "ps-async", 200.2, 196.2, 204.2, 168.1),
         _row("cnn", "ps-sync", 329.5, 329.5, 329.5, 357.9)]
 #: ranges apart, predicted the wrong way round

@@ -70,3 +70,17 @@ def test_import_tensorflow_writes_nothing_but_what_matters():
     # back on after it, and the import's objects frozen (about 415,000 on TF 2.15; later full collections skip them)
     gc_state = json.loads(p.stdout.splitlines()[2])
     assert gc_state["full"] == 0 and gc_state["enabled"] and gc_state["frozen"] > 100_000, gc_state
+
+
+def test_a_failed_import_leaves_the_collector_on_and_nothing_frozen(tmp_path):
+    """An ImportError from TensorFlow propagates, with the collector back on and nothing frozen (a fake
+    ``tensorflow`` package first on the path: no TensorFlow is started)."""
+    (tmp_path / "tensorflow").mkdir()
+    (tmp_path / "tensorflow" / "__init__.py").write_text("raise ImportError('no TensorFlow here')\n")
+    code = ("import gc, json; from hvdkit import tfimport\n"
+            "try:\n    tfimport.import_tensorflow()\nexcept ImportError as e:\n"
+            "    print(json.dumps({'error': str(e), 'enabled': gc.isenabled(), 'frozen': gc.get_freeze_count()}))\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"})
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout) == {"error": "no TensorFlow here", "enabled": True, "frozen": 0}, p.stdout
