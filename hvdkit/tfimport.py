@@ -39,17 +39,29 @@ the test suite's first part (every case but the emulated cluster's) the collecto
 14% of the CPU before, 1.5% after. What is frozen stays: a collection right after the import found
 1,482 unreachable objects holding 0.5 MiB of the 132 MiB the import allocates through Python
 (tracemalloc), and would have cost 0.16-0.19 s, so none is made.
+
+Two modules are deferred (:data:`DEFERRED`, :func:`defer_imports`): Keras 2.15's image
+augmentation (``keras.src.preprocessing.image``, imported by ``import tensorflow`` itself; tf_keras
+has the same module) imports SciPy's ``linalg`` and ``ndimage`` at import, for transforms no hvdkit
+run calls, and those two were 0.15 s of the import's 1.8-2.0 s (5 fresh processes on this machine
+kind, 2026-12-05: 1.65-1.82 s deferred, SciPy's own package imported first, 0.1 s; ``python -X
+importtime``: 0.26 s of 2.8 s). A deferred module is a real one whose body runs at its first
+attribute access (``importlib.util.LazyLoader``, the standard library's lazy-import recipe), so
+``ndimage.affine_transform`` still works where a user calls it; it only moves SciPy's loading
+there. A relaunched rank imports TensorFlow on the way to training again (docs/fault-tolerance.md).
 """
 from __future__ import annotations
 
 import gc
+import importlib.util
 import os
 import re
 import sys
 import tempfile
 import time
 
-__all__ = ["IMPORT_S", "NO_DRIVER_NOISE", "STARTUP_NOISE", "import_tensorflow", "is_startup_noise", "nvidia_driver_present"]
+__all__ = ["IMPORT_S", "DEFERRED", "NO_DRIVER_NOISE", "STARTUP_NOISE", "defer_imports", "import_tensorflow",
+           "is_startup_noise", "nvidia_driver_present"]
 
 #: seconds the first :func:`import_tensorflow` of this process took (None before it ran): most of a
 #: rank's start-up (1.9-2.1 s alone on a core of this machine kind, 2.4-2.9 s before the collector was
@@ -89,13 +101,47 @@ def is_startup_noise(line: str, nvidia_driver: bool | None = None) -> bool:
     return not (nvidia_driver_present() if nvidia_driver is None else nvidia_driver)
 
 
+#: modules imported at TensorFlow's import for what hvdkit never calls, loaded at their first use instead
+DEFERRED = ("scipy.linalg", "scipy.ndimage")
+
+
+def defer_imports(names=DEFERRED) -> list[str]:
+    """Put each module of ``names`` not imported yet into ``sys.modules`` as a module whose body runs
+    at its first attribute access (``importlib.util.LazyLoader``), bound on its package as an import
+    would bind it. The package itself is imported (SciPy's: about 0.1 s). A name whose package is not
+    installed is skipped (the importer then handles its absence itself).
+
+    Returns:
+        The names deferred (in order).
+    """
+    done = []
+    for name in names:
+        if name in sys.modules:
+            continue
+        try:
+            spec = importlib.util.find_spec(name)
+        except ImportError:
+            continue
+        if spec is None or spec.loader is None:
+            continue
+        spec.loader = importlib.util.LazyLoader(spec.loader)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)   # lazily: the body runs at the first attribute access
+        package, _, child = name.rpartition(".")
+        setattr(sys.modules[package], child, module)
+        done.append(name)
+    return done
+
+
 def import_tensorflow():
     """``import tensorflow`` (once per process; later calls return the module at once), TensorFlow's
     start-up noise dropped and every other line it writes to stderr kept, in order. Where there is
     no NVIDIA driver, also TensorFlow's first device query, so that its cuInit line is dropped too.
 
     The collector is off during the import (back on after it, if it was on) and what exists after it is
-    frozen (``gc.freeze()``), so that later full collections skip TensorFlow's modules (module docstring).
+    frozen (``gc.freeze()``), so that later full collections skip TensorFlow's modules; :data:`DEFERRED`
+    load at their first use (:func:`defer_imports`; module docstring).
 
     Returns:
         The ``tensorflow`` module. An ImportError propagates, after the lines written so far.
@@ -112,6 +158,7 @@ def import_tensorflow():
         os.dup2(captured.fileno(), 2)
         try:
             gc.disable()   # no collection inside the import, and its objects frozen after it (module docstring)
+            defer_imports()
             import tensorflow as tf
 
             if not driver:   # TF 2.18 runs cuInit here, once per process (later queries: no line)

@@ -86,7 +86,8 @@ def cluster_mpirun_cmd(np_: int, program: Sequence[str], hosts: str, *, mpi_args
     """``mpirun -np N -H HOSTS ...`` across hosts, built as ``hvdkit-launch`` builds it: MPI's network
     chosen and checked by connecting first (:func:`hvdkit.launch.network.choose`, which logs its one
     line; ssh reaches the hosts through PATH, e.g. the emulated cluster's environment), unless
-    ``mpi_args`` names one (``btl_tcp_if_*``).
+    ``mpi_args`` names one (``btl_tcp_if_*``); Open MPI's ``cm`` PML left out where no host has a
+    fabric device (:mod:`hvdkit.launch.fabrics`).
 
     Args:
         np_: ranks; program: what every rank runs; hosts: ``-H`` value, ``h1:1,h2:1``;
@@ -101,8 +102,10 @@ def cluster_mpirun_cmd(np_: int, program: Sequence[str], hosts: str, *, mpi_args
 
     choice = None if user_chose(mpi_args, os.environ) else \
         choose(host_names(hosts, ""), "", launcher="mpi", mpi="openmpi", log=log)
-    spec = LaunchSpec(np=np_, program=tuple(program), hosts=hosts, env_forward=tuple(forward),
-                      env_set=tuple(env_set), mpi_args=tuple(mpi_args), binary="mpirun",
+    from hvdkit.launch.fabrics import skip_cm_args
+
+    spec = LaunchSpec(np=np_, program=tuple(program), hosts=hosts, env_forward=tuple(forward), env_set=tuple(env_set),
+                      mpi_args=skip_cm_args(mpi_args, os.environ, choice.fabrics if choice else None), binary="mpirun",
                       network_interface=choice.interface if choice else "",
                       oob_interface=choice.oob_interface if choice else None)
     return build_command(spec, mpi="openmpi", is_root=os.geteuid() == 0, slots=np_)

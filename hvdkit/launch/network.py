@@ -54,6 +54,7 @@ from typing import Callable, Mapping, Sequence
 
 import hvdkit
 from hvdkit.errors import UsageError
+from hvdkit.launch.fabrics import fabric_devices
 from hvdkit.launch.hosts import parse_hosts, read_hostfile
 from hvdkit.launch.mpi import HOROVODRUN, MPICH
 from hvdkit.network import (PROBE_S, Interface, candidates, connect_all, describe, is_cidr, local_interfaces,
@@ -84,12 +85,15 @@ class Choice:
         oob_interface: Open MPI's ``oob_tcp_if_include`` (None: the same as ``interface``;
             "": left alone, because mpirun's host has no address on the network).
         line: the log line naming the choice ("" when nothing was chosen).
+        fabrics: per host (in the order given) its fabric devices, read by the same helper
+            (:mod:`hvdkit.launch.fabrics`); None where a host's were not read.
     """
 
     network: str
     interface: str
     oob_interface: str | None = None
     line: str = ""
+    fabrics: tuple[tuple[str, ...], ...] | None = None
 
 
 def host_names(hosts: str, hostfile: str) -> list[str]:
@@ -136,11 +140,13 @@ def _send(obj) -> None:
 
 def host_side() -> int:
     """``python -m hvdkit.launch.network``: one host's side of the check, JSON lines on
-    stdin/stdout: it prints ``{"host", "interfaces"}``; reads ``{"listen": [ADDR...]}``, binds a
+    stdin/stdout: it prints ``{"host", "interfaces", "fabrics"}`` (its IPv4 interfaces; its fabric
+    devices, :func:`hvdkit.launch.fabrics.fabric_devices`); reads ``{"listen": [ADDR...]}``, binds a
     TCP listener on each and prints ``{"ports": [PORT|null...]}``; reads ``{"connect":
     [[ADDR, PORT]...], "seconds": S}`` and prints ``{"outcomes": [null|REASON...]}``
     (:func:`hvdkit.network.connect_all`); exits at end of input, closing the listeners."""
-    _send({"host": socket.gethostname(), "interfaces": [[i.name, i.address, i.prefix] for i in local_interfaces()]})
+    _send({"host": socket.gethostname(), "interfaces": [[i.name, i.address, i.prefix] for i in local_interfaces()],
+           "fabrics": fabric_devices()})
     listeners = []
     try:
         for line in sys.stdin:
@@ -233,7 +239,7 @@ class _Helper:
             self.p.kill()
 
 
-def read_hosts(names: Sequence[str], given: str, environ: Mapping[str, str]) -> tuple[list, list, list]:
+def read_hosts(names: Sequence[str], given: str, environ: Mapping[str, str]) -> tuple[list, list, list, list]:
     """Read every host's interfaces and check the candidate networks by connecting.
 
     Args:
@@ -242,9 +248,10 @@ def read_hosts(names: Sequence[str], given: str, environ: Mapping[str, str]) -> 
         environ: the environment of the helpers (PATH finds ``ssh``).
 
     Returns:
-        ``(hosts, rows, failures)``: per host its name and :class:`~hvdkit.network.Interface` list;
-        the candidate rows (:func:`hvdkit.network.candidates`); per row None (every host reached
-        every other one) or one sentence naming the first pair that did not connect.
+        ``(hosts, rows, failures, fabrics)``: per host its name and :class:`~hvdkit.network.Interface`
+        list; the candidate rows (:func:`hvdkit.network.candidates`); per row None (every host reached
+        every other one) or one sentence naming the first pair that did not connect; per host its
+        fabric devices (:func:`hvdkit.launch.fabrics.fabric_devices`; None where its helper did not say).
 
     Raises:
         UsageError: a host cannot be read, has no address on ``given``, or no network joins
@@ -253,10 +260,11 @@ def read_hosts(names: Sequence[str], given: str, environ: Mapping[str, str]) -> 
     deadline = time.monotonic() + CHECK_S
     helpers = [_Helper(n, is_local(n), environ) for n in names]
     try:
-        hosts = []
+        hosts, fabrics = [], []
         for h in helpers:
             got = h.recv(deadline)
             hosts.append((h.name, [Interface(*i) for i in got["interfaces"]]))
+            fabrics.append(got.get("fabrics"))
         rows = candidates(hosts, given)
         for k, h in enumerate(helpers):
             h.send({"listen": [row[k].address for row in rows]})
@@ -282,7 +290,7 @@ def read_hosts(names: Sequence[str], given: str, environ: Mapping[str, str]) -> 
                     why = (f"host {names[k]} ({row[k].name} {row[k].address}) could not reach host {names[j]} at "
                            f"{row[j].address}:{ports[j][r]} ({row[j].name}): {o}")
         failures.append(why)
-    return hosts, rows, failures
+    return hosts, rows, failures, fabrics
 
 
 def _skipped(hosts: list, rows: list) -> str:
@@ -322,7 +330,7 @@ def choose(names: Sequence[str], given: str, *, launcher: str, mpi: str, elastic
     resolve = takes_names_only and any(is_cidr(w) for w in entries)   # a network for a launcher of names
     if not names or (all(is_local(n) for n in names) and not resolve):
         return None
-    hosts, rows, failures = (read or read_hosts)(list(names), given, environ)
+    hosts, rows, failures, fabrics = (read or read_hosts)(list(names), given, environ)
     what = f"--network-interface {given}" if given else "MPI's network"
     good = [row for row, why in zip(rows, failures) if why is None]
     if not good:
@@ -359,7 +367,7 @@ def choose(names: Sequence[str], given: str, *, launcher: str, mpi: str, elastic
     if not given:
         line += "; give --network-interface to choose another"
     (log or (lambda text: print(text, file=sys.stderr, flush=True)))(line)
-    return Choice(net, interface, oob, line)
+    return Choice(net, interface, oob, line, None if None in fabrics else tuple(tuple(f) for f in fabrics))
 
 
 if __name__ == "__main__":

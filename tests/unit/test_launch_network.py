@@ -18,6 +18,7 @@ import pytest
 import hvdkit.launch as L
 from hvdkit.errors import UsageError
 from hvdkit.launch import network as LN
+from hvdkit.launch.fabrics import SKIP_CM, fabric_devices, skip_cm_args
 from hvdkit.mpistart import arm, launcher_rank, startup_seconds
 from hvdkit.network import Interface, candidates, names_for
 from tests.conftest import ROOT
@@ -66,12 +67,13 @@ def test_names_for_launchers_that_take_names_only():
 
 # -- the choice before launch (the reading injected) -------------------------------------------------
 
-def _read(hosts, failures=None):
-    """A ``read_hosts`` stand-in: the rule on ``hosts``, then the given check outcomes."""
+def _read(hosts, failures=None, fabrics=()):
+    """A ``read_hosts`` stand-in: the rule on ``hosts``, then the given check outcomes; every host
+    with the fabric devices ``fabrics``."""
     def read(names, given, environ):
         got = [h for h in hosts if h[0] in names]
         rows = candidates(got, given)
-        return got, rows, failures if failures is not None else [None] * len(rows)
+        return got, rows, failures if failures is not None else [None] * len(rows), [fabrics] * len(got)
     return read
 
 
@@ -113,9 +115,10 @@ def test_one_host_changes_nothing_and_a_given_network_is_checked_and_kept(monkey
     assert LN.user_chose([], {"OMPI_MCA_btl_tcp_if_include": "eth0"}) and not LN.user_chose([], {})
 
 
-def _dry(monkeypatch, capsys, argv, hosts=DOCKER, here=("eth0", "10.1.0.1", 24)):
-    """``hvdkit-launch ARGV --dry-run`` with the hosts' interfaces injected: (status, argv, stderr)."""
-    monkeypatch.setattr(LN, "read_hosts", _read(hosts))
+def _dry(monkeypatch, capsys, argv, hosts=DOCKER, here=("eth0", "10.1.0.1", 24), fabrics=()):
+    """``hvdkit-launch ARGV --dry-run`` with the hosts' interfaces (and fabric devices) injected:
+    (status, argv, stderr)."""
+    monkeypatch.setattr(LN, "read_hosts", _read(hosts, fabrics=fabrics))
     monkeypatch.setattr(LN, "local_interfaces", lambda: [I(*here)])
     monkeypatch.setattr(LN, "is_local", lambda name: name == "localhost")
     monkeypatch.setattr("hvdkit.launch.elastic.check_own_name", lambda interface, hosts: None)   # this host's name
@@ -124,6 +127,37 @@ def _dry(monkeypatch, capsys, argv, hosts=DOCKER, here=("eth0", "10.1.0.1", 24))
     rc = L.main(["--dry-run", *argv])
     out, err = capsys.readouterr()
     return rc, shlex.split(out), err
+
+
+def test_cm_is_left_out_only_where_no_host_has_a_fabric_device(monkeypatch, capsys, tmp_path):
+    """Open MPI's cm PML (fabrics.py): left out when every host was read and none has a fabric
+    device; kept when one has, when the user chose a PML or MTL, for MPICH and for horovodrun (which
+    sets its own PML); the devices found under a directory standing for a host's root."""
+    for k in ("OMPI_MCA_pml", "OMPI_MCA_mtl"):
+        monkeypatch.delenv(k, raising=False)
+    base = ["-np", "2", "-H", "h1:1,h2:1", "--mpi", "openmpi", "--", "--epochs", "1"]
+    rc, cmd, _ = _dry(monkeypatch, capsys, base)
+    assert rc == 0 and cmd[cmd.index(sys.executable) - 3:cmd.index(sys.executable)] == list(SKIP_CM), cmd
+    rc, cmd, _ = _dry(monkeypatch, capsys, base, fabrics=("/dev/hfi1_0",))
+    assert rc == 0 and "^cm" not in cmd
+    rc, cmd, _ = _dry(monkeypatch, capsys, ["--mpi-args=--mca pml ob1", *base])
+    assert rc == 0 and "^cm" not in cmd and cmd.count("pml") == 1
+    monkeypatch.setenv("OMPI_MCA_mtl", "ofi")
+    assert "^cm" not in _dry(monkeypatch, capsys, base)[1]
+    monkeypatch.delenv("OMPI_MCA_mtl")
+    for other in (["--mpi", "mpich"], ["--launcher", "horovodrun"]):
+        rc, cmd, _ = _dry(monkeypatch, capsys, [*base[:4], *other, *base[6:]])
+        assert rc == 0 and "^cm" not in " ".join(cmd), cmd
+    assert skip_cm_args(("-v",), {}, None) == ("-v",)   # the hosts' devices not known (the user chose the network)
+    assert skip_cm_args(("-v",), {}, [[], []]) == ("-v", *SKIP_CM)
+    assert skip_cm_args(("-mca", "pml", "ucx"), {}, [[]]) == ("-mca", "pml", "ucx")
+    assert skip_cm_args(("--mca", "pml_ucx_tls", "tcp"), {}, [[]])[-3:] == SKIP_CM   # a component's parameter
+    assert fabric_devices(str(tmp_path)) == []
+    for dev in ("sys/class/infiniband/efa_0", "dev/hfi1_0", "dev/cxi0", "dev/eth0"):
+        (tmp_path / dev).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / dev).touch()
+    assert fabric_devices(str(tmp_path)) == [str(tmp_path / d) for d in ("dev/cxi0", "dev/hfi1_0",
+                                                                         "sys/class/infiniband/efa_0")]
 
 
 def test_dry_run_commands_carry_the_chosen_network(monkeypatch, capsys, tmp_path):
@@ -201,9 +235,10 @@ def test_a_network_a_host_lacks_is_refused_in_one_line_status_2(monkeypatch, cap
 
 def test_this_hosts_side_of_the_check_listens_and_connects():
     """The helper (python -m hvdkit.launch.network) run for real, here, twice: both read, checked on loopback."""
-    hosts, rows, failures = LN.read_hosts(["localhost", "127.0.0.1"], "127.0.0.0/8", os.environ)
+    hosts, rows, failures, fabrics = LN.read_hosts(["localhost", "127.0.0.1"], "127.0.0.0/8", os.environ)
     assert [h for h, _ in hosts] == ["localhost", "127.0.0.1"] and any(i.name == "lo" for i in hosts[0][1])
     assert [[i.address for i in r] for r in rows] == [["127.0.0.1", "127.0.0.1"]] and failures == [None]
+    assert fabrics == [fabric_devices()] * 2   # each helper reports its host's fabric devices too
 
 
 # -- the deadline on MPI's own start -------------------------------------------------------------------

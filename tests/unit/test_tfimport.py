@@ -57,7 +57,9 @@ def test_import_tensorflow_writes_nothing_but_what_matters():
             "full = []; gc.callbacks.append(lambda phase, info: full.append(1) if info['generation'] == 2 else None); "
             "assert tfimport.IMPORT_S is None; tf = tfimport.import_tensorflow(); " + query +
             "print('after', file=sys.stderr); print(tf.__version__); import json; print(json.dumps(startup_figures())); "
-            "print(json.dumps({'full': len(full), 'enabled': gc.isenabled(), 'frozen': gc.get_freeze_count()}))")
+            "print(json.dumps({'full': len(full), 'enabled': gc.isenabled(), 'frozen': gc.get_freeze_count(), "
+            "'scipy_loaded': 'scipy.ndimage._nd_image' in sys.modules})); "
+            "import numpy as np, scipy.ndimage; print(scipy.ndimage.shift(np.arange(3.0), 1, order=0, cval=9).tolist())")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                        env={**os.environ, "PYTHONPATH": ROOT, "TF_CPP_MIN_LOG_LEVEL": "2"})
     assert p.returncode == 0, p.stderr
@@ -70,6 +72,8 @@ def test_import_tensorflow_writes_nothing_but_what_matters():
     # back on after it, and the import's objects frozen (about 415,000 on TF 2.15; later full collections skip them)
     gc_state = json.loads(p.stdout.splitlines()[2])
     assert gc_state["full"] == 0 and gc_state["enabled"] and gc_state["frozen"] > 100_000, gc_state
+    # SciPy's ndimage (Keras's image augmentation) not loaded by the import, and loaded when used
+    assert not gc_state["scipy_loaded"] and p.stdout.splitlines()[3] == "[9.0, 0.0, 1.0]", p.stdout
 
 
 def test_a_failed_import_leaves_the_collector_on_and_nothing_frozen(tmp_path):
@@ -86,3 +90,24 @@ def test_a_failed_import_leaves_the_collector_on_and_nothing_frozen(tmp_path):
                        env={**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"})
     assert p.returncode == 0, p.stderr
     assert json.loads(p.stdout) == {"error": "no TensorFlow here", "enabled": True, "frozen": 0}, p.stdout
+
+
+def test_a_deferred_module_loads_at_its_first_use(tmp_path, monkeypatch):
+    """defer_imports: the module's body runs at its first attribute access, not before; a module
+    already imported, and one whose package is not installed, are skipped."""
+    from hvdkit.tfimport import defer_imports
+
+    (tmp_path / "pkg_deferred").mkdir()
+    (tmp_path / "pkg_deferred" / "__init__.py").write_text("")
+    (tmp_path / "pkg_deferred" / "heavy.py").write_text("import builtins\nbuiltins.HEAVY_RAN = True\nVALUE = 7\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import builtins
+
+    assert defer_imports(("pkg_deferred.heavy", "no_such_package_here.sub", "os")) == ["pkg_deferred.heavy"]
+    from pkg_deferred import heavy   # as Keras imports ndimage
+
+    assert not hasattr(builtins, "HEAVY_RAN")
+    assert heavy.VALUE == 7 and builtins.HEAVY_RAN
+    del builtins.HEAVY_RAN
+    for name in ("pkg_deferred.heavy", "pkg_deferred"):
+        sys.modules.pop(name, None)
