@@ -64,8 +64,8 @@ __all__ = ["IMPORT_S", "DEFERRED", "NO_DRIVER_NOISE", "STARTUP_NOISE", "defer_im
            "is_startup_noise", "nvidia_driver_present"]
 
 #: seconds the first :func:`import_tensorflow` of this process took (None before it ran): most of a
-#: rank's start-up (1.9-2.1 s alone on a core of this machine kind, 2.4-2.9 s before the collector was
-#: kept out of it; results.json ``ranks[].startup``)
+#: rank's start-up (1.65-1.82 s alone on a core of this machine kind; 2.4-2.9 s before the collector was
+#: kept out of it and SciPy deferred; results.json ``ranks[].startup``)
 IMPORT_S: float | None = None
 
 #: TensorFlow 2.18's import-time lines that carry no information for a CPU run

@@ -33,7 +33,7 @@ round; median, min, max, IQR) on a cluster it brings up and removes itself::
 
     flock /tmp/hvdkit-mpi.lock .venv/bin/python -m tests.cluster.restart_kill --repeats 3 \\
         --json benchmarks/figures/cluster_restarts.json
-    flock /tmp/hvdkit-mpi.lock .venv/bin/python -m tests.cluster.restart_kill --repeats 3 \\
+    flock /tmp/hvdkit-mpi.lock .venv/bin/python -m tests.cluster.restart_kill --repeats 7 \\
         --cpus-per-host none --json benchmarks/figures/cluster_restarts_no_share.json
 """
 from __future__ import annotations
