@@ -49,6 +49,9 @@ importtime``: 0.26 s of 2.8 s). A deferred module is a real one whose body runs 
 attribute access (``importlib.util.LazyLoader``, the standard library's lazy-import recipe), so
 ``ndimage.affine_transform`` still works where a user calls it; it only moves SciPy's loading
 there. A relaunched rank imports TensorFlow on the way to training again (docs/fault-tolerance.md).
+One caveat of the recipe: before Python 3.13 (CPython gh-114763) the lazy module's first load takes no
+lock, so two threads touching a deferred module for the first time at once could see it half
+loaded; nothing in hvdkit touches them at all.
 """
 from __future__ import annotations
 

@@ -103,9 +103,11 @@ def cluster_mpirun_cmd(np_: int, program: Sequence[str], hosts: str, *, mpi_args
     choice = None if user_chose(mpi_args, os.environ) else \
         choose(host_names(hosts, ""), "", launcher="mpi", mpi="openmpi", log=log)
     from hvdkit.launch.fabrics import skip_cm_args
+    from hvdkit.launch.network import job_fabrics
 
+    devices = job_fabrics(host_names(hosts, ""), choice)
     spec = LaunchSpec(np=np_, program=tuple(program), hosts=hosts, env_forward=tuple(forward), env_set=tuple(env_set),
-                      mpi_args=skip_cm_args(mpi_args, os.environ, choice.fabrics if choice else None), binary="mpirun",
+                      mpi_args=skip_cm_args(mpi_args, {**os.environ, **dict(env_set)}, devices), binary="mpirun",
                       network_interface=choice.interface if choice else "",
                       oob_interface=choice.oob_interface if choice else None)
     return build_command(spec, mpi="openmpi", is_root=os.geteuid() == 0, slots=np_)

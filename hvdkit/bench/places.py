@@ -70,9 +70,10 @@ from typing import Any, Callable, Mapping, Sequence
 from hvdkit.errors import UsageError
 from hvdkit.launch.command import (LOCAL_FORWARD, LaunchSpec, forwarded_env_names, local_command,
                                    multi_host_mpi_args, plan_command)
+from hvdkit.launch.fabrics import skip_cm_args
 from hvdkit.launch.hosts import Host, parse_hosts, read_hostfile, total_slots
 from hvdkit.launch.mpi import HOROVODRUN, MPI, OPENMPI, detect_mpi, local_cores
-from hvdkit.launch.network import Choice, choose, host_names, is_local, user_chose
+from hvdkit.launch.network import Choice, choose, host_names, is_local, job_fabrics, user_chose
 from hvdkit.launch.slurm import allocation, describe as describe_slurm
 
 __all__ = ["Place", "EmulatedSpec", "add_place_arguments", "place_from_args", "parse_emulated", "hosts_command",
@@ -286,7 +287,8 @@ def hosts_command(ranks: int, program: Sequence[str], *, hosts: str = "", hostfi
 
     ``mpirun -np N (-H HOSTS | --hostfile CLEAN) --bind-to none --map-by slot [--allow-run-as-root]
     [--oversubscribe] [--mca btl_tcp_if_include NET --mca oob_tcp_if_include NET] -x VAR ...
-    -x HVDKIT_NETWORK_INTERFACE=NET [--mca coll_tuned_* ... --mca oob_tcp_keepalive_* ...] [MPI_ARGS] PROGRAM``
+    -x HVDKIT_NETWORK_INTERFACE=NET [--mca coll_tuned_* ... --mca oob_tcp_keepalive_* ...] [MPI_ARGS]
+    [--mca pml ^cm] PROGRAM``
     (Open MPI), ``[env ...] horovodrun -np N [--network-interface IF] -H HOST:N,... PROGRAM``.
 
     Args:
@@ -310,6 +312,9 @@ def hosts_command(ranks: int, program: Sequence[str], *, hosts: str = "", hostfi
         spec = replace(spec, mpi_args=multi_host_mpi_args(spec.mpi_args, environ))
     if choice:
         spec = replace(spec, network_interface=choice.interface, oob_interface=choice.oob_interface)
+    if launcher == MPI and mpi == OPENMPI:   # no 0.2 s of cm's probes in every rank's start, as hvdkit-launch
+        devices = job_fabrics(host_names(hosts, hostfile), choice)
+        spec = replace(spec, mpi_args=skip_cm_args(spec.mpi_args, {**environ, **dict(env_set)}, devices))
     return plan_command(spec, mpi=mpi, is_root=hasattr(os, "geteuid") and os.geteuid() == 0, cores=local_cores())
 
 

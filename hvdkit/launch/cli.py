@@ -21,7 +21,7 @@ from hvdkit.cliparse import Parser, print_error
 from hvdkit.errors import UsageError
 from hvdkit.launch.command import (FORWARD_NAMES, FORWARD_PREFIXES, LaunchSpec, forwarded_env_names,
                                    multi_host_mpi_args, plan_command)
-from hvdkit.launch.fabrics import fabric_devices, skip_cm_args
+from hvdkit.launch.fabrics import skip_cm_args
 from hvdkit.launch.hosts import hosts_arg, total_slots
 from hvdkit.launch.mpi import HOROVODRUN, MPI, MPICH, OPENMPI, detect_mpi, local_cores
 from hvdkit.launch.rankexec import rank_exec_env
@@ -229,7 +229,10 @@ def main(argv: Sequence[str] | None = None, prog: str = "hvdkit-launch") -> int:
         if choice:
             spec = replace(spec, network_interface=choice.interface, oob_interface=choice.oob_interface)
         if ns.launcher == MPI and mpi == OPENMPI:   # no 0.2 s of cm's probes in every rank's start (fabrics.py)
-            spec = replace(spec, mpi_args=skip_cm_args(spec.mpi_args, os.environ, _fabrics(ns, choice)))
+            from hvdkit.launch.network import host_names, job_fabrics
+
+            spec = replace(spec, mpi_args=skip_cm_args(spec.mpi_args, {**os.environ, **dict(spec.env_set)},
+                                                       job_fabrics(host_names(ns.hosts, ns.hostfile), choice)))
 
         if ns.max_restarts:   # every attempt's ranks see HVDKIT_RESTART (results.json: restarts)
             spec = replace(spec, env_forward=tuple(sorted({*spec.env_forward, RESTART_ENV})))
@@ -319,17 +322,6 @@ def _network(ns, mpi: str, elastic: bool = False):
             raise
         print(f"hvdkit-launch: note: --dry-run without MPI's network: {e}", file=sys.stderr, flush=True)
         return None
-
-
-def _fabrics(ns, choice) -> list | None:
-    """The job's hosts' fabric devices (:mod:`hvdkit.launch.fabrics`): this host's when the job
-    runs here only, the pre-launch check's across hosts (``choice``), None where they were not read
-    (the user chose Open MPI's network, so no host was asked)."""
-    from hvdkit.launch.network import host_names, is_local
-
-    if all(is_local(n) for n in host_names(ns.hosts, ns.hostfile)):
-        return [fabric_devices()]
-    return list(choice.fabrics) if choice and choice.fabrics is not None else None
 
 
 def _horovodrun() -> str:

@@ -5,8 +5,8 @@ At every rank's ``MPI_Init`` Open MPI 4.1 opens the ``cm`` PML, which opens its 
 Omni-Path, verbs). On a host without such hardware each of ``libpsm2`` and ``libpsm_infinipath``
 waits about 0.1 s before it gives up (``strace -f``: 0.10 s after each library's last
 ``/proc/self/status`` read, for either MTL and for libfabric's providers of the same names), and
-the PML chosen is ``ob1`` all the same (``--mca pml_base_verbose 10``: "component ob1 selected";
-``cm`` and ``ucx`` find nothing to open). Measured on this machine kind (Debian's Open MPI 4.1.4,
+the PML chosen is ``ob1`` all the same (measured here, ``--mca pml_base_verbose 10``: "component ob1
+selected"; ``cm`` and ``ucx`` find nothing to open). Measured on this machine kind (Debian's Open MPI 4.1.4,
 2026-12-05), ``from mpi4py import MPI`` (``MPI_Init``) in each rank:
 
 ==========================================  ==================  ================================
@@ -25,18 +25,19 @@ Omni-Path cluster, where it is the fast path. hvdkit leaves ``cm`` out only wher
 nothing: :func:`skip_cm_args` adds ``--mca pml ^cm`` when every host of the job was read and
 none has any device of :data:`FABRIC_DEVICES`, and the user chose no PML or MTL (``pml``/``mtl``
 in ``--mpi-args``, ``OMPI_MCA_pml``/``OMPI_MCA_mtl``). A device the list misses costs speed, not
-correctness: ``ob1`` runs over TCP, as it does on every host without one. ``hvdkit-launch``
-reads the other hosts' devices in its pre-launch check (:mod:`hvdkit.launch.network`, the helper
-on each host); :func:`hvdkit.launch.command.local_command` (the tests', the benchmarks' launches)
-reads this host's.
+correctness: ``ob1`` runs over TCP, as it does on every host without one. ``hvdkit-launch``,
+``hvdkit-bench``'s multi-host jobs and the emulated cluster's benchmarks read the other hosts'
+devices in the pre-launch network check (the helper on each host: :func:`hvdkit.launch.network.job_fabrics`);
+:func:`hvdkit.launch.command.local_command` (the tests', the benchmarks' local launches) reads this host's.
 """
 from __future__ import annotations
 
 import glob
 import os
+import shutil
 from typing import Iterable, Mapping, Sequence
 
-__all__ = ["FABRIC_DEVICES", "SKIP_CM", "fabric_devices", "user_chose_pml", "skip_cm_args"]
+__all__ = ["FABRIC_DEVICES", "fabric_devices", "param_files", "file_params", "user_chose_pml", "skip_cm_args"]
 
 #: the devices of the fabrics Open MPI's ``cm`` PML (its MTLs) or UCX drive, as glob patterns
 FABRIC_DEVICES = (
@@ -46,8 +47,9 @@ FABRIC_DEVICES = (
     "/dev/cxi*",                 # HPE Slingshot (libfabric cxi)
     "/dev/kgni*",                # Cray Aries (libfabric gni)
 )
-#: what :func:`skip_cm_args` adds
-SKIP_CM = ("--mca", "pml", "^cm")
+#: launcher flags that name a file of MCA parameters (which may choose the PML): left alone
+_PARAM_FILE_FLAGS = ("--tune", "-tune", "--am", "-am")
+_MCA_FLAGS = ("--mca", "-mca", "--gmca", "-gmca")
 
 
 def fabric_devices(root: str = "/") -> list[str]:
@@ -59,20 +61,76 @@ def fabric_devices(root: str = "/") -> list[str]:
     return sorted(found)
 
 
+def param_files(environ: Mapping[str, str], mpirun: str | None = None) -> list[str]:
+    """Open MPI's parameter files as they apply, the later overriding the earlier: the system's
+    (Debian's ``/etc/openmpi/openmpi-mca-params.conf``, or ``PREFIX/etc/openmpi-mca-params.conf``
+    beside ``mpirun``, found on PATH when not given), then the user's
+    (``~/.openmpi/mca-params.conf``); those that exist."""
+    mpirun = mpirun or shutil.which("mpirun", path=environ.get("PATH"))
+    system = ["/etc/openmpi/openmpi-mca-params.conf"]
+    if mpirun:
+        prefix = os.path.dirname(os.path.dirname(os.path.realpath(mpirun)))
+        system.append(os.path.join(prefix, "etc", "openmpi-mca-params.conf"))
+    home = environ.get("HOME") or os.path.expanduser("~")
+    paths = [*dict.fromkeys(system), os.path.join(home, ".openmpi", "mca-params.conf")]
+    return [p for p in paths if os.path.isfile(p)]
+
+
+def file_params(paths: Sequence[str]) -> dict[str, str]:
+    """``name = value`` lines of Open MPI parameter files (``#`` comments), the later file winning;
+    a file that cannot be read counts as empty."""
+    out: dict[str, str] = {}
+    for path in paths:
+        try:
+            with open(path, encoding="utf-8", errors="replace") as f:
+                lines = f.read().splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            name, eq, value = line.split("#", 1)[0].partition("=")
+            if eq and name.strip():
+                out[name.strip()] = value.strip()
+    return out
+
+
+def _chooses(name: str) -> bool:
+    """Whether setting MCA parameter ``name`` chooses the PML or its MTLs (``pml``, ``mtl``,
+    ``mtl_*``, ``pml_cm_*``); a component's own parameter (``pml_ucx_tls``) does not."""
+    return name in ("pml", "mtl") or name.startswith(("mtl_", "pml_cm_"))
+
+
 def user_chose_pml(mpi_args: Sequence[str], environ: Mapping[str, str]) -> bool:
-    """Whether the user chose Open MPI's PML or MTL: ``--mca pml X`` / ``--mca mtl X`` among
-    ``mpi_args``, or ``OMPI_MCA_pml`` / ``OMPI_MCA_mtl`` in ``environ``."""
+    """Whether the user chose Open MPI's PML or its MTLs: ``--mca``/``--gmca`` (one dash too) of a
+    choosing name (``pml``, ``mtl``, ``mtl_*``, ``pml_cm_*``) among ``mpi_args``, a parameter file
+    given to the launcher (``--tune``, ``--am``), ``OMPI_MCA_<choosing name>`` or ``FI_PROVIDER``
+    (libfabric's provider, for the ``ofi`` MTL) in ``environ`` (give the variables set on the ranks
+    too), or a file named by ``OMPI_MCA_mca_base_param_files``."""
     args = list(mpi_args)
-    named = any(a in ("--mca", "-mca") and i + 1 < len(args) and args[i + 1] in ("pml", "mtl")
-                for i, a in enumerate(args))
-    return named or "OMPI_MCA_pml" in environ or "OMPI_MCA_mtl" in environ
+    for i, a in enumerate(args):
+        if a in _PARAM_FILE_FLAGS or (a in _MCA_FLAGS and i + 1 < len(args) and _chooses(args[i + 1])):
+            return True
+    return ("FI_PROVIDER" in environ or "OMPI_MCA_mca_base_param_files" in environ
+            or any(k.startswith("OMPI_MCA_") and _chooses(k[len("OMPI_MCA_"):]) for k in environ))
 
 
-def skip_cm_args(mpi_args: Sequence[str], environ: Mapping[str, str],
-                 devices: Iterable[Sequence[str]] | None) -> tuple[str, ...]:
-    """``mpi_args`` followed by :data:`SKIP_CM` (Open MPI only; the module's rule) when ``devices``
+def skip_cm_args(mpi_args: Sequence[str], environ: Mapping[str, str], devices: Iterable[Sequence[str]] | None,
+                 files: Sequence[str] | None = None) -> tuple[str, ...]:
+    """``mpi_args`` followed by ``--mca pml ^cm`` (Open MPI only; the module's rule) when ``devices``
     (per host of the job, :func:`fabric_devices` there; None: not known) are known and all empty
-    and the user chose no PML or MTL (:func:`user_chose_pml`); else ``mpi_args`` unchanged (pure)."""
+    and the user chose neither the PML nor its MTLs (:func:`user_chose_pml`, nor in Open MPI's
+    parameter files, ``files``, default :func:`param_files`); else ``mpi_args`` unchanged.
+
+    A parameter file's PML exclusion is kept and ``cm`` added to it: Debian's system file says
+    ``pml = ^ucx``, and a ``pml`` on the command line replaces it, so the flag is then ``^ucx,cm``.
+    A file that includes PMLs (``pml = ob1``) or MTLs (``mtl = psm2``), or sets an MTL's or ``cm``'s
+    parameters, is a choice, left alone; an MTL exclusion (Debian's ``mtl = ^ofi``) is not."""
+    devices = None if devices is None else [list(d) for d in devices]
     if devices is None or any(devices) or user_chose_pml(mpi_args, environ):
         return tuple(mpi_args)
-    return (*mpi_args, *SKIP_CM)
+    params = file_params(param_files(environ) if files is None else files)
+    pml, mtl = params.get("pml", ""), params.get("mtl", "")
+    if (pml and not pml.startswith("^")) or (mtl and not mtl.startswith("^")) \
+            or any(k.startswith(("mtl_", "pml_cm_")) for k in params):
+        return tuple(mpi_args)
+    excluded = [c.strip() for c in pml.lstrip("^").split(",") if c.strip()]
+    return (*mpi_args, "--mca", "pml", "^" + ",".join(dict.fromkeys([*excluded, "cm"])))

@@ -60,7 +60,8 @@ from hvdkit.launch.mpi import HOROVODRUN, MPICH
 from hvdkit.network import (PROBE_S, Interface, candidates, connect_all, describe, is_cidr, local_interfaces,
                             names_for, network_of)
 
-__all__ = ["Choice", "HostUnreadable", "host_names", "is_local", "user_chose", "choose", "read_hosts", "CHECK_S", "host_side"]
+__all__ = ["Choice", "HostUnreadable", "host_names", "is_local", "user_chose", "choose", "read_hosts", "job_fabrics",
+           "CHECK_S", "host_side"]
 
 #: seconds the whole pre-launch check may take (ssh to every host, the connections)
 CHECK_S = 30.0
@@ -368,6 +369,15 @@ def choose(names: Sequence[str], given: str, *, launcher: str, mpi: str, elastic
         line += "; give --network-interface to choose another"
     (log or (lambda text: print(text, file=sys.stderr, flush=True)))(line)
     return Choice(net, interface, oob, line, None if None in fabrics else tuple(tuple(f) for f in fabrics))
+
+
+def job_fabrics(names: Sequence[str], choice: Choice | None) -> list | None:
+    """The fabric devices of a job's hosts (:mod:`hvdkit.launch.fabrics`): this host's when every
+    host is this one (or none is named), else the pre-launch check's (``choice.fabrics``, one list
+    per host); None where they were not read (no check: the user chose MPI's network)."""
+    if all(is_local(n) for n in names):
+        return [fabric_devices()]
+    return list(choice.fabrics) if choice is not None and choice.fabrics is not None else None
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ from hvdkit import launch as L
 from hvdkit.launch import templates as T
 from hvdkit.launch import command as C
 from hvdkit.launch.command import multi_host_mpi_args
-from hvdkit.launch.fabrics import SKIP_CM
+from hvdkit.launch import fabrics as F
 from hvdkit.errors import UsageError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -309,7 +309,7 @@ def test_multi_host_open_mpi_gets_the_ring_allreduce(capsys, monkeypatch):
     argv = run("-np", "2", "-H", "a:1,b:1", "--mpi", "openmpi")
     i = argv.index("--mca")
     assert argv[i:i + 18] == ring + keep + links and argv[i + 18] == sys.executable
-    monkeypatch.setattr(L.cli, "fabric_devices", lambda: ["/dev/hfi1_0"])   # no cm rule here (fabrics.py)
+    monkeypatch.setattr("hvdkit.launch.network.fabric_devices", lambda: ["/dev/hfi1_0"])   # no cm rule (fabrics.py)
     assert "--mca" not in run("-np", "2", "--mpi", "openmpi")
     assert "--mca" not in " ".join(run("-np", "2", "-H", "a:1,b:1", "--mpi", "mpich"))
     argv = run("-np", "2", "-H", "a:1,b:1", "--mpi", "openmpi", "--mpi-args=--mca coll_tuned_use_dynamic_rules 0")
@@ -432,12 +432,14 @@ def test_local_command_is_the_launchers_command(monkeypatch):
     monkeypatch.delenv("OMPI_MCA_pml", raising=False)
     monkeypatch.delenv("OMPI_MCA_mtl", raising=False)
     monkeypatch.setattr(C, "fabric_devices", lambda: [])   # a host without a fabric: cm left out (fabrics.py)
+    monkeypatch.setattr(F, "param_files", lambda environ: [])   # no Open MPI parameter file (Debian's: test_fabrics)
+    skip_cm = ["--mca", "pml", "^cm"]
     assert L.local_command(4, prog, binary="mpirun", is_root=True) == [
         "mpirun", "-np", "4", "--bind-to", "none", "--map-by", "slot", "--allow-run-as-root", "--oversubscribe",
-        *fwd, *now, *SKIP_CM, *prog]
+        *fwd, *now, *skip_cm, *prog]
     assert L.local_command(1, prog, binary="mpirun", is_root=False, oversubscribe=False,
                            mpi_args=["--mca", "btl", "self"]) == [
-        "mpirun", "-np", "1", "--bind-to", "none", "--map-by", "slot", *fwd, "--mca", "btl", "self", *now, *SKIP_CM,
+        "mpirun", "-np", "1", "--bind-to", "none", "--map-by", "slot", *fwd, "--mca", "btl", "self", *now, *skip_cm,
         *prog]
     monkeypatch.setattr(C, "fabric_devices", lambda: ["/sys/class/infiniband/mlx5_0"])   # cm's MTLs may serve it
     assert L.local_command(1, prog, binary="mpirun", is_root=False, oversubscribe=False)[-6:] == [*now, *prog]

@@ -18,7 +18,7 @@ import pytest
 import hvdkit.launch as L
 from hvdkit.errors import UsageError
 from hvdkit.launch import network as LN
-from hvdkit.launch.fabrics import SKIP_CM, fabric_devices, skip_cm_args
+from hvdkit.launch.fabrics import fabric_devices
 from hvdkit.mpistart import arm, launcher_rank, startup_seconds
 from hvdkit.network import Interface, candidates, names_for
 from tests.conftest import ROOT
@@ -129,35 +129,28 @@ def _dry(monkeypatch, capsys, argv, hosts=DOCKER, here=("eth0", "10.1.0.1", 24),
     return rc, shlex.split(out), err
 
 
-def test_cm_is_left_out_only_where_no_host_has_a_fabric_device(monkeypatch, capsys, tmp_path):
-    """Open MPI's cm PML (fabrics.py): left out when every host was read and none has a fabric
-    device; kept when one has, when the user chose a PML or MTL, for MPICH and for horovodrun (which
-    sets its own PML); the devices found under a directory standing for a host's root."""
-    for k in ("OMPI_MCA_pml", "OMPI_MCA_mtl"):
-        monkeypatch.delenv(k, raising=False)
+def test_cm_is_left_out_only_where_no_host_has_a_fabric_device(monkeypatch, capsys):
+    """Open MPI's cm PML (fabrics.py) through hvdkit-launch: left out when every host was read and none
+    has a fabric device; kept when one has, when the user chose a PML or MTL (--mpi-args, the
+    environment, --env), for MPICH and for horovodrun (which sets its own PML)."""
+    for k in [k for k in os.environ if k.startswith("OMPI_MCA_") or k == "FI_PROVIDER"]:
+        monkeypatch.delenv(k)
+    monkeypatch.setattr("hvdkit.launch.fabrics.param_files", lambda environ: [])
     base = ["-np", "2", "-H", "h1:1,h2:1", "--mpi", "openmpi", "--", "--epochs", "1"]
     rc, cmd, _ = _dry(monkeypatch, capsys, base)
-    assert rc == 0 and cmd[cmd.index(sys.executable) - 3:cmd.index(sys.executable)] == list(SKIP_CM), cmd
+    assert rc == 0 and cmd[cmd.index(sys.executable) - 3:cmd.index(sys.executable)] == ["--mca", "pml", "^cm"], cmd
     rc, cmd, _ = _dry(monkeypatch, capsys, base, fabrics=("/dev/hfi1_0",))
     assert rc == 0 and "^cm" not in cmd
     rc, cmd, _ = _dry(monkeypatch, capsys, ["--mpi-args=--mca pml ob1", *base])
     assert rc == 0 and "^cm" not in cmd and cmd.count("pml") == 1
+    rc, cmd, _ = _dry(monkeypatch, capsys, ["--env", "OMPI_MCA_mtl=psm2", *base])
+    assert rc == 0 and "^cm" not in cmd
     monkeypatch.setenv("OMPI_MCA_mtl", "ofi")
     assert "^cm" not in _dry(monkeypatch, capsys, base)[1]
     monkeypatch.delenv("OMPI_MCA_mtl")
     for other in (["--mpi", "mpich"], ["--launcher", "horovodrun"]):
         rc, cmd, _ = _dry(monkeypatch, capsys, [*base[:4], *other, *base[6:]])
         assert rc == 0 and "^cm" not in " ".join(cmd), cmd
-    assert skip_cm_args(("-v",), {}, None) == ("-v",)   # the hosts' devices not known (the user chose the network)
-    assert skip_cm_args(("-v",), {}, [[], []]) == ("-v", *SKIP_CM)
-    assert skip_cm_args(("-mca", "pml", "ucx"), {}, [[]]) == ("-mca", "pml", "ucx")
-    assert skip_cm_args(("--mca", "pml_ucx_tls", "tcp"), {}, [[]])[-3:] == SKIP_CM   # a component's parameter
-    assert fabric_devices(str(tmp_path)) == []
-    for dev in ("sys/class/infiniband/efa_0", "dev/hfi1_0", "dev/cxi0", "dev/eth0"):
-        (tmp_path / dev).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / dev).touch()
-    assert fabric_devices(str(tmp_path)) == [str(tmp_path / d) for d in ("dev/cxi0", "dev/hfi1_0",
-                                                                         "sys/class/infiniband/efa_0")]
 
 
 def test_dry_run_commands_carry_the_chosen_network(monkeypatch, capsys, tmp_path):

@@ -5,6 +5,7 @@ for real in tests/cluster/test_places_cluster.py."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import re
 import stat
@@ -232,6 +233,18 @@ def test_hosts_command_is_hvdkit_launchs_multi_host_command(fake_net):
     assert "--mca oob_tcp_keepalive_time 5" in s and "--mca coll_tuned_allreduce_algorithm 4" in s
     assert "--oversubscribe" not in s and cmd[-3:] == ["python", "-m", "hvdkit.train"]
     assert p.fits(4) and not p.fits(5)
+
+
+def test_hosts_command_leaves_cm_out_as_hvdkit_launch(fake_net, monkeypatch):
+    """Open MPI's cm PML (hvdkit/launch/fabrics.py): left out where the check read every host and none
+    has a fabric device; kept where one has, and for horovodrun."""
+    monkeypatch.setattr("hvdkit.launch.fabrics.param_files", lambda environ: [])
+    for devices, want in ((((), ()), True), ((("/dev/hfi1_0",), ()), False)):
+        monkeypatch.setattr(P, "choose", lambda *a, devices=devices, **k: dataclasses.replace(CHOICE, fabrics=devices))
+        with P.place_from_args(_args("--hosts", "h1:1,h2:1"), {}) as p:
+            cmd = p.command(2, ["x"])
+            assert (cmd[-4:-1] == ["--mca", "pml", "^cm"]) == want, cmd
+            assert "^cm" not in " ".join(p.command(2, ["x"], launcher="horovodrun"))
 
 
 def test_horovodrun_is_chosen_for_separately(fake_net):
