@@ -22,7 +22,8 @@ from typing import NoReturn
 
 from hvdkit import costs
 from hvdkit.advise.model import (Cluster, Options, Prediction, Workload, async_throughput, colocated_time,
-                                 flat_ring_time, hierarchical_time, overlapped_step, ps_sync_time, straggler_factor)
+                                 flat_ring_time, hierarchical_time, overlapped_step, ps_sync_time, server_queue_cycle,
+                                 straggler_factor)
 from hvdkit.compression import wire_itemsize
 from hvdkit.errors import UsageError
 from hvdkit.strategies import STRATEGIES
@@ -228,9 +229,13 @@ def predict_variant(variant: str | Variant | OwnRow | Priced, wl: Workload, cl: 
         slow = 1.0 if row.staleness is None else straggler_factor(w, opt.jitter_cv, row.staleness)
         cycle = compute * slow + comm
         cap = k * min(cl.inter_Bps / s, cl.server_Bps / s)
-        rate, staleness = async_throughput(cycle, w, cap)
+        # each server's loop serves one request at a time, 1 / cap seconds each (its shard, one way): below
+        # the cap the requests still queue there (server_queue_cycle, as the calibrated model prices them)
+        queued = server_queue_cycle(w, 1.0 / cap, max(0.0, cycle - 1.0 / cap))
+        rate, staleness = async_throughput(max(cycle, queued), w, cap)
         step = w / rate
         terms["straggler"] = compute * (slow - 1)
+        terms["server"] = max(0.0, step - cycle)
     else:
         slow = straggler_factor(w, opt.jitter_cv, 0) if w > 1 else 1.0
         c_eff = compute * slow
@@ -243,8 +248,8 @@ def predict_variant(variant: str | Variant | OwnRow | Priced, wl: Workload, cl: 
     terms["contention"] = compute - wl.compute_s
     exposed = max(0.0, step - compute - terms["straggler"])
     names = {"bandwidth": f"{link[0]} bandwidth", "latency": "latency", "reduction": "reduction/update (CPU)",
-             "straggler": "straggler wait", "contention": "shared cores"}
-    worst = max(names, key=lambda t: terms[t])
+             "straggler": "straggler wait", "contention": "shared cores", "server": "servers (asynchronous requests)"}
+    worst = max(names, key=lambda t: terms.get(t, 0.0))
     if exposed + terms["straggler"] + terms["contention"] > wl.compute_s:
         limiting = names[worst]
     else:
