@@ -51,7 +51,9 @@ class ServerLoop:
     version) when the worker's latest PUSH or PULL asked for it (header ``reply_dtype``).
 
     Replies (``replies``): ``"concurrent"`` starts every reply at once, so the weights of a sync step
-    share the server's link and reach every worker at the same moment, W x S / B after the barrier;
+    share the server's link, the last reaching its worker W x S / B after the barrier (the others
+    earlier: Open MPI's TCP transport ended them about half as staggered as serial replies on 4 fair
+    emulated workers, docs/advise.md);
     ``"serial"`` sends the weight replies one at a time, first in first out, those released together in
     worker order (the next one starts when the previous one's send has completed; a queued reply takes
     the weights current when it starts, and its ``waited_us`` does not count its time in the queue),
