@@ -257,15 +257,16 @@ class Calibration:
         :func:`~hvdkit.advise.model.split_fit` and scaled: latency by :func:`latency_steps`, wire by
         :func:`wire_factor` (a ring or colocated PS on more than 2 hosts at the probe's ring-pattern rate,
         every host sending and receiving at once, where cluster.json has it; a colocated PS at its
-        all-to-all pattern's rate where the probe measured that), the CPU term of a ring and a colocated PS by the wire factor (the bytes each
-        rank copies and sums), of a dedicated PS kept (the worker's own serialisation) plus
+        all-to-all pattern's rate where the probe measured that), the CPU term of a ring and a colocated
+        PS by the wire factor (the bytes each rank copies and sums), of a dedicated PS kept (the worker's
+        own serialisation) plus
         :func:`~hvdkit.advise.model.server_serial_time` of the W - 1 other pushes; a colocated PS on
         more than 2 hosts at least its bytes at :attr:`a2a_frac` of the ring pattern's rate where the
         calibration has it (the excess: the ``transport`` term); ``share``:
         :func:`~hvdkit.advise.model.cpu_share` of the job (the fit's: 2 ranks). Asynchronous rows
         (ps-async, ps-ssp, ps-dcasgd): each worker's cycle is its one-worker step (at this job's CPU
-        share) plus its wait at the servers, and at least the K servers' bound: each takes the W requests of its shard S / K one after another (hvdkit's server
-        is one loop), each its bytes one way (pushes in and pulls out overlap on a full-duplex link,
+        share) plus its wait at the servers, and at least the K servers' bound: each takes the W
+        requests of its shard S / K one after another (hvdkit's server is one loop), each its bytes one way (pushes in and pulls out overlap on a full-duplex link,
         Dean et al. 2012's asynchronous servers), the transport's copies (the fit's CPU term) and the
         sum of one push: W / K times those of a request of the whole S, at the CPU share of one busy
         rank on its host (the waiting workers sleep: :func:`hvdkit.comm.poll`); below that bound, the
@@ -354,7 +355,7 @@ class Calibration:
             # ps-async below the bound came out as that step, 8-16% under on fair26's cnn (1 Gbit/s at 3
             # and 4 workers, 200 Mbit/s at 3; docs/advise.md)
             d = per_request / k
-            queued = server_queue_cycle(workers, d, max(0.0, step - d)) if workers > 1 else step
+            queued = server_queue_cycle(workers, d, max(0.0, step - d))   # = step at one worker
             terms["server"] = max(0.0, bound - step, queued - step)
             step = max(step, bound, queued)
         one = self.predict(model, variant, 1, rate, nbytes, batch) if workers > 1 else None
