@@ -297,13 +297,15 @@ SPIN_S = 2e-4
 YIELD_S = 2e-3
 
 
-def poll(test, deadline: float | None, what: str) -> None:
+def poll(test, deadline: float | None, what: str, yield_s: float = YIELD_S) -> None:
     """Call ``test()`` until it returns True: spin, then yield, then sleep (<= 200 us).
 
     For :data:`SPIN_S` it spins (a reply already on its way costs no system call); until
-    :data:`YIELD_S` it calls ``sleep(0)`` between tries, which hands the GIL and the core to
-    the other thread of a colocated worker/server pair; after that the sleeps grow from
-    20 us to 200 us, so an idle server thread costs almost no CPU next to training.
+    ``yield_s`` (default :data:`YIELD_S`) it calls ``sleep(0)`` between tries, which hands the GIL
+    and the core to the other thread of a colocated worker/server pair; after that the sleeps grow
+    from 20 us to 200 us, so an idle server thread costs almost no CPU next to training. A
+    ``yield_s`` of at most :data:`SPIN_S` goes from spinning straight to sleeping (a thread alone on
+    its core: ``sleep(0)`` would return at once, spinning on).
 
     Raises:
         TimeoutError: ``deadline`` (a ``time.monotonic()`` value) passed; the message is ``what``.
@@ -317,7 +319,7 @@ def poll(test, deadline: float | None, what: str) -> None:
         waited = time.perf_counter() - t0
         if waited < SPIN_S:
             continue
-        if waited < YIELD_S:
+        if waited < yield_s:
             time.sleep(0)
             continue
         time.sleep(min(2e-4, 2e-5 * (1 + tries // 100)))

@@ -47,7 +47,7 @@ class _LazyMPI:
 
 MPI = _LazyMPI()
 
-__all__ = ["METHODS", "COMPRESSED", "data", "MPIWorld", "HorovodWorld"]
+__all__ = ["METHODS", "COMPRESSED", "OPT_IN", "data", "MPIWorld", "HorovodWorld"]
 
 
 def data(rank: int, n: int) -> np.ndarray:
@@ -147,15 +147,23 @@ class HorovodFp16(Horovod):
 
 class Ring(_Method):
     ring_class = "RingAllreduce"
+    wait = "poll"
 
     def __init__(self, comm, rank, size):
         super().__init__(comm, rank, size)
         from hvdkit import collectives
 
-        self.ring = getattr(collectives, self.ring_class)(comm)
+        self.ring = getattr(collectives, self.ring_class)(comm, wait=self.wait)
 
     def run(self):
         self.ring.allreduce(self.send, self.recv)
+
+
+class RingSpin(Ring):
+    """The same ring, each step waiting in MPI's ``Waitall`` (Open MPI busy-polls) instead of
+    spinning 200 us and then sleeping (:class:`~hvdkit.collectives.ring.RingAllreduce`'s ``wait``)."""
+
+    wait = "spin"
 
 
 class RingFp16(Ring):
@@ -372,8 +380,10 @@ class HorovodWorld(MPIWorld):
 
 
 #: name -> class, in the table's order
-METHODS = {"mpi": Mpi, "mpi-pickle": MpiPickle, "horovod": Horovod, "ring": Ring, "ps": PS, "ps2": PS2,
-           "ps-colocated": PSColocated, "mpi-a2a": MpiAlltoall, "memcpy": Memcpy, "horovod-fp16": HorovodFp16,
+METHODS = {"mpi": Mpi, "mpi-pickle": MpiPickle, "horovod": Horovod, "ring": Ring, "ring-spin": RingSpin, "ps": PS,
+           "ps2": PS2, "ps-colocated": PSColocated, "mpi-a2a": MpiAlltoall, "memcpy": Memcpy, "horovod-fp16": HorovodFp16,
            "ring-fp16": RingFp16, "ps-fp16": PSFp16, "ps-fp16-push": PSFp16Push, "ps-colocated-fp16": PSColocatedFp16}
 #: the compressed rows, left out of the default set (``--methods`` names them)
 COMPRESSED = ("horovod-fp16", "ring-fp16", "ps-fp16", "ps-fp16-push", "ps-colocated-fp16")
+#: every row left out of the default set: the compressed ones and the ring's busy-polled baseline
+OPT_IN = (*COMPRESSED, "ring-spin")

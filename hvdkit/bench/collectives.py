@@ -18,6 +18,8 @@ mpi             ``comm.Allreduce`` on NumPy buffers: the raw MPI reference
 mpi-pickle      ``comm.allreduce`` on the array object (pickled, the convenient slow path)
 horovod         ``hvd.allreduce(op=Sum)`` on an eager tensor (Horovod's background cycle)
 ring            :class:`hvdkit.collectives.ring.RingAllreduce` (reduce-scatter + allgather, N-1 steps each)
+ring-spin       the same ring, each step waiting in MPI's ``Waitall`` (busy-polled) instead of
+                spinning 200 us and then sleeping (the ring's ``wait``)
 ps, ps2         push + pull through K = 1 or 2 dedicated server ranks (the last K ranks, one
                 contiguous 1/K of the buffer each; the others are workers), synchronous, the
                 SGD update (lr = 1) applied on the servers
@@ -102,7 +104,7 @@ import numpy as np
 from hvdkit import costs
 from hvdkit.cliparse import Parser, print_error
 from hvdkit.errors import UsageError
-from hvdkit.bench._collective_methods import COMPRESSED, METHODS, HorovodWorld, MPIWorld
+from hvdkit.bench._collective_methods import METHODS, OPT_IN, HorovodWorld, MPIWorld
 from hvdkit.bench._collective_report import format_row, header, ratios as ratio_table
 from hvdkit.bench._common import quartiles
 
@@ -243,7 +245,7 @@ def main(argv=None, prog: str = "mpirun -np N python -m hvdkit.bench.collectives
     except UsageError as e:   # the same on every rank: printed once
         return print_error(prog, e) if rank == 0 else 2
     if not a.methods:
-        a.methods = ",".join(m for m, c in METHODS.items() if m not in COMPRESSED
+        a.methods = ",".join(m for m, c in METHODS.items() if m not in OPT_IN
                              and size > c.servers and (world.comm is not None or not c.needs_mpi))
     err = _check_args(a, size, world.comm is not None)   # the same verdict on every rank
     link = None

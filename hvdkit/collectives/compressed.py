@@ -102,15 +102,15 @@ class Fp16RingAllreduce(RingAllreduce):
     other dtypes take the plain ring.
 
     Args:
-        comm, fusion_bytes: as :class:`RingAllreduce`.
+        comm, fusion_bytes, wait: as :class:`RingAllreduce`.
         piece: elements per message (default 131072: 256 KiB of float16). Each step sends its
             chunk as pieces, each with its own scale: a rank packs and sends piece j + 1 while
             piece j travels, and unpacks a received piece while the next arrives, so the
             casts overlap the transfers. Must be the same on every rank.
     """
 
-    def __init__(self, comm: MPI.Comm, fusion_bytes: int = 0, piece: int = 1 << 17):
-        super().__init__(comm, fusion_bytes)
+    def __init__(self, comm: MPI.Comm, fusion_bytes: int = 0, piece: int = 1 << 17, wait: str = "poll"):
+        super().__init__(comm, fusion_bytes, wait)
         if piece < 1:
             raise ValueError(f"piece={piece} must be >= 1")
         self.piece = piece
@@ -146,7 +146,7 @@ class Fp16RingAllreduce(RingAllreduce):
         def drain(block: bool) -> int:
             nonlocal done
             while done < len(recvs) and (block or recvs[done].Test()):
-                recvs[done].Wait()
+                self._wait([recvs[done]])   # at once where Test said it is done
                 a, e = rp[done]
                 unpack(inbox[a + done:e + done + 1], out[a:e], accumulate=accumulate,
                        tmp=None if tmp is None else tmp[:e - a])
@@ -165,7 +165,7 @@ class Fp16RingAllreduce(RingAllreduce):
             sends.append(self._isend(msg, right, tag))
             drain(False)
         drain(True)
-        self._MPI.Request.Waitall(sends)
+        self._wait(sends)
 
     def _ring(self, x: np.ndarray, average: bool) -> None:
         """Reduce-scatter then allgather on the 1-D contiguous view ``x`` (N > 1), fp16 on the wire."""

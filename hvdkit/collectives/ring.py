@@ -20,8 +20,15 @@ differ from ``MPI_Allreduce`` by float rounding). With ``average=True`` the owne
 its reduced chunk by N before the allgather (1/N of the work on each rank).
 
 Each step posts ``Irecv`` (into a scratch buffer kept for the whole call) and ``Isend``
-(a view of the buffer, which is not written until the step completes), then ``Waitall``:
-no rank ever blocks on a send, so the ring cannot deadlock. Messages travel on a
+(a view of the buffer, which is not written until the step completes), then waits for both:
+no rank ever blocks on a send, so the ring cannot deadlock. The wait (``wait``) tests the
+requests, spinning for 200 us, then sleeping 20-200 us between tests (``"poll"``,
+:func:`hvdkit.comm.poll`), or is MPI's ``Waitall`` (``"spin"``), which Open MPI busy-polls for the
+whole step. Spinning took CPU the host needs: under a CPU quota (the emulated hosts at half a
+core each) a spinning rank spends its quota waiting and is then throttled while its data arrives,
+and on shared cores it takes the core from the others' ranks; sleeping costs at most 200 us per
+step once a step has lasted 200 us. Measured side by side: docs/benchmarks.md (``ring`` and
+``ring-spin`` rows). Messages travel on a
 communicator duplicated for the ring (``comm.Dup()``), so they never match a message of
 another library (Horovod, the trainer's own collectives) on the parent communicator.
 
@@ -67,9 +74,11 @@ import numpy as np
 if TYPE_CHECKING:   # mpi4py.MPI is imported where it is used: importing it starts MPI (MPI_Init)
     from mpi4py import MPI
 
-__all__ = ["RingAllreduce", "ring_allreduce", "chunk_bounds", "bucket_bounds", "flatten", "unflatten",
+__all__ = ["RingAllreduce", "WAITS", "ring_allreduce", "chunk_bounds", "bucket_bounds", "flatten", "unflatten",
            "ring_bytes_per_rank"]
 
+#: how a step waits for its messages (RingAllreduce's ``wait``)
+WAITS = ("poll", "spin")
 _TAG_REDUCE_SCATTER = 0  # + step
 _TAG_ALLGATHER = 1 << 12  # + step (world sizes beyond 4096 would need another scheme; checked)
 #: floating dtypes MPI has no datatype for: moved as raw bytes, added by NumPy in their own dtype
@@ -209,6 +218,11 @@ class RingAllreduce:
     Args:
         comm: the parent communicator (e.g. ``MPI.COMM_WORLD``); it is duplicated.
         fusion_bytes: default bucket size in bytes for every call (0: one bucket).
+        wait: how a step waits for its messages, :data:`WAITS`: ``"poll"`` (spin 200 us, then
+            sleep) or ``"spin"`` (MPI's ``Waitall``); module docstring.
+
+    Raises:
+        ValueError: ``fusion_bytes`` < 0, an unknown ``wait``, or a world beyond the tag scheme.
 
     Attributes:
         comm: the ring's own (duplicated) communicator.
@@ -222,9 +236,11 @@ class RingAllreduce:
 
     trace = None
 
-    def __init__(self, comm: MPI.Comm, fusion_bytes: int = 0):
+    def __init__(self, comm: MPI.Comm, fusion_bytes: int = 0, wait: str = "poll"):
         if fusion_bytes < 0:
             raise ValueError(f"fusion_bytes={fusion_bytes} must be >= 0 (0: no buckets)")
+        if wait not in WAITS:
+            raise ValueError(f"wait={wait!r}: one of {', '.join(WAITS)}")
         if comm.Get_size() > _TAG_ALLGATHER:
             raise ValueError(f"world size {comm.Get_size()} exceeds {_TAG_ALLGATHER} (the tag scheme's limit)")
         from mpi4py import MPI   # here, not at import: importing mpi4py.MPI starts MPI (MPI_Init)
@@ -233,6 +249,7 @@ class RingAllreduce:
         self.comm = comm.Dup()
         self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
         self.fusion_bytes = fusion_bytes
+        self.wait = wait
         self.bytes_sent = 0
         self.messages_sent = 0
         self.calls = 0
@@ -369,7 +386,7 @@ class RingAllreduce:
             if nrecv:
                 reqs.append(comm.Irecv(_wire(scratch[:nrecv]), source=left, tag=_TAG_REDUCE_SCATTER + s))
             reqs.append(self._isend(x[b[send_c]:b[send_c + 1]], right, _TAG_REDUCE_SCATTER + s))
-            self._MPI.Request.Waitall([q for q in reqs if q is not None])
+            self._wait([q for q in reqs if q is not None])
             if nrecv:
                 seg = x[b[recv_c]:b[recv_c + 1]]
                 np.add(seg, scratch[:nrecv], out=seg)
@@ -383,7 +400,17 @@ class RingAllreduce:
             if b[recv_c + 1] > b[recv_c]:
                 reqs.append(comm.Irecv(_wire(x[b[recv_c]:b[recv_c + 1]]), source=left, tag=_TAG_ALLGATHER + s))
             reqs.append(self._isend(x[b[send_c]:b[send_c + 1]], right, _TAG_ALLGATHER + s))
-            self._MPI.Request.Waitall([q for q in reqs if q is not None])
+            self._wait([q for q in reqs if q is not None])
+
+    def _wait(self, reqs: list) -> None:
+        """Complete ``reqs`` by :attr:`wait`'s rule (module docstring)."""
+        if self.wait == "spin":
+            self._MPI.Request.Waitall(reqs)
+            return
+        from hvdkit.comm import SPIN_S, poll
+
+        testall = self._MPI.Request.Testall
+        poll(lambda: testall(reqs), None, "ring allreduce step", yield_s=SPIN_S)
 
     def _isend(self, seg: np.ndarray, dest: int, tag: int):
         """Isend ``seg`` unless it is empty (the receiver skips the same empty chunk)."""

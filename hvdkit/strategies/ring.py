@@ -48,7 +48,7 @@ import numpy as np
 
 from hvdkit.config import Option, at_least
 from hvdkit.collectives.compressed import Fp16RingAllreduce, packed_bytes
-from hvdkit.collectives.ring import RingAllreduce, bucket_bounds, flatten, ring_bytes_per_rank, unflatten
+from hvdkit.collectives.ring import WAITS, RingAllreduce, bucket_bounds, flatten, ring_bytes_per_rank, unflatten
 from hvdkit.compression import wire_itemsize
 from hvdkit.steps import dense_gradients
 from hvdkit.strategies.base import COMPRESSION, ReplicaStrategy
@@ -69,6 +69,10 @@ class RingStrategy(ReplicaStrategy):
                "--strategy ring: reduce the flat gradient buffer in buckets of at most this many bytes, one "
                "ring each (0: one bucket; the default is Horovod's 64 MiB fusion threshold)",
                "ring allreduce", metavar="BYTES", check=at_least(0)),
+        Option("ring_wait", str, "poll",
+               "--strategy ring: how each step waits for its messages: poll (test them, spinning 200 us, then "
+               "sleeping 20-200 us: the core stays free for compute and the other ranks) | spin (MPI's Waitall, "
+               "busy-polled)", "ring allreduce", choices=WAITS),
         COMPRESSION,
     )
 
@@ -84,7 +88,7 @@ class RingStrategy(ReplicaStrategy):
 
     def setup(self, model, optimizer) -> None:
         ring = Fp16RingAllreduce if self.opts.compression == "fp16" else RingAllreduce
-        self.ring = ring(self.world.comm, self.fusion_bytes)
+        self.ring = ring(self.world.comm, self.fusion_bytes, wait=self.opts.ring_wait)
         self.ring.trace = self.trace  # --timeline: a span per bucket
         by_dtype: dict[np.dtype, list[int]] = {}  # in order of first appearance: the same on every rank
         for i, v in enumerate(model.trainable_variables):
@@ -92,7 +96,7 @@ class RingStrategy(ReplicaStrategy):
         if np.dtype(np.float16) in by_dtype:
             # float16 gradients are summed in float32 (a float16 sum of finite values overflows past
             # 65504), with float16 pieces on the wire: the fp16 ring over a float32 buffer
-            self._half_ring = Fp16RingAllreduce(self.world.comm, self.fusion_bytes)
+            self._half_ring = Fp16RingAllreduce(self.world.comm, self.fusion_bytes, wait=self.opts.ring_wait)
             self._half_ring.trace = self.trace
         self._groups = [(idx, np.empty(sum(int(np.prod(model.trainable_variables[i].shape)) for i in idx),
                                        np.float32 if dt == np.float16 else dt), dt)

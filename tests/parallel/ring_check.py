@@ -102,6 +102,19 @@ def check(comm: MPI.Comm) -> tuple[list[str], int]:
         except ValueError as e:
             if "every rank must pass the same length" not in str(e):
                 failures.append(f"mismatched lengths raised an unclear message: {e}")
+    # wait="spin" (MPI's Waitall) and the default "poll" give the same bits; an unknown wait is refused
+    count += 1
+    spin = RingAllreduce(comm, wait="spin")
+    x = _data(rank, 3 * n + 1, np.float32, 123)
+    if not np.array_equal(ring.allreduce(x.copy()), spin.allreduce(x.copy())):
+        failures.append("wait='spin' and wait='poll' differ")
+    spin.free()
+    try:
+        RingAllreduce(comm, wait="busy")
+        failures.append("wait='busy' did not raise")
+    except ValueError as e:
+        if "one of poll, spin" not in str(e):
+            failures.append(f"wait='busy' raised an unclear message: {e}")
     # measured bytes agree with the cost model for an evenly divisible buffer
     count += 1
     before = ring.bytes_sent
