@@ -316,7 +316,8 @@ def cpu_share(ranks_on_host: int, host_cores: float | None = None, ranks_on_mach
     (Documentation/scheduler/sched-design-CFS.rst), and a cgroup's CFS quota caps its tasks at Q cores
     together (sched-bwc.rst). So r ranks on a host with quota Q get Q / r each, R ranks sharing a
     machine of C cores without quotas C / R each, and no thread more than one core. r and R count busy
-    threads: a rank has one (its compute thread, which busy-polls in MPI while it waits), a Horovod rank
+    threads: a rank has one (its compute thread, which busy-polls in MPI while it waits; hvdkit's ring
+    since fair30 sleeps instead where a rank has less than a core, which this term does not know), a Horovod rank
     two (its background thread negotiates every cycle and busy-polls while its peers lag; the rows'
     ``busy_threads``). The committed cnn runs: Horovod's compute per step stretched 4.7x at 3 ranks on 2
     cores, hvdkit's ring (one thread) 2.4x.

@@ -147,7 +147,7 @@ class HorovodFp16(Horovod):
 
 class Ring(_Method):
     ring_class = "RingAllreduce"
-    wait = "poll"
+    wait = "auto"   # as the ring strategy waits by default
 
     def __init__(self, comm, rank, size):
         super().__init__(comm, rank, size)
@@ -160,8 +160,8 @@ class Ring(_Method):
 
 
 class RingSpin(Ring):
-    """The same ring, each step waiting in MPI's ``Waitall`` (Open MPI busy-polls) instead of
-    spinning 200 us and then sleeping (:class:`~hvdkit.collectives.ring.RingAllreduce`'s ``wait``)."""
+    """The same ring, each step waiting in MPI's ``Waitall`` (Open MPI busy-polls) whatever the
+    host's cores (:class:`~hvdkit.collectives.ring.RingAllreduce`'s ``wait``; ``ring``: ``auto``)."""
 
     wait = "spin"
 

@@ -18,8 +18,8 @@ mpi             ``comm.Allreduce`` on NumPy buffers: the raw MPI reference
 mpi-pickle      ``comm.allreduce`` on the array object (pickled, the convenient slow path)
 horovod         ``hvd.allreduce(op=Sum)`` on an eager tensor (Horovod's background cycle)
 ring            :class:`hvdkit.collectives.ring.RingAllreduce` (reduce-scatter + allgather, N-1 steps each)
-ring-spin       the same ring, each step waiting in MPI's ``Waitall`` (busy-polled) instead of
-                spinning 200 us and then sleeping (the ring's ``wait``)
+ring-spin       the same ring, each step waiting in MPI's ``Waitall`` (busy-polled) wherever it runs
+                (``ring`` waits as the strategy does: it sleeps where a rank has less than a core)
 ps, ps2         push + pull through K = 1 or 2 dedicated server ranks (the last K ranks, one
                 contiguous 1/K of the buffer each; the others are workers), synchronous, the
                 SGD update (lr = 1) applied on the servers

@@ -109,8 +109,8 @@ class Fp16RingAllreduce(RingAllreduce):
             casts overlap the transfers. Must be the same on every rank.
     """
 
-    def __init__(self, comm: MPI.Comm, fusion_bytes: int = 0, piece: int = 1 << 17, wait: str = "poll"):
-        super().__init__(comm, fusion_bytes, wait)
+    def __init__(self, comm: MPI.Comm, fusion_bytes: int = 0, piece: int = 1 << 17, *, wait: str = "auto"):
+        super().__init__(comm, fusion_bytes, wait=wait)
         if piece < 1:
             raise ValueError(f"piece={piece} must be >= 1")
         self.piece = piece

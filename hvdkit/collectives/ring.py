@@ -21,14 +21,16 @@ its reduced chunk by N before the allgather (1/N of the work on each rank).
 
 Each step posts ``Irecv`` (into a scratch buffer kept for the whole call) and ``Isend``
 (a view of the buffer, which is not written until the step completes), then waits for both:
-no rank ever blocks on a send, so the ring cannot deadlock. The wait (``wait``) tests the
-requests, spinning for 200 us, then sleeping 20-200 us between tests (``"poll"``,
-:func:`hvdkit.comm.poll`), or is MPI's ``Waitall`` (``"spin"``), which Open MPI busy-polls for the
-whole step. Spinning took CPU the host needs: under a CPU quota (the emulated hosts at half a
-core each) a spinning rank spends its quota waiting and is then throttled while its data arrives,
-and on shared cores it takes the core from the others' ranks; sleeping costs at most 200 us per
-step once a step has lasted 200 us. Measured side by side: docs/benchmarks.md (``ring`` and
-``ring-spin`` rows). Messages travel on a
+no rank ever blocks on a send, so the ring cannot deadlock. How it waits (``wait``): ``"spin"`` is
+MPI's ``Waitall``, which Open MPI busy-polls for the whole step; ``"poll"`` tests the requests,
+spinning for 200 us, then sleeping between tests (:func:`hvdkit.comm.poll`); ``"auto"`` (the
+default) spins where each rank of this host has a core of its own
+(:func:`hvdkit.cpus.cores_per_rank` >= 1) and polls where it has less. Spinning takes CPU a short
+host needs: under a CPU quota (the emulated hosts at half a core each) a spinning rank spends its
+quota waiting and is then throttled while its data arrives, and on shared cores it takes the core
+from the others' ranks. Polling costs latency instead: once a step has lasted 200 us, about one
+sleep (75-250 us with the kernel's timer slack) on the step's critical path. Measured side by side
+on hosts of half a core: docs/benchmarks.md (``ring`` and ``ring-spin`` rows). Messages travel on a
 communicator duplicated for the ring (``comm.Dup()``), so they never match a message of
 another library (Horovod, the trainer's own collectives) on the parent communicator.
 
@@ -78,7 +80,7 @@ __all__ = ["RingAllreduce", "WAITS", "ring_allreduce", "chunk_bounds", "bucket_b
            "ring_bytes_per_rank"]
 
 #: how a step waits for its messages (RingAllreduce's ``wait``)
-WAITS = ("poll", "spin")
+WAITS = ("auto", "poll", "spin")
 _TAG_REDUCE_SCATTER = 0  # + step
 _TAG_ALLGATHER = 1 << 12  # + step (world sizes beyond 4096 would need another scheme; checked)
 #: floating dtypes MPI has no datatype for: moved as raw bytes, added by NumPy in their own dtype
@@ -218,8 +220,10 @@ class RingAllreduce:
     Args:
         comm: the parent communicator (e.g. ``MPI.COMM_WORLD``); it is duplicated.
         fusion_bytes: default bucket size in bytes for every call (0: one bucket).
-        wait: how a step waits for its messages, :data:`WAITS`: ``"poll"`` (spin 200 us, then
-            sleep) or ``"spin"`` (MPI's ``Waitall``); module docstring.
+        wait: (keyword) how a step waits for its messages, :data:`WAITS`: ``"auto"`` (``"spin"``
+            where each rank of this host has a core, else ``"poll"``), ``"poll"`` (spin 200 us, then
+            sleep) or ``"spin"`` (MPI's ``Waitall``); module docstring. The choice is this rank's
+            (:attr:`wait_mode`); ranks may differ.
 
     Raises:
         ValueError: ``fusion_bytes`` < 0, an unknown ``wait``, or a world beyond the tag scheme.
@@ -231,12 +235,13 @@ class RingAllreduce:
             every message's size, not the formula).
         messages_sent: messages this rank has sent (empty chunks are skipped).
         calls: number of allreduce calls.
+        wait_mode: ``"poll"`` or ``"spin"``, ``wait`` as resolved on this rank.
         trace: a :class:`hvdkit.timeline.Timeline` that gets one span per bucket, or None.
     """
 
     trace = None
 
-    def __init__(self, comm: MPI.Comm, fusion_bytes: int = 0, wait: str = "poll"):
+    def __init__(self, comm: MPI.Comm, fusion_bytes: int = 0, *, wait: str = "auto"):
         if fusion_bytes < 0:
             raise ValueError(f"fusion_bytes={fusion_bytes} must be >= 0 (0: no buckets)")
         if wait not in WAITS:
@@ -249,7 +254,7 @@ class RingAllreduce:
         self.comm = comm.Dup()
         self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
         self.fusion_bytes = fusion_bytes
-        self.wait = wait
+        self.wait_mode = wait if wait != "auto" else self._auto_wait()
         self.bytes_sent = 0
         self.messages_sent = 0
         self.calls = 0
@@ -402,9 +407,19 @@ class RingAllreduce:
             reqs.append(self._isend(x[b[send_c]:b[send_c + 1]], right, _TAG_ALLGATHER + s))
             self._wait([q for q in reqs if q is not None])
 
+    def _auto_wait(self) -> str:
+        """``wait="auto"`` on this rank: "spin" with a core per rank of this host, else "poll"."""
+        from hvdkit.cpus import cores_per_rank
+
+        local = self.comm.Split_type(self._MPI.COMM_TYPE_SHARED)   # collective, as the Dup before it
+        try:
+            return "spin" if cores_per_rank(local.Get_size()) >= 1 else "poll"
+        finally:
+            local.Free()
+
     def _wait(self, reqs: list) -> None:
-        """Complete ``reqs`` by :attr:`wait`'s rule (module docstring)."""
-        if self.wait == "spin":
+        """Complete ``reqs`` by :attr:`wait_mode` (module docstring)."""
+        if self.wait_mode == "spin":
             self._MPI.Request.Waitall(reqs)
             return
         from hvdkit.comm import SPIN_S, poll

@@ -248,7 +248,8 @@ class Strategy(abc.ABC):
     #: the :mod:`hvdkit.costs` function pricing one step's traffic at the default options, or None
     traffic: ClassVar[str | None] = None
     #: threads of each rank that keep a core busy during a step (its compute thread; a rank
-    #: waiting in MPI busy-polls on it): the CPU-share term of ``hvdkit advise --calibrate``
+    #: waiting in MPI busy-polls on it, hvdkit's ring only where it has a core of its own,
+    #: ``--ring-wait auto``): the CPU-share term of ``hvdkit advise --calibrate``
     busy_threads: ClassVar[int] = 1
 
     # -- facts of the row (classmethods: local, no MPI, no TensorFlow) ---------------------

@@ -69,10 +69,11 @@ class RingStrategy(ReplicaStrategy):
                "--strategy ring: reduce the flat gradient buffer in buckets of at most this many bytes, one "
                "ring each (0: one bucket; the default is Horovod's 64 MiB fusion threshold)",
                "ring allreduce", metavar="BYTES", check=at_least(0)),
-        Option("ring_wait", str, "poll",
-               "--strategy ring: how each step waits for its messages: poll (test them, spinning 200 us, then "
-               "sleeping 20-200 us: the core stays free for compute and the other ranks) | spin (MPI's Waitall, "
-               "busy-polled)", "ring allreduce", choices=WAITS),
+        Option("ring_wait", str, "auto",
+               "--strategy ring: how each step waits for its messages: auto (spin where each rank of the host has "
+               "a core of its own, else poll) | poll (test them, spinning 200 us, then sleeping: the core stays "
+               "free for compute and the other ranks) | spin (MPI's Waitall, busy-polled)", "ring allreduce",
+               choices=WAITS),
         COMPRESSION,
     )
 
@@ -145,16 +146,18 @@ class RingStrategy(ReplicaStrategy):
                 v.assign(value.reshape(v.shape))
 
     def report(self):
-        """``{"ring": {...}}``: bucket size, gradient bytes, bytes sent per step on every rank.
+        """``{"ring": {...}}``: bucket size, gradient bytes, bytes sent per step and how each step waited
+        (``--ring-wait`` as resolved) on every rank.
 
         Collective over the ring's communicator (every loop rank calls ``report``).
         """
         n = self.world.size
         grad_bytes = sum(int(buf.size * dt.itemsize) for _, buf, dt in self._groups)
-        mine = np.array([self._grad_bytes, self._grad_messages, self._grad_calls], np.int64)
-        every = np.empty((n, 3), np.int64)
+        mine = np.array([self._grad_bytes, self._grad_messages, self._grad_calls,
+                         int(self.ring.wait_mode == "spin")], np.int64)
+        every = np.empty((n, 4), np.int64)
         self.ring.comm.Allgather(mine, every)
-        per_step = [float(b) / c if c else 0.0 for b, _, c in every]
+        per_step = [float(b) / c if c else 0.0 for b, _, c, _ in every]
         comp = self.opts.compression
         wire = sum(buf.size * (2 if dt == np.float16 else wire_itemsize(comp, buf.itemsize))
                    for _, buf, dt in self._groups)
@@ -176,7 +179,8 @@ class RingStrategy(ReplicaStrategy):
             "compression": comp,
             "wire_bytes": int(wire),
             "bytes_sent_per_step_per_rank": per_step,
-            "messages_per_step_per_rank": [float(m) / c if c else 0.0 for _, m, c in every],
+            "messages_per_step_per_rank": [float(m) / c if c else 0.0 for _, m, c, _ in every],
+            "wait_per_rank": ["spin" if s else "poll" for *_, s in every],   # --ring-wait as resolved
             "bytes_per_step_per_rank_formula": formula,
             "formula": "2 (N-1)/N x S, S = wire_bytes: gradient_bytes (every variable in its own dtype, sparse "
                        "gradients dense), or with --compression fp16 2 bytes per float32/float64 element plus 2 "

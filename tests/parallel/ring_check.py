@@ -22,6 +22,7 @@ import sys
 import numpy as np
 from mpi4py import MPI
 
+from hvdkit.collectives.compressed import Fp16RingAllreduce
 from hvdkit.collectives.ring import RingAllreduce
 
 
@@ -102,18 +103,24 @@ def check(comm: MPI.Comm) -> tuple[list[str], int]:
         except ValueError as e:
             if "every rank must pass the same length" not in str(e):
                 failures.append(f"mismatched lengths raised an unclear message: {e}")
-    # wait="spin" (MPI's Waitall) and the default "poll" give the same bits; an unknown wait is refused
+    # every wait gives the same bits, the fp16 ring's too, with steps long enough to reach poll's sleeps
+    # (4 MiB); "auto" resolves to one of the two; an unknown wait is refused
     count += 1
-    spin = RingAllreduce(comm, wait="spin")
-    x = _data(rank, 3 * n + 1, np.float32, 123)
-    if not np.array_equal(ring.allreduce(x.copy()), spin.allreduce(x.copy())):
-        failures.append("wait='spin' and wait='poll' differ")
-    spin.free()
+    x = _data(rank, 1 << 20, np.float32, 123)
+    for cls in (RingAllreduce, Fp16RingAllreduce):
+        rings = {w: cls(comm, wait=w) for w in ("spin", "poll", "auto")}
+        got = {w: r.allreduce(x.copy()) for w, r in rings.items()}
+        if not (np.array_equal(got["spin"], got["poll"]) and np.array_equal(got["spin"], got["auto"])):
+            failures.append(f"{cls.__name__}: the waits differ")
+        if [r.wait_mode for r in rings.values()][:2] != ["spin", "poll"] or rings["auto"].wait_mode not in ("spin", "poll"):
+            failures.append(f"{cls.__name__}: wait_mode {[r.wait_mode for r in rings.values()]}")
+        for r in rings.values():
+            r.free()
     try:
         RingAllreduce(comm, wait="busy")
         failures.append("wait='busy' did not raise")
     except ValueError as e:
-        if "one of poll, spin" not in str(e):
+        if "one of auto, poll, spin" not in str(e):
             failures.append(f"wait='busy' raised an unclear message: {e}")
     # measured bytes agree with the cost model for an evenly divisible buffer
     count += 1
