@@ -49,6 +49,7 @@ def test_cores_per_rank():
     assert cores_per_rank(1) > 0                                 # this host, read for real
 
 
+@pytest.mark.timeout(30)   # a poll that never ends would hang here: a failure, not a wait
 def test_poll_without_a_yield_phase_goes_from_spinning_to_sleeping(monkeypatch):
     """yield_s <= SPIN_S: no sleep(0) at all (a thread alone on its core would spin on in it); the
     default yields between SPIN_S and YIELD_S; the sleeps after it are at most 200 us. On a fake
