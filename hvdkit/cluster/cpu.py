@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from hvdkit.errors import ClusterError
 
 __all__ = ["ROOT", "PERIOD_US", "MIN_QUOTA_US", "ClusterError", "Layout", "layout", "controller", "quota_us",
-           "create", "exists", "usage_s", "throttled_s", "pids", "remove", "leftovers", "enter_argv"]
+           "create", "exists", "usage_s", "throttled_s", "pids", "remove", "leftovers", "enter_argv", "mount_script"]
 
 ROOT = "/sys/fs/cgroup"
 #: the CFS period every group gets, microseconds: 10 ms, not the kernel's default 100 ms. With
@@ -278,3 +278,38 @@ def enter_argv(group: str, argv: list[str], root: str = ROOT) -> list[str]:
     joins = " && ".join(f"echo $$ > {shlex.quote(os.path.join(d, group, 'cgroup.procs'))}"
                         for d in dict.fromkeys((lay.cpu_dir, *lay.acct_dirs)))
     return ["sh", "-c", f'{joins} && exec "$@"', "sh", *argv]
+
+
+def mount_script(root: str = ROOT, mountinfo: str = "/proc/self/mountinfo") -> str:
+    """Shell commands that mount, at the same places, this machine's whole cgroup hierarchies
+    under ``root`` (as ``mountinfo`` lists them), for a process in a mount namespace of its own.
+
+    ``ip netns exec`` gives the command it runs a new mount namespace with a fresh ``/sys``,
+    without the cgroup file systems mounted below it. A process started there still runs in its
+    group (``/proc/self/cgroup``) but cannot read the group's quota, which a real host's
+    processes can (:mod:`hvdkit.cpus`: hvdkit's ring chooses how to wait from it). Run inside that
+    namespace before ``exec``, these commands restore the machine's view: a ``tmpfs`` at ``root``
+    where the machine has one there, then every ``cgroup`` (v1, with its controllers or
+    ``name=``) and ``cgroup2`` mount below it. Mounts of a part of a hierarchy (a container's
+    view; mountinfo's root field not ``/``) are left out. ``""`` where nothing is found.
+
+    Raises:
+        OSError: ``mountinfo`` cannot be read.
+    """
+    with open(mountinfo, encoding="utf-8") as f:
+        lines = [line.split() for line in f if " - " in line]
+    cmds = []
+    for fields in lines:
+        sep = fields.index("-")
+        point, fstype, opts = fields[4].replace("\\040", " "), fields[sep + 1], fields[sep + 3]
+        if fields[3] != "/" or not (point == root or point.startswith(root.rstrip("/") + "/")):
+            continue
+        keep = ",".join(o for o in opts.split(",") if o not in ("rw", "ro"))
+        flag = f" -o {shlex.quote(keep)}" if keep else ""
+        if fstype == "tmpfs" and point == root:
+            cmds.append(f"mount -t tmpfs{flag} cgroup_root {shlex.quote(point)}")
+        elif fstype in ("cgroup", "cgroup2"):
+            make = "" if point == root else f"mkdir -p {shlex.quote(point)} && "
+            cmds.append(f"{make}mount -t {fstype}{flag} {fstype} {shlex.quote(point)}")
+    return " && ".join(cmds)
+

@@ -11,7 +11,8 @@ Files under the cluster's directory ``D``::
     D/hosts/hI/sshd_config    the host's sshd: ListenAddress its address, keys above, no PAM
     D/hosts/hI/tmp            the host's private temporary directory (its sessions' TMPDIR)
 
-Each sshd starts in its host's network namespace (and CPU group, :mod:`hvdkit.cluster.cpu`) with a UTS namespace of its own (so
+Each sshd starts in its host's network namespace (and CPU group, :mod:`hvdkit.cluster.cpu`, whose
+quota its processes can read under ``/sys/fs/cgroup`` as on a host) with a UTS namespace of its own (so
 ``hostname`` prints ``hI`` there) and its own ``TMPDIR`` (Open MPI's session directory and
 Python's tempfile go there, so two hosts' daemons never share one); every session inherits
 those, and its PATH starts with this Python's ``bin`` directory (sshd's SetEnv), so
@@ -121,6 +122,8 @@ def start(d: str, host: Host, hostname: str | None = None) -> None:
     os.makedirs("/run/sshd", mode=0o755, exist_ok=True)   # sshd's privilege-separation directory
     hd = os.path.join(d, "hosts", host.name)
     script = 'hostname "$1" && exec "$2" -f "$3" -E "$4"'
+    if cpu.exists(host.netns):   # its processes can read their quota, as on a host (hvdkit.cpus)
+        script = f"{cpu.mount_script() or 'true'} && {script}"
     cmd = host_exec(host, ["unshare", "--uts", "--", "sh", "-c", script, "sh", hostname or host.name,
                            SSHD, os.path.join(hd, "sshd_config"),
                            os.path.join(hd, "sshd.log")])

@@ -12,6 +12,7 @@ import time
 import pytest
 
 from tests.cluster.conftest import REASON, needs_cluster, start_cluster, stop_cluster
+from tests.conftest import ROOT
 
 pytestmark = [pytest.mark.cluster, needs_cluster]
 CLI = [sys.executable, "-m", "hvdkit.cluster"]
@@ -186,7 +187,8 @@ def test_each_host_is_held_to_its_cpu_share_and_the_groups_go_with_the_cluster()
     """2 hosts at 0.5 core each, both running 2 busy processes over the same 3 s: each host's
     CPU group uses about 0.5 core x the wall time (1.5 s), not the 2 x 3 s its processes ask
     for nor the ~3 s a host gets on 2 shared cores without a quota, and its quota is seen
-    throttling (which cannot happen without one). An earlier cluster's group is swept by
+    throttling (which cannot happen without one); a process on a host reads its quota (``hvdkit.cpus``),
+    as on a host, though ``ip netns exec`` gave the host a ``/sys`` of its own. An earlier cluster's group is swept by
     ``up``; ``down`` removes the groups (then nothing is left)."""
     from hvdkit.cluster import control, cpu
     from hvdkit.cluster.spec import ClusterSpec
@@ -205,6 +207,9 @@ def test_each_host_is_held_to_its_cpu_share_and_the_groups_go_with_the_cluster()
         assert [h["cpu"] for h in saved["hosts"]] == [{"cgroup": f"hvdc-h{i}", "quota_cores": 0.5} for i in (1, 2)]
         groups = _ssh(c, "h1", "cat /proc/self/cgroup").splitlines()
         assert any(g.endswith(":/hvdc-h1") for g in groups), groups          # an ssh session is in its host's group
+        seen = _ssh(c, "h1", f"cd {ROOT} && {sys.executable} -c 'from hvdkit.cpus import cores_per_rank as c; "
+                             "print(c(1), c(2))'").split()
+        assert seen == ["0.5", "0.25"], seen   # and reads its quota as on a host (hvdkit's ring waits by it)
         before = {h: cpu.usage_s(f"hvdc-{h}") for h in c.hosts}
         window = 3.0
         t0 = time.monotonic()

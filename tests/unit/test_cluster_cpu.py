@@ -157,6 +157,51 @@ def test_enter_argv_joins_every_hierarchy_then_execs(tmp_path):
     assert missing.returncode != 0 and "ran" not in missing.stdout   # no group: the command does not run
 
 
+#: mountinfo lines (proc(5)): this machine's hybrid v1 layout, a pure v2 one, a container's part of a hierarchy
+_HYBRID = """\
+23 1 0:21 / /sys rw,nosuid - sysfs sysfs rw
+31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755
+32 31 0:29 / /sys/fs/cgroup/cpu rw,relatime - cgroup cgroup rw,cpu
+33 31 0:30 / /sys/fs/cgroup/cpuacct rw,relatime - cgroup cgroup rw,cpuacct
+40 31 0:37 / /sys/fs/cgroup/systemd rw,relatime - cgroup cgroup rw,name=systemd
+41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw
+"""
+_V2 = "30 23 0:26 / /sys/fs/cgroup rw,nosuid shared:9 - cgroup2 cgroup2 rw,nsdelegate,memory_recursiveprot\n"
+_PART = "30 23 0:26 /kubepods/pod1 /sys/fs/cgroup ro,nosuid - cgroup2 cgroup2 rw\n"
+
+
+@pytest.mark.parametrize("info,script", [
+    (_HYBRID, "mount -t tmpfs -o mode=755 cgroup_root /sys/fs/cgroup"
+              " && mkdir -p /sys/fs/cgroup/cpu && mount -t cgroup -o cpu cgroup /sys/fs/cgroup/cpu"
+              " && mkdir -p /sys/fs/cgroup/cpuacct && mount -t cgroup -o cpuacct cgroup /sys/fs/cgroup/cpuacct"
+              " && mkdir -p /sys/fs/cgroup/systemd && mount -t cgroup -o name=systemd cgroup /sys/fs/cgroup/systemd"
+              " && mkdir -p /sys/fs/cgroup/unified && mount -t cgroup2 cgroup2 /sys/fs/cgroup/unified"),
+    (_V2, "mount -t cgroup2 -o nsdelegate,memory_recursiveprot cgroup2 /sys/fs/cgroup"),
+    (_PART, ""),        # a part of a hierarchy is not the machine's view: nothing to repeat
+    ("23 1 0:21 / /sys rw - sysfs sysfs rw\n", ""),
+])
+def test_mount_script_repeats_the_machines_whole_cgroup_mounts(tmp_path, info, script):
+    """What a host's sshd runs after ``ip netns exec`` (whose fresh /sys has no cgroup mounts), so
+    that its processes read their quota as on a host."""
+    (tmp_path / "mountinfo").write_text(info)
+    assert cpu.mount_script(mountinfo=str(tmp_path / "mountinfo")) == script
+
+
+def test_the_sshd_mounts_the_cgroups_only_where_the_host_has_a_share(tmp_path, monkeypatch):
+    from hvdkit.cluster import ssh
+    ran = []
+    monkeypatch.setattr(cpu, "exists", lambda group, root=cpu.ROOT: group == "hvdc-h1")
+    monkeypatch.setattr(cpu, "mount_script", lambda: "mount -t cgroup2 cgroup2 /sys/fs/cgroup")
+    monkeypatch.setattr(ssh.os, "makedirs", lambda *a, **k: None)
+    monkeypatch.setattr(ssh, "host_exec", lambda host, argv: argv)
+    monkeypatch.setattr(ssh.subprocess, "run", lambda cmd, **k: ran.append(cmd) or subprocess.CompletedProcess(cmd, 0))
+    for h in (Host("h1", "198.18.0.1", 1, 1), Host("h2", "198.18.0.2", 1, 1)):
+        ssh.start(str(tmp_path), h)
+    scripts = [cmd[cmd.index("-c") + 1] for cmd in ran]
+    assert scripts[0].startswith("mount -t cgroup2 cgroup2 /sys/fs/cgroup && hostname ")
+    assert scripts[1].startswith("hostname ")
+
+
 def test_host_exec_enters_the_group_only_where_the_host_has_one(tmp_path):
     from hvdkit.cluster import ssh
     root = _v1(tmp_path)
