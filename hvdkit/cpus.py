@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["cgroup_cpu_limit", "cores_per_rank"]
+__all__ = ["cgroup_cpu_limit", "cores_per_rank", "auto_wait"]
 
 #: where cgroup v1's cpu controller is mounted, by the names distributions give it
 _V1_DIRS = ("cpu,cpuacct", "cpu", "cpuacct,cpu")
@@ -100,3 +100,22 @@ def cores_per_rank(local_ranks: int, cores: float | None = None, limit: float | 
     if limit is not None:
         cores = min(cores, limit)
     return cores / max(1, local_ranks)
+
+
+def auto_wait(comm) -> str:
+    """How a rank of ``comm`` should wait for its messages: ``"spin"`` (MPI's blocking calls,
+    which Open MPI busy-polls) where each rank of this host has a core of its own
+    (:func:`cores_per_rank` over the ranks of ``comm`` on this host), else ``"poll"``
+    (:func:`hvdkit.comm.poll`). Collective over ``comm`` (it splits it by shared memory).
+
+    Args:
+        comm: an mpi4py intracommunicator.
+    """
+    from mpi4py import MPI
+
+    local = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    try:
+        return "spin" if cores_per_rank(local.Get_size()) >= 1 else "poll"
+    finally:
+        local.Free()
+

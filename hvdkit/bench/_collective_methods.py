@@ -334,27 +334,50 @@ class MPIWorld:
     """Barriers and reductions of the benchmark itself, over an MPI communicator (or anything with
     mpi4py's ``Barrier``/``Allreduce``/``allgather``: :class:`HorovodWorld`).
 
+    ``wait`` is how they wait: ``"spin"``, MPI's blocking calls; ``"poll"``, the non-blocking
+    ``Ibarrier``/``Iallreduce`` completed by :func:`hvdkit.comm.poll`, as hvdkit's ring waits
+    where a rank has less than a core. Under a CPU quota a harness that busy-polls spends the
+    rank's quota between timed operations, and the next operation starts throttled: on 2 hosts at
+    0.4 core, a ring allreduce of 64 KiB or less took one whole CFS period, 10 ms, whatever the
+    method (benchmarks/figures/fair31/1gbit/collectives_np2.md).
+
     Attributes:
         comm: the mpi4py communicator the methods get (None in a Horovod-only world).
         rank, size: this rank and the world size.
+        wait: ``"spin"`` or ``"poll"``.
     """
 
-    def __init__(self, comm, ops=None):
+    def __init__(self, comm, ops=None, wait: str = "spin"):
         self.comm, self._ops = comm, ops or comm
         self.rank, self.size = self._ops.Get_rank(), self._ops.Get_size()
+        self.wait = wait
         self._v, self._out = np.zeros(1), np.zeros(1)
 
+    def _done(self, req, what: str) -> None:
+        from hvdkit.comm import SPIN_S, poll
+
+        poll(req.Test, None, what, yield_s=SPIN_S)
+
     def barrier(self):
-        self._ops.Barrier()
+        if self.wait == "poll":
+            self._done(self._ops.Ibarrier(), "benchmark barrier")
+        else:
+            self._ops.Barrier()
+
+    def _allreduce(self, a: np.ndarray, out: np.ndarray, op) -> None:
+        if self.wait == "poll":
+            self._done(self._ops.Iallreduce(a, out, op=op), "benchmark reduction")
+        else:
+            self._ops.Allreduce(a, out, op=op)
 
     def max(self, x: float) -> float:
         self._v[0] = x
-        self._ops.Allreduce(self._v, self._out, op=MPI.MAX)
+        self._allreduce(self._v, self._out, MPI.MAX)
         return float(self._out[0])
 
     def sum(self, a: np.ndarray) -> np.ndarray:
         out = np.empty_like(a)
-        self._ops.Allreduce(a, out, op=MPI.SUM)
+        self._allreduce(a, out, MPI.SUM)
         return out
 
     def allgather(self, obj) -> list:

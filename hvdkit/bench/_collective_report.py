@@ -27,7 +27,8 @@ def header(out, meta: dict, hosts: list, link: dict | None, w: int) -> list[int]
     """
     out(f"# hvdkit.bench.collectives  world size {meta['world_size']}")
     out("# versions: " + "  ".join(f"{k} {v}" for k, v in meta["versions"].items()))
-    out("# parameters: " + "  ".join(f"{k} {v}" for k, v in meta["parameters"].items()) + "  dtype float32")
+    out("# parameters: " + "  ".join(f"{k} {','.join(dict.fromkeys(map(str, v))) if isinstance(v, list) else v}"
+                                     for k, v in meta["parameters"].items()) + "  dtype float32")
     out(f"# methods: {', '.join(meta['methods'])}")
     launch = meta["launch"]
     out("# launch: " + "  ".join([f"label {launch['label'] or '-'}", *(f"{k}={v}" for k, v in launch["env"].items()),

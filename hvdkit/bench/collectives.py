@@ -46,7 +46,9 @@ Measurement. Within each size the methods alternate round by round (A B C A B C 
 ``--warmup`` untimed rounds, then ``--iters`` timed ones, so a burst of load on a shared
 machine hits every method alike (``--order sequential``: the old mode, all rounds of one
 method, then the next). Every timed operation starts after a barrier; its time is the
-slowest rank's (a MAX reduction). A row gives the median (``time``) and the interquartile
+slowest rank's (a MAX reduction). Where a rank has less than a core (a CPU quota, more ranks than
+cores) that barrier and reduction wait without busy-polling (``--harness-wait``), so the quota is
+not spent between operations (:class:`~hvdkit.bench._collective_methods.MPIWorld`). A row gives the median (``time``) and the interquartile
 range (``p25``, ``p75``). A PS method's group lives for the whole size, its server threads
 parked (blocked on an event, no wake-ups) while other methods run: left polling
 (``--no-park``) they slowed a 16 KiB ring 1.8x (3 ranks, 2 cores); parked, not measurably.
@@ -159,6 +161,11 @@ def build_parser(prog: str = "mpirun -np N python -m hvdkit.bench.collectives") 
     g.add_argument("--order", choices=("interleaved", "sequential"), default="interleaved",
                    help="interleaved: methods alternate round by round, A B C A B C (default); sequential: all "
                         "rounds of one method, then the next (the old mode, for comparison)")
+    g.add_argument("--harness-wait", choices=("auto", "spin", "poll"), default="auto",
+                   help="how the benchmark's own barrier and MAX reduction around each timed operation wait: "
+                        "spin (MPI's blocking calls, busy-polled), poll (non-blocking, tested then slept, as "
+                        "hvdkit's ring), auto (default): spin where each rank of a host has a core, else poll, so "
+                        "a rank under a CPU quota does not spend it between operations")
     g = p.add_argument_group("what and where")
     g.add_argument("--methods", default="", help=f"comma-separated subset of {', '.join(METHODS)} "
                                                  "(default: every method this world can run)")
@@ -222,6 +229,8 @@ def _check_args(a, size: int, mpi: bool) -> str | None:
         if METHODS[m].needs_mpi and not mpi:
             return (f"method {m} needs an MPI world, and this launch has none (horovodrun --gloo?): "
                     "here only horovod and memcpy run")
+    if a.harness_wait == "poll" and not mpi:
+        return "--harness-wait poll needs an MPI world (its Ibarrier), and this launch has none (horovodrun --gloo?)"
     if a.inject_error and a.inject_error not in names:
         return f"--inject-error {a.inject_error}: not one of the methods run ({a.methods})"
     if any(c.isspace() or c in "[]," for c in a.label):
@@ -261,6 +270,10 @@ def main(argv=None, prog: str = "mpirun -np N python -m hvdkit.bench.collectives
         if rank == 0:
             print(f"hvdkit.bench.collectives: error: {err}", file=sys.stderr, flush=True)
         return 2
+    if world.comm is not None:   # the harness's waits (a Horovod-only world's are Horovod's)
+        from hvdkit.cpus import auto_wait
+
+        world.wait = auto_wait(world.comm) if a.harness_wait == "auto" else a.harness_wait
     names = a.methods.split(",")
     lab = (lambda m: f"{m}[{a.label}]") if a.label else (lambda m: m)
     methods = {m: METHODS[m](world.comm, rank, size) for m in names}
@@ -274,7 +287,7 @@ def main(argv=None, prog: str = "mpirun -np N python -m hvdkit.bench.collectives
     out = print if rank == 0 else (lambda *x, **k: None)
     meta = {"benchmark": "collectives", "world_size": size, "versions": _versions(),
             "parameters": {k: getattr(a, k) for k in ("min_bytes", "max_bytes", "step", "iters", "warmup", "order")}
-                          | {"park": not a.no_park},
+                          | {"park": not a.no_park, "harness_wait": world.allgather(world.wait)},
             "methods": [lab(m) for m in names], "dtype": "float32", "ranks": hosts, "launch": _launch(a, methods),
             "link": link, "busbw": "algbw * 2(N-1)/N (allreduce rows), algbw (memcpy)"}
     widths = header(out, meta, hosts, link, max(13, *(len(lab(m)) for m in names)))

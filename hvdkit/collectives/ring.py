@@ -254,7 +254,11 @@ class RingAllreduce:
         self.comm = comm.Dup()
         self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
         self.fusion_bytes = fusion_bytes
-        self.wait_mode = wait if wait != "auto" else self._auto_wait()
+        if wait == "auto":   # collective, as the Dup before it
+            from hvdkit.cpus import auto_wait
+
+            wait = auto_wait(self.comm)
+        self.wait_mode = wait
         self.bytes_sent = 0
         self.messages_sent = 0
         self.calls = 0
@@ -406,16 +410,6 @@ class RingAllreduce:
                 reqs.append(comm.Irecv(_wire(x[b[recv_c]:b[recv_c + 1]]), source=left, tag=_TAG_ALLGATHER + s))
             reqs.append(self._isend(x[b[send_c]:b[send_c + 1]], right, _TAG_ALLGATHER + s))
             self._wait([q for q in reqs if q is not None])
-
-    def _auto_wait(self) -> str:
-        """``wait="auto"`` on this rank: "spin" with a core per rank of this host, else "poll"."""
-        from hvdkit.cpus import cores_per_rank
-
-        local = self.comm.Split_type(self._MPI.COMM_TYPE_SHARED)   # collective, as the Dup before it
-        try:
-            return "spin" if cores_per_rank(local.Get_size()) >= 1 else "poll"
-        finally:
-            local.Free()
 
     def _wait(self, reqs: list) -> None:
         """Complete ``reqs`` by :attr:`wait_mode` (module docstring)."""
