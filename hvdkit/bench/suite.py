@@ -232,7 +232,11 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2
     if "report" not in skip:
-        _report(s)
+        if os.path.isfile(os.path.join(out, "training.json")):
+            _report(s)
+        else:   # e.g. --skip training: the collectives alone are the result, not a failure
+            s.skip("report", "no training.json here: the decision report reads the training grid "
+                             "(run the suite without --skip training, or --resume it)")
 
     from hvdkit.bench.report.figures import plot_all
 

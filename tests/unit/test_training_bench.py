@@ -448,3 +448,16 @@ def test_straggler_cells_scale_against_the_one_worker_cell_without_a_straggler()
     assert "| 1:2 | ring | 2 | 2 | 1 | 90 [90-90] | n/a |" in md
     assert "efficiency of ring at 2 workers, straggler 1:2: n/a: the baseline, ring cnn at 1 worker" in md
     assert "| 1:2 | horovod | 2 | 2 | 1 | 120 [120-120] | 0.60 [0.60-0.60] |" in md
+
+
+def test_suite_without_training_skips_the_report_instead_of_failing(tmp_path, capsys):
+    """``--skip training`` (the collectives alone): no training.json, so the decision report is
+    SKIPPED with the reason, and the suite still exits 0."""
+    import json
+
+    from hvdkit.bench import suite
+
+    out = tmp_path / "s"
+    assert suite.main(["--skip", "collectives,training,convergence", "--out-dir", str(out)]) == 0
+    steps = {st["step"]: st for st in json.loads((out / "suite.json").read_text())["steps"]}
+    assert steps["report"]["status"] == "SKIPPED" and "training.json" in steps["report"]["error"], steps
