@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["cgroup_cpu_quota", "cgroup_cpu_limit", "cores_per_rank", "auto_wait"]
+__all__ = ["cgroup_cpu_limit", "cores_per_rank", "auto_wait"]
 
 #: where cgroup v1's cpu controller is mounted, by the names distributions give it
 _V1_DIRS = ("cpu,cpuacct", "cpu", "cpuacct,cpu")
@@ -35,7 +35,7 @@ def _ancestors(rel: str) -> list[str]:
     return ["/" + "/".join(parts[:i]) for i in range(len(parts), -1, -1)]
 
 
-def _quota_v2(d: str) -> tuple[float, float] | None:
+def _quota_v2(d: str) -> float | None:
     text = _read(os.path.join(d, "cpu.max"))
     if not text:
         return None
@@ -43,24 +43,23 @@ def _quota_v2(d: str) -> tuple[float, float] | None:
     if quota == "max" or not period:
         return None
     try:
-        return int(quota) / int(period), int(period) / 1e6
-    except (ValueError, ZeroDivisionError):
+        return int(quota) / int(period)
+    except ValueError:
         return None
 
 
-def _quota_v1(d: str) -> tuple[float, float] | None:
+def _quota_v1(d: str) -> float | None:
     quota, period = _read(os.path.join(d, "cpu.cfs_quota_us")), _read(os.path.join(d, "cpu.cfs_period_us"))
     try:
         q, p = int(quota or "-1"), int(period or "0")
     except ValueError:
         return None
-    return (q / p, p / 1e6) if q > 0 and p > 0 else None
+    return q / p if q > 0 and p > 0 else None
 
 
-def cgroup_cpu_quota(proc_cgroup: str = "/proc/self/cgroup", root: str = "/sys/fs/cgroup") -> tuple[float, float] | None:
-    """The CFS quota that binds this process: ``(cores, period_s)`` of the smallest quota over its
-    cgroup and their ancestors (v2 and v1 both read; cores = quota / period, the period in
-    seconds), or None where no quota is set or none can be read.
+def cgroup_cpu_limit(proc_cgroup: str = "/proc/self/cgroup", root: str = "/sys/fs/cgroup") -> float | None:
+    """Cores this process's cgroups let it use (the smallest CFS quota over its cgroup and their
+    ancestors, v2 and v1 both read), or None where no quota is set or none can be read.
 
     Args:
         proc_cgroup: the process's cgroup list (``/proc/self/cgroup``; tests give a file).
@@ -82,12 +81,6 @@ def cgroup_cpu_quota(proc_cgroup: str = "/proc/self/cgroup", root: str = "/sys/f
                     limits += [q for q in (_quota_v1(base + a) for a in _ancestors(rel)) if q is not None]
                     break
     return min(limits) if limits else None
-
-
-def cgroup_cpu_limit(proc_cgroup: str = "/proc/self/cgroup", root: str = "/sys/fs/cgroup") -> float | None:
-    """Cores this process's cgroups let it use: :func:`cgroup_cpu_quota`'s cores, or None."""
-    quota = cgroup_cpu_quota(proc_cgroup, root)
-    return quota[0] if quota else None
 
 
 def cores_per_rank(local_ranks: int, cores: float | None = None, limit: float | None = -1.0) -> float:

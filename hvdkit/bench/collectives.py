@@ -48,9 +48,7 @@ machine hits every method alike (``--order sequential``: the old mode, all round
 method, then the next). Every timed operation starts after a barrier; its time is the
 slowest rank's (a MAX reduction). Where a rank has less than a core (a CPU quota, more ranks than
 cores) that barrier and reduction wait without busy-polling (``--harness-wait``), so the quota is
-not spent between operations (:class:`~hvdkit.bench._collective_methods.MPIWorld`), and where a CPU
-quota binds, every round starts after two of its periods' sleep (``--settle``), so the quota is
-refilled whatever the round before spent: a busy-polling method no longer throttles the next one. A row gives the median (``time``) and the interquartile
+not spent between operations (:class:`~hvdkit.bench._collective_methods.MPIWorld`). A row gives the median (``time``) and the interquartile
 range (``p25``, ``p75``). A PS method's group lives for the whole size, its server threads
 parked (blocked on an event, no wake-ups) while other methods run: left polling
 (``--no-park``) they slowed a 16 KiB ring 1.8x (3 ranks, 2 cores); parked, not measurably.
@@ -168,10 +166,6 @@ def build_parser(prog: str = "mpirun -np N python -m hvdkit.bench.collectives") 
                         "spin (MPI's blocking calls, busy-polled), poll (non-blocking, tested then slept, as "
                         "hvdkit's ring), auto (default): spin where each rank of a host has a core, else poll, so "
                         "a rank under a CPU quota does not spend it between operations")
-    g.add_argument("--settle", metavar="SECONDS|auto", default="auto",
-                   help="sleep this long before every round, so that under a CPU quota each round starts with "
-                        "the quota refilled, whatever the round before it spent; auto (default): two CFS periods "
-                        "of the rank's cgroup where a quota binds it (--harness-wait resolving to poll), else 0")
     g = p.add_argument_group("what and where")
     g.add_argument("--methods", default="", help=f"comma-separated subset of {', '.join(METHODS)} "
                                                  "(default: every method this world can run)")
@@ -235,13 +229,6 @@ def _check_args(a, size: int, mpi: bool) -> str | None:
         if METHODS[m].needs_mpi and not mpi:
             return (f"method {m} needs an MPI world, and this launch has none (horovodrun --gloo?): "
                     "here only horovod and memcpy run")
-    if a.settle != "auto":
-        try:
-            ok = 0 <= float(a.settle) <= 10
-        except ValueError:
-            ok = False
-        if not ok:
-            return f"--settle {a.settle!r}: seconds from 0 to 10, or auto"
     if a.harness_wait == "poll" and not mpi:
         return "--harness-wait poll needs an MPI world (its Ibarrier), and this launch has none (horovodrun --gloo?)"
     if a.inject_error and a.inject_error not in names:
@@ -249,15 +236,6 @@ def _check_args(a, size: int, mpi: bool) -> str | None:
     if any(c.isspace() or c in "[]," for c in a.label):
         return f"--label {a.label!r}: no spaces, brackets or commas"
     return None
-
-
-def _settle_auto(wait: str) -> float:
-    """``--settle auto`` on this rank: two periods of the CFS quota that binds it where its harness
-    polls (a quota leaves it less than a core), else 0 (seconds)."""
-    from hvdkit.cpus import cgroup_cpu_quota
-
-    quota = cgroup_cpu_quota() if wait == "poll" else None
-    return 2 * quota[1] if quota else 0.0
 
 
 def main(argv=None, prog: str = "mpirun -np N python -m hvdkit.bench.collectives") -> int:
@@ -296,7 +274,6 @@ def main(argv=None, prog: str = "mpirun -np N python -m hvdkit.bench.collectives
         from hvdkit.cpus import auto_wait
 
         world.wait = auto_wait(world.comm) if a.harness_wait == "auto" else a.harness_wait
-    a.settle_s = float(a.settle) if a.settle != "auto" else max(world.allgather(_settle_auto(world.wait)))
     names = a.methods.split(",")
     lab = (lambda m: f"{m}[{a.label}]") if a.label else (lambda m: m)
     methods = {m: METHODS[m](world.comm, rank, size) for m in names}
@@ -310,8 +287,7 @@ def main(argv=None, prog: str = "mpirun -np N python -m hvdkit.bench.collectives
     out = print if rank == 0 else (lambda *x, **k: None)
     meta = {"benchmark": "collectives", "world_size": size, "versions": _versions(),
             "parameters": {k: getattr(a, k) for k in ("min_bytes", "max_bytes", "step", "iters", "warmup", "order")}
-                          | {"park": not a.no_park, "harness_wait": world.allgather(world.wait),
-                             "settle_s": a.settle_s},
+                          | {"park": not a.no_park, "harness_wait": world.allgather(world.wait)},
             "methods": [lab(m) for m in names], "dtype": "float32", "ranks": hosts, "launch": _launch(a, methods),
             "link": link, "busbw": "algbw * 2(N-1)/N (allreduce rows), algbw (memcpy)"}
     widths = header(out, meta, hosts, link, max(13, *(len(lab(m)) for m in names)))
@@ -370,8 +346,6 @@ def _measure(world, methods: dict, nbytes: int, a, origin: float) -> dict:
         if r == 0:
             m.prepare(n)
         m.resume()
-        if a.settle_s:
-            time.sleep(a.settle_s)
         world.barrier()
         c0 = time.process_time()
         t0 = time.perf_counter()

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 
 from hvdkit import comm as C
-from hvdkit.cpus import cgroup_cpu_limit, cgroup_cpu_quota, cores_per_rank
+from hvdkit.cpus import cgroup_cpu_limit, cores_per_rank
 
 
 def _tree(tmp_path, name: str, cgroup: str, files: dict[str, str]):
@@ -30,14 +30,12 @@ def test_v1_quota_of_the_cgroup_or_an_ancestor_the_smallest(tmp_path):
         "cpu/hvdc-h1/cpu.cfs_quota_us": "50000", "cpu/hvdc-h1/cpu.cfs_period_us": "100000",
         "cpu/hvdc-h1/job/cpu.cfs_quota_us": "150000", "cpu/hvdc-h1/job/cpu.cfs_period_us": "100000"})
     assert cgroup_cpu_limit(*args) == pytest.approx(0.5)
-    assert cgroup_cpu_quota(*args) == pytest.approx((0.5, 0.1))   # and its period, seconds
 
 
 def test_v2_cpu_max_and_none_where_unlimited_or_unreadable(tmp_path):
     slurm = _tree(tmp_path, "v2", "0::/slurm/job_7\n", {"slurm/job_7/cpu.max": "200000 100000",
                                                         "slurm/cpu.max": "max 100000"})
     assert cgroup_cpu_limit(*slurm) == pytest.approx(2.0)
-    assert cgroup_cpu_quota(*slurm) == pytest.approx((2.0, 0.1))
     assert cgroup_cpu_limit(*_tree(tmp_path, "max", "0::/a\n", {"a/cpu.max": "max 100000"})) is None
     assert cgroup_cpu_limit(*_tree(tmp_path, "bad", "1:cpu:/x\n", {"cpu/x/cpu.cfs_quota_us": "garbage"})) is None
     assert cgroup_cpu_limit(str(tmp_path / "missing"), str(tmp_path)) is None
