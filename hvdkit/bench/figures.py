@@ -76,10 +76,22 @@ def _cmd_cluster_collectives(doc: Mapping) -> str:
             f"{_where(m)}")
 
 
+def _collectives_flag(key: str, value) -> str:
+    """One recorded parameter of the collectives benchmark as the flag that gives it: ``park`` is
+    ``--no-park`` or nothing; a per-rank list (``harness_wait``) is its one value, or ``auto`` where
+    the ranks resolved it differently."""
+    if key == "park":
+        return "" if value else "--no-park"
+    if isinstance(value, list):
+        values = list(dict.fromkeys(map(str, value)))
+        value = values[0] if len(values) == 1 else "auto"
+    return f"--{key.replace('_', '-')} {value}"
+
+
 def _cmd_collectives(doc: Mapping) -> str:
     m = _meta(doc)
     hosts = sorted({h for _, h, _ in m.get("ranks") or []})
-    params = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in (m.get("parameters") or {}).items())
+    params = " ".join(f for f in (_collectives_flag(k, v) for k, v in (m.get("parameters") or {}).items()) if f)
     return (f"`hvdkit-bench collectives -np {m.get('world_size', '?')} -- {params}` (methods "
             f"{', '.join(m.get('methods') or [])}), date not recorded; ranks on {', '.join(hosts) or '?'}")
 

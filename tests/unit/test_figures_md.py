@@ -96,3 +96,13 @@ def test_unreadable_json_is_one_line_and_status_2(tmp_path, capsys):
     assert figures.main([str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "broken.json is not readable JSON" in err[0]
+
+
+@pytest.mark.parametrize("key,value,flag", [
+    ("park", True, ""), ("park", False, "--no-park"), ("iters", 10, "--iters 10"),
+    ("harness_wait", ["poll", "poll"], "--harness-wait poll"),       # every rank resolved auto alike
+    ("harness_wait", ["spin", "poll"], "--harness-wait auto"),       # ranks that differ were asked auto
+])
+def test_a_collectives_caption_gives_the_flags_that_reproduce_the_run(key, value, flag):
+    from hvdkit.bench.figures import _collectives_flag
+    assert _collectives_flag(key, value) == flag
