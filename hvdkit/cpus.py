@@ -118,4 +118,3 @@ def auto_wait(comm) -> str:
         return "spin" if cores_per_rank(local.Get_size()) >= 1 else "poll"
     finally:
         local.Free()
-

@@ -78,10 +78,13 @@ def _cmd_cluster_collectives(doc: Mapping) -> str:
 
 def _collectives_flag(key: str, value) -> str:
     """One recorded parameter of the collectives benchmark as the flag that gives it: ``park`` is
-    ``--no-park`` or nothing; a per-rank list (``harness_wait``) is its one value, or ``auto`` where
-    the ranks resolved it differently."""
+    ``--no-park`` or nothing; a per-rank list (``harness_wait`` as the first runs recorded it) is its
+    one value, or ``auto`` where the ranks resolved it differently; a run without ``harness_wait``
+    waited in MPI's blocking calls (``spin``)."""
     if key == "park":
         return "" if value else "--no-park"
+    if key == "settle_s":   # a sleep before every round, tried on 2026-12-05 and removed (docs/benchmarks.md)
+        return f"--settle {value} (an option since removed)"
     if isinstance(value, list):
         values = list(dict.fromkeys(map(str, value)))
         value = values[0] if len(values) == 1 else "auto"
@@ -91,7 +94,8 @@ def _collectives_flag(key: str, value) -> str:
 def _cmd_collectives(doc: Mapping) -> str:
     m = _meta(doc)
     hosts = sorted({h for _, h, _ in m.get("ranks") or []})
-    params = " ".join(f for f in (_collectives_flag(k, v) for k, v in (m.get("parameters") or {}).items()) if f)
+    recorded = {"harness_wait": "spin", **(m.get("parameters") or {})}   # runs before --harness-wait: blocking
+    params = " ".join(f for f in (_collectives_flag(k, v) for k, v in recorded.items()) if f)
     return (f"`hvdkit-bench collectives -np {m.get('world_size', '?')} -- {params}` (methods "
             f"{', '.join(m.get('methods') or [])}), date not recorded; ranks on {', '.join(hosts) or '?'}")
 

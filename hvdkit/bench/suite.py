@@ -235,8 +235,8 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
         if os.path.isfile(os.path.join(out, "training.json")):
             _report(s)
         else:   # e.g. --skip training: the collectives alone are the result, not a failure
-            s.skip("report", "no training.json here: the decision report reads the training grid "
-                             "(run the suite without --skip training, or --resume it)")
+            s.skip("report", "no training.json here (training skipped, or it wrote none): the decision report "
+                             "reads the training grid")
 
     from hvdkit.bench.report.figures import plot_all
 

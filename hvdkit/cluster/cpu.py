@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import shlex
 import time
 from dataclasses import dataclass
@@ -280,6 +281,11 @@ def enter_argv(group: str, argv: list[str], root: str = ROOT) -> list[str]:
     return ["sh", "-c", f'{joins} && exec "$@"', "sh", *argv]
 
 
+def _unescape(field: str) -> str:
+    """A mountinfo path with its octal escapes (``\\040`` for a space, proc(5)) decoded."""
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
+
+
 def mount_script(root: str = ROOT, mountinfo: str = "/proc/self/mountinfo") -> str:
     """Shell commands that mount, at the same places, this machine's whole cgroup hierarchies
     under ``root`` (as ``mountinfo`` lists them), for a process in a mount namespace of its own.
@@ -297,12 +303,12 @@ def mount_script(root: str = ROOT, mountinfo: str = "/proc/self/mountinfo") -> s
         OSError: ``mountinfo`` cannot be read.
     """
     with open(mountinfo, encoding="utf-8") as f:
-        lines = [line.split() for line in f if " - " in line]
+        lines = [line.split(" - ", 1) for line in f if " - " in line]
     cmds = []
-    for fields in lines:
-        sep = fields.index("-")
-        point, fstype, opts = fields[4].replace("\\040", " "), fields[sep + 1], fields[sep + 3]
-        if fields[3] != "/" or not (point == root or point.startswith(root.rstrip("/") + "/")):
+    for head, tail in lines:
+        fields, (fstype, _, opts) = head.split(), (tail.split() + ["", "", ""])[:3]
+        subtree, point = _unescape(fields[3]), _unescape(fields[4])
+        if subtree != "/" or not (point == root or point.startswith(root.rstrip("/") + "/")):
             continue
         keep = ",".join(o for o in opts.split(",") if o not in ("rw", "ro"))
         flag = f" -o {shlex.quote(keep)}" if keep else ""
@@ -312,4 +318,3 @@ def mount_script(root: str = ROOT, mountinfo: str = "/proc/self/mountinfo") -> s
             make = "" if point == root else f"mkdir -p {shlex.quote(point)} && "
             cmds.append(f"{make}mount -t {fstype}{flag} {fstype} {shlex.quote(point)}")
     return " && ".join(cmds)
-

@@ -21,6 +21,7 @@ those, and its PATH starts with this Python's ``bin`` directory (sshd's SetEnv),
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import socket
 import subprocess
@@ -33,6 +34,8 @@ from hvdkit.cluster.spec import Host
 __all__ = ["SSHD", "prepare", "start", "wait_ready", "host_exec", "SYSTEM_PATH"]
 
 SSHD = "/usr/sbin/sshd"
+#: what a host's start says when the machine's cgroup mounts could not be repeated in its namespace
+MOUNTS_FAILED = "the cgroup mounts failed: its processes cannot read their CPU quota"
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
@@ -122,12 +125,15 @@ def start(d: str, host: Host, hostname: str | None = None) -> None:
     os.makedirs("/run/sshd", mode=0o755, exist_ok=True)   # sshd's privilege-separation directory
     hd = os.path.join(d, "hosts", host.name)
     script = 'hostname "$1" && exec "$2" -f "$3" -E "$4"'
-    if cpu.exists(host.netns):   # its processes can read their quota, as on a host (hvdkit.cpus)
-        script = f"{cpu.mount_script() or 'true'} && {script}"
+    mounts = cpu.mount_script() if cpu.exists(host.netns) else ""   # its processes read their quota (hvdkit.cpus)
+    if mounts:   # a failed mount costs the host that view (hvdkit's ring then spins there), not its sshd
+        script = f"{{ {mounts}; }} || echo {shlex.quote(MOUNTS_FAILED)} >&2; {script}"
     cmd = host_exec(host, ["unshare", "--uts", "--", "sh", "-c", script, "sh", hostname or host.name,
                            SSHD, os.path.join(hd, "sshd_config"),
                            os.path.join(hd, "sshd.log")])
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+    if MOUNTS_FAILED in (res.stderr or ""):
+        print(f"hvdkit-cluster: {host.name}: {MOUNTS_FAILED}: {res.stderr.strip()[:300]}", file=sys.stderr)
     if res.returncode != 0:
         log = ""
         if os.path.exists(os.path.join(hd, "sshd.log")):

@@ -37,3 +37,10 @@ def test_both_waits_give_the_same_results(wait, used):
 
 def test_auto_wait_follows_the_cores_per_rank():
     assert auto_wait(MPI.COMM_SELF) == ("spin" if cores_per_rank(1) >= 1 else "poll")
+
+
+def test_the_harness_waits_one_way_on_every_rank():
+    """Ranks on hosts of different shares choose differently; the harness takes one way for all
+    (a blocking Barrier never matches another rank's Ibarrier)."""
+    from hvdkit.bench.collectives import one_wait
+    assert one_wait(["spin", "poll", "spin"]) == "poll" and one_wait(["spin", "spin"]) == "spin"
