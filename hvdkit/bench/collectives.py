@@ -46,9 +46,10 @@ Measurement. Within each size the methods alternate round by round (A B C A B C 
 ``--warmup`` untimed rounds, then ``--iters`` timed ones, so a burst of load on a shared
 machine hits every method alike (``--order sequential``: the old mode, all rounds of one
 method, then the next). Every timed operation starts after a barrier; its time is the
-slowest rank's (a MAX reduction). Where a rank has less than a core (a CPU quota, more ranks than
-cores on any rank) that barrier and reduction wait without busy-polling on every rank
-(``--harness-wait``), so the quota is not spent between operations (:class:`~hvdkit.bench._collective_methods.MPIWorld`). A row gives the median (``time``) and the interquartile
+slowest rank's (a MAX reduction). Where any rank has less than a core (a CPU quota, more ranks
+than cores) that barrier and reduction wait without busy-polling on every rank
+(``--harness-wait``; :class:`~hvdkit.bench._collective_methods.MPIWorld`), so the quota is not
+spent between operations. A row gives the median (``time``) and the interquartile
 range (``p25``, ``p75``). A PS method's group lives for the whole size, its server threads
 parked (blocked on an event, no wake-ups) while other methods run: left polling
 (``--no-park``) they slowed a 16 KiB ring 1.8x (3 ranks, 2 cores); parked, not measurably.
