@@ -25,6 +25,7 @@ class Recording:
         return attr
 
 
+@pytest.mark.timeout(30)   # a poll that never completes fails instead of hanging the suite
 @pytest.mark.parametrize("wait,used", [("spin", {"Barrier", "Allreduce"}), ("poll", {"Ibarrier", "Iallreduce"})])
 def test_both_waits_give_the_same_results(wait, used):
     ops = Recording()
