@@ -53,14 +53,15 @@ class Job(BackgroundJob):
     """``hvdkit-launch --elastic`` on h1 in the background (``env``: variables set for it and so for
     horovodrun); its output lines, timestamped."""
 
-    def __init__(self, cluster, shared, hostfile, out, env: dict | None = None, flags=FLAGS, cwd: str = ROOT):
+    def __init__(self, cluster, shared, hostfile, out, env: dict | None = None, flags=FLAGS, cwd: str = ROOT,
+                 gloo_timeout: int = GLOO_TIMEOUT):
         self.hostfile, self.out = hostfile, out
         more = "".join(f"{k}={shlex.quote(v)} " for k, v in (env or {}).items())
         # cwd: the ranks start there (horovodrun keeps it), and `python -m` puts it first on sys.path,
         # before PYTHONPATH: a checkout other than this one runs only from its own directory
         cmd = (f"cd {shlex.quote(cwd)} && PATH={shlex.quote(cluster.env['PATH'])} TF_CPP_MIN_LOG_LEVEL=2 {more}"
                f"{VENV_BIN}/hvdkit-launch --elastic --hostfile {hostfile} --network-interface eth0 "
-               f"--gloo-timeout {GLOO_TIMEOUT} --mpi-args='--blacklist-cooldown-range 1 2' -- "
+               f"--gloo-timeout {gloo_timeout} --mpi-args='--blacklist-cooldown-range 1 2' -- "
                f"{shlex.join(flags)} --output-dir {out}")
         super().__init__(["ssh", "h1", cmd], env=cluster.env)
 
