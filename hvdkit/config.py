@@ -172,7 +172,8 @@ FIELDS: tuple[Option, ...] = (
            metavar="SECONDS", check=lambda v: None if _stall_seconds(v) is not False else "must be auto, 0 (off) "
            "or a number of seconds > 0"),
     Option("fail_at", str, "", "on RANK at STEP raise an error (RANK:STEP), exit at once as if "
-           "killed (RANK:STEP:exit), hang (RANK:STEP:hang) or set this rank's first weight to NaN "
+           "killed (RANK:STEP:exit), hang (RANK:STEP:hang; inside the compiled step before its allreduce: "
+           "RANK:STEP:hang-step, --strategy horovod) or set this rank's first weight to NaN "
            "(RANK:STEP:nan), to exercise failure handling; RANK must take training steps (not a "
            "parameter server's or a tf-ps task's rank)", "testing",
            metavar="RANK:STEP[:HOW]"),
@@ -221,7 +222,7 @@ class _ConfigMethods:
 
     @property
     def fail_rank_step(self) -> tuple[int, int, str] | None:
-        """``--fail-at RANK:STEP[:HOW]`` as (rank, step, how), how in raise/exit/hang/nan; or None."""
+        """``--fail-at RANK:STEP[:HOW]`` as (rank, step, how), how in raise/exit/hang/hang-step/nan; or None."""
         if not self.fail_at:
             return None
         parts = self.fail_at.split(":")
@@ -256,8 +257,9 @@ def _check(c) -> None:
     if c.fail_at:
         parts = c.fail_at.split(":")
         if not (len(parts) in (2, 3) and all(p.strip().isdigit() for p in parts[:2])
-                and (len(parts) == 2 or parts[2] in ("raise", "exit", "hang", "nan"))):
-            raise UsageError(f"--fail-at={c.fail_at!r} must be RANK:STEP or RANK:STEP:raise|exit|hang|nan, e.g. 1:2")
+                and (len(parts) == 2 or parts[2] in ("raise", "exit", "hang", "hang-step", "nan"))):
+            raise UsageError(f"--fail-at={c.fail_at!r} must be RANK:STEP or RANK:STEP:raise|exit|hang|hang-step|nan, "
+                             "e.g. 1:2")
     if c.straggler:
         parts = c.straggler.split(":")
         try:

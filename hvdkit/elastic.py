@@ -269,7 +269,10 @@ def _run(cfg: Config, w: World, tl) -> dict | None:
     in_step = commit_every == 1 and getattr(strategy, "graph_allreduce", False)
     if in_step:
         strategy.shadow = state.pairs
-        strategy.rebuild()
+    if strategy.marks_collective:   # no MPI world to see a peer progress: the step says where its allreduce begins,
+        strategy.collective_mark = watchdog.collective_begins   # so a rank stuck computing leaves (hvdkit.watchdog)
+    if in_step or strategy.marks_collective:
+        strategy.rebuild()   # before the first step: nothing traced yet
 
     def commit(p, stage: str) -> None:
         """:func:`hvdkit.trainer.train_epochs`' commit: ``step`` after every step (the save, local),

@@ -289,7 +289,14 @@ def make_step_functions(model, optimizer, loss_scaling: bool = False):
     return graph_function(grads_of, model, _signature(model, loss_scaling)), graph_function(apply_fn, model)
 
 
-def make_fused_step(model, optimizer, allreduce, loss_scaling: bool = False, shadow=()):
+def _marker(mark):
+    def run():
+        mark()
+        return np.int32(0)
+    return run
+
+
+def make_fused_step(model, optimizer, allreduce, loss_scaling: bool = False, shadow=(), mark=None):
     """One compiled step: gradients (:func:`dense_gradients`), ``allreduce(grads)`` (a graph op), update.
 
     The communication time is measured inside the graph: ``tf.timestamp()`` ops ordered by
@@ -316,6 +323,11 @@ def make_fused_step(model, optimizer, allreduce, loss_scaling: bool = False, sha
     control dependencies order each copy after the update's write of its variable: alone they would
     not order the copies of the batch-norm statistics (written by the forward pass) after the
     allreduce.
+
+    ``mark``: a Python callable of no arguments, run (``tf.numpy_function``) once the gradients exist
+    and before the allreduce begins: :func:`hvdkit.watchdog.collective_begins` under ``--elastic``,
+    so that a rank stuck in its own computation is told from one waiting in the allreduce for a
+    peer. It costs one call into Python per step, 0.08 ms here (docs/fault-tolerance.md).
     """
     import tensorflow as tf
 
@@ -324,7 +336,12 @@ def make_fused_step(model, optimizer, allreduce, loss_scaling: bool = False, sha
     def step_of(x, y, scale=None):
         loss_sum, correct, grads = _loss_correct_grads(model, x, y, scale)
         grads = dense_gradients(grads, variables)
-        with tf.control_dependencies(grads):
+        before = grads
+        if mark is not None:   # after the gradients, before t0 and so before the allreduce
+            with tf.control_dependencies(grads):
+                before = [tf.numpy_function(_marker(mark), [], tf.int32, stateful=True,
+                                            name="hvdkit_collective_begins")]
+        with tf.control_dependencies(before):
             t0 = tf.timestamp()
         with tf.control_dependencies([t0]):
             reduced = allreduce(grads)

@@ -134,16 +134,22 @@ def _weights_crc(model) -> str:
     return f"{crc:08x}"
 
 
-def check_fail_at(cfg: Config, loop_ranks: list[int]) -> None:
+def check_fail_at(cfg: Config, loop_ranks: list[int] | None) -> None:
     """Refuse a ``--fail-at RANK:STEP`` whose rank takes no training step (a parameter server, a tf-ps
     task, a rank beyond the world): the failure would never happen and the run would end as if it had
-    not been asked for. ``loop_ranks``: :meth:`~hvdkit.strategies.base.Strategy.loop_ranks`.
+    not been asked for; and a ``hang-step`` under a row whose step does not mark its collective.
+    ``loop_ranks``: :meth:`~hvdkit.strategies.base.Strategy.loop_ranks` (None: not checked, an
+    elastic run, whose world changes size later).
 
     Raises:
-        UsageError: one line naming the ranks that train.
+        UsageError: one line naming the ranks that train, or the strategy that can hang a step.
     """
     fail = cfg.fail_rank_step
-    if fail is None or fail[0] in loop_ranks:
+    if fail is not None and fail[2] == "hang-step" and not (loop_ranks is None and
+                                                            get_strategy(cfg.strategy).marks_collective):
+        raise UsageError(f"--fail-at {cfg.fail_at}: hang-step hangs a compiled step before its allreduce, which only "
+                         f"--strategy horovod --elastic marks; use RANK:STEP:hang")
+    if fail is None or loop_ranks is None or fail[0] in loop_ranks:
         return
     ranks = (f"{loop_ranks[0]}-{loop_ranks[-1]}" if len(loop_ranks) > 2 and loop_ranks[-1] - loop_ranks[0] ==
              len(loop_ranks) - 1 else ", ".join(map(str, loop_ranks)))
@@ -160,8 +166,8 @@ def _inputs(cfg: Config, w: World, every_rank: bool = False):
     checkpoint), None and (None, None) where not checked."""
     cls = get_strategy(cfg.strategy)
     cls.check(cfg, w)
-    if not every_rank:   # elastic: the world changes size later; Horovod's row makes every rank a loop rank
-        check_fail_at(cfg, cls.loop_ranks(cfg, w))
+    # elastic: the world changes size later (its ranks unchecked); Horovod's row makes every rank a loop rank
+    check_fail_at(cfg, None if every_rank else cls.loop_ranks(cfg, w))
     check_model_name(cfg.model)
     data = load_dataset(cfg.dataset, seed=cfg.seed, eval_fraction=cfg.eval_fraction,
                         image_size=cfg.image_size, synthetic_samples=cfg.synthetic_samples,
@@ -480,7 +486,7 @@ def train_epochs(loop: Loop, p: Progress, commit=None) -> None:
             timer.start_step(p.global_step)
             with timer.phase("data"):
                 x, y = x_all[b], y_all[b]                        # (batch, *input_shape), (batch,)
-            watchdog.at(watchdog.STEP)
+            watchdog.at(watchdog.STEP if strategy.collective_mark is None else watchdog.COMPUTE)
             loss_sum, correct, counted = strategy.train_step(x, y, timer)
             loop.deadline.done()  # start-up ends with this rank's first step
             if not math.isfinite(loss_sum):  # free: the loss is a Python float on every loop rank
@@ -644,14 +650,19 @@ def _kept_text(cfg: Config, w: World, kept: tuple[str, str] | None) -> str:
 
 
 def _inject_failure(how: str, step: int, spec: str, model) -> None:
-    """``--fail-at``: raise, die at once (as if killed), hang, or make this rank's first trainable
-    weight NaN (the step then computes a non-finite loss), for the failure tests."""
+    """``--fail-at``: raise, die at once (as if killed), hang (before the step, or ``hang-step``:
+    inside the compiled step before its allreduce, :func:`hvdkit.watchdog.hang_before_collective`),
+    or make this rank's first trainable weight NaN (the step then computes a non-finite loss), for
+    the failure tests."""
     if how == "nan":
         v = model.trainable_variables[0]
         v.assign(np.full(v.shape, np.nan, v.dtype.as_numpy_dtype))
         return
     if how == "exit":
         os._exit(9)
+    if how == "hang-step":
+        watchdog.hang_before_collective()
+        return
     if how == "hang":
         while True:
             time.sleep(3600)

@@ -7,7 +7,11 @@ module does not depend on the collective that is stuck:
 * **Marks.** The training loop (:func:`hvdkit.trainer.train_epochs`) records where each rank is,
   for about a microsecond per step: :func:`at` (a phase: ``data`` before a step, ``step`` inside the
   strategy's ``train_step``, ``commit``, ``epoch end``, ``serve`` for a parameter server) and
-  :func:`stepped` (a step done: its global number and seconds). Any mark is progress.
+  :func:`stepped` (a step done: its global number and seconds). Any mark is progress. A row whose
+  step is one compiled function with its allreduce inside (``graph_allreduce``: Horovod) splits
+  ``step`` in two: ``compute`` (the forward and backward pass, this rank's own work) and
+  ``collective``, marked by the step itself when its gradients exist (:func:`collective_begins`,
+  run by a ``tf.py_function`` before the allreduce, :func:`hvdkit.steps.make_fused_step`).
 * **Heartbeats.** A daemon thread on every rank sends rank 0, every :data:`INTERVAL_S`, a fixed
   float64 array (:data:`BEAT_FIELDS`; no pickle) over a communicator duplicated from the world at
   set-up (``MPI_Comm_dup``: the strategies' collectives cannot match it; mpi4py asks for
@@ -18,7 +22,7 @@ module does not depend on the collective that is stuck:
   :func:`limit_s`: ``--stall-timeout`` seconds, or with ``auto`` max(:data:`AUTO_FLOOR_S`,
   :data:`AUTO_FACTOR` x its median step time so far); at an epoch end plus the seconds that epoch
   trained (evaluation and the checkpoint take their time there). Rank 0 ends the job when an over
-  rank is outside any collective (``data``: its own work), or its heartbeats stopped, or no
+  rank is outside any collective (``data``, ``compute``: its own work), or its heartbeats stopped, or no
   training rank progresses at all. It names, first non-empty: the ranks whose heartbeats stopped
   (:data:`LOST_S`); the over ranks outside any collective; the over ranks with the fewest steps.
   Ranks waiting inside a collective while another rank still trains (asynchronous PS, a fast
@@ -52,17 +56,19 @@ import numpy as np
 
 from hvdkit.comm import EXIT_FAILURE, World
 
-__all__ = ["PHASES", "SETUP", "DATA", "STEP", "COMMIT", "EPOCH_END", "SERVE", "DONE", "OUTSIDE", "at", "stepped",
+__all__ = ["PHASES", "SETUP", "DATA", "STEP", "COMMIT", "EPOCH_END", "SERVE", "DONE", "COMPUTE", "COLLECTIVE",
+           "OUTSIDE", "at", "stepped", "collective_begins", "hang_before_collective",
            "RankState", "Verdict", "limit_s", "judge", "rank0_gone", "message", "Watchdog", "start", "start_local",
            "INTERVAL_S", "LOST_S", "AUTO_FLOOR_S", "AUTO_FACTOR", "BEAT_FIELDS"]
 
-#: where a rank is, as its heartbeat says (the index is the code on the wire)
-PHASES = ("set-up", "data", "step", "commit", "epoch end", "serve", "done")
-SETUP, DATA, STEP, COMMIT, EPOCH_END, SERVE, DONE = range(len(PHASES))
+#: where a rank is, as its heartbeat says (the index is the code on the wire); ``compute`` and
+#: ``collective``: the two parts of a ``step`` that marks where its collective begins
+PHASES = ("set-up", "data", "step", "commit", "epoch end", "serve", "done", "compute", "collective")
+SETUP, DATA, STEP, COMMIT, EPOCH_END, SERVE, DONE, COMPUTE, COLLECTIVE = range(len(PHASES))
 _WHERE = ("in set-up", "before its next step", "in its training step", "in an elastic commit", "at the epoch end",
-          "serving", "done")
+          "serving", "done", "computing its gradients", "in its step's collective")
 #: phases outside any collective: a rank over its limit there is stuck in its own work
-OUTSIDE = frozenset({DATA})
+OUTSIDE = frozenset({DATA, COMPUTE})
 
 #: seconds between heartbeats (and between rank 0's judgements)
 INTERVAL_S = 1.0
@@ -103,6 +109,27 @@ def at(phase: int, grace_s: float = 0.0) -> None:
     r = _REC
     if r is not None:
         r.phase, r.grace, r.t = phase, grace_s, time.monotonic()
+
+
+def collective_begins() -> None:
+    """Mark, from inside a compiled step (a ``tf.py_function`` ordered after the gradients and before
+    the allreduce): this rank's own computation of the step is done, its collective begins
+    (:data:`COLLECTIVE`). A no-op without a watchdog. After :func:`hang_before_collective` it never
+    returns instead (the rank stays in :data:`COMPUTE`, as one stuck in its own computation would)."""
+    if _HANG.is_set():
+        while True:
+            time.sleep(3600)
+    at(COLLECTIVE)
+
+
+_HANG = threading.Event()
+
+
+def hang_before_collective() -> None:
+    """``--fail-at RANK:STEP:hang-step`` (the failure tests): this process's next
+    :func:`collective_begins` never returns, so the rank hangs inside its compiled step, in its own
+    computation, with its peers waiting in the allreduce."""
+    _HANG.set()
 
 
 def stepped(step: int, seconds: float) -> None:

@@ -102,6 +102,11 @@ fact                                    meaning
                                         (UsageError)
 ``servers_for(workers, opts)``          of those, the dedicated server ranks (0 where none)
 ``lockstep``                            the loop ranks take every step together (below)
+``marks_collective``                    the step can mark where its collective begins (the
+                                        watchdog's ``compute`` and ``collective`` phases instead of
+                                        ``step``: a rank stuck in its own computation is told from
+                                        one waiting for a peer); a ``graph_allreduce`` row can
+                                        (Horovod's does); ``--elastic`` sets ``collective_mark``
 ``staleness_bound(opts)``               how many steps a worker's gradient may lag the weights it is
                                         applied to: 0 (lockstep rows, the default), s (ps-ssp's
                                         bound), None (no bound: ps-async, ps-dcasgd)
@@ -240,6 +245,10 @@ class Strategy(abc.ABC):
     #: (the asynchronous ps modes). A stop on SIGUSR1 is agreed by a collective only when True
     #: (:class:`hvdkit.comm.StopFlag`)
     lockstep: ClassVar[bool] = True
+    marks_collective: ClassVar[bool] = False
+    #: what a ``marks_collective`` row's step calls when its collective begins (set by ``--elastic`` before
+    #: :meth:`rebuild`: :func:`hvdkit.watchdog.collective_begins`); None: the step marks nothing
+    collective_mark = None
     #: ``state()`` may be called after any step (``--checkpoint-every``, a stop on SIGUSR1); False:
     #: at epoch ends only (model-parallel), so a stop on SIGUSR1 waits for the epoch's end
     mid_epoch_state: ClassVar[bool] = True
@@ -502,7 +511,8 @@ class ReplicaStrategy(Strategy):
         (such as the fp16 scaling's N) is reused. Local."""
         scaled = self.loss_scale is not None
         self._grads_fn, self._apply_fn = make_step_functions(self.model, self.optimizer, scaled)
-        self._fused = make_fused_step(self.model, self.optimizer, self.allreduce, scaled, self.shadow) \
+        self._fused = make_fused_step(self.model, self.optimizer, self.allreduce, scaled, self.shadow,
+                                      mark=self.collective_mark if self.marks_collective else None) \
             if self.graph_allreduce else None
 
     @abc.abstractmethod

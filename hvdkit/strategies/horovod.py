@@ -88,6 +88,7 @@ class HorovodStrategy(ReplicaStrategy):
     name = "horovod"
     summary = "Horovod ring allreduce of gradients (NCCL on GPU, MPI/Gloo on CPU), synchronous"
     graph_allreduce = True  # one compiled step: gradients, grouped allreduce, update
+    marks_collective = True  # the compiled step can mark where its allreduce begins (hvdkit.watchdog, --elastic)
     busy_threads = 2  # + Horovod's background thread: it negotiates every cycle and busy-polls MPI while peers lag
     options = (COMPRESSION, ELASTIC, COMMIT_EVERY)
 

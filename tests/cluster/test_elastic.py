@@ -165,20 +165,24 @@ def test_a_lost_host_leaves_and_rejoins(hosts3, shared_dir):
     assert acc >= REF_ACC_LAST5 - ACC_MARGIN, acc
 
 
-def test_a_stuck_rank_leaves_and_the_job_goes_on_without_it(hosts3, shared_dir):
-    """``--stall-timeout``: rank 1 hangs before step 6 (``--fail-at 1:5:hang``), alive, while the
-    other rank waits for it in the step's allreduce (horovod#2652: no re-form, no line). After 5 s
-    without progress outside any collective the stuck rank prints one line and exits; Horovod's
-    driver re-forms the job without it (2 -> 1), which ends with status 0 and every epoch."""
+@pytest.mark.parametrize("how,phase", [("hang", "data"), ("hang-step", "compute")])
+def test_a_stuck_rank_leaves_and_the_job_goes_on_without_it(hosts3, shared_dir, how, phase):
+    """``--stall-timeout``: rank 1 hangs, alive, while the other rank waits for it in the step's
+    allreduce (horovod#2652: no re-form, no line): before step 6 (``--fail-at 1:5:hang``), or inside
+    step 6's compiled function before its allreduce (``hang-step``: its own computation; until the
+    step marked where its collective begins, such a rank was never detected under ``--elastic``).
+    After 5 s without progress outside any collective the stuck rank prints one line and exits;
+    Horovod's driver re-forms the job without it (2 -> 1), which ends with status 0 and every epoch."""
     hostfile = os.path.join(shared_dir, "hosts-stall")
     _write(hostfile, ["h1", "h2"])
     flags = ["--strategy", "horovod", "--model", "mlp", "--epochs", "3", "--seed", "0", "--no-tensorboard",
-             "--commit-every", "2", "--progress-seconds", "1000", "--fail-at", "1:5:hang", "--stall-timeout", "5"]
-    job = Job(hosts3, shared_dir, hostfile, os.path.join(shared_dir, "out-stall"), flags=flags,
+             "--commit-every", "2", "--progress-seconds", "1000", "--fail-at", f"1:5:{how}", "--stall-timeout", "5"]
+    out = os.path.join(shared_dir, f"out-stall-{how}")
+    job = Job(hosts3, shared_dir, hostfile, out, flags=flags,
               env={"PYTHONPATH": ROOT})   # this checkout's hvdkit, on every rank too
     try:
         t_line = job.wait_for(r"hvdkit: error: rank\(s\) 1 on h[12] stopped making progress: last step 5 "
-                              r"\(phase data\), nothing for \d+\.\d s \(--stall-timeout 5\).*leaves the elastic job",
+                              rf"\(phase {phase}\), nothing for \d+\.\d s \(--stall-timeout 5\).*leaves the elastic job",
                               timeout=180)
         t_one = job.wait_for(r"# membership: world size 1", timeout=60, after=t_line)
         rc = job.finish(timeout=120)
@@ -188,7 +192,7 @@ def test_a_stuck_rank_leaves_and_the_job_goes_on_without_it(hosts3, shared_dir):
     text = job.text()
     assert rc == 0, text[-4000:]
     assert text.count("stopped making progress") == 1, text[-4000:]
-    res = load_results(os.path.join(shared_dir, "out-stall"))
+    res = load_results(out)
     assert [m["world_size"] for m in res["elastic"]["membership"]] == [2, 1], res["elastic"]["membership"]
     assert [e["epoch"] for e in res["epochs"]] == [1, 2, 3], res["epochs"]
     print(json.dumps({"line_to_one_rank_s": round(t_one - t_line, 2),

@@ -54,3 +54,17 @@ def test_a_training_rank_and_no_fail_at_pass():
     for flags in (["--strategy", "ps-sync", "--fail-at", "1:5"], ["--strategy", "ps-sync"]):
         cfg = _cfg(*flags)
         check_fail_at(cfg, get_strategy(cfg.strategy).loop_ranks(cfg, _world(3)))
+
+
+def test_hang_step_only_where_the_step_marks_its_collective():
+    """``RANK:STEP:hang-step`` hangs inside a compiled step before its allreduce, which only the horovod
+    row's step under ``--elastic`` marks (an elastic run's ranks are unchecked: ``None``); anything
+    else is refused in one line."""
+    check_fail_at(_cfg("--strategy", "horovod", "--fail-at", "1:5:hang-step"), None)
+    for row, ranks in (("horovod", [0, 1]), ("ring", [0, 1]), ("ps-sync", None), ("model-parallel", None)):
+        with pytest.raises(UsageError, match="^--fail-at 1:5:hang-step: hang-step hangs a compiled step before its "
+                                             "allreduce, which only --strategy horovod --elastic marks; use "
+                                             "RANK:STEP:hang$"):
+            check_fail_at(_cfg("--strategy", row, "--fail-at", "1:5:hang-step"), ranks)
+    with pytest.raises(UsageError, match="must be RANK:STEP or RANK:STEP:raise\\|exit\\|hang\\|hang-step\\|nan"):
+        _cfg("--fail-at", "1:5:hang-later")

@@ -195,3 +195,53 @@ def test_a_fused_step_whose_allreduce_fails_copies_nothing(loss_scaling):
     moving = [v for v in model.variables if "moving" in v.name]
     assert moving and not all(np.array_equal(v.numpy(), s.numpy()) for v, s in zip(variables, saved)
                               if "moving" in v.name)   # the forward pass did write the statistics
+
+
+def test_a_fused_step_marks_its_collective_after_the_gradients_and_before_the_allreduce():
+    """``make_fused_step(mark=...)``: the mark runs once per step, after every gradient exists and
+    before the allreduce begins (the watchdog's ``compute`` -> ``collective``); without it the step has
+    no call into Python."""
+    import tensorflow as tf
+
+    from hvdkit.models import build_model
+    from hvdkit.steps import make_fused_step
+
+    model = build_model("mlp", (8, 8, 1), 3, seed=0)
+    opt = tf.keras.optimizers.SGD(0.1)
+    opt.build(model.trainable_variables)
+    events = []
+
+    def allreduce(grads):
+        def seen():
+            events.append("allreduce")
+            return np.int32(0)
+        with tf.control_dependencies([tf.py_function(seen, [], tf.int32)]):
+            return [tf.identity(g) for g in grads]
+
+    x = np.random.default_rng(0).standard_normal((4, 8, 8, 1)).astype(np.float32)
+    y = np.array([0, 1, 2, 1], np.int64)
+    step = make_fused_step(model, opt, allreduce, mark=lambda: events.append("mark"))
+    for _ in range(3):
+        step(x, y)
+    assert events == ["mark", "allreduce"] * 3
+    events.clear()
+    make_fused_step(model, opt, lambda grads: grads)(x, y)
+    assert events == []
+
+
+def test_a_rank_asked_to_hang_inside_its_step_stays_in_its_own_computation():
+    """``--fail-at R:S:hang-step``: :func:`hvdkit.watchdog.collective_begins` never returns once
+    ``hang_before_collective`` was called, and the rank's phase stays ``compute``; run in a child
+    process (the hang is for ever and the flag process-wide)."""
+    import subprocess
+    import sys
+
+    code = ("import threading, time\n"
+            "from hvdkit import watchdog as W\n"
+            "W._REC = W._Recorder(); W.at(W.COMPUTE); W.collective_begins(); assert W._REC.phase == W.COLLECTIVE\n"
+            "W.at(W.COMPUTE); W.hang_before_collective()\n"
+            "threading.Thread(target=W.collective_begins, daemon=True).start(); time.sleep(0.5)\n"
+            "print(W.PHASES[W._REC.phase])\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "compute"

@@ -112,6 +112,19 @@ def test_local_mode_names_only_a_rank_outside_any_collective():
     assert [s.rank for s in v.culprits] == [1]
 
 
+def test_a_rank_stuck_computing_its_gradients_is_told_from_those_waiting_in_the_allreduce():
+    # --fail-at 1:5:hang-step under horovod: rank 1 never reaches the collective its peers wait in
+    v = judge([st(0, W.COLLECTIVE, 10.5), st(1, W.COMPUTE, 10.6), st(2, W.COLLECTIVE, 10.4)], 10.0)
+    assert v is not None and v.why == "outside" and [s.rank for s in v.culprits] == [1]
+    assert "the others wait: rank 0 after step 5 in its step's collective" in message(v, 10.0)
+    assert "(phase compute)" in message(v, 10.0)
+    # elastic, each rank alone: the stuck one leaves, the ones waiting in the allreduce stay
+    assert [s.rank for s in judge([st(1, W.COMPUTE, 11.0)], 10.0, local=True).culprits] == [1]
+    assert judge([st(0, W.COLLECTIVE, 1e3)], 10.0, local=True) is None
+    # the phases' codes before these two are unchanged (they are on the wire)
+    assert W.PHASES[:7] == ("set-up", "data", "step", "commit", "epoch end", "serve", "done")
+
+
 def test_rank0_gone():
     me = st(1, STEP, 25.0)
     assert rank0_gone(me, silent0_s=25.0, setting=10.0)
