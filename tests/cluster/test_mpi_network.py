@@ -6,8 +6,9 @@ Left to itself, Open MPI's TCP transport dials 198.19.255.1, reaches its own hos
 ever ("received unexpected process identifier"). Three launches (each with a hard timeout):
 
 * ``hvdkit-launch`` with no ``--network-interface``: it reads both hosts, skips docker0, checks
-  198.18.0.0/24 by connecting, names it in one line and hands it to mpirun; horovod and ring
-  train (one job of tests/parallel/train_many.py), every rank's result checked;
+  198.18.0.0/24 by connecting, names it in one line and hands it to mpirun; horovod, ring and
+  ps-sync (whose server and workers also connect by hvdkit's own addresses, hvdkit.startup) train
+  (one job of tests/parallel/train_many.py), every rank's result checked;
 * plain ``mpirun`` with no network named: the job ends at ``--startup-timeout`` (hvdkit.mpistart)
   with one line naming the candidate networks and the flags, instead of waiting;
 * ``hvdkit-launch --elastic --network-interface 198.18.0.0/24`` (a CIDR network; horovodrun's
@@ -52,8 +53,9 @@ def _check_ranks(out_dir: str, nodes: list[int]) -> None:
 
 
 def test_hvdkit_launch_chooses_the_network_between_the_hosts(docker2, shared_dir):
-    """No --network-interface: the choice line, then horovod and ring on h1:1,h2:2, status 0."""
-    runs = {s: ["--strategy", s, *SGD_20, "--output-dir", os.path.join(shared_dir, s)] for s in ("horovod", "ring")}
+    """No --network-interface: the choice line, then horovod, ring and ps-sync on h1:1,h2:2, status 0."""
+    runs = {s: ["--strategy", s, *SGD_20, "--output-dir", os.path.join(shared_dir, s)]
+            for s in ("horovod", "ring", "ps-sync")}
     spec = os.path.join(shared_dir, "runs.json")
     with open(spec, "w") as fh:
         json.dump([{"name": s, "ranks": 3, "args": a} for s, a in runs.items()], fh)
@@ -66,7 +68,7 @@ def test_hvdkit_launch_chooses_the_network_between_the_hosts(docker2, shared_dir
     for s in runs:
         for rank in range(3):
             assert f"train_many rank {rank}/3: {s} OK" in r.stdout, r.output[-4000:]
-        _check_ranks(os.path.join(shared_dir, s), [0, 1, 1])
+        _check_ranks(os.path.join(shared_dir, s), [0, 1] if s == "ps-sync" else [0, 1, 1])   # ps-sync: its 2 workers
 
 
 def test_a_start_that_cannot_connect_ends_at_the_startup_timeout_in_one_line(docker2, shared_dir):
