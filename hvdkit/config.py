@@ -173,7 +173,7 @@ FIELDS: tuple[Option, ...] = (
            "or a number of seconds > 0"),
     Option("fail_at", str, "", "on RANK at STEP raise an error (RANK:STEP), exit at once as if "
            "killed (RANK:STEP:exit), hang (RANK:STEP:hang; inside the compiled step before its allreduce: "
-           "RANK:STEP:hang-step, --strategy horovod) or set this rank's first weight to NaN "
+           "RANK:STEP:hang-step, --strategy horovod --elastic) or set this rank's first weight to NaN "
            "(RANK:STEP:nan), to exercise failure handling; RANK must take training steps (not a "
            "parameter server's or a tf-ps task's rank)", "testing",
            metavar="RANK:STEP[:HOW]"),

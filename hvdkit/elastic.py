@@ -269,9 +269,13 @@ def _run(cfg: Config, w: World, tl) -> dict | None:
     in_step = commit_every == 1 and getattr(strategy, "graph_allreduce", False)
     if in_step:
         strategy.shadow = state.pairs
-    if strategy.marks_collective:   # no MPI world to see a peer progress: the step says where its allreduce begins,
-        strategy.collective_mark = watchdog.collective_begins   # so a rank stuck computing leaves (hvdkit.watchdog)
-    if in_step or strategy.marks_collective:
+    # no MPI world to see a peer progress: the step says where its allreduce begins, so that a rank stuck
+    # computing leaves (hvdkit.watchdog); about 0.1 ms a step, so not with --stall-timeout 0
+    fail = cfg.fail_rank_step
+    mark = strategy.marks_collective and (cfg.stall_timeout_s != 0 or bool(fail and fail[2] == "hang-step"))
+    if mark:
+        strategy.collective_mark = watchdog.collective_begins
+    if in_step or mark:
         strategy.rebuild()   # before the first step: nothing traced yet
 
     def commit(p, stage: str) -> None:

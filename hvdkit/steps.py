@@ -327,7 +327,7 @@ def make_fused_step(model, optimizer, allreduce, loss_scaling: bool = False, sha
     ``mark``: a Python callable of no arguments, run (``tf.numpy_function``) once the gradients exist
     and before the allreduce begins: :func:`hvdkit.watchdog.collective_begins` under ``--elastic``,
     so that a rank stuck in its own computation is told from one waiting in the allreduce for a
-    peer. It costs one call into Python per step, 0.08 ms here (docs/fault-tolerance.md).
+    peer. It costs one call into Python per step, about 0.1 ms here (docs/fault-tolerance.md).
     """
     import tensorflow as tf
 

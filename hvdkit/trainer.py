@@ -486,7 +486,7 @@ def train_epochs(loop: Loop, p: Progress, commit=None) -> None:
             timer.start_step(p.global_step)
             with timer.phase("data"):
                 x, y = x_all[b], y_all[b]                        # (batch, *input_shape), (batch,)
-            watchdog.at(watchdog.STEP if strategy.collective_mark is None else watchdog.COMPUTE)
+            watchdog.at(watchdog.COMPUTE if strategy.step_marks_collective else watchdog.STEP)
             loss_sum, correct, counted = strategy.train_step(x, y, timer)
             loop.deadline.done()  # start-up ends with this rank's first step
             if not math.isfinite(loss_sum):  # free: the loss is a Python float on every loop rank

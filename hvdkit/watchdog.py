@@ -7,11 +7,12 @@ module does not depend on the collective that is stuck:
 * **Marks.** The training loop (:func:`hvdkit.trainer.train_epochs`) records where each rank is,
   for about a microsecond per step: :func:`at` (a phase: ``data`` before a step, ``step`` inside the
   strategy's ``train_step``, ``commit``, ``epoch end``, ``serve`` for a parameter server) and
-  :func:`stepped` (a step done: its global number and seconds). Any mark is progress. A row whose
-  step is one compiled function with its allreduce inside (``graph_allreduce``: Horovod) splits
-  ``step`` in two: ``compute`` (the forward and backward pass, this rank's own work) and
-  ``collective``, marked by the step itself when its gradients exist (:func:`collective_begins`,
-  run by a ``tf.py_function`` before the allreduce, :func:`hvdkit.steps.make_fused_step`).
+  :func:`stepped` (a step done: its global number and seconds). Any mark is progress. Under
+  ``--elastic`` Horovod's step (one compiled function with its allreduce inside) splits ``step`` in
+  two: ``compute`` (the forward and backward pass, this rank's own work) and ``collective``, marked
+  by the step itself when its gradients exist (:func:`collective_begins`, run by a
+  ``tf.numpy_function`` before the allreduce, :func:`hvdkit.steps.make_fused_step`;
+  ``Strategy.step_marks_collective``).
 * **Heartbeats.** A daemon thread on every rank sends rank 0, every :data:`INTERVAL_S`, a fixed
   float64 array (:data:`BEAT_FIELDS`; no pickle) over a communicator duplicated from the world at
   set-up (``MPI_Comm_dup``: the strategies' collectives cannot match it; mpi4py asks for
@@ -112,7 +113,7 @@ def at(phase: int, grace_s: float = 0.0) -> None:
 
 
 def collective_begins() -> None:
-    """Mark, from inside a compiled step (a ``tf.py_function`` ordered after the gradients and before
+    """Mark, from inside a compiled step (a ``tf.numpy_function`` ordered after the gradients and before
     the allreduce): this rank's own computation of the step is done, its collective begins
     (:data:`COLLECTIVE`). A no-op without a watchdog. After :func:`hang_before_collective` it never
     returns instead (the rank stays in :data:`COMPUTE`, as one stuck in its own computation would)."""

@@ -249,6 +249,14 @@ class Strategy(abc.ABC):
     #: what a ``marks_collective`` row's step calls when its collective begins (set by ``--elastic`` before
     #: :meth:`rebuild`: :func:`hvdkit.watchdog.collective_begins`); None: the step marks nothing
     collective_mark = None
+
+    @property
+    def step_marks_collective(self) -> bool:
+        """Whether this rank's next ``train_step`` marks where its collective begins, so that the
+        trainer marks the watchdog's ``compute`` before it instead of ``step``: a ``marks_collective``
+        row with a ``collective_mark``, once its step has run since the last :meth:`rebuild` (the
+        first call traces the step, seconds that are no stuck computation). Local."""
+        return False
     #: ``state()`` may be called after any step (``--checkpoint-every``, a stop on SIGUSR1); False:
     #: at epoch ends only (model-parallel), so a stop on SIGUSR1 waits for the epoch's end
     mid_epoch_state: ClassVar[bool] = True
@@ -514,6 +522,12 @@ class ReplicaStrategy(Strategy):
         self._fused = make_fused_step(self.model, self.optimizer, self.allreduce, scaled, self.shadow,
                                       mark=self.collective_mark if self.marks_collective else None) \
             if self.graph_allreduce else None
+        self._fused_ran = False   # the next call traces it
+
+    @property
+    def step_marks_collective(self) -> bool:   # noqa: D102 - Strategy's
+        return self._fused is not None and self._fused_ran and self.marks_collective and \
+            self.collective_mark is not None
 
     @abc.abstractmethod
     def allreduce(self, grads: Sequence) -> list:
@@ -536,6 +550,7 @@ class ReplicaStrategy(Strategy):
         args = (x, y) if ls is None else (x, y, np.float32(ls.scale))
         if self._fused is not None:
             loss_sum, correct, comm_s, comm_t0, finite = self._fused(*args)
+            self._fused_ran = True
             loss_sum, correct, comm_s = float(loss_sum), int(correct), float(comm_s)
             if ls is not None:
                 ls.update(bool(finite))

@@ -3,6 +3,8 @@ the dense rule (:func:`hvdkit.steps.dense_gradients`), the parameter server's ru
 variable that never gets a gradient, the PS layout's dtype, the ring on half precision.
 The same paths across ranks: tests/parallel/test_gradients.py."""
 import ml_dtypes
+import time
+
 import numpy as np
 import pytest
 from mpi4py import MPI
@@ -199,8 +201,11 @@ def test_a_fused_step_whose_allreduce_fails_copies_nothing(loss_scaling):
 
 def test_a_fused_step_marks_its_collective_after_the_gradients_and_before_the_allreduce():
     """``make_fused_step(mark=...)``: the mark runs once per step, after every gradient exists and
-    before the allreduce begins (the watchdog's ``compute`` -> ``collective``); without it the step has
-    no call into Python."""
+    before the allreduce begins (the watchdog's ``compute`` -> ``collective``), ordered by the step's
+    own dependencies (the mark's, and the allreduce's on the first timestamp, which TensorFlow runs
+    after the mark: both stateful): the stand-in allreduce is stateless, as Horovod's ops are, and
+    the mark slow, so a mark placed anywhere else comes after it (checked by hand: a mark moved after
+    the allreduce fails here). Without a mark the step's graph holds no call into Python."""
     import tensorflow as tf
 
     from hvdkit.models import build_model
@@ -212,21 +217,30 @@ def test_a_fused_step_marks_its_collective_after_the_gradients_and_before_the_al
     events = []
 
     def allreduce(grads):
-        def seen():
-            events.append("allreduce")
-            return np.int32(0)
-        with tf.control_dependencies([tf.py_function(seen, [], tf.int32)]):
-            return [tf.identity(g) for g in grads]
+        def seen(*gs):
+            events.append(("allreduce", len(gs)))
+            return gs
+        out = tf.numpy_function(seen, grads, [g.dtype for g in grads], stateful=False)
+        return [tf.reshape(o, g.shape) for o, g in zip(out, grads)]
 
     x = np.random.default_rng(0).standard_normal((4, 8, 8, 1)).astype(np.float32)
     y = np.array([0, 1, 2, 1], np.int64)
-    step = make_fused_step(model, opt, allreduce, mark=lambda: events.append("mark"))
+    def mark():   # slow: an allreduce not ordered after it would start meanwhile, and come first
+        time.sleep(0.05)
+        events.append("mark")
+
+    step = make_fused_step(model, opt, allreduce, mark=mark)
     for _ in range(3):
         step(x, y)
-    assert events == ["mark", "allreduce"] * 3
-    events.clear()
-    make_fused_step(model, opt, lambda grads: grads)(x, y)
-    assert events == []
+    n = len(model.trainable_variables)
+    assert events == ["mark", ("allreduce", n)] * 3
+    plain = make_fused_step(model, opt, lambda grads: grads)
+    graph = plain.get_concrete_function(tf.TensorSpec((None, 8, 8, 1), tf.float32),
+                                        tf.TensorSpec((None,), tf.int64)).graph
+    assert not {op.type for op in graph.get_operations()} & {"PyFunc", "PyFuncStateless", "EagerPyFunc"}
+    marked = step.get_concrete_function(tf.TensorSpec((None, 8, 8, 1), tf.float32),
+                                        tf.TensorSpec((None,), tf.int64)).graph
+    assert "PyFunc" in {op.type for op in marked.get_operations()}   # the check above can see one
 
 
 def test_a_rank_asked_to_hang_inside_its_step_stays_in_its_own_computation():
@@ -245,3 +259,45 @@ def test_a_rank_asked_to_hang_inside_its_step_stays_in_its_own_computation():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "compute"
+
+
+def test_the_step_marks_compute_only_once_traced_since_the_last_rebuild():
+    """``Strategy.step_marks_collective``: the trainer marks ``compute`` (judged by the watchdog) only
+    where the step will mark its collective and is no longer being traced: never without a
+    ``collective_mark``, not on the first step after each :meth:`rebuild` (a re-form's re-trace takes
+    seconds of no stuck computation), then on every step."""
+    import tensorflow as tf
+
+    from hvdkit import watchdog
+    from hvdkit.comm import World
+    from hvdkit.config import Config
+    from hvdkit.models import build_model
+    from hvdkit.strategies.base import ReplicaStrategy
+    from hvdkit.timing import StepTimer
+
+    class Local(ReplicaStrategy):   # Horovod's row's facts, an allreduce of one process
+        name, graph_allreduce, marks_collective = "local", True, True
+
+        def allreduce(self, grads):
+            return list(grads)
+
+        def broadcast(self, variables):
+            pass
+
+    s = Local(Config(), World(comm=MPI.COMM_SELF, rank=0, size=1, local_rank=0, local_size=1, host="h"))
+    model = build_model("mlp", (8, 8, 1), 3, seed=0)
+    s.setup(model, tf.keras.optimizers.SGD(0.1))
+    timer = StepTimer()
+    x = np.random.default_rng(0).standard_normal((4, 8, 8, 1)).astype(np.float32)
+    y = np.array([0, 1, 2, 1], np.int64)
+    s.train_step(x, y, timer)
+    assert not s.step_marks_collective   # no collective_mark: under mpirun
+    s.collective_mark = watchdog.collective_begins
+    s.rebuild()
+    seen = []
+    for _ in range(3):
+        seen.append(s.step_marks_collective)
+        s.train_step(x, y, timer)
+    assert seen == [False, True, True]
+    s.rebuild()   # a re-form
+    assert not s.step_marks_collective
