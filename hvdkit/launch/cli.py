@@ -26,7 +26,7 @@ from hvdkit.launch.hosts import hosts_arg, total_slots
 from hvdkit.launch.mpi import HOROVODRUN, MPI, MPICH, OPENMPI, detect_mpi, local_cores
 from hvdkit.launch.rankexec import rank_exec_env
 from hvdkit.launch.restart import RESTART_ENV, restart_mpi_args, run_once, run_with_restarts
-from hvdkit.launch.supervise import FORWARD, FORWARD_NO_STOP, run_job
+from hvdkit.launch.supervise import FORWARD, FORWARD_NO_STOP, FORWARD_VIA_MPIRUN, run_job
 from hvdkit.launch.slurm import allocation, describe
 from hvdkit.launch.templates import TEMPLATES, render
 
@@ -59,7 +59,7 @@ def build_parser(prog: str = "hvdkit-launch") -> argparse.ArgumentParser:
                "unless --mpi-args or an OMPI_MCA_coll_tuned_* variable sets a coll_tuned parameter.\n"
                "Signals: the job runs as hvdkit-launch's child and ends with it, SIGKILL included (no rank outlives "
                "it); SIGINT, SIGTERM and SIGHUP end the job (status 128+N), SIGUSR1 makes hvdkit.train checkpoint "
-               "at the next step and stop with status 75 (continue with --resume; --launcher mpi only).",
+               "at the next step and stop with status 75 (continue with --resume; not under --elastic).",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     g = p.add_argument_group("ranks and hosts")
@@ -238,13 +238,12 @@ def main(argv: Sequence[str] | None = None, prog: str = "hvdkit-launch") -> int:
             spec = replace(spec, env_forward=tuple(sorted({*spec.env_forward, RESTART_ENV})))
             if ns.launcher == MPI and mpi == OPENMPI:   # no 1 s wait for SIGKILL after a loss (restart.py)
                 spec = replace(spec, mpi_args=restart_mpi_args(spec.mpi_args, spec.program, dict(os.environ)))
+        fwd = FORWARD_VIA_MPIRUN if ns.launcher == HOROVODRUN else FORWARD   # horovodrun: to its mpirun
         if ns.max_restarts and not ns.dry_run:
             _exec(build(list(spec.program)), dict(os.environ), dry_run=True, check_only=True)
-            fwd = FORWARD_NO_STOP if ns.launcher == HOROVODRUN else FORWARD
             return run_with_restarts(build, spec.program, ns.max_restarts, dict(os.environ),
                                      runner=lambda cmd, env: run_once(cmd, env, fwd))
-        return _exec(build(list(spec.program)), dict(os.environ), ns.dry_run,
-                     forward=FORWARD_NO_STOP if ns.launcher == HOROVODRUN else FORWARD)
+        return _exec(build(list(spec.program)), dict(os.environ), ns.dry_run, forward=fwd)
     except UsageError as e:
         return print_error(prog, e)
 

@@ -25,9 +25,12 @@ Signals to ``hvdkit-launch`` (:data:`FORWARD`):
 * SIGUSR1 (and SIGUSR2) are passed on as they are, to the MPI launcher alone: Open MPI's
   mpirun sends them to every rank (``ess_base_forward_signals``, on by default; it logs
   ``mpirun: Forwarding signal 10 to job``); SIGUSR1 asks ``hvdkit.train`` to checkpoint at
-  the next step and stop with status 75 (:data:`hvdkit.errors.EXIT_STOPPED`). Not with
-  ``--launcher horovodrun`` (its shell dies of a SIGUSR1) nor ``--elastic`` (horovodrun's
-  Gloo driver does not pass it on).
+  the next step and stop with status 75 (:data:`hvdkit.errors.EXIT_STOPPED`). With
+  ``--launcher horovodrun`` (:data:`FORWARD_VIA_MPIRUN`) they go to the mpirun of the job's
+  session instead (horovodrun's shell would die of them), and horovodrun's own failure on the
+  ranks' 75 (``RuntimeError: mpirun failed with exit code 75``, a traceback) is reported as the
+  status 75 it is, the traceback held back. Not with ``--elastic`` (horovodrun's Gloo driver
+  starts the ranks by ssh, which passes no signal).
 
 The launcher's status is the job's; after an ending signal, 128 + that signal's number.
 """
@@ -41,16 +44,49 @@ import threading
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
+from hvdkit.errors import EXIT_STOPPED
 from hvdkit.launch import reaper
 from hvdkit.lifecycle import preexec_die_with_parent
 
-__all__ = ["FORWARD", "FORWARD_NO_STOP", "ENDING", "GRACE_S", "Outcome", "run_job"]
+__all__ = ["FORWARD", "FORWARD_NO_STOP", "FORWARD_VIA_MPIRUN", "MPIRUN", "ENDING", "GRACE_S", "Outcome",
+           "run_job", "session_mpirun"]
 
 #: signal received -> signal sent to the MPI launcher
 FORWARD = {signal.SIGINT: signal.SIGINT, signal.SIGTERM: signal.SIGTERM, signal.SIGHUP: signal.SIGTERM,
            signal.SIGUSR1: signal.SIGUSR1, signal.SIGUSR2: signal.SIGUSR2}
-#: horovodrun (``--launcher horovodrun``, ``--elastic``): SIGUSR1/SIGUSR2 are not passed on (None)
+#: horovodrun's elastic mode (``--elastic``): SIGUSR1/SIGUSR2 are not passed on (None)
 FORWARD_NO_STOP = {**FORWARD, signal.SIGUSR1: None, signal.SIGUSR2: None}
+#: the value of a signal passed to the mpirun of the job's session rather than to its leader
+MPIRUN = "mpirun"
+#: horovodrun over MPI (``--launcher horovodrun``): SIGUSR1/SIGUSR2 to the mpirun its shell started
+FORWARD_VIA_MPIRUN = {**FORWARD, signal.SIGUSR1: MPIRUN, signal.SIGUSR2: MPIRUN}
+#: the names an MPI launcher's process has (``/proc/PID/stat``'s comm)
+_MPIRUN_NAMES = frozenset({"mpirun", "mpiexec", "orterun", "prterun", "mpiexec.hydra"})
+#: horovodrun's last line when mpirun ended with the ranks' stop status 75 (its traceback ends there)
+_STOPPED_LINE = "RuntimeError: mpirun failed with exit code 75"
+
+
+def session_mpirun(sid: int, proc: str = "/proc") -> list[int]:
+    """The pids of the MPI launchers (mpirun, mpiexec, ...) in session ``sid`` (Linux ``/proc``; []
+    elsewhere or when none runs yet)."""
+    out = []
+    try:
+        names = os.listdir(proc)
+    except OSError:
+        return out
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            with open(os.path.join(proc, name, "stat")) as f:
+                stat = f.read()
+        except OSError:
+            continue
+        comm = stat[stat.find("(") + 1:stat.rfind(")")]
+        fields = stat[stat.rfind(")") + 2:].split()   # state ppid pgrp session ...
+        if comm in _MPIRUN_NAMES and len(fields) > 3 and int(fields[3]) == sid:
+            out.append(int(name))
+    return sorted(out)
 #: the signals that end the job (the others ask it something)
 ENDING = frozenset({signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
 #: seconds the job has, after an ending signal, before its session is killed (mpirun itself
@@ -65,12 +101,14 @@ class Outcome:
     Attributes:
         status: its exit status (128 + N when the MPI launcher was ended by signal N).
         signals: the signals ``hvdkit-launch`` received and forwarded, in order.
+        via_mpirun: of those, the ones passed to the mpirun of the job's session (:data:`FORWARD_VIA_MPIRUN`).
         lines: its last stderr lines (only when ``on_stderr`` was given to :func:`run_job`).
     """
 
     status: int
     signals: list[int] = field(default_factory=list)
     lines: list[str] = field(default_factory=list)
+    via_mpirun: set = field(default_factory=set)   # of ``signals``, those passed to the session's mpirun
 
     @property
     def ended_by(self) -> int | None:
@@ -91,6 +129,8 @@ def run_job(cmd: Sequence[str], env: dict[str, str], capture_stderr: bool = Fals
     launcher ended and the reaper ended what it left running (nothing, after a clean end).
     """
     guard = reaper.start(reaper_grace_s)
+    via_mpirun = MPIRUN in forward.values()
+    capture_stderr = capture_stderr or via_mpirun   # horovodrun's traceback on a stop is held back
     try:
         p = subprocess.Popen(list(cmd), env=env, stderr=subprocess.PIPE if capture_stderr else None, text=True,
                              errors="replace", start_new_session=True, preexec_fn=preexec_die_with_parent())
@@ -101,13 +141,20 @@ def run_job(cmd: Sequence[str], env: dict[str, str], capture_stderr: bool = Fals
     if guard:
         guard.watch(p.pid)   # a session leader: its pid is the session's id
     out = Outcome(0)
+    held: list[str] = []   # horovodrun's traceback after a stop passed to mpirun, until it shows its cause
 
     def pump():
         for line in p.stderr:
-            sys.stderr.write(line)
-            sys.stderr.flush()
             out.lines.append(line)
             del out.lines[:-200]
+            if held or (out.via_mpirun and line.startswith("Traceback (most recent call last):")):
+                held.append(line)
+                continue
+            sys.stderr.write(line)
+            sys.stderr.flush()
+        if held and held[-1].strip() != _STOPPED_LINE:   # another failure: show it
+            sys.stderr.writelines(held)
+            sys.stderr.flush()
 
     def kill_session():
         if p.poll() is None:
@@ -118,9 +165,23 @@ def run_job(cmd: Sequence[str], env: dict[str, str], capture_stderr: bool = Fals
 
     def on_signal(signum, _frame):
         if forward[signum] is None:
-            print(f"hvdkit-launch: {signal.Signals(signum).name} is not passed on to horovodrun (its shell would die "
-                  f"of it, or its Gloo driver ignores it); use --launcher mpi to stop at a checkpoint", file=sys.stderr,
-                  flush=True)
+            print(f"hvdkit-launch: {signal.Signals(signum).name} is not passed on under --elastic (horovodrun's Gloo "
+                  f"driver starts the ranks by ssh, which passes no signal); stop with SIGTERM, or run without "
+                  f"--elastic to stop at a checkpoint", file=sys.stderr, flush=True)
+            return
+        if forward[signum] == MPIRUN:
+            pids = session_mpirun(p.pid)
+            if not pids:
+                print(f"hvdkit-launch: {signal.Signals(signum).name} not passed on: horovodrun has not started "
+                      f"mpirun yet", file=sys.stderr, flush=True)
+                return
+            out.signals.append(signum)
+            out.via_mpirun.add(signum)
+            for pid in pids:
+                try:
+                    os.kill(pid, signum)
+                except (ProcessLookupError, PermissionError):
+                    pass
             return
         out.signals.append(signum)
         try:   # an ending signal to the whole session: horovodrun runs mpirun under a shell that does not exec it
@@ -147,4 +208,6 @@ def run_job(cmd: Sequence[str], env: dict[str, str], capture_stderr: bool = Fals
         for s, h in old.items():
             signal.signal(s, h)
     out.status = rc if rc >= 0 else 128 - rc
+    if out.via_mpirun and rc != 0 and any(ln.strip() == _STOPPED_LINE for ln in out.lines):
+        out.status = EXIT_STOPPED   # the ranks stopped at a checkpoint; horovodrun calls that a failure
     return out

@@ -90,9 +90,8 @@ def _gone_within(pids, seconds: float) -> list[int]:
     return _alive(pids)
 
 
-def test_sigusr1_checkpoints_at_the_next_step_stops_with_75_and_resume_continues(tmp_path):
-    out = tmp_path / "out"
-    job = Job("--", *FLAGS, "--output-dir", str(out))
+def _stop_with_sigusr1(job: Job) -> None:
+    """SIGUSR1 to the launcher once the job's header is out; the launcher must end with status 75."""
     try:
         job.rank_pids()
         job.p.send_signal(signal.SIGUSR1)
@@ -100,6 +99,12 @@ def test_sigusr1_checkpoints_at_the_next_step_stops_with_75_and_resume_continues
     finally:
         job.kill()
     assert rc == EXIT_STOPPED, job.text[-3000:]
+
+
+def test_sigusr1_checkpoints_at_the_next_step_stops_with_75_and_resume_continues(tmp_path):
+    out = tmp_path / "out"
+    job = Job("--", *FLAGS, "--output-dir", str(out))
+    _stop_with_sigusr1(job)
     stopped = re.findall(r"^hvdkit: stopped on SIGUSR1 after (step (\d+) \(in epoch 1\)|epoch 1 \(step (\d+)\)); its "
                          rf"checkpoint: {out}/checkpoint.npz; continue with --resume \(exit status 75\)$",
                          "".join(job.err), re.M)
@@ -125,6 +130,21 @@ def test_sigusr1_checkpoints_at_the_next_step_stops_with_75_and_resume_continues
     assert [e["epoch"] for e in res["epochs"]] == [1, 2, 3] and res["epochs"][-1]["step"] == 69, res["epochs"]
     full = res["epochs"][1]["samples"]   # the resumed epoch 1 trained the samples after the checkpoint only
     assert res["epochs"][0]["samples"] == full - (step * 64 if meta.get("step_in_epoch") else 0), res["epochs"]
+
+
+def test_sigusr1_under_horovodrun_reaches_its_mpirun_and_the_launcher_says_75(tmp_path):
+    """``--launcher horovodrun``: SIGUSR1 goes to the mpirun horovodrun's shell started (to the shell it
+    killed it, and was not passed on before), the ranks stop at a checkpoint, and horovodrun's own
+    failure on their status (a traceback ending ``mpirun failed with exit code 75``) is the launcher's
+    status 75, the traceback held back."""
+    out = tmp_path / "out"
+    job = Job("--launcher", "horovodrun", "--", *FLAGS, "--output-dir", str(out), ranks=("-np", "2"))
+    _stop_with_sigusr1(job)
+    stopped = re.findall(r"^(?:\[[\d,]+\]<stderr>:)?hvdkit: stopped on SIGUSR1 after (?:step (\d+) \(in epoch 1\)|"
+                         rf"epoch 1 \(step (\d+)\)); its checkpoint: {out}/checkpoint.npz", "".join(job.err), re.M)
+    assert len(stopped) == 1, job.text[-3000:]
+    assert load_meta(str(out / "checkpoint.npz"))["global_step"] == int(stopped[0][0] or stopped[0][1])
+    assert "Traceback" not in job.text and "epoch 2/3" not in job.text, job.text[-3000:]
 
 
 #: horovodrun's elastic mode (Gloo) on this host: each rank under a middleman in a session of its own

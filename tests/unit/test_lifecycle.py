@@ -318,3 +318,18 @@ def test_the_reaper_takes_the_jobs_session_and_its_descendants_only(tmp_path):
         (proc / pid / "stat").write_text(stat)
     (proc / "self").mkdir()
     assert read_table(str(proc)) == {7: (1, 7, 4242, "S")}
+
+
+def test_the_mpirun_of_a_session_is_found_in_proc(tmp_path):
+    """``session_mpirun``: the MPI launchers whose session is the job's (``/proc/PID/stat``: the comm in
+    parentheses, which may hold spaces and parentheses, then state, ppid, pgrp, session)."""
+    from hvdkit.launch.supervise import session_mpirun
+
+    for pid, comm, sid in ((11, "mpirun", 10), (12, "sh", 10), (13, "orterun", 10), (14, "mpirun", 99),
+                           (15, "python (x) y", 10)):
+        (tmp_path / str(pid)).mkdir()
+        (tmp_path / str(pid) / "stat").write_text(f"{pid} ({comm}) S 1 {sid} {sid} 0 -1 4194560 ...\n")
+    (tmp_path / "self").mkdir()
+    assert session_mpirun(10, str(tmp_path)) == [11, 13]
+    assert session_mpirun(99, str(tmp_path)) == [14]
+    assert session_mpirun(10, str(tmp_path / "missing")) == []
