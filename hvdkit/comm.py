@@ -208,8 +208,8 @@ def run_guarded(fn, *args, **kwargs):
             sys.stderr.write(f"{prefix}{exc}\n")
             sys.stderr.flush()
             time.sleep(0.2)
-        elif w.size > 1:
-            time.sleep(60.0)  # rank 0's abort ends this process first
+        elif w.size > 1 and getattr(w.comm, "abort_ends_job", True):
+            time.sleep(60.0)  # rank 0's abort ends this process first (MPI; an elastic rank ends alone)
         if w.size > 1:
             w.comm.Abort(exc.exit_status)
         raise SystemExit(exc.exit_status)

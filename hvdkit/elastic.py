@@ -56,6 +56,7 @@ import time
 from hvdkit import watchdog
 from hvdkit.comm import EXIT_USAGE, World, log0
 from hvdkit.config import Config
+from hvdkit.lifecycle import stop_signal
 from hvdkit.startup import name_mismatch
 from hvdkit.strategies.horovod import HorovodComm, broadcast_variables, horovod_world
 from hvdkit.trainer import Loop, change_world, finish, log_header, prepare, traced, train_epochs, write_timeline
@@ -186,6 +187,7 @@ def _state_class():
             # tf.function's dispatch
             self._save_vars = tf.function(_save, autograph=False).get_concrete_function()
             self._restore_vars = tf.function(_restore, autograph=False).get_concrete_function()
+            self.stop_due = False   # not state: agreed at a check for new hosts, never restored
             super().__init__(bcast_object=hvd.broadcast_object, get_rank=hvd.rank, **attrs)
 
         def save(self, variables: bool = True):
@@ -202,17 +204,20 @@ def _state_class():
         def check_host_updates(self):
             """Horovod's ``State.check_host_updates`` (raise ``HostsUpdatedInterrupt`` on every rank
             at once when rank 0 was told of new or removed hosts), its agreement made by one
-            broadcast of three int64 from rank 0 instead of ``broadcast_object`` (a pickle and two
-            broadcasts; both checks' times: benchmarks/figures/cluster_elastic.md)."""
+            broadcast of four int64 from rank 0 instead of ``broadcast_object`` (a pickle and two
+            broadcasts; both checks' times: benchmarks/figures/cluster_elastic.md). The fourth
+            carries rank 0's stop request (SIGUSR1): ``stop_due`` on every rank (:class:`_Stop`)."""
             last = prev = self._last_updated_timestamp
             update = HostUpdateResult.no_update
             while not self._host_messages.empty():
                 timestamp, res = self._host_messages.get()
                 if timestamp > last:
                     last, update = timestamp, update | res
-            agreed = hvd.broadcast(tf.constant([prev, last, int(update)], tf.int64), root_rank=0,
+            stop = int(stop_signal() is not None)   # SIGUSR1 on rank 0: every rank stops after the next step
+            agreed = hvd.broadcast(tf.constant([prev, last, int(update), stop], tf.int64), root_rank=0,
                                    name="hvdkit.elastic.hosts").numpy()
             prev, self._last_updated_timestamp = int(agreed[0]), int(agreed[1])
+            self.stop_due = self.stop_due or bool(agreed[3])
             if self._last_updated_timestamp > prev:
                 raise HostsUpdatedInterrupt(HostUpdateResult(int(agreed[2])) == HostUpdateResult.removed)
 
@@ -223,6 +228,25 @@ def _state_class():
             super().sync()
 
     return TrainingState
+
+
+class _Stop:
+    """SIGUSR1 under ``--elastic`` (the trainer's ``loop.stop``, as :class:`hvdkit.comm.StopFlag` under
+    MPI): the ranks agree at the next check for new hosts (every :data:`HOSTS_EVERY` steps or more,
+    and at epoch ends: rank 0's request rides on that broadcast, so a stop costs no collective of
+    its own), then every rank checkpoints and stops after the next step, status 75."""
+
+    acts = True
+
+    def __init__(self, state):
+        self.state = state
+
+    @property
+    def due(self) -> bool:
+        return self.state.stop_due
+
+    def poll(self) -> bool:
+        return self.state.stop_due
 
 
 def TrainingState(model, optimizer, **attrs):  # noqa: N802 - a class, built where Horovod is imported
@@ -261,6 +285,7 @@ def _run(cfg: Config, w: World, tl) -> dict | None:
     state.reached, state.last_step_t = prog.global_step, None   # not state: what this process last did
     state.pending = None   # (membership entry, rank 0's last step time before the change) until the first step
     state.spent = {"save": [], "hosts": []}   # seconds of each save and each check for new hosts, this process
+    loop.stop = _Stop(state)   # SIGUSR1: agreed at a check for new hosts
     commit_every = strategy.opts.commit_every
     hosts_every = commit_every * -(-HOSTS_EVERY // commit_every)   # at a save: Horovod's re-form syncs the saved state
     # --commit-every 1: the compiled step copies the variables after its update (a call of a function of

@@ -36,8 +36,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m hvdkit.train") ->
 
     if launched(os.environ):
         die_with_parent()   # no rank outlives mpirun/orted (SIGKILL when it exits)
-    if os.environ.get("HOROVOD_ELASTIC") != "1":   # elastic: no stop on SIGUSR1 (hvdkit-launch says so)
-        catch_stop_signal()     # SIGUSR1: checkpoint at the next step and stop (status 75)
+    catch_stop_signal()     # SIGUSR1: checkpoint at the next step and stop (status 75; elastic: hvdkit.elastic._Stop)
     from hvdkit.comm import agree, run_guarded, world
     from hvdkit.config import parse_config
     from hvdkit.strategies import extra_fields, summaries

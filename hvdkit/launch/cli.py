@@ -13,6 +13,7 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import sys
 from dataclasses import replace
 from typing import Mapping, Sequence
@@ -26,7 +27,7 @@ from hvdkit.launch.hosts import hosts_arg, total_slots
 from hvdkit.launch.mpi import HOROVODRUN, MPI, MPICH, OPENMPI, detect_mpi, local_cores
 from hvdkit.launch.rankexec import rank_exec_env
 from hvdkit.launch.restart import RESTART_ENV, restart_mpi_args, run_once, run_with_restarts
-from hvdkit.launch.supervise import FORWARD, FORWARD_NO_STOP, FORWARD_VIA_MPIRUN, run_job
+from hvdkit.launch.supervise import FORWARD, FORWARD_VIA_MPIRUN, run_job
 from hvdkit.launch.slurm import allocation, describe
 from hvdkit.launch.templates import TEMPLATES, render
 
@@ -59,7 +60,8 @@ def build_parser(prog: str = "hvdkit-launch") -> argparse.ArgumentParser:
                "unless --mpi-args or an OMPI_MCA_coll_tuned_* variable sets a coll_tuned parameter.\n"
                "Signals: the job runs as hvdkit-launch's child and ends with it, SIGKILL included (no rank outlives "
                "it); SIGINT, SIGTERM and SIGHUP end the job (status 128+N), SIGUSR1 makes hvdkit.train checkpoint "
-               "at the next step and stop with status 75 (continue with --resume; not under --elastic).",
+               "at the next step and stop with status 75 (continue with --resume; --elastic: after its next check "
+               "for new hosts).",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     g = p.add_argument_group("ranks and hosts")
@@ -256,7 +258,7 @@ def _elastic(ns, program: list[str]) -> int:
     ``exec`` line as a comment before horovodrun's."""
     from hvdkit.config import parse_config
     from hvdkit.launch.elastic import LOCAL_NAMES, check_own_name, discovered, elastic_command, rank_command_path, \
-        slots_of, write_discovery_script, write_rank_command, write_ssh_keepalive
+        signal_ranks, slots_of, write_discovery_script, write_rank_command, write_ssh_keepalive
     from hvdkit.strategies import extra_fields, summaries
 
     if not ns.hostfile:
@@ -302,7 +304,10 @@ def _elastic(ns, program: list[str]) -> int:
         env["PATH"] = keepalive + os.pathsep + env.get("PATH", "")
     if cfg.overwrite and os.path.isfile(ckpt) and not ns.dry_run:   # once, here (not by a rank joining
         os.remove(ckpt)                                              # later), after every refusal
-    return _exec(cmd, env, ns.dry_run, forward=FORWARD_NO_STOP)
+    def to_ranks(signum):   # SIGUSR1/2: horovodrun's driver passes no signal on; to the ranks, host by host
+        signal_ranks(ns.hostfile, train, signum, log=lambda line: print(line, file=sys.stderr, flush=True))
+
+    return _exec(cmd, env, ns.dry_run, forward={**FORWARD, signal.SIGUSR1: to_ranks, signal.SIGUSR2: to_ranks})
 
 
 def _network(ns, mpi: str, elastic: bool = False):

@@ -51,8 +51,12 @@ tests/cluster/elastic_kill.py).
 from __future__ import annotations
 
 import os
+import re
 import shlex
+import signal
+import subprocess
 import sys
+import threading
 from dataclasses import replace
 from typing import Sequence
 
@@ -61,7 +65,7 @@ from hvdkit.launch.hosts import check_launcher, hosts_arg, read_hostfile
 from hvdkit.launch.mpi import HOROVODRUN, OPENMPI
 
 __all__ = ["discovered", "slots_of", "write_discovery_script", "write_rank_command", "rank_command_path",
-           "elastic_command", "check_own_name", "LOCAL_NAMES", "keepalive_probes", "write_ssh_keepalive"]
+           "elastic_command", "check_own_name", "LOCAL_NAMES", "keepalive_probes", "write_ssh_keepalive", "signal_ranks"]
 
 LOCAL_NAMES = ("localhost", "127.0.0.1")
 #: seconds a failed host stays out before horovodrun tries it again (if the script lists it)
@@ -229,3 +233,57 @@ def _main(argv: Sequence[str]) -> int:
 if __name__ == "__main__":
     sys.exit(_main(sys.argv[1:]))
 
+
+
+def _cmdlines(proc: str = "/proc"):
+    """(pid, argv) of this host's processes (Linux ``/proc``)."""
+    try:
+        names = [n for n in os.listdir(proc) if n.isdigit()]
+    except OSError:
+        return
+    for n in names:
+        try:
+            with open(os.path.join(proc, n, "cmdline"), "rb") as f:
+                argv = f.read().split(b"\0")[:-1]
+        except OSError:
+            continue
+        yield int(n), [a.decode(errors="replace") for a in argv]
+
+
+def _net_of(proc: str, pid: int) -> str | None:
+    try:
+        return os.readlink(os.path.join(proc, str(pid), "ns", "net"))
+    except OSError:
+        return None
+
+
+def signal_ranks(hostfile: str, program: Sequence[str], signum: int, proc: str = "/proc", ssh: str = "ssh",
+                 log=print) -> list[str]:
+    """Send ``signum`` to this elastic job's ranks (processes whose argv is ``program``, as the rank
+    command execs it) on this host and on every host of ``hostfile`` now (``ssh HOST pkill -SIG -x -f``,
+    in the background: a silent host delays nothing); returns the hosts tried. horovodrun's Gloo
+    driver passes no signal to its ranks (it starts them by ssh), so SIGUSR1 (stop at a checkpoint)
+    reaches them this way. ``log``: one line of what was sent."""
+    name = signal.Signals(signum).name
+    try:
+        own_net = os.readlink(os.path.join(proc, "self", "ns", "net"))
+    except OSError:
+        own_net = None
+    for pid, argv in _cmdlines(proc):
+        if argv == list(program) and _net_of(proc, pid) == own_net:   # this host's (an emulated host: its netns)
+            try:
+                os.kill(pid, signum)
+            except (ProcessLookupError, PermissionError):
+                pass
+    hosts = [h.rpartition(":")[0] for h in discovered(hostfile)]
+    pattern = re.sub(r"([.\\\[\](){}*+?|^$])", r"\\\1", " ".join(program))   # an extended regex of the command line
+    remote = [h for h in hosts if h not in LOCAL_NAMES]
+    for host in remote:
+        cmd = [ssh, "-o", "BatchMode=yes", "-o", "ConnectTimeout=5", "-o", "StrictHostKeyChecking=no", host,
+               f"pkill -{name[3:]} -x -f {shlex.quote(pattern)}"]
+        threading.Thread(target=subprocess.run, args=(cmd,), kwargs={"stdin": subprocess.DEVNULL,
+                         "stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL, "timeout": 30},
+                         daemon=True).start()
+    log(f"hvdkit-launch: {name} sent to the job's ranks (this host{', ' if remote else ''}{', '.join(remote)}); "
+        f"they stop at a checkpoint after the step that follows their next check for new hosts")
+    return hosts

@@ -29,8 +29,10 @@ Signals to ``hvdkit-launch`` (:data:`FORWARD`):
   ``--launcher horovodrun`` (:data:`FORWARD_VIA_MPIRUN`) they go to the mpirun of the job's
   session instead (horovodrun's shell would die of them), and horovodrun's own failure on the
   ranks' 75 (``RuntimeError: mpirun failed with exit code 75``, a traceback) is reported as the
-  status 75 it is, the traceback held back. Not with ``--elastic`` (horovodrun's Gloo driver
-  starts the ranks by ssh, which passes no signal).
+  status 75 it is, the traceback held back. With ``--elastic`` (horovodrun's Gloo driver
+  starts the ranks by ssh, which passes no signal) a callable of ``forward`` sends it to the
+  ranks on every host (:func:`hvdkit.launch.elastic.signal_ranks`), and horovodrun's failure on
+  their 75 is reported the same way. A value None: not passed on (one line says so).
 
 The launcher's status is the job's; after an ending signal, 128 + that signal's number.
 """
@@ -48,22 +50,27 @@ from hvdkit.errors import EXIT_STOPPED
 from hvdkit.launch import reaper
 from hvdkit.lifecycle import preexec_die_with_parent
 
-__all__ = ["FORWARD", "FORWARD_NO_STOP", "FORWARD_VIA_MPIRUN", "MPIRUN", "ENDING", "GRACE_S", "Outcome",
+__all__ = ["FORWARD", "FORWARD_VIA_MPIRUN", "MPIRUN", "ENDING", "GRACE_S", "Outcome",
            "run_job", "session_mpirun"]
 
 #: signal received -> signal sent to the MPI launcher
 FORWARD = {signal.SIGINT: signal.SIGINT, signal.SIGTERM: signal.SIGTERM, signal.SIGHUP: signal.SIGTERM,
            signal.SIGUSR1: signal.SIGUSR1, signal.SIGUSR2: signal.SIGUSR2}
-#: horovodrun's elastic mode (``--elastic``): SIGUSR1/SIGUSR2 are not passed on (None)
-FORWARD_NO_STOP = {**FORWARD, signal.SIGUSR1: None, signal.SIGUSR2: None}
 #: the value of a signal passed to the mpirun of the job's session rather than to its leader
 MPIRUN = "mpirun"
 #: horovodrun over MPI (``--launcher horovodrun``): SIGUSR1/SIGUSR2 to the mpirun its shell started
 FORWARD_VIA_MPIRUN = {**FORWARD, signal.SIGUSR1: MPIRUN, signal.SIGUSR2: MPIRUN}
 #: the names an MPI launcher's process has (``/proc/PID/stat``'s comm)
 _MPIRUN_NAMES = frozenset({"mpirun", "mpiexec", "orterun", "prterun", "mpiexec.hydra"})
-#: horovodrun's last line when mpirun ended with the ranks' stop status 75 (its traceback ends there)
-_STOPPED_LINE = "RuntimeError: mpirun failed with exit code 75"
+#: horovodrun's last line when its ranks ended with the stop status 75 (its traceback ends there): over
+#: mpirun, and in its elastic mode ("RuntimeError: Horovod detected that one or more processes exited ...
+#: Process name: h2[0]", then this)
+_STOPPED_LINES = frozenset({"RuntimeError: mpirun failed with exit code 75", "Exit code: 75"})
+
+
+def _last(lines: Sequence[str]) -> str:
+    """The last non-blank line, stripped ('' if none)."""
+    return next((ln.strip() for ln in reversed(lines) if ln.strip()), "")
 
 
 def session_mpirun(sid: int, proc: str = "/proc") -> list[int]:
@@ -101,14 +108,15 @@ class Outcome:
     Attributes:
         status: its exit status (128 + N when the MPI launcher was ended by signal N).
         signals: the signals ``hvdkit-launch`` received and forwarded, in order.
-        via_mpirun: of those, the ones passed to the mpirun of the job's session (:data:`FORWARD_VIA_MPIRUN`).
+        to_ranks: of those, the ones passed on other than to the MPI launcher's process: to the
+            mpirun of the job's session (:data:`FORWARD_VIA_MPIRUN`), or by a callable of ``forward``.
         lines: its last stderr lines (only when ``on_stderr`` was given to :func:`run_job`).
     """
 
     status: int
     signals: list[int] = field(default_factory=list)
     lines: list[str] = field(default_factory=list)
-    via_mpirun: set = field(default_factory=set)   # of ``signals``, those passed to the session's mpirun
+    to_ranks: set = field(default_factory=set)   # of ``signals``, those passed on other than to the launcher
 
     @property
     def ended_by(self) -> int | None:
@@ -129,8 +137,8 @@ def run_job(cmd: Sequence[str], env: dict[str, str], capture_stderr: bool = Fals
     launcher ended and the reaper ended what it left running (nothing, after a clean end).
     """
     guard = reaper.start(reaper_grace_s)
-    via_mpirun = MPIRUN in forward.values()
-    capture_stderr = capture_stderr or via_mpirun   # horovodrun's traceback on a stop is held back
+    # horovodrun's traceback on a stop is held back
+    capture_stderr = capture_stderr or any(v == MPIRUN or callable(v) for v in forward.values())
     try:
         p = subprocess.Popen(list(cmd), env=env, stderr=subprocess.PIPE if capture_stderr else None, text=True,
                              errors="replace", start_new_session=True, preexec_fn=preexec_die_with_parent())
@@ -147,12 +155,12 @@ def run_job(cmd: Sequence[str], env: dict[str, str], capture_stderr: bool = Fals
         for line in p.stderr:
             out.lines.append(line)
             del out.lines[:-200]
-            if held or (out.via_mpirun and line.startswith("Traceback (most recent call last):")):
+            if held or (out.to_ranks and line.startswith("Traceback (most recent call last):")):
                 held.append(line)
                 continue
             sys.stderr.write(line)
             sys.stderr.flush()
-        if held and held[-1].strip() != _STOPPED_LINE:   # another failure: show it
+        if held and _last(held) not in _STOPPED_LINES:   # another failure: show it
             sys.stderr.writelines(held)
             sys.stderr.flush()
 
@@ -165,9 +173,13 @@ def run_job(cmd: Sequence[str], env: dict[str, str], capture_stderr: bool = Fals
 
     def on_signal(signum, _frame):
         if forward[signum] is None:
-            print(f"hvdkit-launch: {signal.Signals(signum).name} is not passed on under --elastic (horovodrun's Gloo "
-                  f"driver starts the ranks by ssh, which passes no signal); stop with SIGTERM, or run without "
-                  f"--elastic to stop at a checkpoint", file=sys.stderr, flush=True)
+            print(f"hvdkit-launch: {signal.Signals(signum).name} is not passed on to this job", file=sys.stderr,
+                  flush=True)
+            return
+        if callable(forward[signum]):   # e.g. to an elastic job's ranks, host by host
+            out.signals.append(signum)
+            out.to_ranks.add(signum)
+            forward[signum](signum)
             return
         if forward[signum] == MPIRUN:
             pids = session_mpirun(p.pid)
@@ -176,7 +188,7 @@ def run_job(cmd: Sequence[str], env: dict[str, str], capture_stderr: bool = Fals
                       f"mpirun yet", file=sys.stderr, flush=True)
                 return
             out.signals.append(signum)
-            out.via_mpirun.add(signum)
+            out.to_ranks.add(signum)
             for pid in pids:
                 try:
                     os.kill(pid, signum)
@@ -208,6 +220,6 @@ def run_job(cmd: Sequence[str], env: dict[str, str], capture_stderr: bool = Fals
         for s, h in old.items():
             signal.signal(s, h)
     out.status = rc if rc >= 0 else 128 - rc
-    if out.via_mpirun and rc != 0 and any(ln.strip() == _STOPPED_LINE for ln in out.lines):
+    if out.to_ranks and rc != 0 and _last(out.lines) in _STOPPED_LINES:
         out.status = EXIT_STOPPED   # the ranks stopped at a checkpoint; horovodrun calls that a failure
     return out

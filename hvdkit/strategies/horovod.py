@@ -337,6 +337,9 @@ class HorovodComm:
 
         self.hvd.allreduce(tf.zeros(1), op=self.hvd.Sum)
 
+    #: an Abort ends this process only (``hvdkit.comm.run_guarded``: no rank waits for rank 0's)
+    abort_ends_job = False
+
     def Abort(self, code: int = 1) -> None:  # noqa: N802
         """End this process now (``os._exit``): Horovod's driver sees it fail (an elastic one goes on without it)."""
         os._exit(code)

@@ -197,3 +197,35 @@ def test_a_stuck_rank_leaves_and_the_job_goes_on_without_it(hosts3, shared_dir, 
     assert [e["epoch"] for e in res["epochs"]] == [1, 2, 3], res["epochs"]
     print(json.dumps({"line_to_one_rank_s": round(t_one - t_line, 2),
                       "membership": res["elastic"]["membership"]}, indent=1))
+
+
+def test_sigusr1_to_the_launcher_stops_every_host_at_a_checkpoint(hosts3, shared_dir):
+    """SIGUSR1 to ``hvdkit-launch --elastic`` (on h1): horovodrun's Gloo driver starts the ranks by ssh
+    and passes no signal on, so the launcher sends it to the job's ranks on every host of the hostfile
+    itself (``ssh HOST pkill``; h2's rank is remote). They agree at the next check for new hosts,
+    checkpoint after the next step and end with 75; so does the launcher, without a traceback."""
+    hostfile = os.path.join(shared_dir, "hosts-usr1")
+    _write(hostfile, ["h1", "h2"])
+    out = os.path.join(shared_dir, "out-usr1")
+    flags = [*FLAGS[:FLAGS.index("--epochs")], "--epochs", "6", *FLAGS[FLAGS.index("--epochs") + 2:]]
+    job = Job(hosts3, shared_dir, hostfile, out, flags=flags, env={"PYTHONPATH": ROOT})
+    try:
+        job.wait_for(r"^\[\d\]<stdout>:epoch\s+1/", timeout=120)
+        launchers = [pid for pid in _pids("h1", "hvdkit-launch")   # the launcher, not the shell that started it
+                     if open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")[1].endswith(b"/hvdkit-launch")]
+        assert len(launchers) == 1, "no hvdkit-launch process on h1"
+        for pid in launchers:
+            os.kill(pid, signal.SIGUSR1)
+        rc = job.finish(timeout=120)
+    finally:
+        if job.p.poll() is None:
+            os.killpg(job.p.pid, signal.SIGKILL)
+    text = job.text()
+    assert rc == 75, text[-4000:]
+    assert "hvdkit-launch: SIGUSR1 sent to the job's ranks (this host, h1, h2)" in text, text[-4000:]
+    stopped = re.findall(rf"hvdkit: stopped on SIGUSR1 after step (\d+) \(in epoch \d\); its checkpoint: "
+                         rf"{re.escape(out)}/checkpoint.npz", text)
+    assert len(stopped) == 1, text[-4000:]
+    assert len(re.findall(r"exit with status code 75", text)) == 2 and "Traceback" not in text, text[-4000:]
+    from hvdkit.checkpoints import load_meta
+    assert load_meta(os.path.join(out, "checkpoint.npz"))["global_step"] == int(stopped[0])

@@ -151,6 +151,25 @@ def test_sigusr1_under_horovodrun_reaches_its_mpirun_and_the_launcher_says_75(tm
 ELASTIC = ["--elastic", "--network-interface", "lo", "--gloo-timeout", "5"]
 
 
+def test_sigusr1_under_elastic_reaches_every_rank_and_the_launcher_says_75(tmp_path):
+    """``--elastic``: horovodrun's Gloo driver passes no signal on, so the launcher sends SIGUSR1 to the
+    job's ranks itself (:func:`hvdkit.launch.elastic.signal_ranks`; here both on this host); they agree
+    at their next check for new hosts (rank 0's request rides on it), checkpoint after the next step
+    and stop with 75 each, and horovodrun's failure on that is the launcher's status 75, no traceback."""
+    out = tmp_path / "out"
+    (tmp_path / "hosts").write_text("localhost slots=2\n")
+    job = Job(*ELASTIC, "--", *FLAGS, "--epochs", "20", "--output-dir", str(out),
+              ranks=("-np", "2", "--hostfile", str(tmp_path / "hosts")))
+    _stop_with_sigusr1(job)
+    stopped = re.findall(r"^(?:\[\d\]<stderr>:)?hvdkit: stopped on SIGUSR1 after (?:step (\d+) \(in epoch \d+\)|"
+                         rf"epoch \d+ \(step (\d+)\)); its checkpoint: {out}/checkpoint.npz", "".join(job.err), re.M)
+    assert len(stopped) == 1, job.text[-3000:]
+    assert load_meta(str(out / "checkpoint.npz"))["global_step"] == int(stopped[0][0] or stopped[0][1])
+    assert "hvdkit-launch: SIGUSR1 sent to the job's ranks (this host)" in job.text, job.text[-3000:]
+    assert len(re.findall(r"exit with status code 75", job.text)) == 2, job.text[-3000:]   # every rank
+    assert "Traceback" not in job.text, job.text[-3000:]
+
+
 @pytest.mark.parametrize("sig,launch", [(signal.SIGKILL, ["--max-restarts", "1"]),
                                         pytest.param(signal.SIGHUP, ["--max-restarts", "1"], marks=pytest.mark.slow),
                                         pytest.param(signal.SIGKILL, [], marks=pytest.mark.slow),

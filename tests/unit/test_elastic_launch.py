@@ -207,3 +207,41 @@ def test_elastic_overwrite_deletes_the_checkpoint_only_when_the_launch_goes_ahea
                           "--output-dir", str(out), "--overwrite"], capsys)
     assert rc == 2 and "--gloo-timeout 0" in err, err
     assert (out / "checkpoint.npz").read_bytes() == b"kept"
+
+
+def test_sigusr1_reaches_the_ranks_here_and_by_ssh_on_every_other_host(tmp_path, monkeypatch):
+    """``signal_ranks``: this host's processes whose argv is the rank command's program, in this
+    network namespace (an emulated host is one), get the signal directly; every other host of the
+    hostfile by ``ssh HOST pkill -USR1 -x -f PATTERN``, the command line as an extended regex."""
+    import signal
+    import time
+
+    from hvdkit.launch import elastic as E
+
+    program = ["/venv/bin/python", "-m", "hvdkit.train", "--output-dir", "/runs/a.b (1)"]
+    proc = tmp_path / "proc"
+    for pid, argv, net in ((11, program, "net:[1]"), (12, program, "net:[2]"), (13, [*program, "--x"], "net:[1]"),
+                           ("self", ["me"], "net:[1]")):
+        d = proc / str(pid)
+        (d / "ns").mkdir(parents=True)
+        (d / "cmdline").write_bytes(b"\0".join(a.encode() for a in argv) + b"\0")
+        os.symlink(net, d / "ns" / "net")
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("localhost slots=1\nh2 slots=1\n")
+    log = tmp_path / "ssh.log"
+    ssh = tmp_path / "ssh"
+    ssh.write_text(f"#!/bin/sh\nprintf '%s\\n' \"$@\" > {log}\n")
+    ssh.chmod(0o755)
+    killed, lines = [], []
+    monkeypatch.setattr(E.os, "kill", lambda pid, sig: killed.append((pid, sig)))
+    assert E.signal_ranks(str(hostfile), program, signal.SIGUSR1, proc=str(proc), ssh=str(ssh),
+                          log=lines.append) == ["localhost", "h2"]
+    assert killed == [(11, signal.SIGUSR1)]   # not another namespace's, not another command line
+    for _ in range(100):
+        if log.exists() and log.read_text().strip():
+            break
+        time.sleep(0.05)
+    args = log.read_text().splitlines()
+    assert args[-2:] == ["h2", "pkill -USR1 -x -f '/venv/bin/python -m hvdkit\\.train --output-dir /runs/a\\.b \\(1\\)'"]
+    assert lines == ["hvdkit-launch: SIGUSR1 sent to the job's ranks (this host, h2); they stop at a checkpoint "
+                     "after the step that follows their next check for new hosts"]
