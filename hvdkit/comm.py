@@ -264,6 +264,10 @@ class StopFlag:
 
     asked = staticmethod(stop_signal)   # the stop signal this process received (``SIGUSR1``), or None
 
+    def checkpointed(self, w: World) -> None:
+        """After the stop's checkpoint, before every rank stops: nothing here (rank 0 aborts the job
+        once it has written it; :func:`run_guarded`)."""
+
     def poll(self) -> bool:
         """After a step, on every loop rank: True once the stop is due (see the class)."""
         if self.due or not self.lockstep:

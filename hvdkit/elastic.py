@@ -15,7 +15,7 @@ Horovod's Gloo controller numbers them anew after each change. hvdkit then runs 
 2. :class:`TrainingState` holds the model and optimizer variables and the :class:`~hvdkit.trainer.Progress`
    (epoch, samples of the epoch trained, global step, epoch history) and the ``membership``
    log; it is saved (copied in memory, locally) every ``--commit-every`` steps and at each epoch
-   end, and Horovod's check for new hosts (a broadcast from rank 0) runs at the first multiple of
+   end, and Horovod's check for new hosts (one small allreduce) runs at the first multiple of
    ``--commit-every`` that is at least :data:`HOSTS_EVERY` steps, and at each epoch end: Horovod's
    own ``commit`` does both at once, which made ``--commit-every 1`` cost a broadcast per step. (A
    check only where the state was just saved: the re-form it may start synchronises the saved
@@ -204,18 +204,19 @@ def _state_class():
         def check_host_updates(self):
             """Horovod's ``State.check_host_updates`` (raise ``HostsUpdatedInterrupt`` on every rank
             at once when rank 0 was told of new or removed hosts), its agreement made by one
-            broadcast of four int64 from rank 0 instead of ``broadcast_object`` (a pickle and two
-            broadcasts; both checks' times: benchmarks/figures/cluster_elastic.md). The fourth
-            carries rank 0's stop request (SIGUSR1): ``stop_due`` on every rank (:class:`_Stop`)."""
+            allreduce (a sum) of four int64 instead of ``broadcast_object`` (a pickle and two
+            broadcasts; both checks' times: benchmarks/figures/cluster_elastic.md): rank 0's host
+            update, the others' zeros, and in the fourth every rank's stop request (SIGUSR1), so
+            any rank's signal sets ``stop_due`` on every rank (:class:`_Stop`)."""
             last = prev = self._last_updated_timestamp
             update = HostUpdateResult.no_update
             while not self._host_messages.empty():
                 timestamp, res = self._host_messages.get()
                 if timestamp > last:
                     last, update = timestamp, update | res
-            stop = int(stop_signal() is not None)   # SIGUSR1 on rank 0: every rank stops after the next step
-            agreed = hvd.broadcast(tf.constant([prev, last, int(update), stop], tf.int64), root_rank=0,
-                                   name="hvdkit.elastic.hosts").numpy()
+            stop = int(stop_signal() is not None)   # SIGUSR1 on any rank: every rank stops after the next step
+            mine = [prev, last, int(update), stop] if hvd.rank() == 0 else [0, 0, 0, stop]   # rank 0's hosts
+            agreed = hvd.allreduce(tf.constant(mine, tf.int64), op=hvd.Sum, name="hvdkit.elastic.hosts").numpy()
             prev, self._last_updated_timestamp = int(agreed[0]), int(agreed[1])
             self.stop_due = self.stop_due or bool(agreed[3])
             if self._last_updated_timestamp > prev:
@@ -233,8 +234,9 @@ def _state_class():
 class _Stop:
     """SIGUSR1 under ``--elastic`` (the trainer's ``loop.stop``, as :class:`hvdkit.comm.StopFlag` under
     MPI): the ranks agree at the next check for new hosts (every :data:`HOSTS_EVERY` steps or more,
-    and at epoch ends: rank 0's request rides on that broadcast, so a stop costs no collective of
-    its own), then every rank checkpoints and stops after the next step, status 75."""
+    and at epoch ends: any rank's request rides on that allreduce, so a stop costs no collective of
+    its own; a rank joining in a re-form learns it in :func:`_enter`), then after the next step
+    rank 0 writes the checkpoint and every rank stops, status 75."""
 
     acts = True
 
@@ -247,6 +249,21 @@ class _Stop:
 
     def poll(self) -> bool:
         return self.state.stop_due
+
+    def checkpointed(self, w: World) -> None:
+        """Every rank waits here for rank 0's checkpoint (one small allreduce), so no rank ends before
+        it is written: horovodrun names the first rank to end, which the launcher reads (75: stopped).
+        If rank 0 failed to write it (it ended with its own status), the others end with status 1
+        instead of re-forming without it.
+
+        Raises:
+            RuntimeError: rank 0 left before the barrier (its line says why).
+        """
+        try:
+            w.comm.Barrier()
+        except Exception:   # noqa: BLE001 - Horovod's error would re-form the job; it is to end
+            raise RuntimeError("rank 0 ended before the stop's checkpoint was written (its line says why); "
+                               "the checkpoint kept is the previous one") from None
 
 
 def TrainingState(model, optimizer, **attrs):  # noqa: N802 - a class, built where Horovod is imported
@@ -367,7 +384,8 @@ def _enter(loop: Loop, state, hvd) -> None:
     and its ``membership`` entry (logged by rank 0). Collective over the new world."""
     w = horovod_world(hvd)
     change_world(loop, w)
-    hosts = w.comm.allgather(w.host)
+    hosts, stops = map(list, zip(*w.comm.allgather((w.host, state.stop_due))))
+    state.stop_due = any(stops)   # a stop agreed before a re-form holds for a rank that joined in it
     lost = w.comm.bcast((state.reached - state.global_step, state.last_step_t), root=0)
     entry = {"step": state.global_step, "epoch": state.epoch + 1, "world_size": w.size, "hosts": hosts,
              "steps_repeated": max(0, int(lost[0])) if state.membership else 0,

@@ -564,6 +564,7 @@ def _stop_if_asked(loop: Loop, epoch: int, p: Progress, at_epoch_end: bool, last
     if not (at_epoch_end and cfg.checkpoint):   # the epoch end's checkpoint is this stop's
         loop.kept = _checkpoint(cfg, w, loop.strategy, loop.model, loop.ckpt_path, loop.kept, epoch, p,
                                 in_epoch=not at_epoch_end)
+    stop.checkpointed(w)   # elastic: no rank ends before rank 0 has written it
     where = loop.kept[0] + (f" (step {p.global_step})" if at_epoch_end else "")
     raise StopRequested(f"stopped on {StopFlag.asked() or 'SIGUSR1 (on another rank)'} after {where}; its checkpoint: "
                         f"{loop.kept[1]}; continue with --resume (exit status {StopRequested.exit_status})")

@@ -304,10 +304,10 @@ def _elastic(ns, program: list[str]) -> int:
         env["PATH"] = keepalive + os.pathsep + env.get("PATH", "")
     if cfg.overwrite and os.path.isfile(ckpt) and not ns.dry_run:   # once, here (not by a rank joining
         os.remove(ckpt)                                              # later), after every refusal
-    def to_ranks(signum):   # SIGUSR1/2: horovodrun's driver passes no signal on; to the ranks, host by host
+    def to_ranks(signum):   # SIGUSR1: horovodrun's driver passes no signal on; to the ranks, host by host
         signal_ranks(ns.hostfile, train, signum, log=lambda line: print(line, file=sys.stderr, flush=True))
 
-    return _exec(cmd, env, ns.dry_run, forward={**FORWARD, signal.SIGUSR1: to_ranks, signal.SIGUSR2: to_ranks})
+    return _exec(cmd, env, ns.dry_run, forward={**FORWARD, signal.SIGUSR1: to_ranks, signal.SIGUSR2: None})
 
 
 def _network(ns, mpi: str, elastic: bool = False):

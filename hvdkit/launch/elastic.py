@@ -261,7 +261,9 @@ def signal_ranks(hostfile: str, program: Sequence[str], signum: int, proc: str =
                  log=print) -> list[str]:
     """Send ``signum`` to this elastic job's ranks (processes whose argv is ``program``, as the rank
     command execs it) on this host and on every host of ``hostfile`` now (``ssh HOST pkill -SIG -x -f``,
-    in the background: a silent host delays nothing); returns the hosts tried. horovodrun's Gloo
+    in the background: a silent host delays nothing, and a host not reached or running no rank of
+    the job is logged); returns the hosts tried ([] when the hostfile cannot be read now: this
+    host's ranks only, logged). horovodrun's Gloo
     driver passes no signal to its ranks (it starts them by ssh), so SIGUSR1 (stop at a checkpoint)
     reaches them this way. ``log``: one line of what was sent."""
     name = signal.Signals(signum).name
@@ -275,15 +277,28 @@ def signal_ranks(hostfile: str, program: Sequence[str], signum: int, proc: str =
                 os.kill(pid, signum)
             except (ProcessLookupError, PermissionError):
                 pass
-    hosts = [h.rpartition(":")[0] for h in discovered(hostfile)]
+    try:
+        hosts = [h.rpartition(":")[0] for h in discovered(hostfile)]
+    except UsageError as e:   # the hostfile half-edited: this host's ranks only, said in one line
+        log(f"hvdkit-launch: {name} sent to this host's ranks only: {e}")
+        return []
     pattern = re.sub(r"([.\\\[\](){}*+?|^$])", r"\\\1", " ".join(program))   # an extended regex of the command line
     remote = [h for h in hosts if h not in LOCAL_NAMES]
-    for host in remote:
+
+    def send(host):
         cmd = [ssh, "-o", "BatchMode=yes", "-o", "ConnectTimeout=5", "-o", "StrictHostKeyChecking=no", host,
                f"pkill -{name[3:]} -x -f {shlex.quote(pattern)}"]
-        threading.Thread(target=subprocess.run, args=(cmd,), kwargs={"stdin": subprocess.DEVNULL,
-                         "stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL, "timeout": 30},
-                         daemon=True).start()
+        try:
+            r = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=30)
+            why = {0: None, 1: "no rank of this job runs there (now)"}.get(r.returncode, (r.stderr.strip().splitlines()
+                                                                                    or [f"status {r.returncode}"])[-1])
+        except (OSError, subprocess.TimeoutExpired) as e:
+            why = str(e)
+        if why:
+            log(f"hvdkit-launch: {name} to {host}: {why}")
+
+    for host in remote:   # in the background: a silent host delays nothing
+        threading.Thread(target=send, args=(host,), daemon=True).start()
     log(f"hvdkit-launch: {name} sent to the job's ranks (this host{', ' if remote else ''}{', '.join(remote)}); "
         f"they stop at a checkpoint after the step that follows their next check for new hosts")
     return hosts

@@ -27,12 +27,13 @@ Signals to ``hvdkit-launch`` (:data:`FORWARD`):
   ``mpirun: Forwarding signal 10 to job``); SIGUSR1 asks ``hvdkit.train`` to checkpoint at
   the next step and stop with status 75 (:data:`hvdkit.errors.EXIT_STOPPED`). With
   ``--launcher horovodrun`` (:data:`FORWARD_VIA_MPIRUN`) they go to the mpirun of the job's
-  session instead (horovodrun's shell would die of them), and horovodrun's own failure on the
-  ranks' 75 (``RuntimeError: mpirun failed with exit code 75``, a traceback) is reported as the
-  status 75 it is, the traceback held back. With ``--elastic`` (horovodrun's Gloo driver
-  starts the ranks by ssh, which passes no signal) a callable of ``forward`` sends it to the
-  ranks on every host (:func:`hvdkit.launch.elastic.signal_ranks`), and horovodrun's failure on
-  their 75 is reported the same way. A value None: not passed on (one line says so).
+  session instead: horovodrun replaces itself with ``/bin/sh -c mpirun ...``, and that shell
+  would die of them (mpirun's status, 75, is then the shell's). With ``--elastic`` (horovodrun's
+  Gloo driver starts the ranks by ssh, which passes no signal) a callable of ``forward`` sends it
+  to the ranks on every host (:func:`hvdkit.launch.elastic.signal_ranks`); horovodrun's elastic
+  mode calls their 75 a failure (a traceback naming the first to end, status 1), so when that
+  is 75 the launcher's status is 75 and the traceback is held back (any other end shows it). A value
+  None: not passed on (one line says so).
 
 The launcher's status is the job's; after an ending signal, 128 + that signal's number.
 """
@@ -62,10 +63,11 @@ MPIRUN = "mpirun"
 FORWARD_VIA_MPIRUN = {**FORWARD, signal.SIGUSR1: MPIRUN, signal.SIGUSR2: MPIRUN}
 #: the names an MPI launcher's process has (``/proc/PID/stat``'s comm)
 _MPIRUN_NAMES = frozenset({"mpirun", "mpiexec", "orterun", "prterun", "mpiexec.hydra"})
-#: horovodrun's last line when its ranks ended with the stop status 75 (its traceback ends there): over
-#: mpirun, and in its elastic mode ("RuntimeError: Horovod detected that one or more processes exited ...
-#: Process name: h2[0]", then this)
-_STOPPED_LINES = frozenset({"RuntimeError: mpirun failed with exit code 75", "Exit code: 75"})
+#: horovodrun's elastic mode, when its first rank to end did so with the stop status: its traceback's
+#: last line ("RuntimeError: Horovod detected that one or more processes exited ... Process name: h2[0]",
+#: then this). An elastic stop ends rank 0 first when its checkpoint fails (hvdkit.elastic._Stop), so
+#: this line means the checkpoint was written
+_STOPPED = f"Exit code: {EXIT_STOPPED}"
 
 
 def _last(lines: Sequence[str]) -> str:
@@ -108,8 +110,7 @@ class Outcome:
     Attributes:
         status: its exit status (128 + N when the MPI launcher was ended by signal N).
         signals: the signals ``hvdkit-launch`` received and forwarded, in order.
-        to_ranks: of those, the ones passed on other than to the MPI launcher's process: to the
-            mpirun of the job's session (:data:`FORWARD_VIA_MPIRUN`), or by a callable of ``forward``.
+        to_ranks: of those, the ones a callable of ``forward`` passed on (to an elastic job's ranks).
         lines: its last stderr lines (only when ``on_stderr`` was given to :func:`run_job`).
     """
 
@@ -137,8 +138,7 @@ def run_job(cmd: Sequence[str], env: dict[str, str], capture_stderr: bool = Fals
     launcher ended and the reaper ended what it left running (nothing, after a clean end).
     """
     guard = reaper.start(reaper_grace_s)
-    # horovodrun's traceback on a stop is held back
-    capture_stderr = capture_stderr or any(v == MPIRUN or callable(v) for v in forward.values())
+    capture_stderr = capture_stderr or any(callable(v) for v in forward.values())   # an elastic stop's traceback
     try:
         p = subprocess.Popen(list(cmd), env=env, stderr=subprocess.PIPE if capture_stderr else None, text=True,
                              errors="replace", start_new_session=True, preexec_fn=preexec_die_with_parent())
@@ -149,19 +149,19 @@ def run_job(cmd: Sequence[str], env: dict[str, str], capture_stderr: bool = Fals
     if guard:
         guard.watch(p.pid)   # a session leader: its pid is the session's id
     out = Outcome(0)
-    held: list[str] = []   # horovodrun's traceback after a stop passed to mpirun, until it shows its cause
+    held: list[str] = []   # horovodrun's traceback after a stop passed to the ranks, until its cause shows
 
     def pump():
         for line in p.stderr:
             out.lines.append(line)
             del out.lines[:-200]
+            if held and line.startswith("["):   # a rank's line: what was held was not horovodrun's last words
+                sys.stderr.writelines(held)
+                held.clear()
             if held or (out.to_ranks and line.startswith("Traceback (most recent call last):")):
                 held.append(line)
                 continue
             sys.stderr.write(line)
-            sys.stderr.flush()
-        if held and _last(held) not in _STOPPED_LINES:   # another failure: show it
-            sys.stderr.writelines(held)
             sys.stderr.flush()
 
     def kill_session():
@@ -179,7 +179,10 @@ def run_job(cmd: Sequence[str], env: dict[str, str], capture_stderr: bool = Fals
         if callable(forward[signum]):   # e.g. to an elastic job's ranks, host by host
             out.signals.append(signum)
             out.to_ranks.add(signum)
-            forward[signum](signum)
+            try:
+                forward[signum](signum)
+            except Exception as e:   # noqa: BLE001 - a signal must never end the launcher
+                print(f"hvdkit-launch: {signal.Signals(signum).name} not passed on: {e}", file=sys.stderr, flush=True)
             return
         if forward[signum] == MPIRUN:
             pids = session_mpirun(p.pid)
@@ -188,7 +191,6 @@ def run_job(cmd: Sequence[str], env: dict[str, str], capture_stderr: bool = Fals
                       f"mpirun yet", file=sys.stderr, flush=True)
                 return
             out.signals.append(signum)
-            out.to_ranks.add(signum)
             for pid in pids:
                 try:
                     os.kill(pid, signum)
@@ -220,6 +222,10 @@ def run_job(cmd: Sequence[str], env: dict[str, str], capture_stderr: bool = Fals
         for s, h in old.items():
             signal.signal(s, h)
     out.status = rc if rc >= 0 else 128 - rc
-    if out.to_ranks and rc != 0 and _last(out.lines) in _STOPPED_LINES:
-        out.status = EXIT_STOPPED   # the ranks stopped at a checkpoint; horovodrun calls that a failure
+    stopped = out.to_ranks and rc != 0 and _last(out.lines) == _STOPPED
+    if stopped:
+        out.status = EXIT_STOPPED   # every rank stopped at a checkpoint; horovodrun's elastic mode calls that a failure
+    if held and not stopped:   # another failure: its traceback is shown
+        sys.stderr.writelines(held)
+        sys.stderr.flush()
     return out

@@ -54,7 +54,7 @@ class Job(BackgroundJob):
     horovodrun); its output lines, timestamped."""
 
     def __init__(self, cluster, shared, hostfile, out, env: dict | None = None, flags=FLAGS, cwd: str = ROOT,
-                 gloo_timeout: int = GLOO_TIMEOUT):
+                 gloo_timeout: int = GLOO_TIMEOUT, on: str = "h1"):
         self.hostfile, self.out = hostfile, out
         more = "".join(f"{k}={shlex.quote(v)} " for k, v in (env or {}).items())
         # cwd: the ranks start there (horovodrun keeps it), and `python -m` puts it first on sys.path,
@@ -63,7 +63,7 @@ class Job(BackgroundJob):
                f"{VENV_BIN}/hvdkit-launch --elastic --hostfile {hostfile} --network-interface eth0 "
                f"--gloo-timeout {gloo_timeout} --mpi-args='--blacklist-cooldown-range 1 2' -- "
                f"{shlex.join(flags)} --output-dir {out}")
-        super().__init__(["ssh", "h1", cmd], env=cluster.env)
+        super().__init__(["ssh", on, cmd], env=cluster.env)
 
 
 def _pids(host: str, needle: str) -> list[int]:
@@ -200,20 +200,21 @@ def test_a_stuck_rank_leaves_and_the_job_goes_on_without_it(hosts3, shared_dir, 
 
 
 def test_sigusr1_to_the_launcher_stops_every_host_at_a_checkpoint(hosts3, shared_dir):
-    """SIGUSR1 to ``hvdkit-launch --elastic`` (on h1): horovodrun's Gloo driver starts the ranks by ssh
-    and passes no signal on, so the launcher sends it to the job's ranks on every host of the hostfile
-    itself (``ssh HOST pkill``; h2's rank is remote). They agree at the next check for new hosts,
-    checkpoint after the next step and end with 75; so does the launcher, without a traceback."""
+    """SIGUSR1 to ``hvdkit-launch --elastic``, run on h3, which holds no rank: horovodrun's Gloo driver
+    starts the ranks on h1 and h2 by ssh and passes no signal on, so the launcher sends it to them by
+    ``ssh HOST pkill``, which found each (a host not reached or running no rank is logged). They agree
+    at the next check for new hosts, rank 0 writes the checkpoint after the next step, every rank ends
+    with 75, and so does the launcher, without a traceback."""
     hostfile = os.path.join(shared_dir, "hosts-usr1")
     _write(hostfile, ["h1", "h2"])
     out = os.path.join(shared_dir, "out-usr1")
     flags = [*FLAGS[:FLAGS.index("--epochs")], "--epochs", "6", *FLAGS[FLAGS.index("--epochs") + 2:]]
-    job = Job(hosts3, shared_dir, hostfile, out, flags=flags, env={"PYTHONPATH": ROOT})
+    job = Job(hosts3, shared_dir, hostfile, out, flags=flags, env={"PYTHONPATH": ROOT}, on="h3")
     try:
         job.wait_for(r"^\[\d\]<stdout>:epoch\s+1/", timeout=120)
-        launchers = [pid for pid in _pids("h1", "hvdkit-launch")   # the launcher, not the shell that started it
+        launchers = [pid for pid in _pids("h3", "hvdkit-launch")   # the launcher, not the shell that started it
                      if open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")[1].endswith(b"/hvdkit-launch")]
-        assert len(launchers) == 1, "no hvdkit-launch process on h1"
+        assert len(launchers) == 1, "no hvdkit-launch process on h3"
         for pid in launchers:
             os.kill(pid, signal.SIGUSR1)
         rc = job.finish(timeout=120)
@@ -223,6 +224,7 @@ def test_sigusr1_to_the_launcher_stops_every_host_at_a_checkpoint(hosts3, shared
     text = job.text()
     assert rc == 75, text[-4000:]
     assert "hvdkit-launch: SIGUSR1 sent to the job's ranks (this host, h1, h2)" in text, text[-4000:]
+    assert "hvdkit-launch: SIGUSR1 to h" not in text, text[-4000:]   # every pkill found its rank
     stopped = re.findall(rf"hvdkit: stopped on SIGUSR1 after step (\d+) \(in epoch \d\); its checkpoint: "
                          rf"{re.escape(out)}/checkpoint.npz", text)
     assert len(stopped) == 1, text[-4000:]

@@ -133,10 +133,9 @@ def test_sigusr1_checkpoints_at_the_next_step_stops_with_75_and_resume_continues
 
 
 def test_sigusr1_under_horovodrun_reaches_its_mpirun_and_the_launcher_says_75(tmp_path):
-    """``--launcher horovodrun``: SIGUSR1 goes to the mpirun horovodrun's shell started (to the shell it
-    killed it, and was not passed on before), the ranks stop at a checkpoint, and horovodrun's own
-    failure on their status (a traceback ending ``mpirun failed with exit code 75``) is the launcher's
-    status 75, the traceback held back."""
+    """``--launcher horovodrun``: SIGUSR1 goes to the mpirun of the job's session (horovodrun replaces
+    itself with ``/bin/sh -c mpirun ...``, a shell that dies of the signal; it was not passed on
+    before), the ranks stop at a checkpoint, and mpirun's 75 is the launcher's status."""
     out = tmp_path / "out"
     job = Job("--launcher", "horovodrun", "--", *FLAGS, "--output-dir", str(out), ranks=("-np", "2"))
     _stop_with_sigusr1(job)

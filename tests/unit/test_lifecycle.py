@@ -333,3 +333,28 @@ def test_the_mpirun_of_a_session_is_found_in_proc(tmp_path):
     assert session_mpirun(10, str(tmp_path)) == [11, 13]
     assert session_mpirun(99, str(tmp_path)) == [14]
     assert session_mpirun(10, str(tmp_path / "missing")) == []
+
+
+@pytest.mark.parametrize("first,status", [(75, 75), (74, 1)])
+def test_an_elastic_stop_is_75_only_when_the_first_rank_to_end_said_75(tmp_path, capfd, first, status):
+    """``run_job`` with a callable for SIGUSR1 (an elastic job's ranks): horovodrun's elastic mode ends
+    with a traceback naming the first rank to end and status 1 when ranks exit 75; if that rank said
+    75 the status is 75 and the traceback is held back; if it ended otherwise (rank 0's checkpoint
+    write failed: 74, and the others wait for rank 0) the status stays horovodrun's and the traceback
+    is shown. A rank's line after a held traceback releases it."""
+    import threading
+
+    from hvdkit.launch.supervise import FORWARD, run_job
+
+    fake = tmp_path / "horovodrun"
+    fake.write_text("#!/bin/sh\nsleep 1\nprintf 'Traceback (most recent call last):\\n[1]<stderr>:a rank\\n"
+                    "Traceback (most recent call last):\\n  File x\\nRuntimeError: Horovod detected that one or more "
+                    f"processes exited\\nProcess name: h2[0]\\nExit code: {first}\\n\\n' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    sent = []
+    threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGUSR1)).start()
+    out = run_job([str(fake)], dict(os.environ), forward={**FORWARD, signal.SIGUSR1: sent.append},
+                  reaper_grace_s=1)
+    err = capfd.readouterr().err
+    assert sent == [signal.SIGUSR1] and out.status == status, err
+    assert err.count("Traceback") == (1 if status == 75 else 2) and "[1]<stderr>:a rank" in err, err
