@@ -503,7 +503,7 @@ def train_epochs(loop: Loop, p: Progress, commit=None) -> None:
                 watchdog.at(watchdog.EPOCH_END, grace_s=time.perf_counter() - t_epoch)  # a slow file system's grace
                 loop.kept = _checkpoint(cfg, w, strategy, model, loop.ckpt_path, loop.kept, epoch, p, in_epoch=True)
                 watchdog.at(watchdog.DATA)
-            _stop_if_asked(loop, epoch, p, at_epoch_end=False, last=last)
+            _stop_if_asked(loop, epoch, p, at_epoch_end=False, last=last, grace_s=time.perf_counter() - t_epoch)
             if commit is not None and not last:
                 watchdog.at(watchdog.COMMIT)  # Horovod's check for new hosts: a collective
                 commit(p, "hosts")
@@ -548,12 +548,14 @@ def train_epochs(loop: Loop, p: Progress, commit=None) -> None:
         strategy.epoch_end(final=True)
 
 
-def _stop_if_asked(loop: Loop, epoch: int, p: Progress, at_epoch_end: bool, last: bool) -> None:
+def _stop_if_asked(loop: Loop, epoch: int, p: Progress, at_epoch_end: bool, last: bool, grace_s: float = 0.0) -> None:
     """SIGUSR1 (:class:`hvdkit.comm.StopFlag`): after the step (or the epoch end) where the stop
     is agreed, checkpoint ``p`` and raise :class:`~hvdkit.errors.StopRequested` (status 75 through
     :func:`hvdkit.comm.run_guarded`; rank 0 aborts the job once its checkpoint is written). Not
     at the last step of an epoch (its epoch-end checkpoint comes next), nor mid-epoch under a
-    strategy that checkpoints at epoch ends only, nor at the end of training (it just ends)."""
+    strategy that checkpoints at epoch ends only, nor at the end of training (it just ends).
+    ``grace_s``: seconds added to the watchdog's limit while a mid-epoch stop writes its checkpoint
+    (the epoch's so far, as for ``--checkpoint-every``: a slow file system's grace)."""
     stop = loop.stop
     if stop is None:
         return
@@ -562,6 +564,7 @@ def _stop_if_asked(loop: Loop, epoch: int, p: Progress, at_epoch_end: bool, last
         return
     cfg, w = loop.cfg, loop.world
     if not (at_epoch_end and cfg.checkpoint):   # the epoch end's checkpoint is this stop's
+        watchdog.at(watchdog.EPOCH_END, grace_s=grace_s)
         loop.kept = _checkpoint(cfg, w, loop.strategy, loop.model, loop.ckpt_path, loop.kept, epoch, p,
                                 in_epoch=not at_epoch_end)
     stop.checkpointed(w)   # elastic: no rank ends before rank 0 has written it

@@ -57,6 +57,7 @@ whatever ``--code`` said).
 """
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
@@ -345,7 +346,12 @@ def main(argv=None) -> int:
         i = argv.index("--code")
         code = dict(kv.split("=", 1) for kv in argv[i + 1].split(",") if kv)
         del argv[i:i + 2]
-    ns = parse_cases("python -m tests.cluster.elastic_kill", __doc__, CASES, argv)
+    p = argparse.ArgumentParser(prog="python -m tests.cluster.elastic_kill", description=__doc__.split("\n\n")[0])
+    p.add_argument("--code", metavar="NAME=CHECKOUT,...", help="the checkouts of the cost jobs (default: this one as "
+                   "'this'; '': no cost jobs)")   # read above, before argparse: listed here for --help
+    p.add_argument("--merge", nargs="+", metavar="JSON", help="join the figures of several runs: --merge A.json "
+                   "B.json --json OUT.json (first on the line)")
+    ns = parse_cases(p.prog, __doc__, CASES, argv, parser=p)
     if ns is None:
         return 2
     doc = measure(ns.repeats, ns.cases, code)
