@@ -353,7 +353,7 @@ def test_an_elastic_stop_is_75_only_when_the_first_rank_to_end_said_75(tmp_path,
     fake.chmod(0o755)
     sent = []
     threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGUSR1)).start()
-    out = run_job([str(fake)], dict(os.environ), forward={**FORWARD, signal.SIGUSR1: sent.append},
+    out = run_job(["timeout", "30", str(fake)], dict(os.environ), forward={**FORWARD, signal.SIGUSR1: sent.append},
                   reaper_grace_s=1)
     err = capfd.readouterr().err
     assert sent == [signal.SIGUSR1] and out.status == status, err
