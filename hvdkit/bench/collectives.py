@@ -111,7 +111,7 @@ from hvdkit.bench._collective_methods import METHODS, OPT_IN, HorovodWorld, MPIW
 from hvdkit.bench._collective_report import format_row, header, ratios as ratio_table
 from hvdkit.bench._common import quartiles
 
-__all__ = ["METHODS", "main", "parse_size", "build_parser"]
+__all__ = ["METHODS", "main", "parse_size", "build_parser", "default_methods", "merge_apart"]
 
 #: prefixes of the environment variables that record how a run was launched
 LAUNCH_ENV = ("HOROVOD_", "OMPI_MCA_coll", "OMPI_MCA_btl", "OMPI_MCA_pml")
@@ -262,8 +262,7 @@ def main(argv=None, prog: str = "mpirun -np N python -m hvdkit.bench.collectives
     except UsageError as e:   # the same on every rank: printed once
         return print_error(prog, e) if rank == 0 else 2
     if not a.methods:
-        a.methods = ",".join(m for m, c in METHODS.items() if m not in OPT_IN
-                             and size > c.servers and (world.comm is not None or not c.needs_mpi))
+        a.methods = ",".join(default_methods(size, world.comm is not None))
     err = _check_args(a, size, world.comm is not None)   # the same verdict on every rank
     link = None
     if not err:   # rank 0 reads the cluster JSON (it may exist on rank 0's host only) and tells the others
@@ -331,6 +330,37 @@ def main(argv=None, prog: str = "mpirun -np N python -m hvdkit.bench.collectives
 
         write_json(a.json, {"meta": meta, "rows": rows, "ratios": ratios["table"], "ok": ok})
     return 0 if ok else 1
+
+
+def default_methods(size: int, mpi: bool = True) -> list[str]:
+    """The methods run when ``--methods`` is not given: every row of METHODS but the opt-in ones that
+    ``size`` ranks allow (a PS with K servers needs more than K), in a Horovod-only world (``mpi``
+    False) only those that need no MPI communicator."""
+    return [m for m, c in METHODS.items() if m not in OPT_IN and size > c.servers and (mpi or not c.needs_mpi)]
+
+
+def merge_apart(docs: list[dict]) -> dict:
+    """One ``--json`` document from runs of one method each (``hvdkit-bench suite --collectives-apart``).
+
+    ``docs``: the runs' documents, in launch order; each method's rows are kept as measured. The meta
+    is the first run's, with ``methods`` every run's, ``parameters.order`` ``"apart"`` and ``apart``:
+    per run its methods and ranks (host, pid). ``ratios`` is empty: rounds of two launches are not
+    paired, so no ratio of them has a paired interval. ``ok``: every run's.
+
+    Raises:
+        ValueError: no documents, or runs on different world sizes.
+    """
+    if not docs:
+        raise ValueError("no collectives documents to merge")
+    sizes = {d["meta"]["world_size"] for d in docs}
+    if len(sizes) != 1:
+        raise ValueError(f"collectives runs on different world sizes {sorted(sizes)}: merge one size at a time")
+    meta = json.loads(json.dumps(docs[0]["meta"]))
+    meta["methods"] = [m for d in docs for m in d["meta"]["methods"]]
+    meta["parameters"]["order"] = "apart"
+    meta["apart"] = [{"methods": d["meta"]["methods"], "ranks": d["meta"].get("ranks")} for d in docs]
+    return {"meta": meta, "rows": [r for d in docs for r in d["rows"]], "ratios": [],
+            "ok": all(bool(d.get("ok")) for d in docs)}
 
 
 def _launch(a, methods) -> dict:

@@ -12,7 +12,9 @@ The place (this host, ``--hosts``, ``--hostfile``, ``--slurm``, ``--emulated``; 
 
 =========================  ==================================================================
 collectives_np{N}.json/txt  ``python -m hvdkit.bench.collectives`` on N ranks of the place (this
-                            host: N = 2, then 4 within the budget; other places: every slot)
+                            host: N = 2, then 4 within the budget; other places: every slot);
+                            ``--collectives-apart``: one launch per method, each in
+                            ``runs/collectives_np{N}/<method>.json``, merged here
 collectives.json            the largest N's (what the report reads)
 training.json               :mod:`hvdkit.bench.training`: the throughput grid (its defaults,
                             ``--training-args``), then ``--measure convergence``
@@ -76,6 +78,10 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     p.add_argument("--training-args", default="", help="extra flags for hvdkit-bench training (the throughput grid)")
     p.add_argument("--convergence-args", default="", help="extra flags for hvdkit-bench training --measure convergence")
     p.add_argument("--collectives-args", default="", help="extra flags for hvdkit.bench.collectives")
+    p.add_argument("--collectives-apart", action="store_true",
+                   help="one launch per collectives method (merged into one file, no paired ratios): what each "
+                        "costs with no other method's threads on its ranks' CPU, as a calibration under a CPU "
+                        "quota needs (hvdkit advise --calibrate)")
     add_place_arguments(p)
     return p
 
@@ -136,20 +142,62 @@ def _collectives(s: _Suite, place, a, nps: list[int]) -> None:
             s.skip(name, f"over budget ({s.elapsed():.0f}s elapsed of {s.budget:.0f}s)")
             continue
         s.start(name)
+        run = _collectives_apart if a.collectives_apart else _collectives_once
         try:
-            cmd = place.command(np_, [sys.executable, "-m", "hvdkit.bench.collectives", *args, "--json", jpath])
+            seconds, why = run(s.out, name, place, np_, args, 300 if a.quick else 900)
         except UsageError as e:
             s.record(name, "FAILED", 0.0, [], str(e))
             continue
-        job = launch(cmd, 300 if a.quick else 900, os.path.join(s.out, name + ".log"))
-        ok = job.ok and os.path.isfile(jpath)
+        ok = why is None
         if ok:
-            _stdout_table(s.out, name)
             done.append(jpath)
-        s.record(name, "OK" if ok else "FAILED", job.seconds, [name + ".json", name + ".txt"] if ok else [],
-                 None if ok else (job.why() if not job.ok else f"missing {name}.json"))
+        s.record(name, "OK" if ok else "FAILED", seconds, [name + ".json", name + ".txt"] if ok else [], why)
     if done:
         shutil.copyfile(done[-1], os.path.join(s.out, "collectives.json"))
+
+
+def _collectives_once(out: str, name: str, place, np_: int, args: list[str], timeout: float) -> tuple[float, str | None]:
+    """Every method in one launch, interleaved round by round: (seconds, None, or why it failed)."""
+    jpath = os.path.join(out, name + ".json")
+    cmd = place.command(np_, [sys.executable, "-m", "hvdkit.bench.collectives", *args, "--json", jpath])
+    job = launch(cmd, timeout, os.path.join(out, name + ".log"))
+    if not job.ok or not os.path.isfile(jpath):
+        return job.seconds, job.why() if not job.ok else f"missing {name}.json"
+    _stdout_table(out, name)
+    return job.seconds, None
+
+
+def _collectives_apart(out: str, name: str, place, np_: int, args: list[str],
+                       timeout: float) -> tuple[float, str | None]:
+    """One launch per method (``--methods`` of ``args``, else every default one), each into
+    ``runs/<name>/<method>.json``, merged into ``<name>.json`` (:func:`~hvdkit.bench.collectives.merge_apart`)
+    and their tables into ``<name>.txt``: (seconds in all, None, or the first failure)."""
+    from hvdkit.bench.collectives import default_methods, merge_apart
+
+    given = [args[i + 1] for i, x in enumerate(args[:-1]) if x == "--methods"]
+    methods = given[-1].split(",") if given else default_methods(np_)
+    rest = [x for i, x in enumerate(args) if x != "--methods" and (i == 0 or args[i - 1] != "--methods")]
+    runs = os.path.join(out, "runs", name)
+    os.makedirs(runs, exist_ok=True)
+    docs, tables, seconds = [], [], 0.0
+    for i, m in enumerate(methods):
+        log(f"suite: {name}: method {i + 1}/{len(methods)} {m} (a launch of its own)")
+        jpath = os.path.join(runs, m + ".json")
+        cmd = place.command(np_, [sys.executable, "-m", "hvdkit.bench.collectives", *rest, "--methods", m,
+                                  "--json", jpath])
+        job = launch(cmd, timeout, os.path.join(runs, m + ".log"))
+        seconds += job.seconds
+        doc = _load(jpath) if job.ok else None
+        if doc is None:
+            return seconds, f"method {m}: " + (job.why() if not job.ok else f"missing {jpath}")
+        docs.append(doc)
+        _stdout_table(runs, m)
+        with open(os.path.join(runs, m + ".txt")) as fh:
+            tables.append(fh.read())
+    write_json(os.path.join(out, name + ".json"), merge_apart(docs))
+    with open(os.path.join(out, name + ".txt"), "w") as fh:
+        fh.write(f"# {len(methods)} launches, one method each: {', '.join(methods)}\n" + "".join(tables))
+    return seconds, None
 
 
 def _training(s: _Suite, place, a, measure: str, extra: str, share_until: float) -> None:

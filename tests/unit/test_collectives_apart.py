@@ -1,0 +1,89 @@
+"""``hvdkit-bench suite --collectives-apart``: one launch per collectives method, merged into one file
+(:func:`hvdkit.bench.collectives.merge_apart`), with a stand-in launcher (no MPI)."""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from hvdkit.bench import collectives, suite
+from hvdkit.bench._common import Job
+
+
+def _doc(methods, size=2, ok=True, pid=100):
+    rows = [{"method": m, "bytes": b, "time_us": 10.0 * b, "wrong": 0} for m in methods for b in (4, 1 << 20)]
+    return {"meta": {"benchmark": "collectives", "world_size": size, "methods": list(methods),
+                     "parameters": {"order": "interleaved", "iters": 3}, "ranks": [[0, "h1", pid], [1, "h2", pid + 1]]},
+            "rows": rows, "ratios": [{"numerator": methods[0]}], "ok": ok}
+
+
+def test_merge_keeps_every_run_rows_and_says_how_it_was_measured():
+    a, b = _doc(["mpi"], pid=100), _doc(["ring"], pid=200, ok=False)
+    got = collectives.merge_apart([a, b])
+    assert got["meta"]["methods"] == ["mpi", "ring"]
+    assert got["meta"]["parameters"]["order"] == "apart"
+    assert [r["ranks"][0][2] for r in got["meta"]["apart"]] == [100, 200]
+    assert [r["method"] for r in got["rows"]] == ["mpi", "mpi", "ring", "ring"]
+    assert got["ratios"] == []   # two launches' rounds are not paired
+    assert got["ok"] is False
+    assert a["meta"]["parameters"]["order"] == "interleaved"   # the inputs are not changed
+    with pytest.raises(ValueError, match="different world sizes"):
+        collectives.merge_apart([_doc(["mpi"]), _doc(["ring"], size=3)])
+    with pytest.raises(ValueError, match="no collectives documents"):
+        collectives.merge_apart([])
+
+
+def test_default_methods_follow_the_world_size():
+    two, three = collectives.default_methods(2), collectives.default_methods(3)
+    assert "ring" in two and "ps" in two and "ps2" not in two and "ps2" in three
+    assert not set(collectives.default_methods(2, mpi=False)) - {"horovod", "memcpy"}
+
+
+class _Place:
+    def command(self, np_, argv):
+        return ["mpirun", "-np", str(np_), *argv]
+
+
+def _fake_launch(fail=None):
+    seen = []
+
+    def launch(cmd, timeout, log_path=None):
+        m = cmd[cmd.index("--methods") + 1]
+        seen.append((m, cmd))
+        if m == fail:
+            out = "boom\n"
+            code = 1
+        else:
+            with open(cmd[cmd.index("--json") + 1], "w") as fh:
+                json.dump(_doc([m]), fh)
+            out, code = f"# {m} table\n  row\nOK\n", 0
+        with open(log_path, "w") as fh:
+            fh.write(f"$ {' '.join(cmd)}\n{out}# exit {code}\n")
+        return Job(cmd, code, 2.0, out)
+    return launch, seen
+
+
+def test_apart_launches_each_method_alone_and_merges(tmp_path, monkeypatch):
+    launch, seen = _fake_launch()
+    monkeypatch.setattr(suite, "launch", launch)
+    seconds, why = suite._collectives_apart(str(tmp_path), "collectives_np2", _Place(), 2,
+                                            ["--iters", "3", "--methods", "mpi,ring", "--warmup", "1"], 60)
+    assert why is None and seconds == 4.0
+    assert [m for m, _ in seen] == ["mpi", "ring"]
+    for m, cmd in seen:   # the other flags kept, one --methods per launch
+        assert cmd.count("--methods") == 1 and "--iters" in cmd and "--warmup" in cmd, cmd
+    doc = json.load(open(tmp_path / "collectives_np2.json"))
+    assert doc["meta"]["methods"] == ["mpi", "ring"] and doc["meta"]["parameters"]["order"] == "apart"
+    assert sorted(os.listdir(tmp_path / "runs" / "collectives_np2")) == [
+        "mpi.json", "mpi.log", "mpi.txt", "ring.json", "ring.log", "ring.txt"]
+    txt = (tmp_path / "collectives_np2.txt").read_text()
+    assert txt.startswith("# 2 launches, one method each: mpi, ring") and "# ring table" in txt
+
+
+def test_apart_without_methods_runs_the_defaults_and_a_failure_names_its_method(tmp_path, monkeypatch):
+    launch, seen = _fake_launch(fail="ring")
+    monkeypatch.setattr(suite, "launch", launch)
+    seconds, why = suite._collectives_apart(str(tmp_path), "collectives_np2", _Place(), 2, ["--iters", "3"], 60)
+    assert [m for m, _ in seen] == collectives.default_methods(2)[:[m for m, _ in seen].index("ring") + 1]
+    assert why.startswith("method ring: exit 1") and not (tmp_path / "collectives_np2.json").exists()
