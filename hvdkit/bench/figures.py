@@ -83,6 +83,8 @@ def _collectives_flag(key: str, value) -> str:
     waited in MPI's blocking calls (``spin``)."""
     if key == "park":
         return "" if value else "--no-park"
+    if key == "order" and value == "apart":   # hvdkit-bench suite --collectives-apart: one launch per method
+        return ""
     if key == "settle_s":   # a sleep before every round, tried on 2026-12-05 and removed (docs/benchmarks.md)
         return f"--settle {value} (an option since removed)"
     if isinstance(value, list):
@@ -96,8 +98,13 @@ def _cmd_collectives(doc: Mapping) -> str:
     hosts = sorted({h for _, h, _ in m.get("ranks") or []})
     recorded = {"harness_wait": "spin", **(m.get("parameters") or {})}   # runs before --harness-wait: blocking
     params = " ".join(f for f in (_collectives_flag(k, v) for k, v in recorded.items()) if f)
+    methods = ", ".join(m.get("methods") or [])
+    if (m.get("parameters") or {}).get("order") == "apart":
+        return (f"`hvdkit-bench collectives -np {m.get('world_size', '?')} -- {params} --methods M` once per method "
+                f"M ({methods}; `hvdkit-bench suite --collectives-apart`), date not recorded; ranks on "
+                f"{', '.join(hosts) or '?'}")
     return (f"`hvdkit-bench collectives -np {m.get('world_size', '?')} -- {params}` (methods "
-            f"{', '.join(m.get('methods') or [])}), date not recorded; ranks on {', '.join(hosts) or '?'}")
+            f"{methods}), date not recorded; ranks on {', '.join(hosts) or '?'}")
 
 
 def _cmd_recovery(doc: Mapping) -> str:
@@ -250,11 +257,13 @@ def render(json_path: str, doc=None) -> str | None:
 
 
 def json_files(root: str) -> list[str]:
-    """Every ``*.json`` under ``root``, sorted, as paths joined to ``root``."""
+    """Every ``*.json`` under ``root``, sorted, as paths joined to ``root``; not symbolic links (a
+    directory that reuses another's measurement links to it, and its table is generated there)."""
     out = []
     for d, subdirs, files in os.walk(root):
         subdirs.sort()
-        out += [os.path.join(d, f) for f in sorted(files) if f.endswith(".json")]
+        out += [os.path.join(d, f) for f in sorted(files)
+                if f.endswith(".json") and not os.path.islink(os.path.join(d, f))]
     return out
 
 
