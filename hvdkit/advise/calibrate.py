@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from hvdkit import costs
-from hvdkit.advise.model import Prediction, cpu_share, server_queue_cycle, server_serial_time, split_fit
+from hvdkit.advise.model import Prediction, closed_network_cycle, cpu_share, server_serial_time, split_fit
 from hvdkit.advise.predict import priced
 from hvdkit.errors import UsageError
 
@@ -264,15 +264,13 @@ class Calibration:
         more than 2 hosts at least its bytes at :attr:`a2a_frac` of the ring pattern's rate where the
         calibration has it (the excess: the ``transport`` term); ``share``:
         :func:`~hvdkit.advise.model.cpu_share` of the job (the fit's: 2 ranks). Asynchronous rows
-        (ps-async, ps-ssp, ps-dcasgd): each worker's cycle is its one-worker step (at this job's CPU
-        share) plus its wait at the servers, and at least the K servers' bound: each takes the W
-        requests of its shard S / K one after another (hvdkit's server is one loop), each its bytes one way (pushes in and pulls out overlap on a full-duplex link,
-        Dean et al. 2012's asynchronous servers), the transport's copies (the fit's CPU term) and the
-        sum of one push: W / K times those of a request of the whole S, at the CPU share of one busy
-        rank on its host (the waiting workers sleep: :func:`hvdkit.comm.poll`); below that bound, the
-        wait is the requests' queueing at the loop (:func:`~hvdkit.advise.model.server_queue_cycle`:
-        W workers, one request of S / K as the service, the rest of that one-worker step as the
-        workers' own work).
+        (ps-async, ps-ssp, ps-dcasgd): W workers cycle between their own work (the one-worker step at
+        this job's CPU share, less its time at the servers) and the K servers, a closed queueing network
+        (:func:`~hvdkit.advise.model.closed_network_cycle`): a request's shard S / K in through a server's
+        link and its weights out through it (two processor-sharing stations, each one way of the fit's
+        wire term), then the server's one loop (first come, first served: the transport's copies, the
+        fit's CPU term, and the sum of one push, at the CPU share of one busy rank on its host; the
+        waiting workers sleep: :func:`hvdkit.comm.poll`).
         """
         if rate not in self.links:
             return None
@@ -340,24 +338,22 @@ class Calibration:
             terms["transport"] = max(0.0, floor - soft - wire)
             step += terms["transport"]
         if asynchronous and comm == "ps":
-            # each of the K servers takes the W requests of its shard S / K one at a time (one loop): per
-            # request, its bytes one way (pushes in and pulls out overlap), the transport's copies (the
-            # fit's CPU term) and the sum; W / K times the time of a request of the whole S. While the
-            # servers are the bound the workers wait for them asleep (hvdkit.comm.poll: spin 0.2 ms, then
-            # yield and sleep), so a server has the CPU of one busy rank on its host
+            # W workers cycle between their own work and the K servers: a closed queueing network
+            # (closed_network_cycle). A request's shard S / K goes in through a server's link and its
+            # weights come out through it: two links the workers' TCP flows share (processor sharing),
+            # each one way's time of the fit's wire term; then the server's one loop (first come,
+            # first served): the transport's copies (the fit's CPU term) and the sum, at the CPU share
+            # of one busy rank on its host (the waiting workers sleep: hvdkit.comm.poll). The rest of
+            # the one-worker step (`step`, at this job's CPU share) is each worker's own. Before, with
+            # pushes and pulls overlapping and only the loop queueing, ps-async came out 16-28% under on
+            # fair32's cells at 200 Mbit/s (docs/advise.md)
             alone = self.share(rate, 1, 1)
-            per_request = parts["wire"] / 2 + parts["cpu"] * share_fit / alone \
-                + server_serial_time(1, nbytes, self.reduce_Bps) / alone
-            bound = workers / k * per_request
-            # below that bound the requests still queue: a worker whose request finds the loop busy waits
-            # for it (the machine-repairman model, server_queue_cycle: each worker's cycle is `step`, the
-            # one-worker step at this job's CPU share, of which one request is the server's); without it
-            # ps-async below the bound came out as that step, 8-16% under on fair26's cnn (1 Gbit/s at 3
-            # and 4 workers, 200 Mbit/s at 3; docs/advise.md)
-            d = per_request / k
-            queued = server_queue_cycle(workers, d, max(0.0, step - d))   # = step at one worker
-            terms["server"] = max(0.0, bound - step, queued - step)
-            step = max(step, bound, queued)
+            link = parts["wire"] / 2 / k
+            loop = (parts["cpu"] * share_fit / alone + server_serial_time(1, nbytes, self.reduce_Bps) / alone) / k
+            think = max(0.0, step - 2 * link - loop)
+            cycle = closed_network_cycle(workers, think, shared=(link, link), fcfs=(loop,))   # = step at one worker
+            terms["server"] = max(0.0, cycle - step)
+            step = max(step, cycle)
         one = self.predict(model, variant, 1, rate, nbytes, batch) if workers > 1 else None
         worst = max(terms, key=terms.get)
         return Prediction(strategy=row.label, step_s=step, compute_s=compute, comm_s=step - compute,

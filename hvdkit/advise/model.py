@@ -26,13 +26,14 @@ formula docs/performance.md writes for its strategy):
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from hvdkit import costs
 
 __all__ = ["Workload", "Cluster", "Options", "Prediction", "ring_time", "flat_ring_time", "hierarchical_time",
            "ps_sync_time", "colocated_time", "overlapped_step", "straggler_factor", "async_throughput", "cpu_share",
-           "split_fit", "server_serial_time", "server_queue_cycle"]
+           "split_fit", "server_serial_time", "server_queue_cycle", "closed_network_cycle"]
 
 
 @dataclass(frozen=True)
@@ -378,10 +379,8 @@ def server_serial_time(pushes: int, shard_bytes: float, reduce_Bps: float) -> fl
 
 def server_queue_cycle(workers: int, service_s: float, think_s: float) -> float:
     """Seconds of one worker's cycle when W workers take turns at one server loop that serves their
-    requests one at a time, first come first served: the machine-repairman model (a closed network),
-    solved by mean value analysis with a deterministic service's residual; the formula and its sources
-    (Reiser & Lavenberg, JACM 27(2), 1980; Kleinrock, Queueing Systems vol. 1, 1975) are on
-    docs/performance.md ("Step").
+    requests one at a time, first come first served: the machine-repairman model, :func:`closed_network_cycle`
+    with that one station (``fcfs=(service_s,)``); the formula and its sources are on docs/performance.md ("Step").
 
     Args:
         workers: W, >= 1.
@@ -392,19 +391,47 @@ def server_queue_cycle(workers: int, service_s: float, think_s: float) -> float:
     Returns:
         Z + R, R a request's time at the server (its wait and its service): Z + D at one worker,
         growing with W. With the residual approximation it stays below the servers' bound W D once
-        they are saturated (at W = 8, Z = 3 D: 7.0 D), so the caller keeps the larger of the two
-        (:meth:`hvdkit.advise.calibrate.Calibration.predict`).
+        they are saturated (at W = 8, Z = 3 D: 7.0 D), so the caller keeps the larger of the two.
 
     Raises:
         ValueError: W < 1, or a time negative or NaN.
     """
-    if workers < 1 or not service_s >= 0 or not think_s >= 0:
-        raise ValueError(f"workers={workers} must be >= 1, service_s={service_s} and think_s={think_s} >= 0")
-    if service_s == 0:
-        return think_s
-    q = u = r = 0.0
+    return closed_network_cycle(workers, think_s, fcfs=(service_s,))
+
+
+def closed_network_cycle(workers: int, think_s: float, shared: Sequence[float] = (),
+                         fcfs: Sequence[float] = ()) -> float:
+    """Seconds of one worker's cycle in a closed queueing network: W workers, each spending ``think_s``
+    on its own (a delay station: its compute, its own link), then one request through every station in
+    turn; solved by mean value analysis (Reiser & Lavenberg, JACM 27(2), 1980), adding one worker at a
+    time: by the arrival theorem a request finds each station's queue Q (and utilisation U) of W - 1
+    workers. Formula on docs/performance.md ("Step").
+
+    Args:
+        workers: W, >= 1.
+        think_s: Z, seconds, >= 0.
+        shared: demands D (seconds per request) of processor-sharing stations: a link whose rate the
+            requests' TCP flows share (a server's ingress for the pushes, its egress for the pulls).
+            R = D (1 + Q), exact for any service distribution (BCMP: Baskett, Chandy, Muntz & Palacios,
+            JACM 22(2), 1975).
+        fcfs: demands D of first-come-first-served stations with a deterministic service (a server's
+            one loop): R = D + D (Q - U) + U D / 2, the request in service costing its residual D / 2
+            (E[S^2] / 2 E[S]; Kleinrock, Queueing Systems vol. 1, 1975).
+
+    Returns:
+        Z + R, R the sum of the stations' R: Z + sum(D) at one worker, growing with W.
+
+    Raises:
+        ValueError: W < 1, or a time negative or NaN.
+    """
+    demands = (*shared, *fcfs)
+    if workers < 1 or not think_s >= 0 or not all(d >= 0 for d in demands):
+        raise ValueError(f"workers={workers} must be >= 1, think_s={think_s} and the demands {demands} >= 0")
+    q, u = [0.0] * len(demands), [0.0] * len(demands)
+    r = list(demands)
     for n in range(1, workers + 1):
-        r = service_s + service_s * (q - u) + u * service_s / 2
-        x = n / (think_s + r)
-        q, u = x * r, x * service_s
-    return think_s + r
+        r = [d * (1 + qi) for d, qi in zip(shared, q)] + [
+            d + d * (q[i] - u[i]) + u[i] * d / 2 for i, d in enumerate(fcfs, start=len(shared))]
+        x = n / (think_s + sum(r)) if think_s + sum(r) > 0 else 0.0
+        q, u = [x * ri for ri in r], [x * d for d in demands]
+    return think_s + sum(r)

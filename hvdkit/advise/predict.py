@@ -22,7 +22,7 @@ from typing import NoReturn
 
 from hvdkit import costs
 from hvdkit.advise.model import (Cluster, Options, Prediction, Workload, async_throughput, colocated_time,
-                                 flat_ring_time, hierarchical_time, overlapped_step, ps_sync_time, server_queue_cycle,
+                                 closed_network_cycle, flat_ring_time, hierarchical_time, overlapped_step, ps_sync_time,
                                  straggler_factor)
 from hvdkit.compression import wire_itemsize
 from hvdkit.errors import UsageError
@@ -229,9 +229,11 @@ def predict_variant(variant: str | Variant | OwnRow | Priced, wl: Workload, cl: 
         slow = 1.0 if row.staleness is None else straggler_factor(w, opt.jitter_cv, row.staleness)
         cycle = compute * slow + comm
         cap = k * min(cl.inter_Bps / s, cl.server_Bps / s)
-        # each server's loop serves one request at a time, 1 / cap seconds each (its shard, one way): below
-        # the cap the requests still queue there (server_queue_cycle, as the calibrated model prices them)
-        queued = server_queue_cycle(w, 1.0 / cap, max(0.0, cycle - 1.0 / cap))
+        # a request's shard goes in through a server's link and its weights come out, 1 / cap seconds each
+        # way, links the workers' flows share: below the cap the requests still queue there (a closed
+        # network, closed_network_cycle, as the calibrated model prices them)
+        d = 1.0 / cap
+        queued = closed_network_cycle(w, max(0.0, cycle - 2 * d), shared=(d, d))
         rate, staleness = async_throughput(max(cycle, queued), w, cap)
         step = w / rate
         terms["straggler"] = compute * (slow - 1)

@@ -53,6 +53,9 @@ spent between operations. A row gives the median (``time``) and the interquartil
 range (``p25``, ``p75``). A PS method's group lives for the whole size, its server threads
 parked (blocked on an event, no wake-ups) while other methods run: left polling
 (``--no-park``) they slowed a 16 KiB ring 1.8x (3 ranks, 2 cores); parked, not measurably.
+``--busy-before MS``: after the barrier every worker rank (not a dedicated server) spends MS ms of
+CPU before the timed operation, as a training step's compute does before its collective: under a
+CPU quota the operation then starts with the period's quota spent, as in training.
 
 Ratios (the pairs the project's targets are stated in) are ratios of median times with a
 95% confidence interval from the paired rounds: a percentile bootstrap over rounds of the
@@ -185,6 +188,10 @@ def build_parser(prog: str = "mpirun -np N python -m hvdkit.bench.collectives") 
                    help="corrupt one element of METHOD's result on rank 0 (to show the check fails)")
     g.add_argument("--no-park", action="store_true",
                    help="leave idle PS server threads polling while other methods are timed (to measure the cost)")
+    g.add_argument("--busy-before", type=float, default=0.0, metavar="MS",
+                   help="before each timed operation every worker rank (not a dedicated PS server) spends MS ms "
+                        "of CPU time, as a training step's compute does before its collective: under a CPU quota "
+                        "the operation then starts with the period's quota spent (default 0)")
     return p
 
 
@@ -298,7 +305,8 @@ def main(argv=None, prog: str = "mpirun -np N python -m hvdkit.bench.collectives
     meta = {"benchmark": "collectives", "world_size": size, "versions": _versions(),
             "parameters": {k: getattr(a, k) for k in ("min_bytes", "max_bytes", "step", "iters", "warmup", "order")}
                           | {"park": not a.no_park,
-                             "harness_wait": world.wait if world.comm is not None else "horovod"},
+                             "harness_wait": world.wait if world.comm is not None else "horovod"}
+                          | ({"busy_before": a.busy_before} if a.busy_before else {}),
             "methods": [lab(m) for m in names], "dtype": "float32", "ranks": hosts, "launch": _launch(a, methods),
             "link": link, "busbw": "algbw * 2(N-1)/N (allreduce rows), algbw (memcpy)"}
     widths = header(out, meta, hosts, link, max(13, *(len(lab(m)) for m in names)))
@@ -389,6 +397,8 @@ def _measure(world, methods: dict, nbytes: int, a, origin: float) -> dict:
             m.prepare(n)
         m.resume()
         world.barrier()
+        if a.busy_before > 0 and world.rank < world.size - m.servers:   # workers compute; dedicated servers do not
+            _burn(a.busy_before / 1e3)
         c0 = time.process_time()
         t0 = time.perf_counter()
         m.run()
@@ -411,6 +421,13 @@ def _measure(world, methods: dict, nbytes: int, a, origin: float) -> dict:
             got[name]["wrong"], got[name]["checked"] = int(counts[0]), int(counts[1])
             m.close()
     return got
+
+
+def _burn(cpu_s: float) -> None:
+    """Spin until this process has used ``cpu_s`` more seconds of CPU (``time.process_time``)."""
+    end = time.process_time() + cpu_s
+    while time.process_time() < end:
+        pass
 
 
 def cpu_per_rank(world, per_round: list) -> dict:

@@ -7,8 +7,8 @@ import pytest
 
 from hvdkit.advise import presets
 from hvdkit.advise.cli import main as advise_main
-from hvdkit.advise.model import (Cluster, Options, Workload, async_throughput, colocated_time, flat_ring_time,
-                                 hierarchical_time, overlapped_step, ps_sync_time, ring_time, server_queue_cycle,
+from hvdkit.advise.model import (Cluster, Options, Workload, async_throughput, closed_network_cycle, colocated_time,
+                                 flat_ring_time, hierarchical_time, overlapped_step, ps_sync_time, ring_time,
                                  straggler_factor)
 from hvdkit.advise.predict import parse_rows, predict, predict_variant, recommend
 from hvdkit.cli import main as hvdkit_main
@@ -90,8 +90,10 @@ def test_predict_ps_async_staleness_and_shared_cores():
     wl = Workload("x", (1_000_000,), compute_s=0.1, batch=10)
     p = predict_variant("ps-async:num_servers=4", wl, _cl(4, 1), Options(jitter_cv=0.0))
     # cycle 0.1 + 2 * 1e6/1e8 = 0.12; 4 workers; servers take 4 * 1e8/1e6 = 400 steps/s, a request 1/400 s
-    # at each, where the other workers' requests queue (server_queue_cycle): a little over the cycle
-    assert p.step_s == pytest.approx(server_queue_cycle(4, 1 / 400, 0.12 - 1 / 400)) and 0.12 < p.step_s < 0.1205
+    # each way through each server's link, links the other workers' flows share (closed_network_cycle): a
+    # little over the cycle
+    assert p.step_s == pytest.approx(closed_network_cycle(4, 0.12 - 2 / 400, shared=(1 / 400, 1 / 400)))
+    assert 0.12 < p.step_s < 0.1205
     assert p.staleness == pytest.approx(3.0) and p.terms["server"] == pytest.approx(p.step_s - 0.12)
     q = predict_variant("horovod", wl, _cl(4, 1, shared_cores=2), Options(jitter_cv=0.0))
     assert q.compute_s == pytest.approx(0.2) and q.limiting == "shared cores"
@@ -148,7 +150,8 @@ def test_the_former_rows_are_these_variants():
     rows = parse_rows("horovod,horovod-hier,ring,ps-sync:num_servers=16,ps-sync:ps_colocated=true,"
                       "ps-ssp:num_servers=16,staleness=3,ps-async:num_servers=16,byteps")
     assert [round(p.step_s * 1e3, 1) for p in predict(wl, cl, Options(), rows)] == \
-        [391.6, 376.1, 391.6, 998.8, 966.1, 825.3, 816.2, 310.7]   # ps-ssp, ps-async: 824.9, 815.8 before the servers' queue
+        [391.6, 376.1, 391.6, 998.8, 966.1, 826.7, 817.7, 310.7]   # ps-ssp, ps-async: 824.9, 815.8 before the servers'
+    # queue, 825.3, 816.2 with one loop as the queue (before the two shared links of closed_network_cycle)
 
 
 @pytest.mark.parametrize("text, words", [
@@ -345,7 +348,8 @@ def test_advise_check_json_regenerates_byte_identically(tmp_path, monkeypatch):
 
     assert advise_check.rounded({"a": [0.1 + 0.2, 3, "x"], "b": (1 / 3,)}) == {"a": [0.3, 3, "x"], "b": [0.333333333333]}
     for name in ("advise_check.json", "advise_check_fair.json", "advise_check_fair27.json", "advise_check_fair29.json",
-                 "advise_check_fair31.json", "advise_check_fair32.json"):
+                 "advise_check_fair31.json", "advise_check_fair32.json",
+                 "advise_check_fair32_busy.json"):
         path = os.path.join(ROOT, "benchmarks", "figures", name)
         doc = json.loads(open(path).read())
         inputs = doc["inputs"]                               # relative to the repository's root

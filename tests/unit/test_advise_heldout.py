@@ -8,7 +8,7 @@ import pytest
 from hvdkit.advise import measured
 from hvdkit.advise.calibrate import calibrate, held_out, latency_steps, wire_factor
 from hvdkit.advise.cli import main as advise_main
-from hvdkit.advise.model import cpu_share, server_queue_cycle, server_serial_time, split_fit
+from hvdkit.advise.model import closed_network_cycle, cpu_share, server_queue_cycle, server_serial_time, split_fit
 from hvdkit.bench import advise_check, heldout
 from hvdkit.errors import UsageError
 
@@ -240,53 +240,55 @@ def test_a_colocated_ps_beyond_2_hosts_is_held_to_the_transports_all_to_all(tmp_
     assert err.count("\n") == 1 and "--transport goes with DIR" in err
 
 
-def test_an_asynchronous_server_serves_one_request_at_a_time(tmp_path):
-    """ps-async's servers bound the step at W / K requests, each the server link's time one way (pushes in,
-    pulls out: full duplex), the fit's CPU term (the transport's copies, which the server's one loop does
-    between its receives; fair26: without it ps-async on mlp-wide at 1 Gbit/s was 27-29% under) and the sum
-    of one push; each of K servers takes all W workers' requests for its shard, S / K, at the CPU share
-    of one busy rank (the workers wait asleep)."""
+def test_closed_network_cycle_hand_values():
+    """Mean value analysis of W workers (think Z) cycling through shared links (processor sharing) and a
+    server loop (first come, first served, deterministic)."""
+    assert closed_network_cycle(1, 3.0, shared=(1.0, 2.0), fcfs=(0.5,)) == 6.5     # one worker: Z + every D
+    # two workers, one shared link: the second finds Q = D / (Z + D) = 0.25 there, R = D (1 + Q)
+    assert closed_network_cycle(2, 3.0, shared=(1.0,)) == pytest.approx(3 + 1.25)
+    # ... and at a deterministic loop it waits only the residual of the one in service: R = D + U D / 2
+    assert closed_network_cycle(2, 3.0, fcfs=(1.0,)) == pytest.approx(3 + 1 + 0.25 * 0.5)
+    # a balanced network of K shared stations of D and no think time: (N + K - 1) D (Lazowska et al. 1984)
+    assert closed_network_cycle(10, 0.0, shared=(1.0, 1.0)) == pytest.approx(11.0)
+    assert closed_network_cycle(64, 0.5, shared=(1.0, 1.0), fcfs=(0.3,)) >= 64 * 1.0   # at least the bound
+    assert closed_network_cycle(5, 3.0) == 3.0                             # no station: nothing to queue for
+    assert server_queue_cycle(3, 1.0, 3.0) == closed_network_cycle(3, 3.0, fcfs=(1.0,))
+    with pytest.raises(ValueError, match="workers=0"):
+        closed_network_cycle(0, 1.0, shared=(1.0,))
+    with pytest.raises(ValueError, match="demands"):
+        closed_network_cycle(2, 1.0, shared=(-1.0,))
+
+
+def test_an_asynchronous_server_is_two_shared_links_and_one_loop(tmp_path):
+    """ps-async's W workers cycle between their own work and the K servers: a request's shard S / K goes in
+    through a server's link and the weights come out through it, two links the workers' flows share
+    (processor sharing: today's server receives every payload on its way at once), then the server's one
+    loop: the fit's CPU term (the transport's copies) and the sum, at the CPU share of one busy rank (the
+    workers wait asleep). fair32 at 200 Mbit/s: ps-async 16-28% under with pushes and pulls overlapping
+    and only the loop queueing; -8% to +2% so."""
     cal = calibrate(measured.load_dir(str(_suite_dir(tmp_path / "a"))))
     a, b = FITS["ps"]
     wire, cpu, add = 2 * S / B, b * S - 2 * S / B, S / 2e9 / 0.5     # one push + pull of S; the sum at 0.5 core
-    p = cal.predict("cnn", "ps-async", 8, "1gbit", S)
-    assert p.step_s == pytest.approx(8 * (wire / 2 + cpu + add), rel=1e-6) and p.limiting == "servers (asynchronous requests)"
-    two = cal.predict("cnn", "ps-async:num_servers=2", 8, "1gbit", S)
-    assert two.step_s == pytest.approx(4 * (wire / 2 + cpu + add), rel=1e-6)   # each: 8 requests of S / 2
+    for k, w in ((1, 2), (1, 3), (2, 3), (1, 8), (2, 8)):
+        label = "ps-async" if k == 1 else f"ps-async:num_servers={k}"
+        one = cal.predict("cnn", label, 1, "1gbit", S).step_s
+        link, loop = wire / 2 / k, (cpu + add) / k
+        p = cal.predict("cnn", label, w, "1gbit", S)
+        assert p.step_s == pytest.approx(closed_network_cycle(w, one - 2 * link - loop, (link, link), (loop,)),
+                                         rel=1e-9), (k, w)
+        assert p.step_s > max(one, w * link) and p.terms["server"] == pytest.approx(p.step_s - one)
     assert cal.predict("cnn", "ps-async", 1, "1gbit", S).terms["server"] == 0.0       # one worker: its own cycle
+    big = cal.predict("cnn", "ps-async", 64, "1gbit", S)
+    assert big.limiting == "servers (asynchronous requests)" and big.step_s >= 64 * wire / 2
     # hosts sharing the machine's 2 cores: 9 ranks, yet the waiting workers sleep (hvdkit.comm.poll), so the
     # server has a core of its own, as each of the 2 ranks of the fit had
+    # (a worker's own cycle is at the 9-rank job's CPU share: its terms before the server's)
     shared = calibrate(measured.load_dir(str(_suite_dir(tmp_path / "s", quota=None))))
-    assert shared.predict("cnn", "ps-async", 8, "1gbit", S).step_s == pytest.approx(8 * (wire / 2 + cpu + S / 2e9),
-                                                                                     rel=1e-6)
-
-
-def test_requests_queue_at_an_asynchronous_server_below_its_bound(tmp_path):
-    """Below the servers' bound a request still waits for the ones the loop is serving: W workers cycling
-    between their own work (Z) and one server loop (D per request) are the machine-repairman model, solved
-    by MVA with a deterministic service (``server_queue_cycle``). Without it ps-async's step stayed its
-    one-worker cycle until the bound: fair26, cnn at 200 Mbit/s, 3 workers, 168.1 ms predicted against
-    200.2 measured, before the ring's 172.3 predicted (190.6 measured)."""
-    assert server_queue_cycle(1, 1.0, 3.0) == 4.0                        # one worker: its own cycle, Z + D
-    # two: the second request finds the first in service with probability U = D / (Z + D), and waits its
-    # residual D / 2
-    assert server_queue_cycle(2, 1.0, 3.0) == pytest.approx(3 + 1 + 0.25 * 0.5)
-    assert 4.0 < server_queue_cycle(2, 1.0, 3.0) < server_queue_cycle(3, 1.0, 3.0) < server_queue_cycle(4, 1.0, 3.0)
-    assert server_queue_cycle(5, 0.0, 3.0) == 3.0                        # no service: nothing to queue for
-    with pytest.raises(ValueError, match="workers=0"):
-        server_queue_cycle(0, 1.0, 3.0)
-    cal = calibrate(measured.load_dir(str(_suite_dir(tmp_path / "q"))))
-    a, b = FITS["ps"]
-    per_request = S / B + (b * S - 2 * S / B) + S / 2e9 / 0.5    # bytes one way, the fit's CPU, the sum at 0.5 core
-    for w in (2, 3):                  # two servers: each serves S / 2 per request, its bound w / 2 requests
-        cycle = cal.predict("cnn", "ps-async:num_servers=2", 1, "1gbit", S).step_s
-        p = cal.predict("cnn", "ps-async:num_servers=2", w, "1gbit", S)
-        d = per_request / 2
-        assert p.step_s == pytest.approx(server_queue_cycle(w, d, cycle - d), rel=1e-9)
-        assert p.step_s > max(cycle, w * d)                          # above its own cycle and the bound
-        assert p.terms["server"] == pytest.approx(p.step_s - cycle)
-    # at many workers the bound is the step, as before (test_an_asynchronous_server_serves_one_request_at_a_time)
-    assert cal.predict("cnn", "ps-async:num_servers=2", 16, "1gbit", S).step_s == pytest.approx(16 * per_request / 2)
+    p = shared.predict("cnn", "ps-async", 8, "1gbit", S)
+    own, loop = p.step_s - p.terms["server"], cpu + S / 2e9
+    assert own > shared.predict("cnn", "ps-async", 1, "1gbit", S).step_s
+    assert p.step_s == pytest.approx(closed_network_cycle(8, own - wire - loop, (wire / 2, wire / 2), (loop,)),
+                                     rel=1e-9)
 
 
 def test_baseline_is_compute_plus_bytes_over_rate():

@@ -87,3 +87,56 @@ def test_apart_without_methods_runs_the_defaults_and_a_failure_names_its_method(
     seconds, why = suite._collectives_apart(str(tmp_path), "collectives_np2", _Place(), 2, ["--iters", "3"], 60)
     assert [m for m, _ in seen] == collectives.default_methods(2)[:[m for m, _ in seen].index("ring") + 1]
     assert why.startswith("method ring: exit 1") and not (tmp_path / "collectives_np2.json").exists()
+
+
+class _World:
+    def __init__(self, rank, size):
+        self.rank, self.size = rank, size
+
+    def barrier(self):
+        pass
+
+    def max(self, x):
+        return x
+
+    def sum(self, a):
+        return a
+
+    def allgather(self, x):
+        return [x]
+
+
+class _Method:
+    tolerance = 0.0
+
+    def __init__(self, servers):
+        self.servers = servers
+
+    def prepare(self, n): pass
+    def resume(self): pass
+    def run(self): pass
+    def pause(self): pass
+    def close(self): pass
+    def result(self): return None
+    def expected(self, ref): return None
+
+
+@pytest.mark.parametrize("rank,servers,burns", [(0, 0, True), (2, 0, True), (1, 1, True), (2, 1, False), (1, 2, False)])
+def test_busy_before_burns_on_workers_only(monkeypatch, rank, servers, burns):
+    """``--busy-before MS``: a worker spends MS ms of CPU before each round, as training computes before its
+    collective; a dedicated server (the last ``servers`` ranks) does not compute in training, so not here."""
+    import argparse
+
+    calls = []
+    monkeypatch.setattr(collectives, "_burn", calls.append)
+    a = argparse.Namespace(warmup=1, iters=2, order="interleaved", busy_before=25.0, inject_error="")
+    collectives._measure(_World(rank, 3), {"m": _Method(servers)}, 64, a, 0.0)
+    assert calls == ([0.025] * 3 if burns else [])
+
+
+def test_burn_spends_the_cpu_it_is_asked_for():
+    import time
+
+    c0 = time.process_time()
+    collectives._burn(0.02)
+    assert time.process_time() - c0 >= 0.02
