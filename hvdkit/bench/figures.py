@@ -72,7 +72,10 @@ def _cmd_cluster_collectives(doc: Mapping) -> str:
                                 for k, v in (r.get("parameters") or {}).items() if v not in ("", None))
                        for r in runs)
     merged = f" (merged from {len(runs)} runs)" if m.get("merged") else ""
-    return (f"`python -m hvdkit.bench.cluster_collectives` with {params or 'parameters not recorded'}{merged}, "
+    # the hosts' CPU quota: recorded on the rows (a run without a share has none)
+    quotas = sorted({r["cpus_per_host"] for r in doc.get("rows") or [] if r.get("cpus_per_host") is not None})
+    quota = f" --cpus-per-host {','.join(f'{q:g}' for q in quotas)}" if quotas else ""
+    return (f"`python -m hvdkit.bench.cluster_collectives` with {params or 'parameters not recorded'}{quota}{merged}, "
             f"{_where(m)}")
 
 
