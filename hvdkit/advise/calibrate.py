@@ -352,6 +352,9 @@ class Calibration:
             loop = (parts["cpu"] * share_fit / alone + server_serial_time(1, nbytes, self.reduce_Bps) / alone) / k
             think = max(0.0, step - 2 * link - loop)
             cycle = closed_network_cycle(workers, think, shared=(link, link), fcfs=(loop,))   # = step at one worker
+            # and at least the bound: W requests through the busiest station per cycle (the loop's residual
+            # approximation can fall below it where the loop is the bottleneck)
+            cycle = max(cycle, workers * max(link, loop))
             terms["server"] = max(0.0, cycle - step)
             step = max(step, cycle)
         one = self.predict(model, variant, 1, rate, nbytes, batch) if workers > 1 else None

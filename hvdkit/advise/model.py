@@ -391,7 +391,7 @@ def server_queue_cycle(workers: int, service_s: float, think_s: float) -> float:
     Returns:
         Z + R, R a request's time at the server (its wait and its service): Z + D at one worker,
         growing with W. With the residual approximation it stays below the servers' bound W D once
-        they are saturated (at W = 8, Z = 3 D: 7.0 D), so the caller keeps the larger of the two.
+        they are saturated (at W = 8, Z = 3 D: 7.0 D): a caller keeps the larger of the two.
 
     Raises:
         ValueError: W < 1, or a time negative or NaN.
@@ -419,13 +419,16 @@ def closed_network_cycle(workers: int, think_s: float, shared: Sequence[float] =
             (E[S^2] / 2 E[S]; Kleinrock, Queueing Systems vol. 1, 1975).
 
     Returns:
-        Z + R, R the sum of the stations' R: Z + sum(D) at one worker, growing with W.
+        Z + R, R the sum of the stations' R: Z + sum(D) at one worker, growing with W. Exact for
+        processor-sharing stations, whose cycle never falls below the bound W max(D); the FCFS
+        residual is an approximation that can (at W = 8, Z = 3 D, one station: 7.0 D), so a caller
+        keeps the larger of the cycle and that bound.
 
     Raises:
-        ValueError: W < 1, or a time negative or NaN.
+        ValueError: W < 1, or a time negative, infinite or NaN.
     """
     demands = (*shared, *fcfs)
-    if workers < 1 or not think_s >= 0 or not all(d >= 0 for d in demands):
+    if workers < 1 or not 0 <= think_s < math.inf or not all(0 <= d < math.inf for d in demands):
         raise ValueError(f"workers={workers} must be >= 1, think_s={think_s} and the demands {demands} >= 0")
     q, u = [0.0] * len(demands), [0.0] * len(demands)
     r = list(demands)

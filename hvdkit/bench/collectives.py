@@ -164,7 +164,8 @@ def build_parser(prog: str = "mpirun -np N python -m hvdkit.bench.collectives") 
     g.add_argument("--warmup", type=int, default=5, help="untimed rounds first (default 5)")
     g.add_argument("--order", choices=("interleaved", "sequential"), default="interleaved",
                    help="interleaved: methods alternate round by round, A B C A B C (default); sequential: all "
-                        "rounds of one method, then the next (the old mode, for comparison)")
+                        "rounds of one method, then the next (the old mode, for comparison); one method per "
+                        "launch: hvdkit-bench suite --collectives-apart (recorded as order 'apart')")
     g.add_argument("--harness-wait", choices=("auto", "spin", "poll"), default="auto",
                    help="how the benchmark's own barrier and MAX reduction around each timed operation wait: "
                         "spin (MPI's blocking calls, busy-polled), poll (non-blocking, tested then slept, as "
@@ -351,9 +352,10 @@ def merge_apart(docs: list[dict]) -> dict:
     """One ``--json`` document from runs of one method each (``hvdkit-bench suite --collectives-apart``).
 
     ``docs``: the runs' documents, in launch order; each method's rows are kept as measured. The meta
-    is the first run's, with ``methods`` every run's, ``parameters.order`` ``"apart"`` and ``apart``:
-    per run its methods and ranks (host, pid). ``ratios`` is empty: rounds of two launches are not
-    paired, so no ratio of them has a paired interval. ``ok``: every run's.
+    is the first run's (its ``launch`` too), with ``methods`` every run's, ``parameters.order``
+    ``"apart"`` and ``apart``: per run its methods and ranks (``[rank, host, pid]``). ``ratios`` is
+    empty: rounds of two launches are not paired, so no ratio of them has a paired interval. ``ok``:
+    every run's.
 
     Raises:
         ValueError: no documents, or runs on different world sizes.

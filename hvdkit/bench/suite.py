@@ -172,19 +172,18 @@ def _collectives_apart(out: str, name: str, place, np_: int, args: list[str],
     """One launch per method (``--methods`` of ``args``, else every default one), each into
     ``runs/<name>/<method>.json``, merged into ``<name>.json`` (:func:`~hvdkit.bench.collectives.merge_apart`)
     and their tables into ``<name>.txt``: (seconds in all, None, or the first failure)."""
-    from hvdkit.bench.collectives import default_methods, merge_apart
+    from hvdkit.bench.collectives import build_parser, default_methods, merge_apart
 
-    given = [args[i + 1] for i, x in enumerate(args[:-1]) if x == "--methods"]
-    methods = given[-1].split(",") if given else default_methods(np_)
-    rest = [x for i, x in enumerate(args) if x != "--methods" and (i == 0 or args[i - 1] != "--methods")]
+    given = build_parser().parse_known_args(args)[0].methods   # --methods X or --methods=X, the last one
+    methods = list(dict.fromkeys(m for m in given.split(",") if m)) or default_methods(np_)
     runs = os.path.join(out, "runs", name)
     os.makedirs(runs, exist_ok=True)
     docs, tables, seconds = [], [], 0.0
     for i, m in enumerate(methods):
         log(f"suite: {name}: method {i + 1}/{len(methods)} {m} (a launch of its own)")
         jpath = os.path.join(runs, m + ".json")
-        cmd = place.command(np_, [sys.executable, "-m", "hvdkit.bench.collectives", *rest, "--methods", m,
-                                  "--json", jpath])
+        cmd = place.command(np_, [sys.executable, "-m", "hvdkit.bench.collectives", *args, "--methods", m,
+                                  "--json", jpath])   # the last --methods wins
         job = launch(cmd, timeout, os.path.join(runs, m + ".log"))
         seconds += job.seconds
         doc = _load(jpath) if job.ok else None

@@ -291,6 +291,19 @@ def test_an_asynchronous_server_is_two_shared_links_and_one_loop(tmp_path):
                                      rel=1e-9)
 
 
+def test_an_asynchronous_step_is_at_least_its_busiest_station_per_request(tmp_path, monkeypatch):
+    """Where the server's loop is the bottleneck (a CPU-heavy transport), W requests a cycle take at least W
+    times its service: the loop's residual approximation falls below that bound (closed_network_cycle at
+    W = 8, Z = 3 D: 7.0 D), so the step keeps the bound."""
+    monkeypatch.setitem(FITS, "ps", (0.001, 8e-8))                   # the fit's CPU term ~4x its wire term
+    cal = calibrate(measured.load_dir(str(_suite_dir(tmp_path / "loop"))))
+    loop = (8e-8 * S - 2 * S / B) + S / 2e9 / 0.5                    # the fit's CPU and the sum, at 0.5 core
+    for w in (4, 8, 64):
+        p = cal.predict("cnn", "ps-async", w, "1gbit", S)
+        assert p.step_s >= w * loop * (1 - 1e-12), w
+    assert cal.predict("cnn", "ps-async", 64, "1gbit", S).step_s == pytest.approx(64 * loop, rel=1e-9)
+
+
 def test_baseline_is_compute_plus_bytes_over_rate():
     assert heldout.baseline_step("ring", S, 4, B, 0.01) == pytest.approx(0.01 + 1.5 * S / B)
     assert heldout.baseline_step("ps-sync", S, 4, B, 0.01) == pytest.approx(0.01 + 8 * S / B)

@@ -49,7 +49,7 @@ def _fake_launch(fail=None):
     seen = []
 
     def launch(cmd, timeout, log_path=None):
-        m = cmd[cmd.index("--methods") + 1]
+        m = collectives.build_parser().parse_known_args(cmd[cmd.index("hvdkit.bench.collectives") + 1:])[0].methods
         seen.append((m, cmd))
         if m == fail:
             out = "boom\n"
@@ -71,8 +71,9 @@ def test_apart_launches_each_method_alone_and_merges(tmp_path, monkeypatch):
                                             ["--iters", "3", "--methods", "mpi,ring", "--warmup", "1"], 60)
     assert why is None and seconds == 4.0
     assert [m for m, _ in seen] == ["mpi", "ring"]
-    for m, cmd in seen:   # the other flags kept, one --methods per launch
-        assert cmd.count("--methods") == 1 and "--iters" in cmd and "--warmup" in cmd, cmd
+    for m, cmd in seen:   # the other flags kept, the launch's own method the one collectives reads
+        got = collectives.build_parser().parse_known_args(cmd[cmd.index("hvdkit.bench.collectives") + 1:])[0]
+        assert got.methods == m and got.iters == 3 and got.warmup == 1, cmd
     doc = json.load(open(tmp_path / "collectives_np2.json"))
     assert doc["meta"]["methods"] == ["mpi", "ring"] and doc["meta"]["parameters"]["order"] == "apart"
     assert sorted(os.listdir(tmp_path / "runs" / "collectives_np2")) == [
@@ -140,3 +141,25 @@ def test_burn_spends_the_cpu_it_is_asked_for():
     c0 = time.process_time()
     collectives._burn(0.02)
     assert time.process_time() - c0 >= 0.02
+
+
+def test_apart_reads_methods_given_with_an_equals_sign_once_each(tmp_path, monkeypatch):
+    """``--collectives-args "--methods=ring,mpi,ring,"``: the methods as collectives reads them (its parser),
+    empty names and repeats dropped; each launch's own ``--methods`` comes last, so it is the one used."""
+    launch, seen = _fake_launch()
+    monkeypatch.setattr(suite, "launch", launch)
+    _, why = suite._collectives_apart(str(tmp_path), "collectives_np2", _Place(), 2,
+                                      ["--methods=ring,mpi,ring,", "--iters", "3"], 60)
+    assert why is None and [m for m, _ in seen] == ["ring", "mpi"]
+    for m, cmd in seen:
+        assert collectives.build_parser().parse_known_args(cmd[cmd.index("hvdkit.bench.collectives") + 1:])[0].methods == m
+
+
+def test_a_merged_file_reads_back_as_collectives_rows(tmp_path):
+    """What the calibration reads from a suite directory: the merged file's rows, one method each, with
+    the suite's place facts (hvdkit.advise.measured)."""
+    from hvdkit.advise import measured
+
+    doc = collectives.merge_apart([_doc(["mpi"]), _doc(["ring"], pid=200)])
+    rows = measured._collective_rows(doc, "1gbit", "collectives_np2.json")
+    assert sorted({r["method"] for r in rows}) == ["mpi", "ring"] and all(r["ranks"] == 2 for r in rows)
