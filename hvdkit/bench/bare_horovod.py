@@ -22,13 +22,18 @@ compiled step, loss and accuracy read back to the host every step, per-epoch met
 reductions.
 
 An iteration's time is the slowest rank's (MPI ``Allreduce(MAX)`` after the loop, so no
-extra synchronisation is timed); samples/s of an iteration = steps x batch x ranks / that
-time. ``--json FILE`` (rank 0) holds every iteration's seconds.
+extra synchronisation is timed; under ``horovodrun --gloo``, where MPI sees one rank per process,
+Horovod's own Max allreduce); samples/s of an iteration = steps x batch x ranks / that
+time. ``--json FILE`` (rank 0) holds every iteration's seconds, the command line and Horovod's
+transport (``horovod.mpi_enabled``, ``gloo_enabled``)::
+
+    horovodrun --gloo -np 3 -H h1:1,h2:1,h3:1 python -m hvdkit.bench.bare_horovod --json gloo.json
 """
 from __future__ import annotations
 
 import argparse
 import os
+import socket
 import sys
 import time
 
@@ -88,9 +93,13 @@ def main(argv: list[str] | None = None, prog: str = "mpirun -np N python -m hvdk
     from hvdkit.steps import configure_threads  # the trainer's thread rule, the same function
 
     comm = MPI.COMM_WORLD
-    hvd.init(comm=comm)                                            # distributed: Horovod on MPI's world
-    local = comm.Split_type(MPI.COMM_TYPE_SHARED)
-    intra, inter = configure_threads(a.threads, local.Get_rank(), local.Get_size())
+    hvd.init(comm=comm)                                            # distributed: Horovod on MPI's world (or
+    #                                                                horovodrun --gloo's: MPI sees one rank each)
+    if comm.Get_size() == hvd.size():
+        local = comm.Split_type(MPI.COMM_TYPE_SHARED)
+        intra, inter = configure_threads(a.threads, local.Get_rank(), local.Get_size())
+    else:   # horovodrun --gloo: this host's ranks as Horovod counts them
+        intra, inter = configure_threads(a.threads, hvd.local_rank(), hvd.local_size())
     if a.inter_threads:
         tf.config.threading.set_inter_op_parallelism_threads(a.inter_threads)
         inter = a.inter_threads
@@ -128,8 +137,11 @@ def main(argv: list[str] | None = None, prog: str = "mpirun -np N python -m hvdk
     for _ in range(a.warmup_iters):
         iteration()
     mine = np.array([iteration() for _ in range(a.iters)], np.float64)
-    slowest = np.empty_like(mine)
-    comm.Allreduce(mine, slowest, op=MPI.MAX)
+    if comm.Get_size() == hvd.size():
+        slowest = np.empty_like(mine)
+        comm.Allreduce(mine, slowest, op=MPI.MAX)
+    else:   # horovodrun --gloo: the slowest rank's through Horovod itself
+        slowest = hvd.allreduce(tf.constant(mine), op=hvd.Max).numpy()
     samples = a.steps_per_iter * a.batch_size * hvd.size()
     if hvd.rank() == 0:
         rates = samples / slowest
@@ -140,7 +152,10 @@ def main(argv: list[str] | None = None, prog: str = "mpirun -np N python -m hvdk
         step_ms = np.median(slowest) / a.steps_per_iter * 1e3
         print(f"samples/s {rates.mean():.1f} +- {1.96 * rates.std():.1f}  step {step_ms:.2f} ms (median)")
         if a.json:
-            write_json(a.json, {"model": a.model, "image_size": a.image_size, "num_classes": a.num_classes,
+            write_json(a.json, {"benchmark": "bare_horovod", "argv": sys.argv[1:] if argv is None else list(argv),
+                                "date": time.strftime("%Y-%m-%dT%H:%M:%S"), "host": socket.gethostname(),
+                                "horovod": {"mpi_enabled": bool(hvd.mpi_enabled()), "gloo_enabled": bool(hvd.gloo_enabled())},
+                                "model": a.model, "image_size": a.image_size, "num_classes": a.num_classes,
                                 "batch_size": a.batch_size, "ranks": hvd.size(), "steps_per_iter": a.steps_per_iter,
                                 "threads": [intra, inter], "num_groups": a.num_groups, "iter_seconds": slowest.tolist(),
                                 "step_s": (slowest / a.steps_per_iter).tolist(), "samples_per_s": rates.tolist()})

@@ -185,10 +185,15 @@ def _command(variant: str, place, bench_args: list[str], extra: tuple = ()) -> l
     if launcher == "horovodrun-gloo":
         hvdrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
         where = ",".join(f"{h.name}:{h.slots or 1}" for h in place.hosts)
-        # from inside h1: horovodrun's rendezvous address and Gloo's interface are one name (eth0)
-        return ["ip", "netns", "exec", "hvdc-h1", "env", *(f"{k}={v}" for k, v in env.items()), hvdrun, "--gloo",
-                "-np", str(ranks), "-H", where,
-                "--network-interfaces", "eth0", *prog]
+        # from a session on the first host (its name, its CPU share; the cluster's ssh first on PATH): horovodrun's
+        # rendezvous address and Gloo's interface are one name (eth0), and Horovod's Gloo process sets take a
+        # rank's address from its host name (started by `ip netns exec`, h1's rank had this machine's name,
+        # which resolves to a loopback address: the other ranks' connections to it were refused)
+        remote = " ".join(shlex.quote(x) for x in ("env", f"PATH={os.environ.get('PATH', '')}",
+                                                   *(f"{k}={v}" for k, v in env.items()), hvdrun, "--gloo",
+                                                   "-np", str(ranks), "-H", where, "--network-interfaces", "eth0",
+                                                   *prog))
+        return ["ssh", place.hosts[0].name, f"cd {shlex.quote(os.getcwd())} && exec {remote}"]
     return place.command(ranks, prog, mpi_args=(*mpi_args, *extra), env_set=tuple(env.items()))
 
 

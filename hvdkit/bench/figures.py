@@ -139,6 +139,13 @@ def _cmd_timeline_cost(doc: Mapping) -> str:
             f"{_where(doc.get('host') or {})}")
 
 
+def _cmd_horovod_transport(doc: Mapping) -> str:
+    cmd = (_meta(doc).get("command") or "").split(": ", 1)
+    when = cmd[0] if len(cmd) == 2 else "date not recorded"
+    return (f"`bash benchmarks/horovod_transport.sh {cmd[-1].split(' ', 1)[-1] if len(cmd) == 2 else 'OUT'}` inside "
+            f"`hvdkit cluster run --probe`, then `python -m hvdkit.bench.horovod_transport OUT --json FILE`, {when}")
+
+
 def _cmd_probe(doc: Mapping) -> str:
     spec = doc.get("spec") or {}
     return (f"`hvdkit-cluster up` ({spec.get('hosts', '?')} hosts at {(spec.get('bandwidth_bps') or 0) / 1e9:g} "
@@ -200,6 +207,9 @@ GENERATORS = [
               _cmd_timeline_cost, _lazy("hvdkit.bench.timeline_cost", "blocks")),
     Generator("cluster_probe", lambda d: "probe" in d and "spec" in d, "The emulated cluster's probed links",
               _cmd_probe, _lazy(_TABLES, "probe_blocks")),
+    Generator("horovod_transport", lambda d: _bench(d) == "horovod_transport",
+              "Horovod over MPI and over Gloo on the same hosts", _cmd_horovod_transport,
+              _lazy("hvdkit.bench.horovod_transport", "blocks")),
 ]
 
 

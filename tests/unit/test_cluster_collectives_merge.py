@@ -13,3 +13,21 @@ def test_merge_refuses_one_launchs_json_in_one_line(tmp_path, capsys):
     assert len(err) == 1 and "not a cluster_collectives.json" in err[0] and str(one) in err[0]
     assert cc.main(["--merge", str(tmp_path / "missing.json"), "--out-dir", str(tmp_path / "out"), "--no-plot"]) == 2
     assert len(capsys.readouterr().err.strip().splitlines()) == 1
+
+
+def test_the_gloo_launch_starts_from_a_session_on_the_first_host(monkeypatch):
+    """horovodrun --gloo runs on h1 itself (its host name, its CPU share, the cluster's ssh on PATH): started by
+    `ip netns exec`, h1's rank had this machine's name, and the other ranks' connections to it were refused."""
+    import shlex
+    from types import SimpleNamespace
+
+    from hvdkit.bench import cluster_collectives as cc
+
+    monkeypatch.setenv("PATH", "/run/c/bin:/usr/bin")
+    place = SimpleNamespace(slots=3, hosts=[SimpleNamespace(name=f"h{i}", slots=1) for i in (1, 2, 3)])
+    cmd = cc._command("gloo", place, ["--min-bytes", "1M"])
+    assert cmd[:2] == ["ssh", "h1"] and len(cmd) == 3
+    words = shlex.split(cmd[2].split(" && exec ", 1)[1])
+    assert words[:2] == ["env", "PATH=/run/c/bin:/usr/bin"] and "--gloo" in words
+    assert words[words.index("-H") + 1] == "h1:1,h2:1,h3:1" and words[words.index("--methods") + 1] == "horovod"
+    assert cmd[2].startswith(f"cd {shlex.quote(__import__('os').getcwd())} && exec ")
