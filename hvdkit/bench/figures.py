@@ -140,10 +140,14 @@ def _cmd_timeline_cost(doc: Mapping) -> str:
 
 
 def _cmd_horovod_transport(doc: Mapping) -> str:
-    cmd = (_meta(doc).get("command") or "").split(": ", 1)
+    m = _meta(doc)
+    cmd = (m.get("command") or "").split(": ", 1)
     when = cmd[0] if len(cmd) == 2 else "date not recorded"
+    spec = m.get("spec") or {}
+    up = (f"--hosts {spec.get('hosts', '?')} --bandwidth {(spec.get('bandwidth_bps') or 0) / 1e9:g}gbit "
+          f"--cpus-per-host {m.get('cpus_per_host') or 'none'} --probe")
     return (f"`bash benchmarks/horovod_transport.sh {cmd[-1].split(' ', 1)[-1] if len(cmd) == 2 else 'OUT'}` inside "
-            f"`hvdkit cluster run --probe`, then `python -m hvdkit.bench.horovod_transport OUT --json FILE`, {when}")
+            f"`hvdkit cluster run {up}`, then `python -m hvdkit.bench.horovod_transport OUT --json FILE`, {when}")
 
 
 def _cmd_probe(doc: Mapping) -> str:

@@ -97,8 +97,8 @@ def _read_text(path: str) -> str | None:
 
 
 def _mm(xs) -> str:
-    """``median [min-max]``."""
-    return f"{np.median(xs):.1f} [{min(xs):.1f}-{max(xs):.1f}]"
+    """``median [min-max]``, or ``-`` for none."""
+    return f"{np.median(xs):.1f} [{min(xs):.1f}-{max(xs):.1f}]" if xs else "-"
 
 
 def blocks(doc: Mapping) -> list:
@@ -112,39 +112,40 @@ def blocks(doc: Mapping) -> list:
     spec = meta.get("spec") or {}
     out: list = [Paragraph(f"{spec.get('hosts', '?')} emulated hosts, {(spec.get('bandwidth_bps') or 0) / 1e9:g} "
                            f"Gbit/s links, {meta.get('cpus_per_host') or 'no'} core(s) per host (a CFS quota); "
-                           f"ring pattern probed at {(meta.get('ring_bps') or 0) / 1e9:.3f} Gbit/s. Launches "
-                           "alternated transport by transport; mpi: `hvdkit launch` (mpirun, Horovod's MPI "
-                           "controller), gloo: `hvdkit launch --elastic` for training, `horovodrun --gloo` for the "
-                           "allreduce.")]
+                           + (f"ring pattern probed at {meta['ring_bps'] / 1e9:.3f} Gbit/s. " if meta.get("ring_bps")
+                              else "ring pattern not probed (no busbw ratio). ")
+                           + "Launches alternated, the transports' order swapped every round; mpi: the plain "
+                           "trainer through `hvdkit launch` (mpirun: Horovod's MPI controller and operations), "
+                           "gloo: the elastic trainer through `hvdkit launch --elastic` (horovodrun's Gloo: every "
+                           "collective, the harness's too; a state commit every 10 steps) and `horovodrun --gloo` "
+                           "for the allreduce.")]
     train = doc.get("train") or []
     rows = []
     for model in dict.fromkeys(r["model"] for r in train):
         got = {t: [r for r in train if r["model"] == model and r["transport"] == t] for t in TRANSPORTS}
-        if not all(got.values()):
-            continue
-        med = {t: float(np.median([r["step_ms"] for r in got[t]])) for t in TRANSPORTS}
-        rows.append([model, str(got["mpi"][0]["world_size"]), *(_mm([r["step_ms"] for r in got[t]]) for t in TRANSPORTS),
+        med = {t: float(np.median([r["step_ms"] for r in got[t]])) if got[t] else None for t in TRANSPORTS}
+        workers = sorted({r["world_size"] for t in TRANSPORTS for r in got[t]})
+        rows.append([model, "/".join(map(str, workers)), *(_mm([r["step_ms"] for r in got[t]]) for t in TRANSPORTS),
                      *(_mm([r["compute_ms"] for r in got[t]]) for t in TRANSPORTS),
-                     *(f"{np.median([r['samples_per_s'] for r in got[t]]):.0f}" for t in TRANSPORTS),
-                     f"{med['mpi'] / med['gloo']:.2f}", str(len(got["mpi"]))])
+                     *(f"{np.median([r['samples_per_s'] for r in got[t]]):.0f}" if got[t] else "-" for t in TRANSPORTS),
+                     f"{med['mpi'] / med['gloo']:.2f}" if all(med.values()) else "-",
+                     " / ".join(str(len(got[t])) for t in TRANSPORTS)])
     if rows:
         out.append(Table(["model", "workers", "step ms, MPI", "step ms, Gloo", "compute ms, MPI", "compute ms, Gloo",
-                          "samples/s, MPI", "samples/s, Gloo", "MPI / Gloo", "launches each"], rows,
+                          "samples/s, MPI", "samples/s, Gloo", "MPI / Gloo", "launches (MPI / Gloo)"], rows,
                          "lr" + "r" * 8, "hvdkit train --strategy horovod: the step, its compute part and samples/s, "
-                                         "median [min-max] over the launches (each the mean over its timed steps)"))
+                                         "median [min-max] over the launches (each the mean over its timed steps); "
+                                         "- where a transport has no launch that finished"))
     coll = doc.get("collectives") or []
     ring = (meta.get("ring_bps") or 0) / 8 / 1e9
     rows = []
     for size in sorted({r["bytes"] for r in coll}):
         got = {t: [r for r in coll if r["bytes"] == size and r["transport"] == t] for t in TRANSPORTS}
-        if not all(got.values()):
-            continue
         cpu = {t: [c for r in got[t] for c in (r["process_cores"] or [])] for t in TRANSPORTS}
-        gloo_bus = float(np.median([r["busbw_GBps"] for r in got["gloo"]]))
-        mpi_bus = float(np.median([r["busbw_GBps"] for r in got["mpi"]]))
-        rows.append([_size(size), str(got["mpi"][0]["ranks"]),
+        bus = {t: float(np.median([r["busbw_GBps"] for r in got[t]])) if got[t] and ring else None for t in TRANSPORTS}
+        rows.append([_size(size), "/".join(map(str, sorted({r["ranks"] for t in TRANSPORTS for r in got[t]}))),
                      *(_mm([r["time_us"] / 1e3 for r in got[t]]) for t in TRANSPORTS),
-                     f"{mpi_bus / ring:.2f}" if ring else "-", f"{gloo_bus / ring:.2f}" if ring else "-",
+                     *(f"{bus[t] / ring:.2f}" if bus[t] is not None else "-" for t in TRANSPORTS),
                      *(f"{np.median(cpu[t]):.2f}" if cpu[t] else "-" for t in TRANSPORTS)])
     if rows:
         out.append(Table(["size per rank", "ranks", "ms, MPI", "ms, Gloo", "busbw / ring pattern, MPI",
@@ -169,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     try:
         doc = collect(a.out)
-    except (ValueError, OSError, KeyError) as e:
+    except (ValueError, OSError, KeyError, TypeError) as e:
         print(f"{p.prog}: error: {e}", file=sys.stderr)
         return 2
     from hvdkit.results import write_json

@@ -62,3 +62,15 @@ def test_an_empty_directory_is_one_clear_error(tmp_path, capsys):
     assert ht.main([str(tmp_path), "--json", str(tmp_path / "x.json")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "run benchmarks/horovod_transport.sh OUT first" in err[0]
+
+
+def test_a_model_only_one_transport_measured_is_shown_not_dropped(tmp_path):
+    from hvdkit.bench import figures
+
+    out = _out(tmp_path)
+    _train(out / "train-mpi-mlp-wide-r1", 0.7, 0.1, 180)          # its Gloo launch failed: no results.json
+    (out / "train-gloo-mlp-wide-r1").mkdir()
+    text = figures.render("horovod_transport.json", ht.collect(str(out)))
+    row = next(ln for ln in text.splitlines() if ln.startswith("| mlp-wide |"))
+    assert "700.0 [700.0-700.0]" in row and row.count("| - |") >= 3 and row.rstrip().endswith("| 1 / 0 |"), row
+    assert "| 2 / 2 |" in text                                    # cnn: both transports, 2 launches each
