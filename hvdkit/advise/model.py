@@ -33,7 +33,7 @@ from hvdkit import costs
 
 __all__ = ["Workload", "Cluster", "Options", "Prediction", "ring_time", "flat_ring_time", "hierarchical_time",
            "ps_sync_time", "colocated_time", "overlapped_step", "straggler_factor", "async_throughput", "cpu_share",
-           "split_fit", "server_serial_time", "server_queue_cycle", "closed_network_cycle"]
+           "split_fit", "server_serial_time", "closed_network_cycle"]
 
 
 @dataclass(frozen=True)
@@ -375,28 +375,6 @@ def server_serial_time(pushes: int, shard_bytes: float, reduce_Bps: float) -> fl
     if pushes < 0 or shard_bytes < 0 or not reduce_Bps > 0:
         raise ValueError(f"pushes={pushes}, shard_bytes={shard_bytes} must be >= 0 and reduce_Bps={reduce_Bps} > 0")
     return pushes * shard_bytes / reduce_Bps
-
-
-def server_queue_cycle(workers: int, service_s: float, think_s: float) -> float:
-    """Seconds of one worker's cycle when W workers take turns at one server loop that serves their
-    requests one at a time, first come first served: the machine-repairman model, :func:`closed_network_cycle`
-    with that one station (``fcfs=(service_s,)``); the formula and its sources are on docs/performance.md ("Step").
-
-    Args:
-        workers: W, >= 1.
-        service_s: D, seconds of the server's loop per request, >= 0.
-        think_s: Z, seconds of a worker's own work per cycle (its compute and the rest of its push +
-            pull), >= 0.
-
-    Returns:
-        Z + R, R a request's time at the server (its wait and its service): Z + D at one worker,
-        growing with W. With the residual approximation it stays below the servers' bound W D once
-        they are saturated (at W = 8, Z = 3 D: 7.0 D): a caller keeps the larger of the two.
-
-    Raises:
-        ValueError: W < 1, or a time negative or NaN.
-    """
-    return closed_network_cycle(workers, think_s, fcfs=(service_s,))
 
 
 def closed_network_cycle(workers: int, think_s: float, shared: Sequence[float] = (),

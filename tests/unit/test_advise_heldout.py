@@ -8,7 +8,7 @@ import pytest
 from hvdkit.advise import measured
 from hvdkit.advise.calibrate import calibrate, held_out, latency_steps, wire_factor
 from hvdkit.advise.cli import main as advise_main
-from hvdkit.advise.model import closed_network_cycle, cpu_share, server_queue_cycle, server_serial_time, split_fit
+from hvdkit.advise.model import closed_network_cycle, cpu_share, server_serial_time, split_fit
 from hvdkit.bench import advise_check, heldout
 from hvdkit.errors import UsageError
 
@@ -252,7 +252,6 @@ def test_closed_network_cycle_hand_values():
     assert closed_network_cycle(10, 0.0, shared=(1.0, 1.0)) == pytest.approx(11.0)
     assert closed_network_cycle(64, 0.5, shared=(1.0, 1.0), fcfs=(0.3,)) >= 64 * 1.0   # at least the bound
     assert closed_network_cycle(5, 3.0) == 3.0                             # no station: nothing to queue for
-    assert server_queue_cycle(3, 1.0, 3.0) == closed_network_cycle(3, 3.0, fcfs=(1.0,))
     with pytest.raises(ValueError, match="workers=0"):
         closed_network_cycle(0, 1.0, shared=(1.0,))
     with pytest.raises(ValueError, match="demands"):
@@ -343,8 +342,8 @@ def _row(model, v, meas, lo, hi, pred, base=None):
 
 
 #: ring 190.6 [181.1-200.1] and ps-async 200.2 [196.2-204.2] overlap (fair26, 200mbit cnn 3 workers): no
-#: measured order between them; ps-sync is apart from both (the predictions: the model's before
-#: server_queue_cycle, which put ps-async first)
+#: measured order between them; ps-sync is apart from both (the predictions: the model's before it
+#: priced any queue at the servers, which put ps-async first)
 TIED = [_row("cnn", "ring", 190.6, 181.1, 200.1, 172.3), _row("cnn", "ps-async", 200.2, 196.2, 204.2, 168.1),
         _row("cnn", "ps-sync", 329.5, 329.5, 329.5, 357.9)]
 #: ranges apart, predicted the wrong way round
