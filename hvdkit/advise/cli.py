@@ -210,11 +210,15 @@ def _calibrated(path: str, cl: Cluster, opt: Options, rows) -> Options:
 def _load_dir(path: str):
     """(measurements, calibration) of ``--calibrate DIR``. Raises UsageError naming the flag."""
     from hvdkit.advise.calibrate import calibrate
-    from hvdkit.advise.measured import load_dir
+    from hvdkit.advise.measured import load_dir, provenance
     try:
         meas = load_dir(path)
     except UsageError as e:
         raise UsageError(f"--calibrate {path}: {e}") from None
+    if provenance(meas)["one_boot"] is False:
+        print(f"hvdkit: warning: --calibrate {path}: its documents recorded different boot ids (measured on more than "
+              "one machine, or across a reboot): the calibration may mix two machines' speeds; re-measure in one "
+              "run (hvdkit-bench suite --collectives-apart)", file=sys.stderr)
     cal = calibrate(meas)
     if not cal.fits:
         raise UsageError(f"--calibrate {path}: no collectives at {cal.hosts} hosts with one rank per host in it; run "

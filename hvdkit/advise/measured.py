@@ -24,12 +24,14 @@ import os
 import re
 import statistics
 from dataclasses import dataclass, field
+from typing import Sequence
 
 from hvdkit.errors import UsageError
 from hvdkit.results import read_json
 from hvdkit.strategies.variants import parse_variant
 
-__all__ = ["Cell", "Link", "Measured", "load", "load_dir", "load_files", "from_training", "variant_of", "rate_label"]
+__all__ = ["Cell", "Link", "Measured", "load", "load_dir", "load_files", "from_training", "variant_of", "rate_label",
+           "boots_of", "provenance"]
 
 
 @dataclass(frozen=True)
@@ -95,6 +97,7 @@ class Measured:
     links: dict[str, Link] = field(default_factory=dict)
     sources: list[str] = field(default_factory=list)
     batch_size: int = 32
+    boots: dict[str, tuple] = field(default_factory=dict)   # source file -> the boot ids its meta recorded (boots_of)
 
     def extend(self, other: "Measured") -> None:
         """Add another place's measurements (a rate already present: UsageError, one place per rate)."""
@@ -107,6 +110,7 @@ class Measured:
         self.links.update(other.links)
         self.sources += other.sources
         self.batch_size = other.batch_size
+        self.boots.update(other.boots)
 
 
 def rate_label(bps: float) -> str:
@@ -247,6 +251,32 @@ def _link_from(cluster: dict | None, training: dict | None, rate: str) -> Link:
                 int(cores) if cores else None, slots[0], float(a2a) / 8 if a2a else None)
 
 
+def boots_of(doc: dict) -> tuple:
+    """The boot ids a benchmark document's meta recorded (``boot_id``, the machine's boot when it was
+    written; ``boot_ids``, a training run resumed: every run's; :func:`hvdkit.bench._common.boot_id`),
+    ``(None,)`` where it recorded none (documents before 2026-12-06)."""
+    meta = doc.get("meta") if isinstance(doc, dict) else None
+    meta = meta if isinstance(meta, dict) else {}
+    return tuple(meta.get("boot_ids") or [meta.get("boot_id")])
+
+
+def provenance(meas: Measured, transport: Sequence[str] = ()) -> dict:
+    """Whether the calibration and the held-out cells were measured on one machine: ``one_boot`` True
+    when every training and collectives document read recorded the same boot id (:func:`boots_of`),
+    False when they recorded different ones (the machine may have changed speed between them: a
+    comparison of two machines, not a validation), None when any recorded none (older documents);
+    ``boots``: ``{"training" | "collectives" | "transport": [ids]}`` (None for a document without one).
+    ``transport``: the files read as the transport's all-to-all (listed apart, not judged: a pattern
+    of the links, measured without a model)."""
+    kinds: dict = {"training": set(), "collectives": set(), "transport": set()}
+    for path, ids in meas.boots.items():
+        kind = "transport" if path in transport else "training" if path.endswith("training.json") else "collectives"
+        kinds[kind].update(ids)
+    judged = kinds["training"] | kinds["collectives"]
+    one = None if not judged or None in judged else len(judged) == 1
+    return {"one_boot": one, "boots": {k: sorted(v, key=str) for k, v in kinds.items() if v}}
+
+
 def _rate_of(cluster: dict | None, training: dict, path: str) -> str:
     """The nominal rate's label: cluster.json's spec, the older driver's meta, the place's
     ``--emulated H@RATE``, the directory's name, else the probed rate rounded."""
@@ -298,9 +328,11 @@ def load_dir(path: str) -> Measured:
     cpath = os.path.join(path, "cluster.json")
     cluster = read_json(cpath) if os.path.isfile(cpath) else None
     try:
-        out = from_training(read_json(tj), cluster, path)
+        doc = read_json(tj)
+        out = from_training(doc, cluster, path)
     except UsageError as e:
         raise UsageError(f"{tj}: {e}") from None
+    out.boots[tj] = boots_of(doc)
     rate = next(iter(out.links))
     colls, seen = [], set()
     for p in sorted(glob.glob(os.path.join(path, "*collectives*.json"))):
@@ -311,6 +343,7 @@ def load_dir(path: str) -> Measured:
         rows = _collective_rows(doc, rate, p)
         colls += [r if r.get("rate") else {**r, "rate": rate} for r in rows]
         seen.add(p)
+        out.boots[p] = boots_of(doc)
     out.collectives, out.sources = colls, [tj, *sorted(seen)] + ([cpath] if cluster else [])
     return out
 
@@ -335,11 +368,17 @@ def load_files(training_path: str, collectives_path: str | None) -> Measured:
         UsageError: unreadable files, no probed link.
     """
     try:
-        out = from_training(read_json(training_path), None, os.path.dirname(training_path))
+        doc = read_json(training_path)
+        out = from_training(doc, None, os.path.dirname(training_path))
     except UsageError as e:
         raise UsageError(f"{training_path}: {e}") from None
+    out.boots[training_path] = boots_of(doc)
     rate = next(iter(out.links))
-    out.collectives = _collective_rows(read_json(collectives_path), rate, collectives_path) if collectives_path else []
+    out.collectives = []
+    if collectives_path:
+        cdoc = read_json(collectives_path)
+        out.collectives = _collective_rows(cdoc, rate, collectives_path)
+        out.boots[collectives_path] = boots_of(cdoc)
     out.sources = [training_path] + ([collectives_path] if collectives_path else [])
     return out
 
@@ -364,7 +403,8 @@ def load(paths: list[str], collectives: str | None = None, transport: str | None
             raise UsageError(f"{transport}: no such file; give the --json of hvdkit-bench cluster-collectives")
         # the rows calibrate() reads as the transport (hvdkit.advise.calibrate.A2A_METHOD); the others stay
         # out of the 2-host fits
-        rows = [r for r in _collective_rows(read_json(transport), None, transport)
+        tdoc = read_json(transport)
+        rows = [r for r in _collective_rows(tdoc, None, transport)
                 if r["method"] == "mpi-a2a" and (r.get("hosts") or 0) >= 3 and r.get("rate") in out.links]
         if not rows:
             raise UsageError(f"{transport}: no mpi-a2a row at 3 hosts or more at {', '.join(sorted(out.links))}; "
@@ -372,4 +412,5 @@ def load(paths: list[str], collectives: str | None = None, transport: str | None
                              f"--rates {','.join(sorted(out.links))}")
         out.collectives += rows
         out.sources.append(transport)
+        out.boots[transport] = boots_of(tdoc)
     return out

@@ -32,7 +32,7 @@ from hvdkit.launch import local_command
 from hvdkit.results import make_writable_dir
 
 __all__ = ["Job", "mpirun_cmd", "cluster_mpirun_cmd", "launch", "load_results", "quartiles", "paired_ratio_ci", "format_table",
-           "parse_table", "host_meta", "meta_lines", "emit", "fmt", "log", "check_outputs"]
+           "parse_table", "host_meta", "boot_id", "meta_lines", "emit", "fmt", "log", "check_outputs"]
 
 
 def log(*parts: object) -> None:
@@ -254,14 +254,28 @@ def fmt(value: Any, digits: int = 1) -> str:
     return str(value).replace(" ", "_") or "-"
 
 
+def boot_id() -> str | None:
+    """This machine's boot as Linux names it (``/proc/sys/kernel/random/boot_id``, a UUID drawn at
+    each boot), None where it cannot be read. Two documents with the same boot id were measured on the
+    same machine without a reboot between them: the same CPUs at the same speed, which the figures of
+    one held-out validation need (:func:`hvdkit.bench.heldout.summary`'s ``one_boot``); emulated hosts
+    share it (one kernel)."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip() or None
+    except OSError:
+        return None
+
+
 def host_meta() -> dict[str, Any]:
-    """Where and when: host, cores, load averages (1, 5, 15 min), date, Python."""
+    """Where and when: host, cores, load averages (1, 5, 15 min), date, Python, and :func:`boot_id`."""
     try:
         load = [round(x, 2) for x in os.getloadavg()]
     except OSError:  # pragma: no cover - not on Linux
         load = None
     return {"host": socket.gethostname(), "cores": os.cpu_count(), "loadavg": load,
-            "date": datetime.now().isoformat(timespec="seconds"), "python": sys.version.split()[0]}
+            "date": datetime.now().isoformat(timespec="seconds"), "python": sys.version.split()[0],
+            "boot_id": boot_id()}
 
 
 def format_table(title: str, meta_lines: Sequence[str], columns: Sequence[tuple[str, str, str]],

@@ -112,7 +112,7 @@ from hvdkit.cliparse import Parser, print_error
 from hvdkit.errors import UsageError
 from hvdkit.bench._collective_methods import METHODS, OPT_IN, HorovodWorld, MPIWorld
 from hvdkit.bench._collective_report import format_row, header, ratios as ratio_table
-from hvdkit.bench._common import quartiles
+from hvdkit.bench._common import boot_id, quartiles
 
 __all__ = ["METHODS", "main", "parse_size", "build_parser", "default_methods", "merge_apart"]
 
@@ -309,7 +309,7 @@ def main(argv=None, prog: str = "mpirun -np N python -m hvdkit.bench.collectives
                              "harness_wait": world.wait if world.comm is not None else "horovod"}
                           | ({"busy_before": a.busy_before} if a.busy_before else {}),
             "methods": [lab(m) for m in names], "dtype": "float32", "ranks": hosts, "launch": _launch(a, methods),
-            "link": link, "busbw": "algbw * 2(N-1)/N (allreduce rows), algbw (memcpy)"}
+            "link": link, "busbw": "algbw * 2(N-1)/N (allreduce rows), algbw (memcpy)", "boot_id": boot_id()}
     widths = header(out, meta, hosts, link, max(13, *(len(lab(m)) for m in names)))
     rows, times = [], {}
     world.barrier()

@@ -131,17 +131,17 @@ def _apart(x: dict, y: dict) -> bool:
     return x["max_ms"] < y["min_ms"] or y["max_ms"] < x["min_ms"]
 
 
-def summary(rows: Sequence[dict], cal: Calibration, predicted: Sequence[Cell]) -> dict:
+def summary(rows: Sequence[dict], cal: Calibration, predicted: Sequence[Cell], prov: dict | None = None) -> dict:
     """The ``"summary"`` object of ``advise-check --json`` (docs/advise.md): ``held_out`` (no predicted
     configuration was used for calibration, :func:`hvdkit.advise.calibrate.held_out`),
     ``median_abs_error`` and ``max_abs_error`` (fractions), ``groups``, ``ranking_exact``,
     ``fastest_right``, ``inside_range`` (share of predictions within the measured min-max), ``points``,
     ``pairs_distinct`` / ``pairs_agree`` (strategy pairs of a group whose measured ranges do not overlap /
     of those, the ones ordered as measured), ``ranking_as_measured`` / ``fastest_as_measured`` (groups
-    right within the measured spread: :func:`_figures`), and ``baseline`` (the same figures of
-    :func:`baseline_step`)."""
+    right within the measured spread: :func:`_figures`), ``baseline`` (the same figures of
+    :func:`baseline_step`), and ``one_boot`` (:func:`hvdkit.advise.measured.provenance`; None without ``prov``)."""
     model, base = _figures(rows, "predicted"), _figures(rows, "baseline")
-    return {"held_out": bool(rows) and held_out(cal, predicted), **model,
+    return {"held_out": bool(rows) and held_out(cal, predicted), "one_boot": (prov or {}).get("one_boot"), **model,
             "inside_range": sum(r["inside"] for r in rows) / len(rows) if rows else None, "points": len(rows),
             "baseline": {k: base[k] for k in ("median_abs_error", "max_abs_error", "ranking_exact", "fastest_right",
                                               "pairs_agree", "ranking_as_measured", "fastest_as_measured")}}
@@ -164,6 +164,18 @@ def _transport(cal: Calibration) -> dict:
     return out
 
 
+def _boot_line(one: bool | None) -> str:
+    """The markdown's line on where the measurements ran (:func:`hvdkit.advise.measured.provenance`)."""
+    if one:
+        return "Machine: the calibration and the held-out cells were measured in one boot of one machine (one boot id)."
+    if one is False:
+        return ("Machine: NOT one: the documents recorded different boot ids, so the calibration may describe "
+                "another machine's speed than the held-out cells ran at; re-measure both in one run "
+                "(hvdkit-bench suite --collectives-apart) before reading the errors as the model's.")
+    return ("Machine: not recorded (documents written before boot ids were): whether the calibration and the "
+            "held-out cells ran on one machine is unknown.")
+
+
 def markdown(rows: Sequence[dict], summ: dict, cal: Calibration, title: str = "",
              missed: Sequence[Cell] = ()) -> str:
     """The held-out table, its groups' rankings and the summary against the targets, as markdown;
@@ -179,6 +191,7 @@ def markdown(rows: Sequence[dict], summ: dict, cal: Calibration, title: str = ""
            + f"; predicted: {len(rows)} cells with >= "
            f"{HELD_OUT_MIN_WORKERS} workers (held_out = {str(summ['held_out']).lower()}: "
            + ("none of them seen" if summ["held_out"] else "NOT held out, the calibration saw as many hosts") + ").", "",
+           _boot_line(summ.get("one_boot")), "",
            "| rate | model | workers | strategy | measured ms [min-max] | predicted ms | err | inside | baseline ms | "
            "err | limiting |", "| --- | --- | ---: | --- | ---: | ---: | ---: | :---: | ---: | ---: | --- |"]
     for r in rows:

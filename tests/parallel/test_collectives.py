@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from hvdkit import costs
+from hvdkit.bench._common import boot_id
 from hvdkit.cpus import cores_per_rank
 from tests.conftest import launch, mpirun_cmd
 
@@ -36,6 +37,7 @@ def test_every_method_is_correct_and_the_table_parses(tmp_path, n):
         assert 0 < float(row[5]) <= float(row[4]) <= float(row[6]), row
     data = json.loads(out.read_text())
     assert data["ok"] is True and data["meta"]["world_size"] == n
+    assert data["meta"]["boot_id"] == boot_id()                # which machine (hvdkit.advise.measured.provenance)
     want = "spin" if cores_per_rank(n) >= 1 else "poll"      # n ranks on this host (--harness-wait auto)
     assert data["meta"]["parameters"]["harness_wait"] == want, data["meta"]["parameters"]
     assert len(data["meta"]["ranks"]) == n

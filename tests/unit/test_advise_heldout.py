@@ -532,3 +532,58 @@ def test_one_worker_copies_are_a_floor_not_a_sum(tmp_path):
     assert p1.compute_s == pytest.approx(0.0125)
     a, b = FITS["ring"]
     assert p2.step_s == pytest.approx(p1.compute_s + a + b * S, rel=0.01)   # compute + the collective, no sum
+
+
+def _stamp(path, training_boot, collectives_boot):
+    """Write boot ids into a _suite_dir's two documents (None: leave it unrecorded)."""
+    for name, boot in (("training.json", training_boot), ("collectives_np2.json", collectives_boot)):
+        doc = json.loads((path / name).read_text())
+        if boot is not None:
+            doc["meta"]["boot_id"] = boot
+        (path / name).write_text(json.dumps(doc))
+
+
+@pytest.mark.parametrize("boots, one, line", [(("a", "a"), True, "in one boot of one machine"),
+                                              (("a", "b"), False, "NOT one"),
+                                              (("a", None), None, "not recorded")])
+def test_the_summary_says_whether_one_machine_measured_it_all(tmp_path, capsys, boots, one, line):
+    _stamp(_suite_dir(tmp_path / "fair" / "1gbit"), *boots)
+    out = tmp_path / "check.json"
+    assert advise_check.main([str(tmp_path / "fair"), "--json", str(out), "--markdown", str(tmp_path / "c.md")]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["summary"]["one_boot"] is one
+    assert doc["boots"] == {"training": [boots[0]], "collectives": [boots[1]]}
+    assert "Machine: " + ("the calibration" if one else "") in (tmp_path / "c.md").read_text()
+    assert line in (tmp_path / "c.md").read_text()
+    # hvdkit advise --calibrate DIR says so in one line where the boots differ, and still answers
+    capsys.readouterr()
+    assert advise_main(["--model", "cnn", "--cluster", "3x1:shm,1gbit", "--calibrate", str(tmp_path / "fair" / "1gbit"),
+                        "--strategies", "ring", "--json"]) == 0
+    err = capsys.readouterr().err
+    assert (err.count("hvdkit: warning: ") == 1 and "different boot ids" in err) if one is False else err == ""
+
+
+def test_a_transport_file_of_another_boot_is_listed_not_judged(tmp_path):
+    d = _suite_dir(tmp_path / "1gbit")
+    _stamp(d, "a", "a")
+    t = tmp_path / "t.json"
+    _transport_file(t)
+    doc = json.loads(t.read_text())
+    doc["meta"]["boot_id"] = "z"
+    t.write_text(json.dumps(doc))
+    m = measured.load([str(d)], transport=str(t))
+    assert measured.provenance(m, [str(t)]) == {"one_boot": True, "boots": {"training": ["a"], "collectives": ["a"],
+                                                                            "transport": ["z"]}}
+
+
+def test_benchmark_documents_record_the_boot():
+    from hvdkit.bench._common import boot_id, host_meta
+
+    with open("/proc/sys/kernel/random/boot_id") as f:
+        assert boot_id() == host_meta()["boot_id"] == f.read().strip()
+
+
+def test_a_resumed_training_document_gives_every_runs_boot():
+    assert measured.boots_of({"meta": {"boot_id": "b", "boot_ids": ["a", "b"]}}) == ("a", "b")
+    assert measured.boots_of({"meta": {"boot_id": "b"}}) == ("b",)
+    assert measured.boots_of({"meta": {}}) == measured.boots_of({}) == (None,)

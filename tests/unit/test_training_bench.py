@@ -9,6 +9,7 @@ import os
 import pytest
 
 from hvdkit.bench import jobs, training
+from hvdkit.bench._common import boot_id
 from hvdkit.bench.jobs import Cell, Settings
 from hvdkit.errors import UsageError
 from hvdkit.strategies.variants import parse_variant, parse_variants
@@ -233,12 +234,17 @@ def test_run_writes_the_contract_json_skips_and_resumes(tmp_path, monkeypatch, c
     assert table.splitlines()[0] == "# hvdkit-bench training" and table.rstrip().endswith("OK")
     assert "SKIPPED ps-sync cnn 2 workers straggler none: needs 3 slots, the hosts have 2" in table
 
+    assert doc["meta"]["boot_id"] == boot_id() and "boot_ids" not in doc["meta"]
+    doc["meta"]["boot_id"] = "an earlier boot"     # as if the first run was on another boot
+    with open(os.path.join(out, "training.json"), "w") as f:
+        json.dump(doc, f)
     calls.clear()                                  # resume: nothing left to run
     a, s, cells, out = training.prepare(["--resume", out, "--variants", "horovod,ps-sync", "--workers", "1,2",
                                          "--repeats", "3"])
     assert training.run(a, s, cells, out, place) == 0
     assert [(k[0], k[2], r) for k, r in calls] == [("horovod", 1, 2), ("ps-sync", 1, 2), ("horovod", 2, 2)]
-    assert len(json.load(open(os.path.join(out, "training.json")))["rows"]) == 9
+    doc = json.load(open(os.path.join(out, "training.json")))
+    assert len(doc["rows"]) == 9 and doc["meta"]["boot_ids"] == sorted(["an earlier boot", boot_id()])
 
     with pytest.raises(UsageError, match="--resume: the throughput rows there were measured with batch_size=32"):
         a, s, cells, out = training.prepare(["--resume", out, "--batch-size", "8"])
