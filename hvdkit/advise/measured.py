@@ -97,7 +97,10 @@ class Measured:
     links: dict[str, Link] = field(default_factory=dict)
     sources: list[str] = field(default_factory=list)
     batch_size: int = 32
-    boots: dict[str, tuple] = field(default_factory=dict)   # source file -> the boot ids its meta recorded (boots_of)
+    #: ``{real path: (kind, boot ids)}``: each document read, its kind (``"training"``, ``"collectives"``,
+    #: ``"transport"``) and the boots its meta recorded (:func:`boots_of`); kind ``"real hosts"`` for the
+    #: documents of a place whose hosts boot apart (:func:`provenance`)
+    boots: dict[str, tuple] = field(default_factory=dict)
 
     def extend(self, other: "Measured") -> None:
         """Add another place's measurements (a rate already present: UsageError, one place per rate)."""
@@ -110,7 +113,8 @@ class Measured:
         self.links.update(other.links)
         self.sources += other.sources
         self.batch_size = other.batch_size
-        self.boots.update(other.boots)
+        for path, (kind, ids) in other.boots.items():
+            _note_boot(self, path, kind, ids)
 
 
 def rate_label(bps: float) -> str:
@@ -260,21 +264,38 @@ def boots_of(doc: dict) -> tuple:
     return tuple(meta.get("boot_ids") or [meta.get("boot_id")])
 
 
-def provenance(meas: Measured, transport: Sequence[str] = ()) -> dict:
-    """Whether the calibration and the held-out cells were measured on one machine: ``one_boot`` True
-    when every training and collectives document read recorded the same boot id (:func:`boots_of`),
-    False when they recorded different ones (the machine may have changed speed between them: a
-    comparison of two machines, not a validation), None when any recorded none (older documents);
-    ``boots``: ``{"training" | "collectives" | "transport": [ids]}`` (None for a document without one).
-    ``transport``: the files read as the transport's all-to-all (listed apart, not judged: a pattern
-    of the links, measured without a model)."""
-    kinds: dict = {"training": set(), "collectives": set(), "transport": set()}
-    for path, ids in meas.boots.items():
-        kind = "transport" if path in transport else "training" if path.endswith("training.json") else "collectives"
-        kinds[kind].update(ids)
-    judged = kinds["training"] | kinds["collectives"]
-    one = None if not judged or None in judged else len(judged) == 1
-    return {"one_boot": one, "boots": {k: sorted(v, key=str) for k, v in kinds.items() if v}}
+def _note_boot(meas: Measured, path: str, kind: str, ids: tuple) -> None:
+    """Record ``path``'s boots as ``kind`` (by its real path, so two spellings of one file are one; a
+    file read both as a directory's collectives and as the transport stays collectives: its rows fed
+    the fits)."""
+    key = os.path.realpath(path)
+    if kind != "transport" or key not in meas.boots:
+        meas.boots[key] = (kind, tuple(ids))
+
+
+def _real_hosts(training: dict) -> bool:
+    """A training document's place is hosts that boot apart (``--hosts``, ``--hostfile``, ``--slurm``):
+    its driver and a collectives run's rank 0 may sit on different hosts, so their boots say nothing."""
+    return ((training.get("place") or {}).get("kind") or "") in ("hosts", "slurm")
+
+
+def provenance(meas: Measured) -> dict:
+    """Whether the calibration's collectives and the training cells (the one-worker ones it read and
+    the held-out ones) were measured on one machine, from the boots their documents recorded
+    (:func:`boots_of`). ``one_boot``: False when two different boot ids were recorded (the machine may
+    have changed speed between them: a comparison of two machines, not a validation); else None when
+    any document recorded none (older documents) or the place is real hosts (each boots apart: the
+    driver and a rank 0 may be different hosts); else True. ``boots``: ``{kind: [ids]}`` by kind
+    (``training``, ``collectives``, ``transport``; None for a document without one); the transport's
+    all-to-all is listed, not judged (a pattern of the links, measured without a model, often on
+    another day: its own line in the markdown says which)."""
+    kinds: dict = {}
+    for kind, ids in meas.boots.values():
+        kinds.setdefault(kind, set()).update(ids)
+    judged = kinds.get("training", set()) | kinds.get("collectives", set())
+    ids = judged - {None}
+    one = False if len(ids) > 1 else None if not ids or None in judged or "real hosts" in kinds else True
+    return {"one_boot": one, "boots": {k: sorted(v, key=str) for k, v in sorted(kinds.items())}}
 
 
 def _rate_of(cluster: dict | None, training: dict, path: str) -> str:
@@ -332,7 +353,8 @@ def load_dir(path: str) -> Measured:
         out = from_training(doc, cluster, path)
     except UsageError as e:
         raise UsageError(f"{tj}: {e}") from None
-    out.boots[tj] = boots_of(doc)
+    real = _real_hosts(doc)
+    _note_boot(out, tj, "real hosts" if real else "training", boots_of(doc))
     rate = next(iter(out.links))
     colls, seen = [], set()
     for p in sorted(glob.glob(os.path.join(path, "*collectives*.json"))):
@@ -343,7 +365,7 @@ def load_dir(path: str) -> Measured:
         rows = _collective_rows(doc, rate, p)
         colls += [r if r.get("rate") else {**r, "rate": rate} for r in rows]
         seen.add(p)
-        out.boots[p] = boots_of(doc)
+        _note_boot(out, p, "real hosts" if real else "collectives", boots_of(doc))
     out.collectives, out.sources = colls, [tj, *sorted(seen)] + ([cpath] if cluster else [])
     return out
 
@@ -372,13 +394,14 @@ def load_files(training_path: str, collectives_path: str | None) -> Measured:
         out = from_training(doc, None, os.path.dirname(training_path))
     except UsageError as e:
         raise UsageError(f"{training_path}: {e}") from None
-    out.boots[training_path] = boots_of(doc)
+    real = _real_hosts(doc)
+    _note_boot(out, training_path, "real hosts" if real else "training", boots_of(doc))
     rate = next(iter(out.links))
     out.collectives = []
     if collectives_path:
         cdoc = read_json(collectives_path)
         out.collectives = _collective_rows(cdoc, rate, collectives_path)
-        out.boots[collectives_path] = boots_of(cdoc)
+        _note_boot(out, collectives_path, "real hosts" if real else "collectives", boots_of(cdoc))
     out.sources = [training_path] + ([collectives_path] if collectives_path else [])
     return out
 
@@ -412,5 +435,5 @@ def load(paths: list[str], collectives: str | None = None, transport: str | None
                              f"--rates {','.join(sorted(out.links))}")
         out.collectives += rows
         out.sources.append(transport)
-        out.boots[transport] = boots_of(tdoc)
+        _note_boot(out, transport, "transport", boots_of(tdoc))
     return out

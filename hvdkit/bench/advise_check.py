@@ -15,9 +15,8 @@ comparisons (markdown tables, ``--json``)::
    ``--json`` file's ``"summary"``: ``held_out``, ``median_abs_error``, ``max_abs_error``, ``groups``,
    ``ranking_exact``, ``fastest_right``, ``pairs_distinct``, ``pairs_agree``, ``ranking_as_measured``,
    ``fastest_as_measured`` (the rankings within the measured spread), ``inside_range``, ``points``,
-   ``baseline``, ``one_boot`` (True: every document read recorded one boot id of one machine; False:
-   different ones, so not one machine; None: not recorded) (docs/advise.md); the document's ``boots``
-   lists the boot ids by kind (training, collectives, transport).
+   ``baseline``, ``one_boot`` and ``boots`` (whether one boot of one machine measured the collectives
+   and the training cells: :func:`hvdkit.advise.measured.provenance`) (docs/advise.md).
    Inputs: ``DIR``... (``hvdkit-bench suite`` or ``training`` output directories: training.json,
    collectives json(s), cluster.json with the probe; or a directory of them, one per link rate), or
    the two files below.
@@ -364,7 +363,7 @@ def render(dirs: list[str], training_path: str, collectives_path: str, calibrati
         except UsageError as e:
             raise UsageError(f"{training_path}: {e}") from None
     held, cal, cells = heldout.validate(meas, hosts=calibration_hosts)
-    prov = measured.provenance(meas, [transport] if transport else [])
+    prov = measured.provenance(meas)
     summ = heldout.summary(held, cal, cells, prov)
     pub = published_comparison()
     missed = [c for c in meas.cells if c.workers >= heldout.HELD_OUT_MIN_WORKERS and c not in cells]
@@ -375,7 +374,7 @@ def render(dirs: list[str], training_path: str, collectives_path: str, calibrati
         md += markdown_published(pub)
     return md, {"summary": summ, "held_out": held, "measured": rows, "stats": stats, "published": pub,
                 "assumptions": ASSUMPTIONS, "inputs": list(dirs) or [training_path, collectives_path],
-                **({"transport": transport} if transport else {}), "boots": prov["boots"],
+                **({"transport": transport} if transport else {}),
                 "calibration": sorted(list(u) for u in cal.used)}
 
 if __name__ == "__main__":

@@ -485,6 +485,9 @@ def _merged(paths: list[str]) -> tuple[dict, list, list]:
                              "NAME.json is not mergeable): give the cluster_collectives.json of each run")
     meta = {**host_meta(), "benchmark": "cluster_collectives", "merged": [os.path.abspath(p) for p in paths],
             "runs": [d["meta"] for d in docs]}
+    del meta["boot_id"]   # the merge's own boot measured nothing: the runs' (hvdkit.advise.measured.boots_of)
+    meta["boot_ids"] = sorted({b for d in docs for b in (d["meta"].get("boot_ids") or [d["meta"].get("boot_id")])},
+                              key=str)
     return meta, [x for d in docs for x in d["launches"]], [r for d in docs for r in d["rows"]]
 
 

@@ -147,7 +147,7 @@ def _versions() -> dict:
     from hvdkit.results import versions
 
     v = versions()
-    return {k: v.get(k) for k in ("hvdkit", "python", "numpy", "mpi4py", "mpi", "tensorflow", "horovod")}
+    return {k: v.get(k) for k in ("hvdkit", "python", "numpy", "mpi4py", "mpi", "tensorflow", "horovod", "platform")}
 
 
 def build_parser(prog: str = "mpirun -np N python -m hvdkit.bench.collectives") -> argparse.ArgumentParser:

@@ -139,9 +139,11 @@ def summary(rows: Sequence[dict], cal: Calibration, predicted: Sequence[Cell], p
     ``pairs_distinct`` / ``pairs_agree`` (strategy pairs of a group whose measured ranges do not overlap /
     of those, the ones ordered as measured), ``ranking_as_measured`` / ``fastest_as_measured`` (groups
     right within the measured spread: :func:`_figures`), ``baseline`` (the same figures of
-    :func:`baseline_step`), and ``one_boot`` (:func:`hvdkit.advise.measured.provenance`; None without ``prov``)."""
+    :func:`baseline_step`), and ``one_boot`` and ``boots`` (``prov``, :func:`hvdkit.advise.measured.provenance`;
+    None and {} without it)."""
     model, base = _figures(rows, "predicted"), _figures(rows, "baseline")
-    return {"held_out": bool(rows) and held_out(cal, predicted), "one_boot": (prov or {}).get("one_boot"), **model,
+    return {"held_out": bool(rows) and held_out(cal, predicted), "one_boot": (prov or {}).get("one_boot"),
+            "boots": (prov or {}).get("boots", {}), **model,
             "inside_range": sum(r["inside"] for r in rows) / len(rows) if rows else None, "points": len(rows),
             "baseline": {k: base[k] for k in ("median_abs_error", "max_abs_error", "ranking_exact", "fastest_right",
                                               "pairs_agree", "ranking_as_measured", "fastest_as_measured")}}
@@ -164,14 +166,22 @@ def _transport(cal: Calibration) -> dict:
     return out
 
 
-def _boot_line(one: bool | None) -> str:
+def _boot_line(one: bool | None, boots: dict) -> str:
     """The markdown's line on where the measurements ran (:func:`hvdkit.advise.measured.provenance`)."""
     if one:
-        return "Machine: the calibration and the held-out cells were measured in one boot of one machine (one boot id)."
+        line = ("Machine: the 2-host collectives and the training cells (one-worker and held out) were measured "
+                "in one boot of one machine (one boot id)")
+        judged = set(boots.get("training", [])) | set(boots.get("collectives", []))
+        if "transport" in boots and set(boots["transport"]) != judged:
+            line += "; the transport's all-to-all file was not (another boot, or none recorded)"
+        return line + "."
     if one is False:
         return ("Machine: NOT one: the documents recorded different boot ids, so the calibration may describe "
                 "another machine's speed than the held-out cells ran at; re-measure both in one run "
                 "(hvdkit-bench suite --collectives-apart) before reading the errors as the model's.")
+    if "real hosts" in boots:
+        return ("Machine: real hosts, each booted apart: the documents' boot ids (the driver's, a rank 0's) "
+                "cannot say whether the hosts changed between the calibration and the cells.")
     return ("Machine: not recorded (documents written before boot ids were): whether the calibration and the "
             "held-out cells ran on one machine is unknown.")
 
@@ -191,7 +201,7 @@ def markdown(rows: Sequence[dict], summ: dict, cal: Calibration, title: str = ""
            + f"; predicted: {len(rows)} cells with >= "
            f"{HELD_OUT_MIN_WORKERS} workers (held_out = {str(summ['held_out']).lower()}: "
            + ("none of them seen" if summ["held_out"] else "NOT held out, the calibration saw as many hosts") + ").", "",
-           _boot_line(summ.get("one_boot")), "",
+           _boot_line(summ.get("one_boot"), summ.get("boots") or {}), "",
            "| rate | model | workers | strategy | measured ms [min-max] | predicted ms | err | inside | baseline ms | "
            "err | limiting |", "| --- | --- | ---: | --- | ---: | ---: | ---: | :---: | ---: | ---: | --- |"]
     for r in rows:

@@ -416,6 +416,7 @@ class Place:
         self.ring_bps: float | None = None
         self.a2a_bps: float | None = None
         self._cpus: float | None = None   # emulated: the CPU share per host applied (cores)
+        self._gflops: dict[str, float] = {}   # emulated: each host's probed compute rate, GFLOP/s
         self._choices: dict[str, Choice | None] = {}
         self._mpi: tuple[str, str] | None = None
         self._stack: contextlib.ExitStack | None = None
@@ -502,6 +503,7 @@ class Place:
                            for p in state["probe"]["pairs"]]
             self.ring_bps = probe.ring_rate_bps(state)
             self.a2a_bps = probe.alltoall_rate_bps(state)
+            self._gflops = probe.compute_gflops(state)
         self._log(f"hvdkit-bench: emulated cluster up: {spec.hosts} hosts x {spec.slots} slots, "
                   f"{spec.bandwidth_bps / 1e6:g} Mbit/s links, "
                   + (f"{self._cpus:.3g} cores per host" if self._cpus else "no CPU share per host") + (
@@ -559,14 +561,20 @@ class Place:
         """``{"kind", "source", "hosts": [{"name", "slots", "gpus"}], "links": [{"src", "dst",
         "rate_bps", "rtt_ms"}]}``: GPUs as the ssh check counted them (None before entering),
         links as probed (emulated; [] elsewhere); emulated also ``"cpus_per_host"``, the CPU
-        share each host had, cores (None: no share, or not up yet)."""
+        share each host had, cores (None: no share, or not up yet), and ``"probe"``: the probed
+        ``ring`` and ``alltoall`` patterns' rates (``{"rate_bps"}``, bits/s, None below 3 hosts) and
+        each host's ``compute`` rate (``{host: {"gflops"}}``; :mod:`hvdkit.cluster.probe`), which
+        :func:`hvdkit.advise.measured.load_dir` reads as the place's link."""
         if self.kind == "local" and not self._gpus:
             self._gpus = {self.hosts[0].name: _local_gpus()}
         gpus = {n.rpartition("@")[2]: g for n, g in self._gpus.items()}
         return {"kind": self.kind, "source": self.source,
                 "hosts": [{"name": h.name, "slots": 1 if h.slots is None else h.slots, "gpus": gpus.get(h.name)}
                           for h in self.hosts],
-                "links": list(self._links), **({"cpus_per_host": self._cpus} if self.kind == "emulated" else {})}
+                "links": list(self._links), **({"cpus_per_host": self._cpus, "probe": {
+                    "ring": {"rate_bps": self.ring_bps}, "alltoall": {"rate_bps": self.a2a_bps},
+                    "compute": {h: {"gflops": g} for h, g in sorted(self._gflops.items())}}}
+                    if self.kind == "emulated" else {})}
 
     def __repr__(self) -> str:
         return f"Place({self.kind!r}, {self.source!r}, {len(self.hosts)} hosts, {self.slots} slots)"

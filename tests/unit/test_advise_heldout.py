@@ -552,8 +552,7 @@ def test_the_summary_says_whether_one_machine_measured_it_all(tmp_path, capsys, 
     assert advise_check.main([str(tmp_path / "fair"), "--json", str(out), "--markdown", str(tmp_path / "c.md")]) == 0
     doc = json.loads(out.read_text())
     assert doc["summary"]["one_boot"] is one
-    assert doc["boots"] == {"training": [boots[0]], "collectives": [boots[1]]}
-    assert "Machine: " + ("the calibration" if one else "") in (tmp_path / "c.md").read_text()
+    assert doc["summary"]["boots"] == {"training": [boots[0]], "collectives": [boots[1]]}
     assert line in (tmp_path / "c.md").read_text()
     # hvdkit advise --calibrate DIR says so in one line where the boots differ, and still answers
     capsys.readouterr()
@@ -561,6 +560,28 @@ def test_the_summary_says_whether_one_machine_measured_it_all(tmp_path, capsys, 
                         "--strategies", "ring", "--json"]) == 0
     err = capsys.readouterr().err
     assert (err.count("hvdkit: warning: ") == 1 and "different boot ids" in err) if one is False else err == ""
+
+
+def test_two_recorded_boots_differ_even_beside_an_unrecorded_one(tmp_path):
+    a, b = _suite_dir(tmp_path / "1gbit"), _suite_dir(tmp_path / "200mbit", nominal=2e8)
+    _stamp(a, "x", None)
+    _stamp(b, "y", "y")
+    assert measured.provenance(measured.load([str(tmp_path)]))["one_boot"] is False
+    _stamp(a, "y", None)
+    assert measured.provenance(measured.load([str(tmp_path)]))["one_boot"] is None
+
+
+def test_the_two_file_form_and_real_hosts(tmp_path):
+    d = _suite_dir(tmp_path / "1gbit")
+    _stamp(d, "a", "b")
+    m = measured.load([str(d / "training.json")], collectives=str(d / "collectives_np2.json"))
+    assert measured.provenance(m) == {"one_boot": False, "boots": {"collectives": ["b"], "training": ["a"]}}
+    doc = json.loads((d / "training.json").read_text())
+    doc["place"]["kind"] = "hosts"          # a driver and a rank 0 on hosts that boot apart: nothing to compare
+    (d / "training.json").write_text(json.dumps(doc))
+    p = measured.provenance(measured.load_dir(str(d)))
+    assert p["one_boot"] is None and p["boots"] == {"real hosts": ["a", "b"]}
+    assert "real hosts, each booted apart" in heldout._boot_line(p["one_boot"], p["boots"])
 
 
 def test_a_transport_file_of_another_boot_is_listed_not_judged(tmp_path):
@@ -572,8 +593,13 @@ def test_a_transport_file_of_another_boot_is_listed_not_judged(tmp_path):
     doc["meta"]["boot_id"] = "z"
     t.write_text(json.dumps(doc))
     m = measured.load([str(d)], transport=str(t))
-    assert measured.provenance(m, [str(t)]) == {"one_boot": True, "boots": {"training": ["a"], "collectives": ["a"],
-                                                                            "transport": ["z"]}}
+    p = measured.provenance(m)
+    assert p == {"one_boot": True, "boots": {"collectives": ["a"], "training": ["a"], "transport": ["z"]}}
+    assert "the transport's all-to-all file was not" in heldout._boot_line(True, p["boots"])
+    # a directory's own collectives file noted again as the transport (another spelling): still judged
+    m = measured.load([str(d)])
+    measured._note_boot(m, str(tmp_path / "1gbit" / ".." / "1gbit" / "collectives_np2.json"), "transport", ("z",))
+    assert measured.provenance(m)["boots"] == {"collectives": ["a"], "training": ["a"]}
 
 
 def test_benchmark_documents_record_the_boot():
@@ -587,3 +613,19 @@ def test_a_resumed_training_document_gives_every_runs_boot():
     assert measured.boots_of({"meta": {"boot_id": "b", "boot_ids": ["a", "b"]}}) == ("a", "b")
     assert measured.boots_of({"meta": {"boot_id": "b"}}) == ("b",)
     assert measured.boots_of({"meta": {}}) == measured.boots_of({}) == (None,)
+
+
+def test_an_emulated_places_probe_reaches_the_advisors_link():
+    """The training benchmark's place records the probe (ring and all-to-all patterns, compute per host),
+    which load_dir reads as the link: before, the reader looked for it and the writer never wrote it."""
+    from hvdkit.bench.places import Place
+
+    p = Place("emulated", [], source="--emulated 4@1gbit", log=lambda *_: None)
+    p._links = [{"src": "h1", "dst": "h2", "rate_bps": B * 8, "rtt_ms": 0.1}]
+    p.ring_bps, p.a2a_bps, p._gflops, p._cpus = B * 8 * 0.95, B * 8 * 0.9, {"h2": 12.5, "h1": 13.0}, 0.4
+    desc = p.describe()
+    assert desc["probe"] == {"ring": {"rate_bps": B * 8 * 0.95}, "alltoall": {"rate_bps": B * 8 * 0.9},
+                             "compute": {"h1": {"gflops": 13.0}, "h2": {"gflops": 12.5}}}
+    ln = measured.from_training({"benchmark": "training", "meta": {"cores": 2}, "place": desc, "rows": []}).links["1gbit"]
+    assert (ln.ring_Bps, ln.a2a_Bps, ln.cpus_per_host) == (pytest.approx(B * 0.95), pytest.approx(B * 0.9), 0.4)
+    assert "probe" not in Place("local", []).describe()

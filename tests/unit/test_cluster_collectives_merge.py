@@ -31,3 +31,17 @@ def test_the_gloo_launch_starts_from_a_session_on_the_first_host(monkeypatch):
     assert words[:2] == ["env", "PATH=/run/c/bin:/usr/bin"] and "--gloo" in words
     assert words[words.index("-H") + 1] == "h1:1,h2:1,h3:1" and words[words.index("--methods") + 1] == "horovod"
     assert cmd[2].startswith(f"cd {shlex.quote(__import__('os').getcwd())} && exec ")
+
+
+def test_a_merge_records_the_runs_boots_not_its_own(tmp_path):
+    """The merge measured nothing: its meta gives the boots of the runs it merged (meta.boot_ids), so a
+    merge of runs from two machines reads as two (hvdkit.advise.measured.boots_of)."""
+    from hvdkit.advise.measured import boots_of
+
+    paths = []
+    for i, boot in enumerate(("x", "y", "x")):
+        p = tmp_path / f"run{i}.json"
+        p.write_text(json.dumps({"meta": {"boot_id": boot}, "launches": [], "rows": []}))
+        paths.append(str(p))
+    meta, _, _ = cc._merged(paths)
+    assert "boot_id" not in meta and meta["boot_ids"] == ["x", "y"] and boots_of({"meta": meta}) == ("x", "y")
