@@ -476,6 +476,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m hvdkit.bench.clus
 
 
 def _merged(paths: list[str]) -> tuple[dict, list, list]:
+    from hvdkit.advise.measured import boots_of
+
     docs = []
     for p in paths:
         with open(p) as fh:
@@ -486,8 +488,7 @@ def _merged(paths: list[str]) -> tuple[dict, list, list]:
     meta = {**host_meta(), "benchmark": "cluster_collectives", "merged": [os.path.abspath(p) for p in paths],
             "runs": [d["meta"] for d in docs]}
     del meta["boot_id"]   # the merge's own boot measured nothing: the runs' (hvdkit.advise.measured.boots_of)
-    meta["boot_ids"] = sorted({b for d in docs for b in (d["meta"].get("boot_ids") or [d["meta"].get("boot_id")])},
-                              key=str)
+    meta["boot_ids"] = sorted({b for d in docs for b in boots_of(d)}, key=str)
     return meta, [x for d in docs for x in d["launches"]], [r for d in docs for r in d["rows"]]
 
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import glob
-import json
 import os
 import re
 import sys
@@ -30,16 +29,14 @@ from typing import Mapping
 
 import numpy as np
 
+from hvdkit.errors import UsageError
+from hvdkit.results import read_json
+
 __all__ = ["collect", "blocks", "main"]
 
 TRANSPORTS = ("mpi", "gloo")
 _TRAIN = re.compile(r"train-(mpi|gloo)-(.+)-r(\d+)$")
 _COLL = re.compile(r"coll-(mpi|gloo)-r(\d+)\.json$")
-
-
-def _read(path: str):
-    with open(path) as fh:
-        return json.load(fh)
 
 
 def collect(out_dir: str) -> dict:
@@ -63,7 +60,7 @@ def collect(out_dir: str) -> dict:
         res = os.path.join(d, "results.json")
         if not m or not os.path.isfile(res):
             continue
-        r = _read(res)
+        r = read_json(res)
         t = r["timing"]
         train.append({"transport": m.group(1), "model": m.group(2), "round": int(m.group(3)),
                       "world_size": r["world_size"], "step_ms": t["step_s"] * 1e3, "compute_ms": t["compute_s"] * 1e3,
@@ -72,7 +69,7 @@ def collect(out_dir: str) -> dict:
         m = _COLL.search(os.path.basename(p))
         if not m:
             continue
-        doc = _read(p)
+        doc = read_json(p)
         for row in doc["rows"]:
             coll.append({"transport": m.group(1), "round": int(m.group(2)), "ranks": doc["meta"]["world_size"],
                          "bytes": row["bytes"], "time_us": row["time_us"], "p25_us": row["p25_us"],
@@ -81,7 +78,8 @@ def collect(out_dir: str) -> dict:
     if not train and not coll:
         raise ValueError(f"{out_dir}: no train-{{mpi,gloo}}-MODEL-rR/results.json and no coll-{{mpi,gloo}}-rR.json; "
                          "run benchmarks/horovod_transport.sh OUT first")
-    cluster = _read(os.path.join(out_dir, "cluster.json")) if os.path.isfile(os.path.join(out_dir, "cluster.json")) else {}
+    cpath = os.path.join(out_dir, "cluster.json")
+    cluster = read_json(cpath) if os.path.isfile(cpath) else {}
     probe = cluster.get("probe") or {}
     meta = {"spec": cluster.get("spec"), "cpus_per_host": cluster.get("cpus_per_host"),
             "ring_bps": (probe.get("ring") or {}).get("rate_bps"), "link_Bps": probe.get("link_Bps"),
@@ -107,6 +105,7 @@ def blocks(doc: Mapping) -> list:
     allreduce size, each transport's median time over its launches' medians [their min-max], Gloo's
     busbw over the probed ring-pattern rate, and the ranks' CPU per second (median of the launches)."""
     from hvdkit.bench.report.document import Paragraph, Table
+    from hvdkit.bench.report.figures import human_bytes
 
     meta = doc.get("meta") or {}
     spec = meta.get("spec") or {}
@@ -143,7 +142,7 @@ def blocks(doc: Mapping) -> list:
         got = {t: [r for r in coll if r["bytes"] == size and r["transport"] == t] for t in TRANSPORTS}
         cpu = {t: [c for r in got[t] for c in (r["process_cores"] or [])] for t in TRANSPORTS}
         bus = {t: float(np.median([r["busbw_GBps"] for r in got[t]])) if got[t] and ring else None for t in TRANSPORTS}
-        rows.append([_size(size), "/".join(map(str, sorted({r["ranks"] for t in TRANSPORTS for r in got[t]}))),
+        rows.append([human_bytes(size), "/".join(map(str, sorted({r["ranks"] for t in TRANSPORTS for r in got[t]}))),
                      *(_mm([r["time_us"] / 1e3 for r in got[t]]) for t in TRANSPORTS),
                      *(f"{bus[t] / ring:.2f}" if bus[t] is not None else "-" for t in TRANSPORTS),
                      *(f"{np.median(cpu[t]):.2f}" if cpu[t] else "-" for t in TRANSPORTS)])
@@ -155,13 +154,6 @@ def blocks(doc: Mapping) -> list:
     return out
 
 
-def _size(n: int) -> str:
-    for unit, k in (("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= k and n % k == 0:
-            return f"{n // k} {unit}"
-    return f"{n} B"
-
-
 def main(argv: list[str] | None = None) -> int:
     """``python -m hvdkit.bench.horovod_transport OUT --json FILE``: 0, or 2 with one line when OUT holds no results."""
     p = argparse.ArgumentParser(prog="python -m hvdkit.bench.horovod_transport", description=__doc__.splitlines()[0])
@@ -170,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     try:
         doc = collect(a.out)
-    except (ValueError, OSError, KeyError, TypeError) as e:
+    except (UsageError, ValueError, OSError, KeyError, TypeError) as e:
         print(f"{p.prog}: error: {e}", file=sys.stderr)
         return 2
     from hvdkit.results import write_json

@@ -516,8 +516,9 @@ def run(a, s: Settings, cells: Sequence[Cell], out: str, place, *, argv: Sequenc
     meta = {**host_meta(), "argv": list(argv), "versions": meta_before.get("versions") or {}, "args": args,
             "measures": measures, "hvdkit_env": env, "out_dir": out}
     if kept or other:   # rows kept from an earlier run (either measure): its boots too (hvdkit.advise.measured.provenance)
-        meta["boot_ids"] = sorted(set(meta_before.get("boot_ids") or [meta_before.get("boot_id")]) | {meta["boot_id"]},
-                                  key=str)
+        from hvdkit.advise.measured import boots_of
+
+        meta["boot_ids"] = sorted(set(boots_of(doc_before or {})) | {meta["boot_id"]}, key=str)
     target = a.target_accuracy if a.measure == "convergence" else (doc_before or {}).get("target_accuracy")
     rows = list(kept)
     for c in skipped:
