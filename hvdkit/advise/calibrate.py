@@ -186,6 +186,12 @@ class Calibration:
             latency): the floor of a colocated PS's push + pull on more than 2 hosts (:meth:`predict`).
             A pattern the 2-host collectives cannot show (one peer each); measured with no PS and no
             training, like the probe's patterns.
+        scale_points: ``{(rate, method, ranks): ((bytes, seconds), ...)}``: the collectives measured at more
+            hosts than ``hosts`` (``calibrate(..., at_scale=True)``; one rank per host): a configuration
+            whose collective ran at its own rank count reads it there (:meth:`predict`) instead of
+            extrapolating the 2-host one. Empty: the 2-host calibration alone.
+        scale_fits: ``{(rate, method, ranks): (a_s, b_s_per_byte)}``: their Hockney fits at >= ``min_bytes``
+            (the slope beyond the largest size).
     """
     fits: dict
     base: dict
@@ -198,6 +204,8 @@ class Calibration:
     points: dict = field(default_factory=dict)
     overhead: dict = field(default_factory=dict)
     a2a_frac: dict = field(default_factory=dict)
+    scale_points: dict = field(default_factory=dict)
+    scale_fits: dict = field(default_factory=dict)
 
     def share(self, rate: str, ranks_on_host: int, ranks: int, threads: int = 1, method: str | None = None) -> float:
         """:func:`~hvdkit.advise.model.cpu_share` of one busy thread of a job of ``ranks`` ranks of
@@ -216,7 +224,7 @@ class Calibration:
                 return self.base[key]
         return None
 
-    def collective_time(self, rate: str, method: str, nbytes: float) -> float | None:
+    def collective_time(self, rate: str, method: str, nbytes: float, ranks: int | None = None) -> float | None:
         """Seconds of ``method``'s collective of ``nbytes`` at ``hosts`` hosts, from its measured sizes:
         linear between the two measured sizes around ``nbytes``, the smallest size's time below them,
         and the Hockney fit's slope beyond the largest; None when the method has no points.
@@ -224,16 +232,18 @@ class Calibration:
         Why not the fit alone: under a CPU quota a message step costs at least about one CFS period
         (benchmarks/figures/fair25/*/collectives_np2.md: the small sizes), a floor a straight line
         fitted at >= 1 MiB does not have, and a ring on W hosts moves chunks of 2 S / W, down in that
-        floor for a small model (docs/advise.md).
+        floor for a small model (docs/advise.md). ``ranks``: the same from the collectives measured at that
+        rank count (:attr:`scale_points`); None: at ``hosts`` hosts.
         """
-        pts = self.points.get((rate, method))
+        key = (rate, method) if ranks is None else (rate, method, ranks)
+        pts = (self.points if ranks is None else self.scale_points).get(key)
         if not pts:
             return None
         xs, ys = zip(*sorted(pts))
         if nbytes <= xs[0]:
             return ys[0]
         if nbytes >= xs[-1]:
-            fit = self.fits.get((rate, method))
+            fit = (self.fits if ranks is None else self.scale_fits).get(key)
             return ys[-1] + (fit[1] if fit else 0.0) * (nbytes - xs[-1])
         return float(np.interp(nbytes, xs, ys))
 
@@ -302,7 +312,19 @@ class Calibration:
         # one (a colocated PS: every worker to every shard, the all-to-all pattern; else the ring's)
         pattern_Bps = ln.a2a_Bps if comm == "colocated" and ln.a2a_Bps else ln.ring_Bps
         ring = ln.link_Bps / pattern_Bps if pattern_Bps and workers > 2 else 1.0
-        if comm == "ps":
+        # the collective measured at this configuration's own rank count (at_scale), where the fit read
+        # is the row's own server count and reply schedule (the collectives' ps replies concurrently):
+        # nothing to extrapolate from 2 hosts, its transport included
+        same = (fit_method.startswith("ps2") or not method.startswith("ps2")) and not row.serial_replies
+        at = self.collective_time(rate, fit_method, n, ranks) if workers > 1 and not asynchronous and same \
+            else None
+        if at is not None:
+            share_fit = self.share(rate, 1, ranks, row.busy_threads, fit_method)
+            rate_Bps = ln.link_Bps if comm == "ps" else (pattern_Bps or ln.link_Bps)
+            wire = min(at, wire_factor(comm, workers, k, row.serial_replies) * n * wf / rate_Bps)
+            lat = min(at - wire, self.collective_time(rate, fit_method, 0.0, ranks))   # its smallest size's time
+            cpu = at - wire - lat
+        elif comm == "ps":
             w_eff = 1 if asynchronous else workers
             wire = parts["wire"] * wire_factor("ps", w_eff, k, row.serial_replies and not asynchronous) \
                 / wire_factor("ps", 1, 1)
@@ -330,7 +352,7 @@ class Calibration:
         step = compute + soft + wire
         terms = {"compute": compute, "latency": lat * share_fit / share, "cpu": cpu * share_fit / share, "wire": wire}
         frac = self.a2a_frac.get(rate)
-        if comm == "colocated" and workers > 2 and frac:
+        if comm == "colocated" and workers > 2 and frac and at is None:
             # every rank sends to and receives from every other at once: at most the transport's
             # measured all-to-all rate (benchmarks/figures/fair26/collectives_a2a_4x1.md: Open MPI's
             # TCP transport at 0.60-0.62 of the ring pattern, the sockets' all-to-all at 0.94-0.99)
@@ -382,10 +404,13 @@ def _polyfit(xy) -> tuple[float, float] | None:
     return max(0.0, float(a)), max(0.0, float(b))
 
 
-def calibrate(meas, hosts: int = 2, min_bytes: int = 1 << 20) -> Calibration:
+def calibrate(meas, hosts: int = 2, min_bytes: int = 1 << 20, at_scale: bool = False) -> Calibration:
     """A :class:`Calibration` from ``meas`` (:class:`hvdkit.advise.measured.Measured`) using ONLY the
     collectives at ``hosts`` hosts (one rank per host, the default launch, sizes >= ``min_bytes``) and
-    the one-worker training cells: nothing of a configuration with more workers.
+    the one-worker training cells: nothing of a configuration with more workers. ``at_scale``: also the
+    collectives at more hosts (:attr:`Calibration.scale_points`), each read by the configurations of its
+    rank count: micro-measurements at every scale, as nccl-tests are run at the scale of a job; still no
+    training step with more than one worker.
 
     The one-worker base of a variant: its one-worker step at that rate, less (dedicated PS) the
     fitted push + pull of one worker; scaled to one full core by the cell's CPU share. A variant with
@@ -403,6 +428,11 @@ def calibrate(meas, hosts: int = 2, min_bytes: int = 1 << 20) -> Calibration:
     for r in meas.collectives:
         if "cpus_per_host" in r:
             quota[(r.get("rate"), r["method"])] = r["cpus_per_host"]
+    scale: dict = {}
+    for r in meas.collectives if at_scale else ():
+        if (r.get("hosts") or 0) > hosts and r.get("slots", 1) == 1 and r.get("variant", "main") == "main" \
+                and "[" not in r["method"] and r.get("rate") in meas.links:
+            scale.setdefault((r["rate"], r["method"], r["ranks"]), []).append((r["bytes"], r["time_us"] / 1e6))
     for (rate, method, ranks), xy in pts.items():
         fit = _polyfit(xy)
         if fit:
@@ -411,6 +441,12 @@ def calibrate(meas, hosts: int = 2, min_bytes: int = 1 << 20) -> Calibration:
     cal = Calibration(fits, {}, dict(meas.links), used, hosts,
                       fit_quota={k: v for k, v in quota.items() if k in fits},
                       points={k: tuple(sorted(v)) for k, v in every.items() if k in fits})
+    for key, xy in sorted(scale.items()):
+        big = [(x, y) for x, y in xy if x >= min_bytes]
+        fit = _polyfit(big) if len(big) >= 2 else None
+        if fit and key[1] != A2A_METHOD:
+            cal.scale_points[key], cal.scale_fits[key] = tuple(sorted(xy)), fit
+            used.add(("collectives", *key))
     a2a: dict = {}
     for r in meas.collectives:   # the transport's all-to-all: mpi-a2a at >= 3 hosts, largest size per run
         if r["method"] == A2A_METHOD and (r.get("hosts") or 0) >= 3 and r.get("slots", 1) == 1 \
@@ -474,7 +510,9 @@ def held_out(cal: Calibration, predicted) -> bool:
     (:class:`~hvdkit.advise.measured.Cell`) is a calibration cell, no calibration cell has as many
     workers as the smallest prediction, and the collectives fitted ran on fewer hosts than it needs.
     The transport's all-to-all (``("transport", ...)`` in ``used``: ``mpi-a2a`` at 3 hosts or more)
-    is no configuration of a strategy: no PS, no model, no training step, like the probe's patterns."""
+    is no configuration of a strategy: no PS, no model, no training step, like the probe's patterns;
+    nor is a collective measured at scale (``calibrate(..., at_scale=True)``): one collective, no training
+    step (the summary lists its host counts: ``collectives_hosts``)."""
     keys = {c.key for c in predicted}
     if not keys:
         return False

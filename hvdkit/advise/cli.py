@@ -219,7 +219,7 @@ def _load_dir(path: str):
         print(f"hvdkit: warning: --calibrate {path}: its documents recorded different boot ids (measured on more than "
               "one machine, or across a reboot): the calibration may mix two machines' speeds; re-measure in one "
               "run (hvdkit-bench suite --collectives-apart)", file=sys.stderr)
-    cal = calibrate(meas)
+    cal = calibrate(meas, at_scale=True)   # a collective measured at the cluster's own host count is read there
     if not cal.fits:
         raise UsageError(f"--calibrate {path}: no collectives at {cal.hosts} hosts with one rank per host in it; run "
                          f"the collectives on 2 hosts (e.g. hvdkit-bench suite --collectives-np 2,...)")

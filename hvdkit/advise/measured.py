@@ -406,15 +406,43 @@ def load_files(training_path: str, collectives_path: str | None) -> Measured:
     return out
 
 
-def load(paths: list[str], collectives: str | None = None, transport: str | None = None) -> Measured:
+def _scale_rows(path: str, links: dict) -> list[tuple[str, dict, list[dict]]]:
+    """``[(file, its document, its rows), ...]``: the collectives files of ``path`` (a suite's ``--out-dir``
+    with ``collectives_np*.json`` or ``*collectives*.json``, or a directory of them, one per rate), each file's
+    rate its directory's: cluster.json's spec, else the directory's name; only rows at a rate of ``links``."""
+    dirs = [path] + sorted(d for d in glob.glob(os.path.join(path, "*")) if os.path.isdir(d))
+    out = []
+    for d in dirs:
+        files = sorted(set(glob.glob(os.path.join(d, "collectives_np*.json")))
+                       | set(glob.glob(os.path.join(d, "cluster_collectives*.json"))))
+        if not files:
+            continue
+        cpath = os.path.join(d, "cluster.json")
+        cluster = read_json(cpath) if os.path.isfile(cpath) else None
+        rate = _rate_of(cluster, {}, d)
+        for p in files:
+            doc = read_json(p)
+            rows = [r if r.get("rate") else {**r, "rate": rate} for r in _collective_rows(doc, rate, p)]
+            out.append((p, doc, [r for r in rows if r.get("rate") in links]))
+    return out
+
+
+def load(paths: list[str], collectives: str | None = None, transport: str | None = None,
+         scale: str | None = None) -> Measured:
     """Directories (:func:`load_dir`) and/or one training file with ``collectives`` (:func:`load_files`);
     ``transport``: a collectives document (either format) whose ``mpi-a2a`` rows at 3 hosts or more
     measured the transport's all-to-all at the same rates (only those rows are added: its other
     methods ran on other hosts than the 2-host fits).
 
     Raises:
+    ``scale``: a directory of collectives measured at more hosts than the calibration's 2 (a suite run
+    with ``--collectives-np 3,4,5 --skip training,convergence``, one directory per rate), for
+    ``calibrate(..., at_scale=True)``: every row at a rate of the other inputs is added.
+
+    Raises:
         UsageError: a path that does not exist or read; a ``transport`` file with no ``mpi-a2a`` row at
-            3 hosts or more of a rate the other inputs measured (names the command that measures one).
+            3 hosts or more of a rate the other inputs measured (names the command that measures one); a
+            ``scale`` directory with no collectives row at those rates.
     """
     out = Measured()
     for p in paths:
@@ -436,4 +464,15 @@ def load(paths: list[str], collectives: str | None = None, transport: str | None
         out.collectives += rows
         out.sources.append(transport)
         _note_boot(out, transport, "transport", boots_of(tdoc))
+    if scale:
+        if not os.path.isdir(scale):
+            raise UsageError(f"{scale}: not a directory; give the --out-dir of hvdkit-bench suite --collectives-np 3,4")
+        got = _scale_rows(scale, out.links)
+        if not any(rows for _, _, rows in got):
+            raise UsageError(f"{scale}: no collectives row at {', '.join(sorted(out.links))}; measure them with "
+                             "hvdkit-bench suite --collectives-apart --collectives-np 3,4 --skip training,convergence")
+        for p, doc, rows in got:
+            out.collectives += rows
+            out.sources.append(p)
+            _note_boot(out, p, "collectives", boots_of(doc))
     return out

@@ -288,6 +288,12 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     p.add_argument("--calibration-hosts", type=int, default=2, metavar="H",
                    help="calibrate on the collectives measured at H hosts (default 2; H >= 3 sees as many hosts as "
                         "a predicted cell: the summary says held_out false)")
+    p.add_argument("--at-scale", metavar="DIR",
+                   help="with DIR: collectives measured at more hosts (a suite run with --collectives-apart "
+                        "--collectives-np 3,4,5 --skip training,convergence, one directory per rate): each held-out "
+                        "cell reads its own host count's collective instead of the 2-host extrapolation (no training "
+                        "step with more than one worker is read: held_out stays true; the summary's "
+                        "collectives_hosts lists the counts)")
     p.add_argument("--markdown", metavar="FILE", help="write the tables as markdown")
     p.add_argument("--json", metavar="FILE", help="write every row, the statistics and the held-out \"summary\" as JSON")
     return p
@@ -301,9 +307,10 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
     except UsageError as e:
         return print_error(prog, e)
     try:
-        if a.transport and not a.dirs:
-            raise UsageError("--transport goes with DIR (the held-out check of suite or training directories)")
-        md, doc = render(a.dirs, a.training, a.collectives, a.calibration_hosts, a.transport)
+        for flag, given in (("--transport", a.transport), ("--at-scale", a.at_scale)):
+            if given and not a.dirs:
+                raise UsageError(f"{flag} goes with DIR (the held-out check of suite or training directories)")
+        md, doc = render(a.dirs, a.training, a.collectives, a.calibration_hosts, a.transport, a.at_scale)
     except UsageError as e:
         print(f"hvdkit: error: {e}", file=sys.stderr)
         return 2
@@ -330,9 +337,10 @@ def rounded(obj, digits: int = 12):
 
 
 def render(dirs: list[str], training_path: str, collectives_path: str, calibration_hosts: int = 2,
-           transport: str | None = None) -> tuple[str, dict]:
+           transport: str | None = None, at_scale: str | None = None) -> tuple[str, dict]:
     """``(markdown, document)``: the tables (held out, in sample, published) and the ``--json``
-    document, from ``dirs`` (suite/training directories; ``transport``: :func:`hvdkit.advise.measured.load`'s)
+    document, from ``dirs`` (suite/training directories; ``transport``, ``at_scale``: the ``transport`` and
+    ``scale`` of :func:`hvdkit.advise.measured.load`)
     or, without them, the two files. Runs nothing; :mod:`hvdkit.bench.figures` regenerates advise_check.md
     through it.
 
@@ -344,7 +352,7 @@ def render(dirs: list[str], training_path: str, collectives_path: str, calibrati
     if calibration_hosts < 2:
         raise UsageError(f"--calibration-hosts {calibration_hosts}: collectives need >= 2 hosts")
     if dirs:
-        meas = measured.load(dirs, transport=transport)
+        meas = measured.load(dirs, transport=transport, scale=at_scale)
     else:
         docs = []
         for path in (training_path, collectives_path):
@@ -362,7 +370,7 @@ def render(dirs: list[str], training_path: str, collectives_path: str, calibrati
             rows, stats = measured_comparison(training, fit_collectives(coll, meta.get("link_Bps")))
         except UsageError as e:
             raise UsageError(f"{training_path}: {e}") from None
-    held, cal, cells = heldout.validate(meas, hosts=calibration_hosts)
+    held, cal, cells = heldout.validate(meas, hosts=calibration_hosts, at_scale=bool(at_scale))
     prov = measured.provenance(meas)
     summ = heldout.summary(held, cal, cells, prov)
     pub = published_comparison()
@@ -374,7 +382,7 @@ def render(dirs: list[str], training_path: str, collectives_path: str, calibrati
         md += markdown_published(pub)
     return md, {"summary": summ, "held_out": held, "measured": rows, "stats": stats, "published": pub,
                 "assumptions": ASSUMPTIONS, "inputs": list(dirs) or [training_path, collectives_path],
-                **({"transport": transport} if transport else {}),
+                **({"transport": transport} if transport else {}), **({"at_scale": at_scale} if at_scale else {}),
                 "calibration": sorted(list(u) for u in cal.used)}
 
 if __name__ == "__main__":

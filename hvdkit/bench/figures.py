@@ -261,7 +261,8 @@ def render(json_path: str, doc=None) -> str | None:
         ins = [_resolve(p, json_path) for p in doc["inputs"]]
         files = len(ins) == 2 and all(os.path.isfile(p) for p in ins)
         tr = _resolve(doc["transport"], json_path) if doc.get("transport") else None
-        return advise_check.render([] if files else ins, *(ins if files else ("", "")), transport=tr)[0]
+        sc = _resolve(doc["at_scale"], json_path) if doc.get("at_scale") else None
+        return advise_check.render([] if files else ins, *(ins if files else ("", "")), transport=tr, at_scale=sc)[0]
     g = generator_for(doc)
     if g is None:
         return None

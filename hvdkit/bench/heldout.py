@@ -26,10 +26,12 @@ __all__ = ["split", "baseline_step", "validate", "summary", "markdown", "HELD_OU
 HELD_OUT_MIN_WORKERS = 3
 
 
-def split(meas: Measured, min_workers: int = HELD_OUT_MIN_WORKERS, hosts: int = 2) -> tuple[Calibration, list[Cell]]:
-    """(the calibration on the micro-measurements: collectives at ``hosts`` hosts and the one-worker
-    cells, the held-out cells: ``workers >= min_workers``)."""
-    return calibrate(meas, hosts=hosts), [c for c in meas.cells if c.workers >= min_workers]
+def split(meas: Measured, min_workers: int = HELD_OUT_MIN_WORKERS, hosts: int = 2,
+          at_scale: bool = False) -> tuple[Calibration, list[Cell]]:
+    """(the calibration on the micro-measurements: collectives at ``hosts`` hosts (``at_scale``: and at
+    every host count measured, :func:`~hvdkit.advise.calibrate.calibrate`) and the one-worker cells, the
+    held-out cells: ``workers >= min_workers``)."""
+    return calibrate(meas, hosts=hosts, at_scale=at_scale), [c for c in meas.cells if c.workers >= min_workers]
 
 
 def _compute_s(meas: Measured, model: str, rate: str) -> float | None:
@@ -59,7 +61,7 @@ def baseline_step(variant: str, nbytes: float, workers: int, link_Bps: float, co
 
 
 def validate(meas: Measured, min_workers: int = HELD_OUT_MIN_WORKERS,
-             hosts: int = 2) -> tuple[list[dict], Calibration, list[Cell]]:
+             hosts: int = 2, at_scale: bool = False) -> tuple[list[dict], Calibration, list[Cell]]:
     """``(rows, calibration, held-out cells)``: one row per held-out cell the model predicts.
 
     Each row: ``model``, ``variant``, ``workers``, ``rate``, ``measured_ms`` (median), ``min_ms``,
@@ -67,7 +69,7 @@ def validate(meas: Measured, min_workers: int = HELD_OUT_MIN_WORKERS,
     predicted <= max), ``baseline_ms``, ``baseline_error``, ``limiting`` (the largest term), ``terms``
     (ms each).
     """
-    cal, cells = split(meas, min_workers, hosts)
+    cal, cells = split(meas, min_workers, hosts, at_scale)
     rows = []
     for c in sorted(cells, key=lambda c: (c.rate, c.model, c.workers, c.variant)):
         p = cal.predict(c.model, c.variant, c.workers, c.rate, c.gradient_bytes, meas.batch_size,
@@ -139,14 +141,21 @@ def summary(rows: Sequence[dict], cal: Calibration, predicted: Sequence[Cell], p
     ``pairs_distinct`` / ``pairs_agree`` (strategy pairs of a group whose measured ranges do not overlap /
     of those, the ones ordered as measured), ``ranking_as_measured`` / ``fastest_as_measured`` (groups
     right within the measured spread: :func:`_figures`), ``baseline`` (the same figures of
-    :func:`baseline_step`), and ``one_boot`` and ``boots`` (``prov``, :func:`hvdkit.advise.measured.provenance`;
-    None and {} without it)."""
+    :func:`baseline_step`), ``one_boot`` and ``boots`` (``prov``, :func:`hvdkit.advise.measured.provenance`;
+    None and {} without it), and ``collectives_hosts``: the rank counts of the collectives the calibration
+    read (``[2]``; more with ``at_scale``)."""
     model, base = _figures(rows, "predicted"), _figures(rows, "baseline")
     return {"held_out": bool(rows) and held_out(cal, predicted), "one_boot": (prov or {}).get("one_boot"),
+            "collectives_hosts": _collective_hosts(cal),
             "boots": (prov or {}).get("boots", {}), **model,
             "inside_range": sum(r["inside"] for r in rows) / len(rows) if rows else None, "points": len(rows),
             "baseline": {k: base[k] for k in ("median_abs_error", "max_abs_error", "ranking_exact", "fastest_right",
                                               "pairs_agree", "ranking_as_measured", "fastest_as_measured")}}
+
+
+def _collective_hosts(cal: Calibration) -> list[int]:
+    """The rank counts of the collectives ``cal`` read (one rank per host: the hosts)."""
+    return sorted({u[3] for u in cal.used if u[0] == "collectives"})
 
 
 def _pct(x) -> str:
@@ -190,11 +199,14 @@ def markdown(rows: Sequence[dict], summ: dict, cal: Calibration, title: str = ""
              missed: Sequence[Cell] = ()) -> str:
     """The held-out table, its groups' rankings and the summary against the targets, as markdown;
     ``missed``: held-out cells without a prediction (listed)."""
-    used_c = sorted({(u[1], u[2], u[3]) for u in cal.used if u[0] == "collectives"})
+    used_c = sorted({(u[1], u[2], u[3]) for u in cal.used if u[0] == "collectives" and u[3] == cal.hosts})
+    scale = sorted({(u[1], u[2], u[3]) for u in cal.used if u[0] == "collectives" and u[3] != cal.hosts})
     used_t = sorted({(u[1], u[2], u[4]) for u in cal.used if u[0] == "cell"})
     out = [f"### Held-out validation{': ' + title if title else ''}", "",
-           f"Calibrated on: the collectives at {cal.hosts} hosts ({', '.join(f'{m} {r}' for r, m, _ in used_c) or 'none'}) "
-           f"and {len(used_t)} one-worker training cells"
+           f"Calibrated on: the collectives at {cal.hosts} hosts ({', '.join(f'{m} {r}' for r, m, _ in used_c) or 'none'})"
+           + (f"; at scale, each held-out cell reading its own rank count's collective: "
+              f"{', '.join(f'{m} {r} at {n}' for r, m, n in scale)}" if scale else "")
+           + f" and {len(used_t)} one-worker training cells"
            + "".join(f"; the transport's all-to-all at {r} (mpi-a2a at {', '.join(str(h) for h in hs)} hosts, no PS "
                      f"and no training: {cal.a2a_frac[r]:.2f} of the ring pattern's rate)"
                      for r, hs in sorted(_transport(cal).items()))

@@ -269,6 +269,7 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
             if not nps:
                 nps = ([2] if a.quick else [2, 4]) if place.kind == "local" else [max(2, place.slots)]
             if "collectives" not in skip:
+                s.n += len(nps) - 1   # one step per rank count (the log's "step i/n")
                 _collectives(s, place, a, nps)
             if "training" not in skip:
                 share = a.budget * (0.6 if "convergence" not in skip else 1.0)

@@ -349,13 +349,14 @@ def test_advise_check_json_regenerates_byte_identically(tmp_path, monkeypatch):
     assert advise_check.rounded({"a": [0.1 + 0.2, 3, "x"], "b": (1 / 3,)}) == {"a": [0.3, 3, "x"], "b": [0.333333333333]}
     for name in ("advise_check.json", "advise_check_fair.json", "advise_check_fair27.json", "advise_check_fair29.json",
                  "advise_check_fair31.json", "advise_check_fair32.json",
-                 "advise_check_fair32_busy.json", "advise_check_fair34.json"):
+                 "advise_check_fair32_busy.json", "advise_check_fair34.json", "advise_check_fair35.json"):
         path = os.path.join(ROOT, "benchmarks", "figures", name)
         doc = json.loads(open(path).read())
         inputs = doc["inputs"]                               # relative to the repository's root
         monkeypatch.chdir(ROOT)
         argv = ["--training", inputs[0], "--collectives", inputs[1]] if len(inputs) == 2 else inputs
         argv += ["--transport", doc["transport"]] if doc.get("transport") else []
+        argv += ["--at-scale", doc["at_scale"]] if doc.get("at_scale") else []
         out = tmp_path / name
         assert advise_check.main(argv + ["--json", str(out)]) == 0
         assert out.read_bytes() == open(path, "rb").read(), f"{name} is stale: regenerate it with --json"

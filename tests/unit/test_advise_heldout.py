@@ -629,3 +629,63 @@ def test_an_emulated_places_probe_reaches_the_advisors_link():
     ln = measured.from_training({"benchmark": "training", "meta": {"cores": 2}, "place": desc, "rows": []}).links["1gbit"]
     assert (ln.ring_Bps, ln.a2a_Bps, ln.cpus_per_host) == (pytest.approx(B * 0.95), pytest.approx(B * 0.9), 0.4)
     assert "probe" not in Place("local", []).describe()
+
+
+# ---------------------------------------------------------------- collectives at scale
+
+AT3 = {"ring": (0.004, 3e-8), "horovod": (0.030, 4e-8), "ps-colocated": (0.005, 2.6e-8)}   # at 3 ranks
+PS4 = (0.002, 9e-8)                                                                         # ps: 3 workers + 1 server
+
+
+def _scale_dir(path):
+    """A suite run with --collectives-np 3,4 --skip training: collectives_np3.json (ring, horovod,
+    ps-colocated) and collectives_np4.json (ps), at 4 B and 1, 4, 16 MiB, in a directory named by its rate."""
+    d = path / "1gbit"
+    d.mkdir(parents=True)
+    for n_ranks, fits in ((3, AT3), (4, {"ps": PS4})):
+        rows = [{"method": m, "bytes": n, "time_us": (a + b * n) * 1e6, "wrong": 0, "checked": n_ranks}
+                for m, (a, b) in fits.items() for n in (4, 1 << 20, 1 << 22, 1 << 24)]
+        (d / f"collectives_np{n_ranks}.json").write_text(json.dumps({
+            "meta": {"benchmark": "collectives", "world_size": n_ranks, "boot_id": "b1",
+                     "ranks": [[i, f"h{i + 1}", i + 1] for i in range(n_ranks)]}, "rows": rows}))
+    return str(path)
+
+
+def test_a_collective_measured_at_the_cells_own_host_count_is_read_there(tmp_path, capsys):
+    """``at_scale``: a configuration whose collective ran at its own rank count (3 workers: ring,
+    horovod, ps-colocated at 3 ranks; ps-sync at 3 workers + 1 server) reads it there: step = compute +
+    that collective at S (no 2-host extrapolation, no transport floor), split into the wire (its bytes at
+    the pattern's probed rate), latency (its smallest size's time) and CPU. Rank counts it did not
+    measure (4 workers) and asynchronous rows keep the 2-host calibration; the 2-host fits are unchanged;
+    the held-out cells stay unseen (one collective, no training step); the summary lists the host counts."""
+    d = _suite_dir(tmp_path / "fair" / "1gbit")
+    plain = calibrate(measured.load([str(d)]))
+    meas = measured.load([str(d)], scale=_scale_dir(tmp_path / "scale"))
+    cal = calibrate(meas, at_scale=True)
+    assert cal.fits == plain.fits and calibrate(meas).scale_points == {}
+    assert set(cal.scale_points) == {("1gbit", m, 3) for m in AT3} | {("1gbit", "ps", 4)}
+    for v, (a, b) in (("ring", AT3["ring"]), ("horovod", AT3["horovod"]),
+                      ("ps-sync:ps_colocated=true", AT3["ps-colocated"]), ("ps-sync", PS4)):
+        p = cal.predict("cnn", v, 3, "1gbit", S)
+        assert p.step_s == pytest.approx(p.compute_s + a + b * S, rel=1e-6), v
+        assert p.compute_s == pytest.approx(plain.predict("cnn", v, 3, "1gbit", S).compute_s)
+        assert "transport" not in p.terms and p.terms["latency"] == pytest.approx(a + b * 4)
+    ring = cal.predict("cnn", "ring", 3, "1gbit", S)
+    assert ring.terms["wire"] == pytest.approx(4 / 3 * S / (0.95 * B))       # its bytes at the ring pattern's rate
+    for v, w in (("ring", 4), ("horovod", 4), ("ps-async", 3), ("ring", 2), ("ps-sync:ps_replies=serial", 3)):
+        assert cal.predict("cnn", v, w, "1gbit", S).step_s == plain.predict("cnn", v, w, "1gbit", S).step_s
+    held = [c for c in meas.cells if c.workers >= 3]
+    assert held_out(cal, held)
+    out = tmp_path / "check.json"
+    assert advise_check.main([str(tmp_path / "fair"), "--at-scale", str(tmp_path / "scale"), "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["at_scale"] == str(tmp_path / "scale") and doc["summary"]["held_out"] is True
+    assert doc["summary"]["collectives_hosts"] == [2, 3, 4]
+    assert "at scale, each held-out cell reading its own rank count's collective: horovod 1gbit at 3" \
+        in capsys.readouterr().out
+    # without DIR, or a directory with no collectives at the rates measured: one line, status 2
+    assert advise_check.main(["--at-scale", str(tmp_path / "scale")]) == 2
+    assert "--at-scale goes with DIR" in capsys.readouterr().err
+    (tmp_path / "empty" / "200mbit").mkdir(parents=True)
+    with pytest.raises(UsageError, match="no collectives row at 1gbit"):
+        measured.load([str(d)], scale=str(tmp_path / "empty"))

@@ -117,10 +117,11 @@ def cluster_for(place: Mapping, workers: int, cores: int | None = None, factor: 
 
 def calibration_of(out_dir: str):
     """The calibration of ``hvdkit advise --calibrate DIR`` for a results directory
-    (:func:`hvdkit.advise.calibrate.calibrate` of :func:`hvdkit.advise.measured.load_dir`), or None where the
-    directory lacks what it needs (collectives at 2 hosts, a probed link)."""
+    (:func:`hvdkit.advise.calibrate.calibrate` of :func:`hvdkit.advise.measured.load_dir`, ``at_scale``: the
+    collectives it measured at more hosts are read by the configurations of their host count), or None where
+    the directory lacks what it needs (collectives at 2 hosts, a probed link)."""
     try:
-        cal = calibrate(load_dir(out_dir))
+        cal = calibrate(load_dir(out_dir), at_scale=True)
     except (UsageError, KeyError, TypeError, ValueError):
         return None
     return cal if cal.fits and len(cal.links) == 1 else None
