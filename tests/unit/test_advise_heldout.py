@@ -689,3 +689,22 @@ def test_a_collective_measured_at_the_cells_own_host_count_is_read_there(tmp_pat
     (tmp_path / "empty" / "200mbit").mkdir(parents=True)
     with pytest.raises(UsageError, match="no collectives row at 1gbit"):
         measured.load([str(d)], scale=str(tmp_path / "empty"))
+
+
+def test_a_suite_directory_with_collectives_at_more_hosts_is_read_at_scale(tmp_path):
+    """``hvdkit advise --calibrate DIR`` and the decision report calibrate on a suite directory whose
+    collectives ran at 2 ranks and at every slot (the suite's default on a place of hosts): the 3-rank
+    collective is read by the 3-worker configurations."""
+    import shutil
+
+    from hvdkit.advise.cli import _load_dir
+    from hvdkit.bench.report.advised import calibration_of
+
+    d = _suite_dir(tmp_path / "suite" / "1gbit")
+    _scale_dir(tmp_path / "scale")
+    shutil.copy(tmp_path / "scale" / "1gbit" / "collectives_np3.json", d / "collectives_np3.json")
+    a, b = AT3["ring"]
+    for cal in (calibration_of(str(d)), _load_dir(str(d))[1]):
+        assert ("1gbit", "ring", 3) in cal.scale_points
+        p = cal.predict("cnn", "ring", 3, "1gbit", S)
+        assert p.step_s == pytest.approx(p.compute_s + a + b * S, rel=1e-6)

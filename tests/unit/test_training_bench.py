@@ -467,3 +467,15 @@ def test_suite_without_training_skips_the_report_instead_of_failing(tmp_path, ca
     assert suite.main(["--skip", "collectives,training,convergence", "--out-dir", str(out)]) == 0
     steps = {st["step"]: st for st in json.loads((out / "suite.json").read_text())["steps"]}
     assert steps["report"]["status"] == "SKIPPED" and "training.json" in steps["report"]["error"], steps
+
+
+def test_suite_collectives_default_to_two_ranks_and_every_slot():
+    """Without --collectives-np: this host 2 and 4 (--quick: 2); other places 2 (the calibration of
+    hvdkit advise --calibrate DIR) and every slot (the collective at the job's own scale, read there),
+    --quick every slot alone; 2 slots once."""
+    from hvdkit.bench.suite import default_nps
+
+    assert default_nps("local", 2) == [2, 4] and default_nps("local", 2, quick=True) == [2]
+    assert default_nps("emulated", 5) == [2, 5] and default_nps("hosts", 4) == [2, 4]
+    assert default_nps("emulated", 3, quick=True) == [3]
+    assert default_nps("hosts", 2) == [2] and default_nps("slurm", 1) == [2]
