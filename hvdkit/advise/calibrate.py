@@ -178,8 +178,12 @@ class Calibration:
             ``hosts`` hosts, the small ones too (:meth:`collective_time` interpolates them).
         overhead: ``{(rate, model, variant): seconds at one full core}``: what a one-worker step of a
             row without network at one worker (a ring, a colocated PS) spends beyond its compute
-            (the harness's own split, ``Cell.base_ms``): the strategy's per-step copies. A floor of the
-            row's communication at more workers, not added to it (:meth:`predict`).
+            (the harness's own split, ``Cell.base_ms``): the strategy's per-step copies. Added to a
+            ring's communication at more workers (hvdkit's ring packs the gradient tensors into one
+            buffer and back, Horovod's grouped allreduce copies them through its fusion buffer, and
+            both average: the collectives benchmark sums one contiguous buffer, so none of that is in
+            its time); a floor of a colocated PS's (its benchmark runs the PS itself, the servers' apply
+            of the update included) (:meth:`predict`).
         a2a_frac: ``{rate: fraction}``: the transport's all-to-all rate as a share of the ring pattern's
             probed rate (:func:`a2a_fraction`, median of the ``mpi-a2a`` rows at 3 hosts or more, the
             default launch, the largest size measured if >= the fits' ``min_bytes``: a rate, not a
@@ -263,12 +267,15 @@ class Calibration:
         None where the calibration lacks the model's one-worker step or the method's collective.
 
         ``step = base / share + (latency + cpu) x share_fit / share + wire`` (sync), where base is the
-        one-worker step less its network, the collective's fit at 2 hosts is split by
+        one-worker step less its network; a configuration whose collective was measured at its own rank
+        count (:attr:`scale_points`) reads it there, split into wire (its bytes at the pattern's rate),
+        latency (its smallest size's time) and CPU (the rest); else the collective's fit at 2 hosts is split by
         :func:`~hvdkit.advise.model.split_fit` and scaled: latency by :func:`latency_steps`, wire by
         :func:`wire_factor` (a ring or colocated PS on more than 2 hosts at the probe's ring-pattern rate,
         every host sending and receiving at once, where cluster.json has it; a colocated PS at its
         all-to-all pattern's rate where the probe measured that), the CPU term of a ring and a colocated
-        PS by the wire factor (the bytes each rank copies and sums), of a dedicated PS kept (the worker's
+        PS by the wire factor (the bytes each rank copies and sums; a ring's plus the one-worker step's
+        copies, :attr:`overhead`, which are a floor of a colocated PS's), of a dedicated PS kept (the worker's
         own serialisation) plus
         :func:`~hvdkit.advise.model.server_serial_time` of the W - 1 other pushes; a colocated PS on
         more than 2 hosts at least its bytes at :attr:`a2a_frac` of the ring pattern's rate where the
@@ -345,9 +352,18 @@ class Calibration:
             cpu = parts["cpu"] * wire_factor(comm, workers) / wire_factor(comm, cal_workers)
             lat = parts["latency"] * latency_steps(comm, workers) / latency_steps(comm, cal_workers)
         compute = base / share
-        # the one-worker step's own copies (rows without network at one worker): a floor, not a sum
+        # the one-worker step's own copies (rows without network at one worker; Calibration.overhead)
         floor = self.overhead.get((rate, model, row.label), 0.0) / share if comm != "ps" else 0.0
-        cpu = max(cpu, (floor - wire) * share / share_fit - lat)
+        if comm == "ring":
+            # the collective measured alone sums one contiguous buffer; a training step's ring packs the
+            # gradient tensors into one and back (hvdkit's ring) or copies them through the fusion buffer
+            # (Horovod's grouped allreduce), and averages: the one-worker step's copies, added. On fair34
+            # (2-host calibration) this took Horovod on cnn at 1 Gbit/s from -30% to -24% and the max from
+            # 30% to 25%; as a floor it had been fixed on collectives measured every method in one
+            # launch, which held a ring's time up (docs/advise.md)
+            cpu += floor * share / share_fit
+        else:   # a colocated PS: its benchmark runs the PS itself (the servers' apply too): a floor
+            cpu = max(cpu, (floor - wire) * share / share_fit - lat)
         soft = (lat + cpu) * share_fit / share
         step = compute + soft + wire
         terms = {"compute": compute, "latency": lat * share_fit / share, "cpu": cpu * share_fit / share, "wire": wire}
