@@ -247,6 +247,18 @@ def _dir_predictions(cal, wl: Workload, cl: Cluster, opt: Options, rows, path: s
     return out
 
 
+def calibration_line(cal, cl: Cluster, path: str) -> str:
+    """The ``#`` line of ``--calibrate DIR``: the collectives it read at 2 hosts and those measured at this
+    cluster's own rank count (read as measured, :attr:`hvdkit.advise.calibrate.Calibration.scale_points`)."""
+    rate = min(cal.links, key=lambda r: abs(cal.links[r].link_Bps - cl.inter_Bps))
+    extra = lambda m: {"ps": 1, "ps2": 2}.get(m.split("-fp16")[0], 0)   # noqa: E731  dedicated servers
+    own = sorted({m for (r, m, n) in cal.scale_points if r == rate and n == cl.workers + extra(m)})
+    return (f"# calibrated on {path} at {rate}: collectives at {cal.hosts} hosts"
+            + (f"; at this cluster's own rank count, read as measured: {', '.join(own)}" if own else
+               f"; none at this cluster's {cl.workers} ranks (scaled from {cal.hosts} hosts; measure them with "
+               f"hvdkit-bench suite --collectives-np {cal.hosts},{cl.workers})"))
+
+
 def render_table(preds, wl: Workload, cl: Cluster, why: str) -> str:
     """The text table: ``#`` metadata lines, a header row and a units row, one row per strategy."""
     w = max([13] + [len(p.strategy) + 1 for p in preds])
@@ -324,6 +336,8 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
                           "recommendation": {"strategy": best.strategy if best else None, "reason": why}}, indent=1))
     else:
         print(render_table(preds, wl, cl, why))
+        if cal:
+            print(calibration_line(cal, cl, a.calibrate))
     if a.plot:
         _plot(a.plot, a, wl, opt, rows)
         if not a.json:

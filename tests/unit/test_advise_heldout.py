@@ -702,7 +702,7 @@ def test_a_collective_measured_at_the_cells_own_host_count_is_read_there(tmp_pat
         measured.load([str(d)], scale=str(tmp_path / "empty"))
 
 
-def test_a_suite_directory_with_collectives_at_more_hosts_is_read_at_scale(tmp_path):
+def test_a_suite_directory_with_collectives_at_more_hosts_is_read_at_scale(tmp_path, capsys):
     """``hvdkit advise --calibrate DIR`` and the decision report calibrate on a suite directory whose
     collectives ran at 2 ranks and at every slot (the suite's default on a place of hosts): the 3-rank
     collective is read by the 3-worker configurations."""
@@ -719,3 +719,11 @@ def test_a_suite_directory_with_collectives_at_more_hosts_is_read_at_scale(tmp_p
         assert ("1gbit", "ring", 3) in cal.scale_points
         p = cal.predict("cnn", "ring", 3, "1gbit", S)
         assert p.step_s == pytest.approx(p.compute_s + a + b * S, rel=1e-6)
+    # the text output says which collectives it read at the cluster's own rank count, or how to measure them
+    for hosts, line in ((3, "at this cluster's own rank count, read as measured: horovod, ps-colocated, ring"),
+                        (4, "none at this cluster's 4 ranks (scaled from 2 hosts; measure them with hvdkit-bench "
+                            "suite --collectives-np 2,4)")):
+        assert advise_main(["--model", "cnn", "--batch", "32", "--cluster", f"{hosts}x1:shm,1gbit", "--calibrate",
+                            str(d), "--strategies", "horovod,ring"]) == 0
+        out = capsys.readouterr().out
+        assert f"# calibrated on {d} at 1gbit: collectives at 2 hosts; {line}" in out, out
