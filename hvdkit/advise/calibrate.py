@@ -195,7 +195,8 @@ class Calibration:
             whose collective ran at its own rank count reads it there (:meth:`predict`) instead of
             extrapolating the 2-host one. Empty: the 2-host calibration alone.
         scale_fits: ``{(rate, method, ranks): (a_s, b_s_per_byte)}``: their Hockney fits at >= ``min_bytes``
-            (the slope beyond the largest size).
+            (the slope beyond the largest size). scale_quota: ``{(rate, method, ranks): cores}``, where they
+            ran under a CPU quota of their own (as ``fit_quota``).
     """
     fits: dict
     base: dict
@@ -210,13 +211,17 @@ class Calibration:
     a2a_frac: dict = field(default_factory=dict)
     scale_points: dict = field(default_factory=dict)
     scale_fits: dict = field(default_factory=dict)
+    scale_quota: dict = field(default_factory=dict)
 
-    def share(self, rate: str, ranks_on_host: int, ranks: int, threads: int = 1, method: str | None = None) -> float:
+    def share(self, rate: str, ranks_on_host: int, ranks: int, threads: int = 1, method: str | None = None,
+              scaled: bool = False) -> float:
         """:func:`~hvdkit.advise.model.cpu_share` of one busy thread of a job of ``ranks`` ranks of
         ``threads`` busy threads each (the row's ``busy_threads``) at ``rate``'s place (``method``: of
-        that collectives fit, under its own quota where it recorded one)."""
+        that collectives fit, under its own quota where it recorded one; ``scaled``: of that method's
+        collective measured at ``ranks``, :attr:`scale_points`)."""
         ln = self.links[rate]
-        quota = self.fit_quota.get((rate, method), ln.cpus_per_host) if method else ln.cpus_per_host
+        quotas, key = (self.scale_quota, (rate, method, ranks)) if scaled else (self.fit_quota, (rate, method))
+        quota = quotas.get(key, ln.cpus_per_host) if method else ln.cpus_per_host
         return cpu_share(ranks_on_host * threads, quota, ranks * threads if quota is None else None,
                          ln.cores if quota is None else None)
 
@@ -267,9 +272,10 @@ class Calibration:
         None where the calibration lacks the model's one-worker step or the method's collective.
 
         ``step = base / share + (latency + cpu) x share_fit / share + wire`` (sync), where base is the
-        one-worker step less its network; a configuration whose collective was measured at its own rank
-        count (:attr:`scale_points`) reads it there, split into wire (its bytes at the pattern's rate),
-        latency (its smallest size's time) and CPU (the rest); else the collective's fit at 2 hosts is split by
+        one-worker step less its network; a configuration whose own collective was measured at its rank
+        count (:attr:`scale_points`; one rank per host, a synchronous row, not ``ps_replies=serial``) reads
+        it there, split into wire (its bytes at the pattern's rate), latency (its smallest size's time) and
+        CPU (the rest); else the collective's fit at 2 hosts is split by
         :func:`~hvdkit.advise.model.split_fit` and scaled: latency by :func:`latency_steps`, wire by
         :func:`wire_factor` (a ring or colocated PS on more than 2 hosts at the probe's ring-pattern rate,
         every host sending and receiving at once, where cluster.json has it; a colocated PS at its
@@ -319,14 +325,19 @@ class Calibration:
         # one (a colocated PS: every worker to every shard, the all-to-all pattern; else the ring's)
         pattern_Bps = ln.a2a_Bps if comm == "colocated" and ln.a2a_Bps else ln.ring_Bps
         ring = ln.link_Bps / pattern_Bps if pattern_Bps and workers > 2 else 1.0
-        # the collective measured at this configuration's own rank count (at_scale), where the fit read
-        # is the row's own server count and reply schedule (the collectives' ps replies concurrently):
-        # nothing to extrapolate from 2 hosts, its transport included
-        same = (fit_method.startswith("ps2") or not method.startswith("ps2")) and not row.serial_replies
-        at = self.collective_time(rate, fit_method, n, ranks) if workers > 1 and not asynchronous and same \
-            else None
+        # the row's own collective measured at this configuration's rank count, one rank per host
+        # (at_scale; the float32 method on the fp16 bytes where only it was): nothing to extrapolate from
+        # 2 hosts, its transport included. Not for asynchronous rows (their queueing network reads the
+        # 2-host fit) nor ps_replies=serial (the benchmark's servers reply concurrently)
+        at = None
+        if workers > 1 and ranks_on_host == 1 and not asynchronous and not row.serial_replies:
+            for sm, sscale in ((method, 1.0), (method.split("-fp16")[0], row.wire_fraction)):
+                if (rate, sm, ranks) in self.scale_points:
+                    n, wf, fit_method = nbytes * sscale, row.wire_fraction / sscale, sm
+                    at = self.collective_time(rate, sm, n, ranks)
+                    break
         if at is not None:
-            share_fit = self.share(rate, 1, ranks, row.busy_threads, fit_method)
+            share_fit = self.share(rate, 1, ranks, row.busy_threads, fit_method, scaled=True)
             rate_Bps = ln.link_Bps if comm == "ps" else (pattern_Bps or ln.link_Bps)
             wire = min(at, wire_factor(comm, workers, k, row.serial_replies) * n * wf / rate_Bps)
             lat = min(at - wire, self.collective_time(rate, fit_method, 0.0, ranks))   # its smallest size's time
@@ -440,10 +451,12 @@ def calibrate(meas, hosts: int = 2, min_bytes: int = 1 << 20, at_scale: bool = F
             every.setdefault((r["rate"], r["method"]), []).append((r["bytes"], r["time_us"] / 1e6))
             if r["bytes"] >= min_bytes:
                 pts.setdefault((r["rate"], r["method"], r["ranks"]), []).append((r["bytes"], r["time_us"] / 1e6))
-    quota = {}
+    quota, squota = {}, {}
     for r in meas.collectives:
-        if "cpus_per_host" in r:
+        if "cpus_per_host" in r and r.get("hosts") == hosts:
             quota[(r.get("rate"), r["method"])] = r["cpus_per_host"]
+        elif "cpus_per_host" in r:
+            squota[(r.get("rate"), r["method"], r["ranks"])] = r["cpus_per_host"]
     scale: dict = {}
     for r in meas.collectives if at_scale else ():
         if (r.get("hosts") or 0) > hosts and r.get("slots", 1) == 1 and r.get("variant", "main") == "main" \
@@ -462,6 +475,8 @@ def calibrate(meas, hosts: int = 2, min_bytes: int = 1 << 20, at_scale: bool = F
         fit = _polyfit(big) if len(big) >= 2 else None
         if fit and key[1] != A2A_METHOD:
             cal.scale_points[key], cal.scale_fits[key] = tuple(sorted(xy)), fit
+            if key in squota:
+                cal.scale_quota[key] = squota[key]
             used.add(("collectives", *key))
     a2a: dict = {}
     for r in meas.collectives:   # the transport's all-to-all: mpi-a2a at >= 3 hosts, largest size per run

@@ -237,7 +237,8 @@ def _dir_predictions(cal, wl: Workload, cl: Cluster, opt: Options, rows, path: s
         raise UsageError(f"--calibrate {path}: the calibration is for one rank per host; this cluster has "
                          f"{cl.gpus_per_host} per host")
     rate = min(cal.links, key=lambda r: abs(cal.links[r].link_Bps - cl.inter_Bps))
-    fits = {(u[2], u[3]): cal.fits[(u[1], u[2])] for u in cal.used if u[0] == "collectives" and u[1] == rate}
+    fits = {(u[2], u[3]): cal.fits[(u[1], u[2])] for u in cal.used
+            if u[0] == "collectives" and u[1] == rate and u[3] == cal.hosts and (u[1], u[2]) in cal.fits}
     opt = replace(opt, fitted=fitted_options(fits, rows, cl.hosts))
     out = []
     for row in rows:
@@ -247,16 +248,28 @@ def _dir_predictions(cal, wl: Workload, cl: Cluster, opt: Options, rows, path: s
     return out
 
 
-def calibration_line(cal, cl: Cluster, path: str) -> str:
-    """The ``#`` line of ``--calibrate DIR``: the collectives it read at 2 hosts and those measured at this
-    cluster's own rank count (read as measured, :attr:`hvdkit.advise.calibrate.Calibration.scale_points`)."""
+def calibration_line(cal, cl: Cluster, path: str, rows) -> str:
+    """The ``#`` line of ``--calibrate DIR``: the rate read, and which of ``rows`` (priced rows) read their
+    collective as measured at this cluster's own rank count (:attr:`hvdkit.advise.calibrate.Calibration.scale_points`:
+    W ranks, a dedicated PS W + K), or how to measure them."""
+    from hvdkit.advise.calibrate import collective_method
     rate = min(cal.links, key=lambda r: abs(cal.links[r].link_Bps - cl.inter_Bps))
-    extra = lambda m: {"ps": 1, "ps2": 2}.get(m.split("-fp16")[0], 0)   # noqa: E731  dedicated servers
-    own = sorted({m for (r, m, n) in cal.scale_points if r == rate and n == cl.workers + extra(m)})
-    return (f"# calibrated on {path} at {rate}: collectives at {cal.hosts} hosts"
-            + (f"; at this cluster's own rank count, read as measured: {', '.join(own)}" if own else
-               f"; none at this cluster's {cl.workers} ranks (scaled from {cal.hosts} hosts; measure them with "
-               f"hvdkit-bench suite --collectives-np {cal.hosts},{cl.workers})"))
+    head = f"# calibrated on {path} at {rate}: collectives at {cal.hosts} hosts"
+    if cl.workers <= cal.hosts:
+        return head
+    own, need = [], set()
+    for row in rows:
+        method, ranks = collective_method(row, cl.workers)
+        if method is None or not row.hvdkit or row.staleness != 0 or row.serial_replies:
+            continue   # read from the 2-host calibration whatever DIR has (no method, asynchronous, serial)
+        need.add(ranks)
+        if any((rate, m, ranks) in cal.scale_points for m in (method, method.split("-fp16")[0])):
+            own.append(row.label)
+    if own:
+        return head + f"; at this cluster's own rank count, read as measured: {', '.join(own)}"
+    return head + (f"; none at this cluster's rank count (scaled from {cal.hosts} hosts; measure them with "
+                   f"hvdkit-bench suite --collectives-np {','.join(str(x) for x in sorted({cal.hosts} | need))})"
+                   if need else "")
 
 
 def render_table(preds, wl: Workload, cl: Cluster, why: str) -> str:
@@ -333,11 +346,13 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
                                     "compute_s": wl.compute_s, "batch": wl.batch},
                           "cluster": {k: v for k, v in vars(cl).items()}, "options": vars(opt),
                           "strategies": [vars(p) for p in preds],
-                          "recommendation": {"strategy": best.strategy if best else None, "reason": why}}, indent=1))
+                          "recommendation": {"strategy": best.strategy if best else None, "reason": why},
+                          **({"calibration": calibration_line(cal, cl, a.calibrate, rows)[2:]} if cal else {})},
+                         indent=1))
     else:
         print(render_table(preds, wl, cl, why))
         if cal:
-            print(calibration_line(cal, cl, a.calibrate))
+            print(calibration_line(cal, cl, a.calibrate, rows))
     if a.plot:
         _plot(a.plot, a, wl, opt, rows)
         if not a.json:

@@ -408,22 +408,26 @@ def load_files(training_path: str, collectives_path: str | None) -> Measured:
 
 def _scale_rows(path: str, links: dict) -> list[tuple[str, dict, list[dict]]]:
     """``[(file, its document, its rows), ...]``: the collectives files of ``path`` (a suite's ``--out-dir``
-    with ``collectives_np*.json`` or ``*collectives*.json``, or a directory of them, one per rate), each file's
-    rate its directory's: cluster.json's spec, else the directory's name; only rows at a rate of ``links``."""
+    with ``collectives_np*.json``, or ``cluster_collectives*.json``, in it or in a directory of them, one
+    per rate; each file once, by real path), each file's rate its directory's (cluster.json's spec, else
+    the directory's name); only the rows at a rate of ``links`` and on 3 hosts or more (a 2-host run
+    beside them is the calibration's, not this), and no ``mpi-a2a`` (the transport has its own flag)."""
     dirs = [path] + sorted(d for d in glob.glob(os.path.join(path, "*")) if os.path.isdir(d))
-    out = []
+    out, seen = [], set()
     for d in dirs:
         files = sorted(set(glob.glob(os.path.join(d, "collectives_np*.json")))
                        | set(glob.glob(os.path.join(d, "cluster_collectives*.json"))))
-        if not files:
-            continue
         cpath = os.path.join(d, "cluster.json")
-        cluster = read_json(cpath) if os.path.isfile(cpath) else None
+        cluster = read_json(cpath) if files and os.path.isfile(cpath) else None
         rate = _rate_of(cluster, {}, d)
         for p in files:
+            if os.path.realpath(p) in seen:
+                continue
+            seen.add(os.path.realpath(p))
             doc = read_json(p)
             rows = [r if r.get("rate") else {**r, "rate": rate} for r in _collective_rows(doc, rate, p)]
-            out.append((p, doc, [r for r in rows if r.get("rate") in links]))
+            out.append((p, doc, [r for r in rows if r.get("rate") in links and (r.get("hosts") or 0) >= 3
+                                 and r["method"] != "mpi-a2a"]))
     return out
 
 
@@ -432,17 +436,15 @@ def load(paths: list[str], collectives: str | None = None, transport: str | None
     """Directories (:func:`load_dir`) and/or one training file with ``collectives`` (:func:`load_files`);
     ``transport``: a collectives document (either format) whose ``mpi-a2a`` rows at 3 hosts or more
     measured the transport's all-to-all at the same rates (only those rows are added: its other
-    methods ran on other hosts than the 2-host fits).
-
-    Raises:
-    ``scale``: a directory of collectives measured at more hosts than the calibration's 2 (a suite run
-    with ``--collectives-np 3,4,5 --skip training,convergence``, one directory per rate), for
-    ``calibrate(..., at_scale=True)``: every row at a rate of the other inputs is added.
+    methods ran on other hosts than the 2-host fits). ``scale``: a directory of collectives measured at
+    more hosts than the calibration's 2 (a suite run with ``--collectives-np 3,4,5 --skip
+    training,convergence``, one directory per rate), for ``calibrate(..., at_scale=True)``: its rows on 3
+    hosts or more at a rate of the other inputs, no ``mpi-a2a`` (:func:`_scale_rows`).
 
     Raises:
         UsageError: a path that does not exist or read; a ``transport`` file with no ``mpi-a2a`` row at
             3 hosts or more of a rate the other inputs measured (names the command that measures one); a
-            ``scale`` directory with no collectives row at those rates.
+            ``scale`` directory with no collectives row on 3 hosts or more at those rates.
     """
     out = Measured()
     for p in paths:
@@ -469,7 +471,8 @@ def load(paths: list[str], collectives: str | None = None, transport: str | None
             raise UsageError(f"{scale}: not a directory; give the --out-dir of hvdkit-bench suite --collectives-np 3,4")
         got = _scale_rows(scale, out.links)
         if not any(rows for _, _, rows in got):
-            raise UsageError(f"{scale}: no collectives row at {', '.join(sorted(out.links))}; measure them with "
+            raise UsageError(f"{scale}: no collectives row on 3 hosts or more at {', '.join(sorted(out.links))}; "
+                             "measure them with "
                              "hvdkit-bench suite --collectives-apart --collectives-np 3,4 --skip training,convergence")
         for p, doc, rows in got:
             out.collectives += rows

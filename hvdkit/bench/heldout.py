@@ -178,7 +178,7 @@ def _transport(cal: Calibration) -> dict:
 def _boot_line(one: bool | None, boots: dict) -> str:
     """The markdown's line on where the measurements ran (:func:`hvdkit.advise.measured.provenance`)."""
     if one:
-        line = ("Machine: the 2-host collectives and the training cells (one-worker and held out) were measured "
+        line = ("Machine: the collectives and the training cells (one-worker and held out) were measured "
                 "in one boot of one machine (one boot id)")
         judged = set(boots.get("training", [])) | set(boots.get("collectives", []))
         if "transport" in boots and set(boots["transport"]) != judged:
@@ -204,7 +204,7 @@ def markdown(rows: Sequence[dict], summ: dict, cal: Calibration, title: str = ""
     used_t = sorted({(u[1], u[2], u[4]) for u in cal.used if u[0] == "cell"})
     out = [f"### Held-out validation{': ' + title if title else ''}", "",
            f"Calibrated on: the collectives at {cal.hosts} hosts ({', '.join(f'{m} {r}' for r, m, _ in used_c) or 'none'})"
-           + (f"; at scale, each held-out cell reading its own rank count's collective: "
+           + (f"; at scale (read by a held-out synchronous cell of that rank count, one rank per host): "
               f"{', '.join(f'{m} {r} at {n}' for r, m, n in scale)}" if scale else "")
            + f" and {len(used_t)} one-worker training cells"
            + "".join(f"; the transport's all-to-all at {r} (mpi-a2a at {', '.join(str(h) for h in hs)} hosts, no PS "

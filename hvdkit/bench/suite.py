@@ -73,9 +73,10 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="smoke test: every step in its --quick mode")
     p.add_argument("--skip", default="", help=f"comma-separated steps to skip: {', '.join(STEPS)}")
     p.add_argument("--collectives-np", default="", help="rank counts for collectives (default: this host 2,4; "
-                                                        "other places: 2 and every slot (--quick: every slot), "
-                                                        "the 2-host calibration of hvdkit advise --calibrate and "
-                                                        "the job's own scale; the later ones within the budget)")
+                                                        "other places: 2 and every slot where each host has one "
+                                                        "slot, the 2-host calibration of hvdkit advise --calibrate "
+                                                        "and the job's own scale, else (and --quick) every slot; "
+                                                        "the later ones within the budget)")
     p.add_argument("--budget", type=float, default=1800.0, help="seconds for the whole suite (default 1800)")
     p.add_argument("--training-args", default="", help="extra flags for hvdkit-bench training (the throughput grid)")
     p.add_argument("--convergence-args", default="", help="extra flags for hvdkit-bench training --measure convergence")
@@ -123,15 +124,17 @@ class _Suite:
         self.record(name, "SKIPPED", 0.0, [], why)
 
 
-def default_nps(kind: str, slots: int, quick: bool = False) -> list[int]:
+def default_nps(kind: str, slots: int, quick: bool = False, hosts: int | None = None) -> list[int]:
     """The collectives' rank counts without ``--collectives-np``: on this host 2 and 4 (``quick``: 2); on
-    other places 2, then every slot: the 2-rank run is what ``hvdkit advise --calibrate DIR`` and the report
-    calibrate on, the every-slot run the collective at the job's own scale, which they read there
-    (:func:`hvdkit.advise.calibrate.calibrate`'s ``at_scale``; docs/advise.md); ``quick``: every slot alone."""
+    other places every slot, after 2 where every host has one slot (``hosts`` = ``slots``): the 2-rank run
+    is then the 2-host calibration of ``hvdkit advise --calibrate DIR`` and the report, the every-slot run
+    the collective at the job's own scale, which they read there (:func:`hvdkit.advise.calibrate.calibrate`'s
+    ``at_scale``; docs/advise.md). That calibration is for one rank per host, and the jobs fill the hosts'
+    slots in order, so with more slots per host (or ``quick``) every slot alone."""
     if kind == "local":
         return [2] if quick else [2, 4]
     every = max(2, slots)
-    return [every] if quick or every == 2 else [2, every]
+    return [every] if quick or every == 2 or (hosts is not None and hosts != slots) else [2, every]
 
 
 def _collectives(s: _Suite, place, a, nps: list[int]) -> None:
@@ -280,7 +283,7 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
             place.out_dir_ok(out)
             meta["place"] = place.describe()
             if not nps:
-                nps = default_nps(place.kind, place.slots, a.quick)
+                nps = default_nps(place.kind, place.slots, a.quick, len(place.hosts))
             if "collectives" not in skip:
                 s.n += len(nps) - 1   # one step per rank count (the log's "step i/n")
                 _collectives(s, place, a, nps)

@@ -527,9 +527,10 @@ def test_one_worker_copies_add_to_a_ring_and_floor_a_colocated_ps(tmp_path):
     for r in doc["rows"]:
         if r["variant"] == "ring" and r["workers"] == 1:
             r["comm_ms"] = 10.0                                         # 22-23 ms steps, 10 ms of copies
-    doc["rows"] += _rows("ps-sync:ps_colocated=true", 1, [40.0])
-    for r in doc["rows"][-1:]:
-        r["comm_ms"] = 30.0                                             # 10 ms of compute, 30 ms of copies
+    doc["rows"] += _rows("ps-sync:ps_colocated=true", 1, [40.0]) + _rows("ps-sync:ps_colocated=true", 1, [110.0],
+                                                                          model="mlp")
+    doc["rows"][-2]["comm_ms"] = 30.0                                   # 10 ms of compute, 30 ms of copies
+    doc["rows"][-1]["comm_ms"] = 100.0                                  # 10 ms of compute, 100 ms of copies
     (d / "training.json").write_text(json.dumps(doc))
     cal = calibrate(measured.load_dir(str(d)))
     p1, p2 = (cal.predict("cnn", "ring", w, "1gbit", S) for w in (1, 2))
@@ -543,6 +544,9 @@ def test_one_worker_copies_add_to_a_ring_and_floor_a_colocated_ps(tmp_path):
     a, b = FITS["ps-colocated"]
     assert a + b * S > 0.030                                            # the collective exceeds the copies
     assert c2.step_s == pytest.approx(c1.compute_s + a + b * S, rel=0.01)           # the floor is not added
+    m2 = cal.predict("mlp", colo, 2, "1gbit", S)                        # copies longer than the collective:
+    assert m2.step_s == pytest.approx(0.110, rel=0.01)                 # the floor holds
+    assert m2.step_s > m2.compute_s + a + b * S + 0.020
 
 
 def _stamp(path, training_boot, collectives_boot):
@@ -663,28 +667,41 @@ def _scale_dir(path):
 
 
 def test_a_collective_measured_at_the_cells_own_host_count_is_read_there(tmp_path, capsys):
-    """``at_scale``: a configuration whose collective ran at its own rank count (3 workers: ring,
-    horovod, ps-colocated at 3 ranks; ps-sync at 3 workers + 1 server) reads it there: step = compute +
-    that collective at S (no 2-host extrapolation, no transport floor), split into the wire (its bytes at
-    the pattern's probed rate), latency (its smallest size's time) and CPU. Rank counts it did not
-    measure (4 workers) and asynchronous rows keep the 2-host calibration; the 2-host fits are unchanged;
-    the held-out cells stay unseen (one collective, no training step); the summary lists the host counts."""
+    """``at_scale``: a configuration whose own collective ran at its rank count (3 workers: ring, horovod,
+    ps-colocated at 3 ranks; ps-sync at 3 workers + 1 server) reads it there: step = compute + that
+    collective at S (no 2-host extrapolation, no transport floor) + a ring's one-worker copies, split into
+    the wire (its bytes at the pattern's probed rate), latency (its smallest size's time) and CPU. Rank
+    counts it did not measure (4 workers; ps2 at 2 workers is 4 ranks, where only the one-server ps ran),
+    asynchronous rows and ps_replies=serial keep the 2-host calibration; the 2-host fits are unchanged; the
+    held-out cells stay unseen (one collective, no training step); the summary lists the host counts."""
     d = _suite_dir(tmp_path / "fair" / "1gbit")
-    plain = calibrate(measured.load([str(d)]))
-    meas = measured.load([str(d)], scale=_scale_dir(tmp_path / "scale"))
+    doc = json.loads((d / "training.json").read_text())
+    for r in doc["rows"]:
+        if r["variant"] == "ring" and r["workers"] == 1:
+            r["comm_ms"] = 10.0                                         # the ring's one-worker copies: 10 ms
+    (d / "training.json").write_text(json.dumps(doc))
+    a2a = _transport_file(tmp_path / "a2a.json")
+    plain = calibrate(measured.load([str(d)], transport=a2a))
+    meas = measured.load([str(d)], transport=a2a, scale=_scale_dir(tmp_path / "scale"))
     cal = calibrate(meas, at_scale=True)
     assert cal.fits == plain.fits and calibrate(meas).scale_points == {}
     assert set(cal.scale_points) == {("1gbit", m, 3) for m in AT3} | {("1gbit", "ps", 4)}
-    for v, (a, b) in (("ring", AT3["ring"]), ("horovod", AT3["horovod"]),
-                      ("ps-sync:ps_colocated=true", AT3["ps-colocated"]), ("ps-sync", PS4)):
+    colo = "ps-sync:ps_colocated=true"
+    assert "transport" in plain.predict("cnn", colo, 3, "1gbit", S).terms   # the floor the 2-host path adds
+    for v, (a, b), copies in (("ring", AT3["ring"], 0.010), ("horovod", AT3["horovod"], 0.0),
+                              (colo, AT3["ps-colocated"], 0.0), ("ps-sync", PS4, 0.0)):
         p = cal.predict("cnn", v, 3, "1gbit", S)
-        assert p.step_s == pytest.approx(p.compute_s + a + b * S, rel=1e-6), v
+        assert p.step_s == pytest.approx(p.compute_s + a + b * S + copies, rel=1e-6), v
         assert p.compute_s == pytest.approx(plain.predict("cnn", v, 3, "1gbit", S).compute_s)
         assert "transport" not in p.terms and p.terms["latency"] == pytest.approx(a + b * 4)
     ring = cal.predict("cnn", "ring", 3, "1gbit", S)
     assert ring.terms["wire"] == pytest.approx(4 / 3 * S / (0.95 * B))       # its bytes at the ring pattern's rate
-    for v, w in (("ring", 4), ("horovod", 4), ("ps-async", 3), ("ring", 2), ("ps-sync:ps_replies=serial", 3)):
-        assert cal.predict("cnn", v, w, "1gbit", S).step_s == plain.predict("cnn", v, w, "1gbit", S).step_s
+    for v, w in (("ring", 4), ("horovod", 4), ("ps-async", 3), ("ring", 2), ("ps-sync:ps_replies=serial", 3),
+                 ("ps-sync:num_servers=2", 2)):
+        assert cal.predict("cnn", v, w, "1gbit", S).step_s == plain.predict("cnn", v, w, "1gbit", S).step_s, v
+    # two ranks per host: the 3-rank collective ran one per host, so it is not this job's
+    assert cal.predict("cnn", "ring", 3, "1gbit", S, ranks_on_host=2).step_s == \
+        plain.predict("cnn", "ring", 3, "1gbit", S, ranks_on_host=2).step_s
     held = [c for c in meas.cells if c.workers >= 3]
     assert held_out(cal, held)
     out = tmp_path / "check.json"
@@ -692,14 +709,19 @@ def test_a_collective_measured_at_the_cells_own_host_count_is_read_there(tmp_pat
     doc = json.loads(out.read_text())
     assert doc["at_scale"] == str(tmp_path / "scale") and doc["summary"]["held_out"] is True
     assert doc["summary"]["collectives_hosts"] == [2, 3, 4]
-    assert "at scale, each held-out cell reading its own rank count's collective: horovod 1gbit at 3" \
-        in capsys.readouterr().out
-    # without DIR, or a directory with no collectives at the rates measured: one line, status 2
+    assert "at scale (read by a held-out synchronous cell of that rank count, one rank per host): horovod 1gbit " \
+        "at 3" in capsys.readouterr().out
+    # without DIR, or a directory with no collectives on 3 hosts or more at the rates measured (a 2-host run,
+    # another rate): one line, status 2
     assert advise_check.main(["--at-scale", str(tmp_path / "scale")]) == 2
     assert "--at-scale goes with DIR" in capsys.readouterr().err
-    (tmp_path / "empty" / "200mbit").mkdir(parents=True)
-    with pytest.raises(UsageError, match="no collectives row at 1gbit"):
-        measured.load([str(d)], scale=str(tmp_path / "empty"))
+    (tmp_path / "other" / "200mbit").mkdir(parents=True)
+    (tmp_path / "other" / "1gbit").mkdir(parents=True)
+    (tmp_path / "other" / "200mbit" / "collectives_np3.json").write_text(
+        (tmp_path / "scale" / "1gbit" / "collectives_np3.json").read_text())
+    (tmp_path / "other" / "1gbit" / "collectives_np2.json").write_text((d / "collectives_np2.json").read_text())
+    with pytest.raises(UsageError, match="no collectives row on 3 hosts or more at 1gbit"):
+        measured.load([str(d)], scale=str(tmp_path / "other"))
 
 
 def test_a_suite_directory_with_collectives_at_more_hosts_is_read_at_scale(tmp_path, capsys):
@@ -713,17 +735,20 @@ def test_a_suite_directory_with_collectives_at_more_hosts_is_read_at_scale(tmp_p
 
     d = _suite_dir(tmp_path / "suite" / "1gbit")
     _scale_dir(tmp_path / "scale")
-    shutil.copy(tmp_path / "scale" / "1gbit" / "collectives_np3.json", d / "collectives_np3.json")
+    for n in (3, 4):
+        shutil.copy(tmp_path / "scale" / "1gbit" / f"collectives_np{n}.json", d / f"collectives_np{n}.json")
     a, b = AT3["ring"]
     for cal in (calibration_of(str(d)), _load_dir(str(d))[1]):
         assert ("1gbit", "ring", 3) in cal.scale_points
         p = cal.predict("cnn", "ring", 3, "1gbit", S)
         assert p.step_s == pytest.approx(p.compute_s + a + b * S, rel=1e-6)
     # the text output says which collectives it read at the cluster's own rank count, or how to measure them
-    for hosts, line in ((3, "at this cluster's own rank count, read as measured: horovod, ps-colocated, ring"),
-                        (4, "none at this cluster's 4 ranks (scaled from 2 hosts; measure them with hvdkit-bench "
-                            "suite --collectives-np 2,4)")):
+    for hosts, line in ((3, "; at this cluster's own rank count, read as measured: horovod, ring, ps-sync"),
+                        (4, "; none at this cluster's rank count (scaled from 2 hosts; measure them with hvdkit-bench "
+                            "suite --collectives-np 2,4,5)"), (2, "")):
         assert advise_main(["--model", "cnn", "--batch", "32", "--cluster", f"{hosts}x1:shm,1gbit", "--calibrate",
-                            str(d), "--strategies", "horovod,ring"]) == 0
+                            str(d), "--strategies", "horovod,ring,ps-sync,ps-async"]) == 0
         out = capsys.readouterr().out
-        assert f"# calibrated on {d} at 1gbit: collectives at 2 hosts; {line}" in out, out
+        assert f"# calibrated on {d} at 1gbit: collectives at 2 hosts{line}\n" in out, out
+    assert advise_main(["--model", "cnn", "--cluster", "3x1:shm,1gbit", "--calibrate", str(d), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["calibration"].startswith(f"calibrated on {d} at 1gbit")

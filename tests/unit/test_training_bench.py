@@ -470,12 +470,14 @@ def test_suite_without_training_skips_the_report_instead_of_failing(tmp_path, ca
 
 
 def test_suite_collectives_default_to_two_ranks_and_every_slot():
-    """Without --collectives-np: this host 2 and 4 (--quick: 2); other places 2 (the calibration of
-    hvdkit advise --calibrate DIR) and every slot (the collective at the job's own scale, read there),
-    --quick every slot alone; 2 slots once."""
+    """Without --collectives-np: this host 2 and 4 (--quick: 2); other places of one slot per host 2 (the
+    calibration of hvdkit advise --calibrate DIR) and every slot (the collective at the job's own scale,
+    read there); --quick, or hosts of more slots (the ranks fill them in order), every slot alone; 2 slots once."""
     from hvdkit.bench.suite import default_nps
 
     assert default_nps("local", 2) == [2, 4] and default_nps("local", 2, quick=True) == [2]
     assert default_nps("emulated", 5) == [2, 5] and default_nps("hosts", 4) == [2, 4]
     assert default_nps("emulated", 3, quick=True) == [3]
     assert default_nps("hosts", 2) == [2] and default_nps("slurm", 1) == [2]
+    assert default_nps("hosts", 8, hosts=2) == [8]                     # 2 hosts x 4: the 2 ranks would share one
+    assert default_nps("emulated", 4, hosts=4) == [2, 4]

@@ -40,7 +40,8 @@ __all__ = ["advise_variant", "calibrated", "calibration_of", "workload_for", "cl
 #: (bytes/s, one-way latency s, label) of the inter-host link a projection from one host assumes
 ASSUMED_LINK = (10e9 / 8, presets.TCP_LATENCY, "10 Gbit/s Ethernet, 30 us (assumed: no link was probed)")
 PREDICTION_METHOD = ("throughput cells of a directory with collectives at 2 hosts: `hvdkit advise --calibrate DIR` "
-                     "(calibrated on those collectives and the one-worker steps only); otherwise the formulas with "
+                     "(calibrated on those collectives, the directory's collectives at a cell's own host count where "
+                     "it measured them, and the one-worker steps only); otherwise the formulas with "
                      "the workload: the cell's gradient bytes as one tensor, as compute the same model's 1-worker "
                      "step less its communication and wait (compute, data, the harness's own time); the cluster: "
                      "the hosts the worker ranks fill, the probed links' median rate and half their median round "
