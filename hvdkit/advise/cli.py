@@ -199,6 +199,9 @@ def _calibrated(path: str, cl: Cluster, opt: Options, rows) -> Options:
     if cl.gpus_per_host != 1:
         raise UsageError(f"--calibrate {path}: fits are per rank count with one rank per host; this cluster has "
                          f"{cl.gpus_per_host} per host")
+    if not os.path.exists(path):
+        raise UsageError(f"--calibrate {path}: no such file or directory; give the --out-dir of hvdkit-bench suite "
+                         "(or training), or a cluster-collectives --json file")
     try:
         with open(path, encoding="utf-8") as fh:
             fits = fit_collectives(json.load(fh), cl.inter_Bps)
@@ -267,9 +270,10 @@ def calibration_line(cal, cl: Cluster, path: str, rows) -> str:
             own.append(row.label)
     if own:
         return head + f"; at this cluster's own rank count, read as measured: {', '.join(own)}"
+    servers = " counting a dedicated PS's servers" if any(x > cl.workers for x in need) else ""
     return head + (f"; none at this cluster's rank count (scaled from {cal.hosts} hosts; measure them with "
-                   f"hvdkit-bench suite --collectives-np {','.join(str(x) for x in sorted({cal.hosts} | need))})"
-                   if need else "")
+                   f"hvdkit-bench suite --collectives-np {','.join(str(x) for x in sorted({cal.hosts} | need))}"
+                   f"{servers})" if need else "")
 
 
 def render_table(preds, wl: Workload, cl: Cluster, why: str) -> str:
@@ -340,7 +344,14 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
     except UsageError as e:
         print(f"hvdkit: error: {e}", file=sys.stderr)
         return 2
-    best, why = recommend(preds, a.max_staleness) if any(p.hvdkit for p in preds) else (None, "no hvdkit row chosen")
+    # with --calibrate DIR, compare calibrated rows with calibrated rows: a formula row left uncalibrated
+    # (no collective of its kind in DIR) under-predicts on a CPU-bound place
+    fixed = [p for p in preds if p.efficiency_kind == "scaling" and p.hvdkit] if cal else []
+    pool = fixed or preds
+    best, why = recommend(pool, a.max_staleness) if any(p.hvdkit for p in pool) else (None, "no hvdkit row chosen")
+    if fixed and len(fixed) < sum(p.hvdkit for p in preds):
+        why += (f" (among the {len(fixed)} row{'s' if len(fixed) != 1 else ''} calibrated on {a.calibrate}; "
+                "the others keep their formulas)")
     if a.json:
         print(json.dumps({"model": {"name": wl.name, "gradient_bytes": wl.nbytes, "tensors": len(wl.tensor_bytes),
                                     "compute_s": wl.compute_s, "batch": wl.batch},

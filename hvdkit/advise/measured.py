@@ -340,8 +340,11 @@ def load_dir(path: str) -> Measured:
     if not os.path.isfile(tj):
         subs = sorted(d for d in glob.glob(os.path.join(path, "*")) if os.path.isfile(os.path.join(d, "training.json")))
         if not subs:
+            colls = glob.glob(os.path.join(path, "*collectives*.json")) + glob.glob(os.path.join(path, "*", "*collectives*.json"))
             raise UsageError(f"{path}: no training.json in it or in a directory below; run `hvdkit-bench training "
-                             f"--out-dir {path}` (or the suite) first")
+                             f"--out-dir {path}` (or the suite) first"
+                             + ("; it holds collectives only: put them beside a training.json (hvdkit advise "
+                                "--calibrate), or give it as --at-scale DIR (hvdkit-bench advise-check)" if colls else ""))
         out = Measured()
         for d in subs:
             out.extend(load_dir(d))

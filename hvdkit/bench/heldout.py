@@ -191,8 +191,10 @@ def _boot_line(one: bool | None, boots: dict) -> str:
     if "real hosts" in boots:
         return ("Machine: real hosts, each booted apart: the documents' boot ids (the driver's, a rank 0's) "
                 "cannot say whether the hosts changed between the calibration and the cells.")
-    return ("Machine: not recorded (documents written before boot ids were): whether the calibration and the "
-            "held-out cells ran on one machine is unknown.")
+    some = any(i for kind in ("training", "collectives") for i in boots.get(kind, []))
+    return ("Machine: not recorded " + ("for every document (some were written before boot ids were)" if some else
+                                        "(documents written before boot ids were)")
+            + ": whether the calibration and the held-out cells ran on one machine is unknown.")
 
 
 def markdown(rows: Sequence[dict], summ: dict, cal: Calibration, title: str = "",

@@ -708,9 +708,14 @@ def test_a_collective_measured_at_the_cells_own_host_count_is_read_there(tmp_pat
     assert advise_check.main([str(tmp_path / "fair"), "--at-scale", str(tmp_path / "scale"), "--json", str(out)]) == 0
     doc = json.loads(out.read_text())
     assert doc["at_scale"] == str(tmp_path / "scale") and doc["summary"]["held_out"] is True
-    assert doc["summary"]["collectives_hosts"] == [2, 3, 4]
+    assert doc["summary"]["collectives_hosts"] == [2, 3, 4] and doc["summary"]["one_boot"] is None
+    printed = capsys.readouterr().out
     assert "at scale (read by a held-out synchronous cell of that rank count, one rank per host): horovod 1gbit " \
-        "at 3" in capsys.readouterr().out
+        "at 3" in printed
+    # the scale files record a boot, the suite's do not: neither true nor false, and said so
+    assert "Machine: not recorded for every document (some were written before boot ids were)" in printed
+    with pytest.raises(UsageError, match="it holds collectives only: put them beside a training.json"):
+        measured.load_dir(str(tmp_path / "scale"))
     # without DIR, or a directory with no collectives on 3 hosts or more at the rates measured (a 2-host run,
     # another rate): one line, status 2
     assert advise_check.main(["--at-scale", str(tmp_path / "scale")]) == 2
@@ -745,10 +750,18 @@ def test_a_suite_directory_with_collectives_at_more_hosts_is_read_at_scale(tmp_p
     # the text output says which collectives it read at the cluster's own rank count, or how to measure them
     for hosts, line in ((3, "; at this cluster's own rank count, read as measured: horovod, ring, ps-sync"),
                         (4, "; none at this cluster's rank count (scaled from 2 hosts; measure them with hvdkit-bench "
-                            "suite --collectives-np 2,4,5)"), (2, "")):
+                            "suite --collectives-np 2,4,5 counting a dedicated PS's servers)"), (2, "")):
         assert advise_main(["--model", "cnn", "--batch", "32", "--cluster", f"{hosts}x1:shm,1gbit", "--calibrate",
                             str(d), "--strategies", "horovod,ring,ps-sync,ps-async"]) == 0
         out = capsys.readouterr().out
         assert f"# calibrated on {d} at 1gbit: collectives at 2 hosts{line}\n" in out, out
     assert advise_main(["--model", "cnn", "--cluster", "3x1:shm,1gbit", "--calibrate", str(d), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["calibration"].startswith(f"calibrated on {d} at 1gbit")
+    # compare calibrated rows with calibrated rows: tf-multiworker keeps its formula, so it is not recommended
+    assert advise_main(["--model", "cnn", "--batch", "32", "--cluster", "3x1:shm,1gbit", "--calibrate", str(d),
+                        "--strategies", "ring,tf-multiworker"]) == 0
+    rec = [x for x in capsys.readouterr().out.splitlines() if x.startswith("recommendation:")][0]
+    assert rec.startswith("recommendation: ring:") and f"(among the 1 row calibrated on {d}" in rec, rec
+    assert advise_main(["--model", "cnn", "--cluster", "3x1:shm,1gbit", "--calibrate", str(tmp_path / "none")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no such file or directory; give the --out-dir" in err
