@@ -225,13 +225,17 @@ class Calibration:
         return cpu_share(ranks_on_host * threads, quota, ranks * threads if quota is None else None,
                          ln.cores if quota is None else None)
 
+    def base_key(self, rate: str, model: str, label: str) -> tuple | None:
+        """The key of :meth:`base_of`'s base: ``(rate, model, label)``, else the model's horovod (else
+        ring) one at ``rate``, else None."""
+        return next((key for key in ((rate, model, label), (rate, model, "horovod"), (rate, model, "ring"))
+                     if key in self.base), None)
+
     def base_of(self, rate: str, model: str, label: str) -> float | None:
         """The one-worker base of ``label`` (seconds at one full core): its own, else the model's
         horovod (else ring) base at ``rate``, else None."""
-        for key in ((rate, model, label), (rate, model, "horovod"), (rate, model, "ring")):
-            if key in self.base:
-                return self.base[key]
-        return None
+        key = self.base_key(rate, model, label)
+        return self.base[key] if key else None
 
     def collective_time(self, rate: str, method: str, nbytes: float, ranks: int | None = None) -> float | None:
         """Seconds of ``method``'s collective of ``nbytes`` at ``hosts`` hosts, from its measured sizes:
@@ -364,7 +368,8 @@ class Calibration:
             lat = parts["latency"] * latency_steps(comm, workers) / latency_steps(comm, cal_workers)
         compute = base / share
         # the one-worker step's own copies (rows without network at one worker; Calibration.overhead)
-        floor = self.overhead.get((rate, model, row.label), 0.0) / share if comm != "ps" else 0.0
+        # (a row with no one-worker cell of its own, e.g. advise's horovod-hier: those of the step whose base it took)
+        floor = self.overhead.get(self.base_key(rate, model, row.label), 0.0) / share if comm != "ps" else 0.0
         if comm == "ring":
             # the collective measured alone sums one contiguous buffer; a training step's ring packs the
             # gradient tensors into one and back (hvdkit's ring) or copies them through the fusion buffer

@@ -245,7 +245,8 @@ def _dir_predictions(cal, wl: Workload, cl: Cluster, opt: Options, rows, path: s
     opt = replace(opt, fitted=fitted_options(fits, rows, cl.hosts))
     out = []
     for row in rows:
-        cal.base.setdefault((rate, wl.name, row.label), wl.compute_s)   # a model the DIR did not measure
+        if cal.base_of(rate, wl.name, row.label) is None:   # a model the DIR did not measure: the workload's
+            cal.base[(rate, wl.name, row.label)] = wl.compute_s   # (a row it did not: the model's horovod base)
         p = cal.predict(wl.name, row.label, cl.workers, rate, wl.nbytes, wl.batch) if row.hvdkit else None
         out.append(p or predict(wl, cl, opt, [row])[0])
     return out
