@@ -237,6 +237,21 @@ class Calibration:
         key = self.base_key(rate, model, label)
         return self.base[key] if key else None
 
+    def scale_read(self, row, rate: str, workers: int, ranks_on_host: int = 1) -> tuple[str, float] | None:
+        """``(method, bytes scale)`` of the collective measured at scale (:attr:`scale_points`) that ``row``
+        (:class:`~hvdkit.advise.predict.Priced`) reads with ``workers`` workers at ``rate``: its own method at
+        its rank count (W; a dedicated PS W + K), else the float32 method on ``wire_fraction`` of the bytes
+        (an ``-fp16`` row); None where it reads the 2-host calibration: one worker, more than one rank per
+        host (the collectives ran one per host), an asynchronous row (its queueing network reads the 2-host
+        fit), ``ps_replies=serial`` (the benchmark's servers reply concurrently), or nothing measured."""
+        method, ranks = collective_method(row, workers)
+        if method is None or workers <= 1 or ranks_on_host != 1 or row.staleness != 0 or row.serial_replies:
+            return None
+        for m, scale in ((method, 1.0), (method.split("-fp16")[0], row.wire_fraction)):
+            if (rate, m, ranks) in self.scale_points:
+                return m, scale
+        return None
+
     def collective_time(self, rate: str, method: str, nbytes: float, ranks: int | None = None) -> float | None:
         """Seconds of ``method``'s collective of ``nbytes`` at ``hosts`` hosts, from its measured sizes:
         linear between the two measured sizes around ``nbytes``, the smallest size's time below them,
@@ -329,17 +344,14 @@ class Calibration:
         # one (a colocated PS: every worker to every shard, the all-to-all pattern; else the ring's)
         pattern_Bps = ln.a2a_Bps if comm == "colocated" and ln.a2a_Bps else ln.ring_Bps
         ring = ln.link_Bps / pattern_Bps if pattern_Bps and workers > 2 else 1.0
-        # the row's own collective measured at this configuration's rank count, one rank per host
-        # (at_scale; the float32 method on the fp16 bytes where only it was): nothing to extrapolate from
-        # 2 hosts, its transport included. Not for asynchronous rows (their queueing network reads the
-        # 2-host fit) nor ps_replies=serial (the benchmark's servers reply concurrently)
+        # the row's own collective measured at this configuration's rank count: nothing to extrapolate
+        # from 2 hosts, its transport included (scale_read)
         at = None
-        if workers > 1 and ranks_on_host == 1 and not asynchronous and not row.serial_replies:
-            for sm, sscale in ((method, 1.0), (method.split("-fp16")[0], row.wire_fraction)):
-                if (rate, sm, ranks) in self.scale_points:
-                    n, wf, fit_method = nbytes * sscale, row.wire_fraction / sscale, sm
-                    at = self.collective_time(rate, sm, n, ranks)
-                    break
+        got_scale = self.scale_read(row, rate, workers, ranks_on_host)
+        if got_scale:
+            sm, sscale = got_scale
+            n, wf, fit_method = nbytes * sscale, row.wire_fraction / sscale, sm
+            at = self.collective_time(rate, sm, n, ranks)
         if at is not None:
             share_fit = self.share(rate, 1, ranks, row.busy_threads, fit_method, scaled=True)
             rate_Bps = ln.link_Bps if comm == "ps" else (pattern_Bps or ln.link_Bps)

@@ -239,7 +239,7 @@ def _dir_predictions(cal, wl: Workload, cl: Cluster, opt: Options, rows, path: s
     if cl.gpus_per_host != 1:
         raise UsageError(f"--calibrate {path}: the calibration is for one rank per host; this cluster has "
                          f"{cl.gpus_per_host} per host")
-    rate = min(cal.links, key=lambda r: abs(cal.links[r].link_Bps - cl.inter_Bps))
+    rate = _rate_of(cal, cl)
     fits = {(u[2], u[3]): cal.fits[(u[1], u[2])] for u in cal.used
             if u[0] == "collectives" and u[1] == rate and u[3] == cal.hosts and (u[1], u[2]) in cal.fits}
     opt = replace(opt, fitted=fitted_options(fits, rows, cl.hosts))
@@ -252,12 +252,17 @@ def _dir_predictions(cal, wl: Workload, cl: Cluster, opt: Options, rows, path: s
     return out
 
 
+def _rate_of(cal, cl: Cluster) -> str:
+    """The calibration's rate whose probed link is nearest the cluster's."""
+    return min(cal.links, key=lambda r: abs(cal.links[r].link_Bps - cl.inter_Bps))
+
+
 def calibration_line(cal, cl: Cluster, path: str, rows) -> str:
     """The ``#`` line of ``--calibrate DIR``: the rate read, and which of ``rows`` (priced rows) read their
     collective as measured at this cluster's own rank count (:attr:`hvdkit.advise.calibrate.Calibration.scale_points`:
     W ranks, a dedicated PS W + K), or how to measure them."""
     from hvdkit.advise.calibrate import collective_method
-    rate = min(cal.links, key=lambda r: abs(cal.links[r].link_Bps - cl.inter_Bps))
+    rate = _rate_of(cal, cl)
     head = f"# calibrated on {path} at {rate}: collectives at {cal.hosts} hosts"
     if cl.workers <= cal.hosts:
         return head
@@ -267,7 +272,7 @@ def calibration_line(cal, cl: Cluster, path: str, rows) -> str:
         if method is None or not row.hvdkit or row.staleness != 0 or row.serial_replies:
             continue   # read from the 2-host calibration whatever DIR has (no method, asynchronous, serial)
         need.add(ranks)
-        if any((rate, m, ranks) in cal.scale_points for m in (method, method.split("-fp16")[0])):
+        if cal.scale_read(row, rate, cl.workers):
             own.append(row.label)
     if own:
         return head + f"; at this cluster's own rank count, read as measured: {', '.join(own)}"
