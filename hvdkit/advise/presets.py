@@ -96,13 +96,18 @@ def parse_cluster(text: str, accelerator: str = "gpu") -> Cluster:
                          "e.g. 16x8:nvlink,25gbit or 4x1:shm,1gbit,100us")
     h, g = int(m.group(1)), int(m.group(2))
     intra = (m.group(3) or ("shm" if accelerator == "cpu" else "nvlink")).strip().lower()
-    if intra in INTRA:
-        intra_Bps, intra_lat = INTRA[intra]
-    else:
-        intra_Bps, intra_lat = costs.parse_rate(intra) / 8, INTRA["pcie"][1]
+    try:
+        intra_Bps, intra_lat = INTRA[intra] if intra in INTRA else (costs.parse_rate(intra) / 8, INTRA["pcie"][1])
+    except ValueError:
+        raise ValueError(f"--cluster {text!r}: INTRA {intra!r} (within a host): give {', '.join(INTRA)} or a rate "
+                         f"such as 100gbit (units: {', '.join(costs.RATE_UNITS)})") from None
     inter = (m.group(4) or "25gbit").strip().lower()
     rdma = inter.endswith("+rdma")
-    inter_Bps = costs.parse_rate(inter.removesuffix("+rdma")) / 8
+    try:
+        inter_Bps = costs.parse_rate(inter.removesuffix("+rdma")) / 8
+    except ValueError:
+        raise ValueError(f"--cluster {text!r}: INTER {inter!r} (between hosts): give a rate such as 1gbit or "
+                         f"25gbit+rdma (units: {', '.join(costs.RATE_UNITS)})") from None
     lat = RDMA_LATENCY if rdma else TCP_LATENCY
     if m.group(5):
         lm = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*(us|ms|s)\s*", m.group(5))

@@ -15,6 +15,8 @@ Figures of a row (units in the names: ``_ms`` milliseconds, ``_s`` seconds, ``_b
   rank 0's) = results.json's all-ranks figure ``throughput.samples_per_s`` (the sum of every
   rank's samples / the slowest rank's seconds, warm-up step excluded);
 * ``step_ms`` = batch x workers / samples_per_s: one global step;
+* ``timed_s``: the seconds samples_per_s was measured over: synchronous rows, the sum of the timed
+  epochs' ``train_s`` (the slowest worker's); non-lockstep rows, ``throughput.seconds_slowest_rank``;
 * ``compute_ms``, ``comm_ms``, ``wait_ms``, ``data_ms``: results.json ``timing`` (seconds per step,
   mean over ranks, warm-up step excluded), in ms;
 * ``gradient_bytes``: S = results.json ``model.trainable_bytes`` (float32 gradients per worker
@@ -297,8 +299,10 @@ def read_row(cell: Cell, rnd: int, s: Settings, res: dict, *, link_Bps: float | 
     if v.lockstep:
         timed = eps[1:] if s.measure == "throughput" and len(eps) > 1 else eps
         sps = float(np.mean([e["samples_per_s"] for e in timed]))
+        timed_s = sum(float(e["train_s"]) for e in timed) if all("train_s" in e for e in timed) else None
     else:
         sps = float(res["throughput"]["samples_per_s"])
+        timed_s = res["throughput"].get("seconds_slowest_rank")
     if not sps > 0:
         raise ValueError(f"samples/s {sps} is not positive")
     t = res["timing"]
@@ -312,7 +316,7 @@ def read_row(cell: Cell, rnd: int, s: Settings, res: dict, *, link_Bps: float | 
         busy = util if not v.lockstep else (m * steps_per_s if m is not None else None)
     row: dict[str, Any] = {
         **cell.ident(), "round": rnd, "status": "OK", "error": None, "samples_per_s": sps,
-        "step_ms": s.batch_size * w / sps * 1e3,
+        "step_ms": s.batch_size * w / sps * 1e3, "timed_s": timed_s,
         **{f"{k}_ms": float(t[f"{k}_s"]) * 1e3 for k in ("compute", "comm", "wait", "data")},
         "gradient_bytes": gb, "link_bytes_per_step": nbytes, "utilisation": util, "model_busy": busy,
         "job_seconds": round(job_seconds, 2), "output_dir": out_dir,

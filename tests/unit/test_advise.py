@@ -228,7 +228,8 @@ def test_cli_table_json_and_plot(capsys, tmp_path):
 
 
 @pytest.mark.parametrize("args, words", [
-    (["--model", "resnet50", "--cluster", "16x8:nvlink,25gbt"], "rate '25gbt'"),
+    (["--model", "resnet50", "--cluster", "16x8:nvlink,25gbt"], "INTER '25gbt' (between hosts): give a rate such as"),
+    (["--model", "resnet50", "--cluster", "3x1:foo,1gbit"], "INTRA 'foo' (within a host): give nvlink, pcie, shm or"),
     (["--model", "resnet50", "--cluster", "16x8", "--strategies", "nope"], "--strategies"),
     (["--model", "resnet50", "--cluster", "16x8", "--strategies", "ps-sync:num_servers=0"],
      "--strategies: variant 'ps-sync:num_servers=0': --num-servers=0 must be >= 1"),

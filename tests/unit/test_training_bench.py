@@ -112,6 +112,7 @@ def test_sync_row_is_the_mean_of_timed_epochs_and_link_figures_follow_the_layout
     row = jobs.read_row(cell, 1, s, _results([10.0, 100.0, 200.0]), link_Bps=125e6, job_seconds=9.5)
     assert row["status"] == "OK" and row["round"] == 1 and row["error"] is None
     assert row["samples_per_s"] == 150.0                       # warm-up epoch excluded, all_ranks ignored
+    assert row["timed_s"] == pytest.approx(64 / 100 + 64 / 200)  # the timed epochs' slowest-worker seconds
     assert row["step_ms"] == pytest.approx(32 * 2 / 150.0 * 1e3)
     assert (row["compute_ms"], row["comm_ms"], row["wait_ms"], row["data_ms"]) == pytest.approx((10, 20, 3, 1))
     assert (row["ranks"], row["servers"], row["layout"]) == (3, 1, "dedicated")
@@ -126,8 +127,21 @@ def test_sync_row_is_the_mean_of_timed_epochs_and_link_figures_follow_the_layout
 
 
 def test_async_row_takes_the_all_ranks_figure():
-    row = jobs.read_row(Cell(parse_variant("ps-async"), "cnn", 2), 0, Settings(), _results([10.0, 20.0, 30.0]))
-    assert row["samples_per_s"] == 500.0
+    res = _results([10.0, 20.0, 30.0])
+    res["throughput"]["seconds_slowest_rank"] = 0.7
+    row = jobs.read_row(Cell(parse_variant("ps-async"), "cnn", 2), 0, Settings(), res)
+    assert row["samples_per_s"] == 500.0 and row["timed_s"] == 0.7
+
+
+def test_a_short_timed_window_under_a_quota_is_named_with_the_steps_that_lengthen_it():
+    cells = [{"measure": "throughput", "timed_s": {"median": t, "min": t, "max": t}} for t in (0.25, 0.5, 4.0)]
+    cells.append({"measure": "throughput", "timed_s": None})          # a row of an older run: no figure
+    (note,) = training.short_window_note(cells, "throughput", 0.4, 3)
+    assert "2 of 3 cells (the shortest 0.25 s)" in note and "0.4-core CPU quota" in note
+    assert "--steps-per-iter 12 " in note                               # 3 steps x 1 s / 0.25 s
+    assert training.short_window_note(cells, "throughput", None, 3) == []        # no quota: no throttling
+    assert training.short_window_note(cells, "convergence", 0.4, 3) == []
+    assert training.short_window_note(cells[2:], "throughput", 0.4, 3) == []     # every cell >= 1 s
 
 
 def test_convergence_row_curve_target_and_staleness():
