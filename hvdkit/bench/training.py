@@ -63,7 +63,6 @@ job's processes are ended; training.json keeps the finished ones for ``--resume`
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import sys
 import time
@@ -393,32 +392,6 @@ def table_cells(s: dict) -> dict[str, str]:
     return c
 
 
-#: the shortest timed window (seconds) a cell needs under a CFS quota: 10 of its 100 ms periods
-MIN_TIMED_S = 1.0
-
-
-def short_window_note(summ: Sequence[dict], measure: str, quota: float | None, steps_per_iter: int) -> list[str]:
-    """The table's footer line for throughput cells timed over fewer than :data:`MIN_TIMED_S` seconds
-    (median ``timed_s`` of their rounds) on a place whose hosts run under a CPU quota (``quota`` cores:
-    the place's ``cpus_per_host``), with the ``--steps-per-iter`` that would time the shortest for that
-    long; ``[]`` where there is no quota, no such cell, or no ``timed_s`` (rows of older runs).
-
-    Why: a CFS quota lets a host's processes run for ``quota`` x 100 ms of every 100 ms period and then
-    stops them until the next. Over a window of a few periods, where the stops fell decides the mean
-    step, so two strategies can swap places from one round to the next."""
-    if measure != "throughput" or not isinstance(quota, (int, float)):
-        return []
-    timed = [x["timed_s"]["median"] for x in summ if x["measure"] == measure and x.get("timed_s")]
-    short = [t for t in timed if t < MIN_TIMED_S]
-    if not short:
-        return []
-    k = math.ceil(steps_per_iter * MIN_TIMED_S / max(min(short), 1e-3))
-    return [f"timed for less than {MIN_TIMED_S:g} s: {len(short)} of {len(timed)} cells (the shortest "
-            f"{min(short):.2f} s) on hosts under a {quota:g}-core CPU quota, which stops a host's ranks once per "
-            f"100 ms period: over a few periods where the stops fell decides the figure; --steps-per-iter {k} "
-            f"times every cell for {MIN_TIMED_S:g} s or more"]
-
-
 def _clock(seconds: float) -> str:
     m, sec = divmod(int(round(seconds)), 60)
     return f"{m // 60}:{m % 60:02d}:{sec:02d}" if m >= 60 else f"{m}:{sec:02d}"
@@ -618,7 +591,6 @@ def run(a, s: Settings, cells: Sequence[Cell], out: str, place, *, argv: Sequenc
               "eff = samples/s(N) / (N x samples/s(1)) of the same variant and model, samples/s(1) = its 1-worker "
               "cell without a straggler (straggler cells too); link_util = busiest link's bytes per step x steps/s / "
               "the probed link rate (- where not probed)"]
-    footer += short_window_note(summ, a.measure, desc.get("cpus_per_host"), s.steps_per_iter)
     footer += list(dict.fromkeys(f"eff {x['efficiency_note']}" for x in summ
                                  if x["measure"] == a.measure and x.get("efficiency_note")
                                  and x["samples_per_s"] is not None))

@@ -133,17 +133,6 @@ def test_async_row_takes_the_all_ranks_figure():
     assert row["samples_per_s"] == 500.0 and row["timed_s"] == 0.7
 
 
-def test_a_short_timed_window_under_a_quota_is_named_with_the_steps_that_lengthen_it():
-    cells = [{"measure": "throughput", "timed_s": {"median": t, "min": t, "max": t}} for t in (0.25, 0.5, 4.0)]
-    cells.append({"measure": "throughput", "timed_s": None})          # a row of an older run: no figure
-    (note,) = training.short_window_note(cells, "throughput", 0.4, 3)
-    assert "2 of 3 cells (the shortest 0.25 s)" in note and "0.4-core CPU quota" in note
-    assert "--steps-per-iter 12 " in note                               # 3 steps x 1 s / 0.25 s
-    assert training.short_window_note(cells, "throughput", None, 3) == []        # no quota: no throttling
-    assert training.short_window_note(cells, "convergence", 0.4, 3) == []
-    assert training.short_window_note(cells[2:], "throughput", 0.4, 3) == []     # every cell >= 1 s
-
-
 def test_convergence_row_curve_target_and_staleness():
     s = Settings(measure="convergence", batch_size=32)
     res = _results([64.0, 64.0, 64.0], curve=[0.5, 0.92, 0.95], hist={"0": 2, "1": 1, "3": 1})
