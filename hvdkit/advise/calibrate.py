@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from hvdkit import costs
-from hvdkit.advise.model import Prediction, closed_network_cycle, cpu_share, server_serial_time, split_fit
+from hvdkit.advise.model import (Prediction, burst_seconds, closed_network_cycle, cpu_share, server_serial_time,
+                                 split_fit)
 from hvdkit.advise.predict import priced
 from hvdkit.errors import UsageError
 
@@ -144,6 +145,8 @@ LIMITS = {"compute": "compute", "latency": "latency (per message)", "cpu": "CPU 
 #: the collectives method whose traffic is a colocated PS's with no PS (every rank to every rank at once),
 #: measured at 3 hosts or more: the transport's all-to-all rate (:attr:`Calibration.a2a_frac`)
 A2A_METHOD = "mpi-a2a"
+#: the CFS period of an emulated host's CPU quota, seconds (hvdkit.cluster.cpu.PERIOD_US)
+CFS_PERIOD_S = 0.01
 
 
 def a2a_fraction(row: dict, place_ring_Bps: float | None) -> float | None:
@@ -224,6 +227,24 @@ class Calibration:
         quota = quotas.get(key, ln.cpus_per_host) if method else ln.cpus_per_host
         return cpu_share(ranks_on_host * threads, quota, ranks * threads if quota is None else None,
                          ln.cores if quota is None else None)
+
+    def sleeps(self, rate: str, row, workers: int, ranks_on_host: int = 1) -> bool:
+        """True where ``row``'s ranks at ``workers`` > 1 workers sleep while they communicate under a CPU
+        quota, so that their compute is a burst (:func:`~hvdkit.advise.model.burst_seconds`): a place with a
+        quota and the machine's cores, one rank per host of one busy thread (Horovod's background thread
+        spins). The base stays the one-worker step at the quota, where a ring's or a colocated PS's rank
+        never sleeps; a dedicated PS's worker sleeps there too, but reading its base back through the
+        burst and the fitted push + pull made the held-out checks worse (fair36 at 1 Gbit/s, 2-host
+        calibration: median 8% to 10%), so it keeps the quota's reading."""
+        ln = self.links[rate]
+        return bool(ln.cpus_per_host and ln.cores and ranks_on_host == 1 and busy_threads(row, workers) == 1
+                    and workers > 1)
+
+    def burst(self, rate: str, cpu_s: float, workers: int) -> float:
+        """Wall seconds of ``cpu_s`` of compute of a rank that :meth:`sleeps`: a burst at the speed the
+        machine's cores give ``workers`` ranks computing at once, under the hosts' quota."""
+        ln = self.links[rate]
+        return burst_seconds(cpu_s, min(1.0, ln.cores / workers), ln.cpus_per_host, CFS_PERIOD_S)
 
     def base_key(self, rate: str, model: str, label: str) -> tuple | None:
         """The key of :meth:`base_of`'s base: ``(rate, model, label)``, else the model's horovod (else
@@ -379,6 +400,10 @@ class Calibration:
             cpu = parts["cpu"] * wire_factor(comm, workers) / wire_factor(comm, cal_workers)
             lat = parts["latency"] * latency_steps(comm, workers) / latency_steps(comm, cal_workers)
         compute = base / share
+        if self.sleeps(rate, row, workers, ranks_on_host):
+            # a rank that sleeps while it communicates starts its compute with its period's quota unspent:
+            # a burst at the speed the machine's cores give the workers computing at once (burst_seconds)
+            compute = self.burst(rate, base, workers)
         # the one-worker step's own copies (rows without network at one worker; Calibration.overhead)
         # (a row with no one-worker cell of its own, e.g. advise's horovod-hier: those of the step whose base it took)
         floor = self.overhead.get(self.base_key(rate, model, row.label), 0.0) / share if comm != "ps" else 0.0

@@ -6,9 +6,9 @@ from dataclasses import replace
 import pytest
 
 from hvdkit.advise import measured
-from hvdkit.advise.calibrate import calibrate, held_out, latency_steps, wire_factor
+from hvdkit.advise.calibrate import CFS_PERIOD_S, calibrate, held_out, latency_steps, wire_factor
 from hvdkit.advise.cli import main as advise_main
-from hvdkit.advise.model import closed_network_cycle, cpu_share, server_serial_time, split_fit
+from hvdkit.advise.model import burst_seconds, closed_network_cycle, cpu_share, server_serial_time, split_fit
 from hvdkit.bench import advise_check, heldout
 from hvdkit.errors import UsageError
 
@@ -151,6 +151,24 @@ def test_collectives_under_a_quota_of_their_own(tmp_path):
     assert p.terms["wire"] == pytest.approx(S / B * 4 / 3 / 0.95)
 
 
+def test_a_sleeping_ranks_compute_is_a_burst_under_the_quota():
+    """burst_seconds: a burst within one period's quota runs at the machine's speed whatever the phase;
+    a long one is throttled to the quota; a speed at or below the quota is never throttled."""
+    assert burst_seconds(0.002, 1.0, 0.5, 0.01) == pytest.approx(0.002)          # 2 ms of CPU < the 5 ms allowed
+    long = burst_seconds(0.05, 1.0, 0.5, 0.01)
+    assert 0.05 / 0.5 - 0.01 < long < 0.05 / 0.5                                   # about 10 periods of 5 ms each
+    assert burst_seconds(0.05, 0.4, 0.5, 0.01) == pytest.approx(0.05 / 0.4)        # slower than the quota allows
+    mid = [burst_seconds(0.0058, s, 0.4, 0.01) for s in (1.0, 2 / 3, 0.5, 0.4)]    # fair36's cnn step, 0.4 core
+    assert mid == sorted(mid) and mid[-1] == pytest.approx(0.0058 / 0.4) and mid[0] < 0.0058 / 0.4 * 0.65
+    with pytest.raises(ValueError, match="speed"):
+        burst_seconds(0.01, 0.0, 0.5, 0.01)
+
+
+def test_the_emulated_hosts_cfs_period_is_the_emulators():
+    from hvdkit.cluster.cpu import PERIOD_US
+    assert CFS_PERIOD_S == PERIOD_US / 1e6
+
+
 def test_calibrated_prediction_hand_values(tmp_path):
     cal = calibrate(measured.load_dir(str(_suite_dir(tmp_path / "d"))))
     a, b = FITS["ring"]
@@ -158,14 +176,19 @@ def test_calibrated_prediction_hand_values(tmp_path):
     p = cal.predict("cnn", "ring", 3, "1gbit", S)
     wire = S / B * (4 / 3) / 0.95               # the probe's ring pattern: 0.95 of the link
     cpu = (b * S - S / B) * (4 / 3)
-    assert p.step_s == pytest.approx(0.0225 + a * 2 + cpu + wire, rel=1e-3)   # base: median 1-worker step
+    # base: the median 1-worker step at the 0.5-core quota, 0.0225 s; at 3 workers the rank sleeps while it
+    # communicates, so its 0.01125 s of CPU is a burst at 2/3 of a core (3 workers on the machine's 2 cores)
+    compute = burst_seconds(0.0225 * 0.5, 2 / 3, 0.5, CFS_PERIOD_S)
+    assert 0.0225 * 0.5 / (2 / 3) < compute < 0.0225 and p.terms["compute"] == pytest.approx(compute)
+    assert p.step_s == pytest.approx(compute + a * 2 + cpu + wire, rel=1e-3)
     assert p.efficiency_kind == "scaling" and p.efficiency == pytest.approx(cal.predict("cnn", "ring", 1, "1gbit", S)
                                                                             .step_s / p.step_s)
     # dedicated PS: base = the 1-worker step less its fitted push + pull; the server's link carries 3 S
     a, b = FITS["ps"]
     ps = cal.predict("cnn", "ps-sync", 3, "1gbit", S)
     base = 0.150 - (a + b * S)
-    expect = base + a + (b * S - 2 * S / B) + server_serial_time(2, S, 2e9) / 0.5 + 2 * S / B * 3   # 0.5 core
+    expect = burst_seconds(base * 0.5, 2 / 3, 0.5, CFS_PERIOD_S) + a + (b * S - 2 * S / B) \
+        + server_serial_time(2, S, 2e9) / 0.5 + 2 * S / B * 3   # 0.5 core
     assert ps.step_s == pytest.approx(expect, rel=1e-3)
     assert cal.predict("cnn", "ps-sync:num_servers=2", 3, "1gbit", S) is not None   # ps2 from the one-server fit
     # the replies one worker at a time: the server's link carries the 3 pulls, then the last push: 4 S, not 6 S
@@ -270,9 +293,10 @@ def test_an_asynchronous_server_is_two_shared_links_and_one_loop(tmp_path):
     wire, cpu, add = 2 * S / B, b * S - 2 * S / B, S / 2e9 / 0.5     # one push + pull of S; the sum at 0.5 core
     for k, w in ((1, 2), (1, 3), (2, 3), (1, 8), (2, 8)):
         label = "ps-async" if k == 1 else f"ps-async:num_servers={k}"
-        one = cal.predict("cnn", label, 1, "1gbit", S).step_s
+        p1 = cal.predict("cnn", label, 1, "1gbit", S)
         link, loop = wire / 2 / k, (cpu + add) / k
         p = cal.predict("cnn", label, w, "1gbit", S)
+        one = p1.step_s - p1.compute_s + p.compute_s    # its compute at w workers: a burst (it sleeps at the server)
         assert p.step_s == pytest.approx(closed_network_cycle(w, one - 2 * link - loop, (link, link), (loop,)),
                                          rel=1e-9), (k, w)
         assert p.step_s > max(one, w * link) and p.terms["server"] == pytest.approx(p.step_s - one)
@@ -481,7 +505,10 @@ def test_one_worker_has_no_peer_to_poll_for(tmp_path):
     h1, h2 = (cal.predict("cnn", "horovod", w, "1gbit", S) for w in (1, 2))
     r1, r2 = (cal.predict("cnn", "ring", w, "1gbit", S) for w in (1, 2))
     assert h1.step_s == pytest.approx(0.0205)                      # the one-worker step, as measured
-    assert h2.compute_s / h1.compute_s == pytest.approx(2.0) and r2.compute_s == pytest.approx(r1.compute_s)
+    assert h2.compute_s / h1.compute_s == pytest.approx(2.0)
+    # the ring's rank sleeps while its peer is waited for: a burst of its CPU at a core (2 workers, 2 cores)
+    assert r2.compute_s == pytest.approx(burst_seconds(r1.compute_s * 0.5, 1.0, 0.5, CFS_PERIOD_S))
+    assert r2.compute_s < r1.compute_s
 
 
 def test_collective_time_reads_the_measured_sizes():
@@ -537,15 +564,16 @@ def test_one_worker_copies_add_to_a_ring_and_floor_a_colocated_ps(tmp_path):
     assert p1.step_s == pytest.approx(0.0225)                           # compute + the copies: as measured
     assert p1.compute_s == pytest.approx(0.0125)
     a, b = FITS["ring"]
-    assert p2.step_s == pytest.approx(p1.compute_s + a + b * S + 0.010, rel=0.01)   # + the collective + the copies
+    assert p2.compute_s == pytest.approx(burst_seconds(p1.compute_s * 0.5, 1.0, 0.5, CFS_PERIOD_S))
+    assert p2.step_s == pytest.approx(p2.compute_s + a + b * S + 0.010, rel=0.01)   # + the collective + the copies
     colo = "ps-sync:ps_colocated=true"
     c1, c2 = (cal.predict("cnn", colo, w, "1gbit", S) for w in (1, 2))
     assert c1.step_s == pytest.approx(0.040)
     a, b = FITS["ps-colocated"]
     assert a + b * S > 0.030                                            # the collective exceeds the copies
-    assert c2.step_s == pytest.approx(c1.compute_s + a + b * S, rel=0.01)           # the floor is not added
+    assert c2.step_s == pytest.approx(c2.compute_s + a + b * S, rel=0.01)           # the floor is not added
     m2 = cal.predict("mlp", colo, 2, "1gbit", S)                        # copies longer than the collective:
-    assert m2.step_s == pytest.approx(0.110, rel=0.01)                 # the floor holds
+    assert m2.step_s == pytest.approx(m2.compute_s + 0.100, rel=0.01)  # the floor holds: its 100 ms of copies
     assert m2.step_s > m2.compute_s + a + b * S + 0.020
 
 
