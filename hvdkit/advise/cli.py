@@ -298,6 +298,10 @@ def render_table(preds, wl: Workload, cl: Cluster, why: str) -> str:
                      + (f" (staleness {p.staleness:.0f})" if p.staleness else ""))
     if any(not p.hvdkit for p in preds):
         lines.append("* not in hvdkit, for comparison")
+    kinds = {p.efficiency_kind for p in preds}
+    if "scaling" in kinds:
+        lines.append("eff: scaling efficiency (the row's one-worker step / its step) of the calibrated rows"
+                     + ("; compute efficiency (compute / step) of the others" if len(kinds) > 1 else ""))
     lines.append(f"recommendation: {why}")
     return "\n".join(lines)
 

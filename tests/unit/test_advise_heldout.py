@@ -437,6 +437,13 @@ def test_advise_calibrate_dir(tmp_path, capsys):
     got = {s["strategy"]: s["step_s"] for s in doc["strategies"]}
     assert got["ring"] == pytest.approx(cal.predict("cnn", "ring", 3, "1gbit", S).step_s)
     assert doc["model"]["gradient_bytes"] == S and doc["model"]["compute_s"] == pytest.approx(0.0205)
+    # the eff column's two kinds are named: scaling (calibrated rows), compute (byteps keeps its formula)
+    assert advise_main(["--model", "cnn", "--batch", "32", "--cluster", "3x1:shm,1gbit", "--calibrate", str(d),
+                        "--strategies", "ring,byteps"]) == 0
+    assert ("\neff: scaling efficiency (the row's one-worker step / its step) of the calibrated rows; compute "
+            "efficiency (compute / step) of the others\nrecommendation: ") in capsys.readouterr().out
+    assert advise_main(["--model", "cnn", "--compute-ms", "20", "--cluster", "3x1:shm,1gbit"]) == 0
+    assert "\neff: " not in capsys.readouterr().out                  # formulas only: the --help's reading
     (tmp_path / "empty").mkdir()
     assert advise_main(["--model", "cnn", "--cluster", "3x1:shm,1gbit", "--calibrate", str(tmp_path / "empty")]) == 2
     err = capsys.readouterr().err
