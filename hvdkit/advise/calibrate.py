@@ -15,7 +15,7 @@ import numpy as np
 from hvdkit import costs
 from hvdkit.advise.model import (Prediction, burst_seconds, closed_network_cycle, cpu_share, server_serial_time,
                                  split_fit)
-from hvdkit.advise.predict import priced
+from hvdkit.advise.predict import Priced, priced
 from hvdkit.errors import UsageError
 
 __all__ = ["fit_collectives", "fit_for", "fitted_options", "collective_method", "wire_factor", "latency_steps",
@@ -228,21 +228,24 @@ class Calibration:
         return cpu_share(ranks_on_host * threads, quota, ranks * threads if quota is None else None,
                          ln.cores if quota is None else None)
 
-    def sleeps(self, rate: str, row, workers: int, ranks_on_host: int = 1) -> bool:
-        """True where ``row``'s ranks at ``workers`` > 1 workers sleep while they communicate under a CPU
-        quota, so that their compute is a burst (:func:`~hvdkit.advise.model.burst_seconds`): a place with a
-        quota and the machine's cores, one rank per host of one busy thread (Horovod's background thread
-        spins). The base stays the one-worker step at the quota, where a ring's or a colocated PS's rank
-        never sleeps; a dedicated PS's worker sleeps there too, but reading its base back through the
-        burst and the fitted push + pull made the held-out checks worse (fair36 at 1 Gbit/s, 2-host
-        calibration: median 8% to 10%), so it keeps the quota's reading."""
+    def sleeps(self, rate: str, row: Priced, workers: int, ranks_on_host: int = 1) -> bool:
+        """True where ``row``'s ranks sleep while they communicate, so that their compute is a burst
+        (:meth:`burst`): more than one worker, one rank per host, a place whose hosts have a quota below
+        one core (with a core of its own hvdkit's ring spins: ``--ring-wait auto``) and the machine's
+        cores, and a row that does not spin (:attr:`~hvdkit.advise.predict.Priced.spins`: Horovod's
+        background thread, ``ring_wait=spin``). Its base stays the one-worker step at the quota: there a
+        ring's or a colocated PS's rank never waits. A dedicated PS's worker waits there too, but
+        reading its base back through the burst and the fitted push + pull made the checks worse (tried
+        on fair36 at 1 Gbit/s, 2-host calibration: median 8% to 10%; not kept)."""
         ln = self.links[rate]
-        return bool(ln.cpus_per_host and ln.cores and ranks_on_host == 1 and busy_threads(row, workers) == 1
-                    and workers > 1)
+        return bool(ln.cpus_per_host and ln.cpus_per_host < 1 and ln.cores and ranks_on_host == 1 and workers > 1
+                    and not row.spins)
 
     def burst(self, rate: str, cpu_s: float, workers: int) -> float:
-        """Wall seconds of ``cpu_s`` of compute of a rank that :meth:`sleeps`: a burst at the speed the
-        machine's cores give ``workers`` ranks computing at once, under the hosts' quota."""
+        """Wall seconds of ``cpu_s`` (CPU seconds) of compute of a rank that :meth:`sleeps`: a burst
+        (:func:`~hvdkit.advise.model.burst_seconds`) at the speed the machine's cores give ``workers`` >= 1
+        ranks computing at once (the workers of a synchronous step compute together; a dedicated PS's
+        servers wait then), under the hosts' quota and :data:`CFS_PERIOD_S`."""
         ln = self.links[rate]
         return burst_seconds(cpu_s, min(1.0, ln.cores / workers), ln.cpus_per_host, CFS_PERIOD_S)
 

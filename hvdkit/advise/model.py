@@ -31,9 +31,9 @@ from dataclasses import dataclass, field
 
 from hvdkit import costs
 
-__all__ = ["Workload", "Cluster", "Options", "Prediction", "burst_seconds", "ring_time", "flat_ring_time", "hierarchical_time",
-           "ps_sync_time", "colocated_time", "overlapped_step", "straggler_factor", "async_throughput", "cpu_share",
-           "split_fit", "server_serial_time", "closed_network_cycle"]
+__all__ = ["Workload", "Cluster", "Options", "Prediction", "burst_seconds", "ring_time", "flat_ring_time",
+           "hierarchical_time", "ps_sync_time", "colocated_time", "overlapped_step", "straggler_factor",
+           "async_throughput", "cpu_share", "split_fit", "server_serial_time", "closed_network_cycle"]
 
 
 @dataclass(frozen=True)
@@ -311,39 +311,36 @@ def burst_seconds(cpu_s: float, speed: float, quota: float, period_s: float, pha
 
     Linux CFS bandwidth control (Documentation/scheduler/sched-bwc.rst) lets a cgroup's threads run
     ``quota x period`` seconds of CPU in each period, then throttles them until the next period; the
-    quota is not carried over. A rank that sleeps while it communicates (hvdkit's ring under a quota,
-    every PS rank: :func:`hvdkit.comm.poll`) starts its compute with the period's quota unspent, so a
-    burst shorter than that quota runs at the speed the machine gives a running thread, and a longer
-    one is throttled down to ``quota``. The burst starts at a uniform phase of the period (the mean
-    over ``phases`` phases); while it runs it gets ``speed`` cores (1: a core of its own; an emulated
-    cluster whose hosts share C cores: about C / the ranks computing at once).
-
-    Measured (benchmarks/figures/fair36, 0.4-core quota, 10 ms periods, 2 cores shared by the hosts):
-    the cnn step's compute, 5.8 ms of CPU, took 14.6 ms at one worker (a ring's rank never sleeps
-    there: the quota binds, 5.8 / 0.4) and 8.2-10.2 ms at 3 workers, 11.4-15.8 ms at 4, whose ranks
-    slept through the allreduce; this gives 14.5 (speed 0.4: bound), 10.6 (speed 2/3) and 12.5 (1/2).
+    quota is not carried over. A thread that slept starts with the period's quota unspent, so a burst
+    shorter than that quota runs at ``speed`` (the cores a running thread gets: 1, a core of its own)
+    and a longer one is throttled down to ``quota``. The burst starts at a uniform phase of the period
+    (the mean over ``phases`` phases). Which ranks sleep, and the measurements: docs/advise.md
+    (:meth:`hvdkit.advise.calibrate.Calibration.sleeps`); the formula: docs/performance.md.
 
     Args:
-        cpu_s: CPU seconds of the burst (>= 0). speed: cores while running (> 0). quota: cores per
-            period (> 0). period_s: the CFS period, seconds (> 0). phases: start phases averaged.
+        cpu_s: CPU seconds of the burst (finite, >= 0). speed: cores while running (> 0). quota: cores
+            per period (> 0). period_s: the CFS period, seconds (> 0). phases: start phases averaged (>= 1).
 
     Raises:
-        ValueError: a negative ``cpu_s`` or a non-positive ``speed``, ``quota`` or ``period_s``.
+        ValueError: ``cpu_s`` negative or not finite, ``speed``, ``quota`` or ``period_s`` not above 0,
+            ``phases`` below 1.
     """
-    if cpu_s < 0 or not (speed > 0 and quota > 0 and period_s > 0):
-        raise ValueError(f"burst_seconds: cpu_s={cpu_s} must be >= 0 and speed={speed}, quota={quota}, "
-                         f"period_s={period_s} > 0")
+    if not (math.isfinite(cpu_s) and cpu_s >= 0 and speed > 0 and quota > 0 and period_s > 0 and phases >= 1):
+        raise ValueError(f"burst_seconds: cpu_s={cpu_s} must be finite and >= 0, speed={speed}, quota={quota} "
+                         f"and period_s={period_s} > 0, phases={phases} >= 1")
     per = quota * period_s          # CPU seconds each period allows
     if speed * period_s <= per:     # never throttled
         return cpu_s / speed
     total = 0.0
     for i in range(phases):
-        left, room, end, t = cpu_s, per, period_s * (1 - (i + 0.5) / phases), 0.0
-        while left > min(room, speed * end):
-            left -= min(room, speed * end)     # run until the quota or the period ends, then wait for the next
-            t += end
-            room, end = per, period_s
-        total += t + left / speed
+        end = period_s * (1 - (i + 0.5) / phases)       # what is left of the period the burst starts in
+        first = min(per, speed * end)
+        if cpu_s <= first:
+            total += cpu_s / speed
+            continue
+        left = cpu_s - first
+        full = max(0, math.ceil(left / per) - 1)        # whole periods at the quota, then the rest at speed
+        total += end + full * period_s + (left - full * per) / speed
     return total / phases
 
 
@@ -359,7 +356,8 @@ def cpu_share(ranks_on_host: int, host_cores: float | None = None, ranks_on_mach
     together (sched-bwc.rst). So r ranks on a host with quota Q get Q / r each, R ranks sharing a
     machine of C cores without quotas C / R each, and no thread more than one core. r and R count busy
     threads: a rank has one (its compute thread, which busy-polls in MPI while it waits; hvdkit's ring
-    since fair30 sleeps instead where a rank has less than a core, which this term does not know), a Horovod rank
+    since fair30 and every PS rank sleep instead under a quota: their compute is then a burst,
+    :func:`burst_seconds`), a Horovod rank
     two (its background thread negotiates every cycle and busy-polls while its peers lag; the rows'
     ``busy_threads``). The committed cnn runs: Horovod's compute per step stretched 4.7x at 3 ranks on 2
     cores, hvdkit's ring (one thread) 2.4x.

@@ -80,6 +80,9 @@ class Priced:
             background thread makes 2).
         serial_replies: a dedicated PS whose servers send the weights one worker at a time
             (``ps_replies=serial``: :func:`hvdkit.costs.ps_time`'s ``serial``).
+        spins: its ranks busy-poll while they wait, even with less than a core (Horovod's background
+            thread; hvdkit's ring with ``ring_wait=spin``); else they sleep there under a quota
+            (:meth:`hvdkit.advise.calibrate.Calibration.sleeps`).
     """
     label: str
     comm: str
@@ -91,6 +94,7 @@ class Priced:
     hvdkit: bool = True
     busy_threads: int = 1
     serial_replies: bool = False
+    spins: bool = False
 
 
 def _refuse(text: str, why: str) -> NoReturn:
@@ -108,8 +112,9 @@ def priced(row: str | Variant | OwnRow, workers: int = 1) -> Priced:
     if isinstance(row, str) and row.strip() in OWN_ROWS:
         row = OWN_ROWS[row.strip()]
     if isinstance(row, OwnRow):
-        return Priced(row.name, row.comm, None, 0, row.comm == "hierarchical", hvdkit=row.runnable,
-                      busy_threads=STRATEGIES["horovod"].busy_threads if row.comm == "hierarchical" else 1)
+        hier = row.comm == "hierarchical"
+        return Priced(row.name, row.comm, None, 0, hier, hvdkit=row.runnable,
+                      busy_threads=STRATEGIES["horovod"].busy_threads if hier else 1, spins=hier)
     if isinstance(row, str) and row.partition(":")[0].strip() not in STRATEGIES:
         name = row.partition(":")[0].strip()
         if name in OWN_ROWS:
@@ -125,7 +130,8 @@ def priced(row: str | Variant | OwnRow, workers: int = 1) -> Priced:
     return Priced(v.label, comm, v.servers(workers) if comm == "ps" else None, v.staleness_bound,
                   bool(getattr(v.cls, "graph_allreduce", False)), wire_fraction=(push + pull) / 2,
                   fusion_bytes=v.opts.get("fusion_bytes"), busy_threads=int(getattr(v.cls, "busy_threads", 1)),
-                  serial_replies=v.opts.get("ps_replies") == "serial")
+                  serial_replies=v.opts.get("ps_replies") == "serial",
+                  spins=int(getattr(v.cls, "busy_threads", 1)) > 1 or v.opts.get("ring_wait") == "spin")
 
 
 def parse_rows(text: str) -> list[Priced]:

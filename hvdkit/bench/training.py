@@ -84,8 +84,8 @@ __all__ = ["main", "build_parser", "run", "expand_grid", "schedule", "split_fits
 PROG = "hvdkit-bench training"
 FILE = "training.json"
 #: the statistics of a summary entry, each {"median", "min", "max"} over the cell's OK rounds
-STATS = ("samples_per_s", "step_ms", "timed_s", "compute_ms", "comm_ms", "wait_ms", "data_ms", "utilisation", "model_busy",
-         "time_to_target_s", "samples_to_target", "final_accuracy", "staleness_mean")
+STATS = ("samples_per_s", "step_ms", "timed_s", "compute_ms", "comm_ms", "wait_ms", "data_ms", "utilisation",
+         "model_busy", "time_to_target_s", "samples_to_target", "final_accuracy", "staleness_mean")
 #: flag defaults that depend on --measure and --quick: (throughput, convergence, quick throughput, quick convergence)
 _DEFAULTS = {
     "variants": ("horovod,ring,ps-sync", "horovod,ring,ps-sync,ps-async,ps-ssp,ps-dcasgd", "horovod,ps-sync",

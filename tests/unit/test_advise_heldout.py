@@ -160,8 +160,38 @@ def test_a_sleeping_ranks_compute_is_a_burst_under_the_quota():
     assert burst_seconds(0.05, 0.4, 0.5, 0.01) == pytest.approx(0.05 / 0.4)        # slower than the quota allows
     mid = [burst_seconds(0.0058, s, 0.4, 0.01) for s in (1.0, 2 / 3, 0.5, 0.4)]    # fair36's cnn step, 0.4 core
     assert mid == sorted(mid) and mid[-1] == pytest.approx(0.0058 / 0.4) and mid[0] < 0.0058 / 0.4 * 0.65
-    with pytest.raises(ValueError, match="speed"):
-        burst_seconds(0.01, 0.0, 0.5, 0.01)
+    # by hand, one phase (the burst starts mid-period, 5 ms left): 4 ms of CPU in 4 ms, throttled for 1 ms,
+    # the remaining 1.8 ms at the next period's start: 6.8 ms
+    assert burst_seconds(0.0058, 1.0, 0.4, 0.01, phases=1) == pytest.approx(0.0068)
+    # exactly two periods' quota at speed 1, one phase: 4 ms, wait 1 ms, 4 ms: no third period
+    assert burst_seconds(0.008, 1.0, 0.4, 0.01, phases=1) == pytest.approx(0.009)
+    assert mid[1] == pytest.approx(0.0105623, rel=1e-4) and burst_seconds(0.0, 1.0, 0.4, 0.01) == 0.0
+    for bad in ((0.01, 0.0, 0.5, 0.01), (-1e-3, 1.0, 0.5, 0.01), (float("inf"), 1.0, 0.5, 0.01),
+                (float("nan"), 1.0, 0.5, 0.01), (0.01, 1.0, 0.0, 0.01), (0.01, 1.0, 0.5, 0.0)):
+        with pytest.raises(ValueError, match="burst_seconds"):
+            burst_seconds(*bad)
+    with pytest.raises(ValueError, match="phases"):
+        burst_seconds(0.01, 1.0, 0.5, 0.01, phases=0)
+
+
+def test_which_rows_sleep_while_they_communicate(tmp_path):
+    """The burst applies where a rank sleeps: more than one worker, one rank per host, a quota below a core;
+    not Horovod (its background thread spins), nor a ring told to spin, nor hosts without a quota."""
+    from hvdkit.advise.predict import priced
+    cal = calibrate(measured.load_dir(str(_suite_dir(tmp_path / "s"))))           # 0.5-core hosts, 2 cores
+    sleeps = {v: cal.sleeps("1gbit", priced(v, 3), 3) for v in ("ring", "ps-sync", "ps-async", "horovod",
+                                                               "horovod-hier", "ring:ring_wait=spin",
+                                                               "ps-sync:ps_colocated=true", "ring:compression=fp16")}
+    assert sleeps == {"ring": True, "ps-sync": True, "ps-async": True, "horovod": False, "horovod-hier": False,
+                      "ring:ring_wait=spin": False, "ps-sync:ps_colocated=true": True, "ring:compression=fp16": True}
+    assert not cal.sleeps("1gbit", priced("ring", 1), 1)                             # no peer to wait for
+    assert not cal.sleeps("1gbit", priced("ring", 3), 3, ranks_on_host=2)
+    for quota in (None, 1.0):                                                        # no quota; a core each
+        cal.links["1gbit"] = replace(cal.links["1gbit"], cpus_per_host=quota)
+        assert not cal.sleeps("1gbit", priced("ring", 3), 3)
+    spin = calibrate(measured.load_dir(str(_suite_dir(tmp_path / "t"))))
+    assert spin.predict("cnn", "ring:ring_wait=spin", 3, "1gbit", S).terms["compute"] == \
+        pytest.approx(spin.base_of("1gbit", "cnn", "ring:ring_wait=spin") / 0.5)    # the quota's reading
 
 
 def test_the_emulated_hosts_cfs_period_is_the_emulators():
@@ -442,6 +472,10 @@ def test_advise_calibrate_dir(tmp_path, capsys):
                         "--strategies", "ring,byteps"]) == 0
     assert ("\neff: scaling efficiency (the row's one-worker step / its step) of the calibrated rows; compute "
             "efficiency (compute / step) of the others\nrecommendation: ") in capsys.readouterr().out
+    assert advise_main(["--model", "cnn", "--batch", "32", "--cluster", "3x1:shm,1gbit", "--calibrate", str(d),
+                        "--strategies", "ring"]) == 0                   # every row calibrated: one kind
+    assert "\neff: scaling efficiency (the row's one-worker step / its step) of the calibrated rows\n" in \
+        capsys.readouterr().out
     assert advise_main(["--model", "cnn", "--compute-ms", "20", "--cluster", "3x1:shm,1gbit"]) == 0
     assert "\neff: " not in capsys.readouterr().out                  # formulas only: the --help's reading
     (tmp_path / "empty").mkdir()

@@ -113,6 +113,10 @@ def test_sync_row_is_the_mean_of_timed_epochs_and_link_figures_follow_the_layout
     assert row["status"] == "OK" and row["round"] == 1 and row["error"] is None
     assert row["samples_per_s"] == 150.0                       # warm-up epoch excluded, all_ranks ignored
     assert row["timed_s"] == pytest.approx(64 / 100 + 64 / 200)  # the timed epochs' slowest-worker seconds
+    old = _results([10.0, 100.0, 200.0])
+    for e in old["epochs"]:
+        del e["train_s"]                                          # an older results.json: no window, no figure
+    assert jobs.read_row(cell, 1, s, old)["timed_s"] is None
     assert row["step_ms"] == pytest.approx(32 * 2 / 150.0 * 1e3)
     assert (row["compute_ms"], row["comm_ms"], row["wait_ms"], row["data_ms"]) == pytest.approx((10, 20, 3, 1))
     assert (row["ranks"], row["servers"], row["layout"]) == (3, 1, "dedicated")
