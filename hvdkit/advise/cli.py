@@ -140,6 +140,17 @@ def _measure(model, batch: int, image_size: int, classes: int, steps: int = 5) -
     return sorted(times)[len(times) // 2]
 
 
+def dir_compute_cell(a, measured):
+    """The one-worker cell of ``--model`` in ``--calibrate DIR`` (``measured``) whose step is the workload's
+    compute where no compute flag is given: horovod's, else the shortest; None where there is none, a
+    compute flag is given, or ``--measure``."""
+    if measured is None or a.measure or a.compute_ms or a.images_per_s:
+        return None
+    ones = sorted((c for c in measured.cells if c.model == a.model and c.workers == 1),
+                  key=lambda c: (c.variant != "horovod", c.step_ms))
+    return ones[0] if ones else None
+
+
 def workload_from_args(a, measured=None) -> Workload:
     """The :class:`Workload` of the flags. Raises UsageError (a missing compute figure, a bad value).
 
@@ -149,12 +160,12 @@ def workload_from_args(a, measured=None) -> Workload:
         raise UsageError(f"--batch {a.batch}: must be >= 1")
     cells = [c for c in (measured.cells if measured else []) if c.model == a.model]
     if cells and not a.measure:
-        ones = sorted((c for c in cells if c.workers == 1), key=lambda c: (c.variant != "horovod", c.step_ms))
-        if not (a.compute_ms or a.images_per_s or ones):
+        one = dir_compute_cell(a, measured)
+        if not (a.compute_ms or a.images_per_s or one):
             raise UsageError(f"--calibrate: {a.model} has no one-worker cell to take its compute from; give "
                              "--compute-ms or --images-per-s")
         compute = a.compute_ms / 1e3 if a.compute_ms else a.batch / a.images_per_s if a.images_per_s else \
-            ones[0].step_ms / 1e3
+            one.step_ms / 1e3
         return Workload(name=a.model, tensor_bytes=(int(cells[0].gradient_bytes),), compute_s=compute, batch=a.batch)
     for f in ("compute_ms", "images_per_s"):
         v = getattr(a, f)
@@ -282,11 +293,13 @@ def calibration_line(cal, cl: Cluster, path: str, rows) -> str:
                    f"{servers})" if need else "")
 
 
-def render_table(preds, wl: Workload, cl: Cluster, why: str) -> str:
-    """The text table: ``#`` metadata lines, a header row and a units row, one row per strategy."""
+def render_table(preds, wl: Workload, cl: Cluster, why: str, compute_from: str = "") -> str:
+    """The text table: ``#`` metadata lines, a header row and a units row, one row per strategy
+    (``compute_from``: where the workload's compute came from, after it in the first line)."""
     w = max([13] + [len(p.strategy) + 1 for p in preds])
     lines = [f"# model {wl.name}: {wl.nbytes / 1e6:.1f} MB of gradients in {len(wl.tensor_bytes)} tensors, "
-             f"compute {wl.compute_s * 1e3:.1f} ms per batch of {wl.batch}",
+             f"compute {wl.compute_s * 1e3:.1f} ms per batch of {wl.batch}" + (f" ({compute_from})" if compute_from
+                                                                               else ""),
              f"# cluster {cl.name}: {cl.hosts} hosts x {cl.gpus_per_host} = {cl.workers} workers; intra "
              f"{cl.intra_Bps * 8 / 1e9:g} Gbit/s, inter {cl.inter_Bps * 8 / 1e9:g} Gbit/s, latency "
              f"{cl.inter_latency_s * 1e6:g} us" + (f"; {cl.shared_cores} shared cores" if cl.shared_cores else ""),
@@ -371,7 +384,9 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
                           **({"calibration": calibration_line(cal, cl, a.calibrate, rows)[2:]} if cal else {})},
                          indent=1))
     else:
-        print(render_table(preds, wl, cl, why))
+        one = dir_compute_cell(a, meas) if cal else None
+        print(render_table(preds, wl, cl, why, f"{one.variant}'s one-worker step at {one.rate} in {a.calibrate}, "
+                           "for the rows it did not calibrate" if one else ""))
         if cal:
             print(calibration_line(cal, cl, a.calibrate, rows))
     if a.plot:

@@ -470,8 +470,12 @@ def test_advise_calibrate_dir(tmp_path, capsys):
     # the eff column's two kinds are named: scaling (calibrated rows), compute (byteps keeps its formula)
     assert advise_main(["--model", "cnn", "--batch", "32", "--cluster", "3x1:shm,1gbit", "--calibrate", str(d),
                         "--strategies", "ring,byteps"]) == 0
+    out = capsys.readouterr().out
     assert ("\neff: scaling efficiency (the row's one-worker step / its step) of the calibrated rows; compute "
-            "efficiency (compute / step) of the others\nrecommendation: ") in capsys.readouterr().out
+            "efficiency (compute / step) of the others\nrecommendation: ") in out
+    # the workload's compute says where it came from: a step measured in DIR, not a compute time
+    assert out.startswith(f"# model cnn: {S / 1e6:.1f} MB of gradients in 1 tensors, compute 20.5 ms per batch of 32 "
+                          f"(horovod's one-worker step at 1gbit in {d}, for the rows it did not calibrate)\n"), out
     assert advise_main(["--model", "cnn", "--batch", "32", "--cluster", "3x1:shm,1gbit", "--calibrate", str(d),
                         "--strategies", "ring"]) == 0                   # every row calibrated: one kind
     assert "\neff: scaling efficiency (the row's one-worker step / its step) of the calibrated rows\n" in \
