@@ -340,7 +340,8 @@ def load_dir(path: str) -> Measured:
     if not os.path.isfile(tj):
         subs = sorted(d for d in glob.glob(os.path.join(path, "*")) if os.path.isfile(os.path.join(d, "training.json")))
         if not subs:
-            colls = glob.glob(os.path.join(path, "*collectives*.json")) + glob.glob(os.path.join(path, "*", "*collectives*.json"))
+            colls = [p for pattern in ("*collectives*.json", os.path.join("*", "*collectives*.json"))
+                     for p in glob.glob(os.path.join(path, pattern))]
             raise UsageError(f"{path}: no training.json in it or in a directory below; run `hvdkit-bench training "
                              f"--out-dir {path}` (or the suite) first"
                              + ("; it holds collectives only: put them beside a training.json (hvdkit advise "
