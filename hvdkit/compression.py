@@ -12,9 +12,10 @@ Horovod tensor) is multiplied by ``2**k`` before the cast, ``k`` the largest int
 after it; ``k`` travels with the block (the ring: one int16 after the piece; the PS: the
 header's ``scale`` field; Horovod: agreed by every rank before the allreduce). Multiplying
 by a power of two is exact, so the only error is the cast's rounding, and no finite value
-can become inf. ``headroom`` is the number of such values that will be *added in float16*
-(Horovod sums in float16: headroom N); hvdkit's ring and PS add in float32 or float64 on
-the receiving rank, headroom 1. The block's largest value lands in [32752, 65504] / headroom,
+can become inf. ``headroom`` is the number of such values that will be *added in float16*,
+rounded up to a power of two (:func:`sum_headroom`: Horovod sums N ranks in float16, headroom
+the next power of two >= N); hvdkit's ring and PS add in float32 or float64 on the receiving
+rank, headroom 1. The block's largest value lands in [32752, 65504] / headroom,
 so a value ``v`` of a block whose largest magnitude is ``M`` comes back with an error of at most
 ``2**-11 |v| + 2**-40 M headroom`` (half an ulp of a normal float16, or half the spacing of
 the subnormals, 2**-25, over the scale): elements down to ~``M 2**-29 headroom`` keep 11
@@ -43,8 +44,8 @@ import math
 
 import numpy as np
 
-__all__ = ["FP16_MAX", "COMPRESSIONS", "max_abs", "scale_exponent", "encode", "decode", "error_bound",
-           "wire_itemsize"]
+__all__ = ["FP16_MAX", "COMPRESSIONS", "max_abs", "sum_headroom", "scale_exponent", "encode", "decode",
+           "error_bound", "wire_itemsize"]
 
 #: the largest finite float16
 FP16_MAX = 65504.0
@@ -60,13 +61,39 @@ def max_abs(x: np.ndarray) -> float:
     return float(max(x.max(), -x.min()))
 
 
+def sum_headroom(n: int) -> int:
+    """The headroom of a sum of ``n`` scaled float16 values: the next power of two >= ``n``.
+
+    65504 / N is not a float16 number unless N is a power of two, so a value scaled to at most
+    65504 / N can round *up* in the cast, and N of them overflow: N = 3, every term 21834.67
+    -> 21840, and 3 x 21840 rounds to inf. With P = 2**p >= N the bound is exact:
+
+    * a term: 65504 / P = 2**(16-p) - 2**(5-p) is a float16, the largest below 2**(16-p),
+      so no value at most 65504 / P rounds past it;
+    * a float16 sum of m <= P terms, in any order or tree, is at most L(m) = X - u, the
+      largest float16 below X = m 2**(16-p) (u: the spacing of float16 just below X). By
+      induction: a partial sum of m1 terms plus one of m2 = m - m1 is at most
+      X - u1 - u2, and the larger of u1, u2 is >= u / 2 (X is at most twice the larger
+      X_i), so the exact sum lies below X - u / 2 and rounds to at most L(m);
+    * L(P) = 65504: no partial sum overflows (for N <= 2048, where every X < 2**16 is a
+      multiple of the float16 spacing around it).
+
+    Raises:
+        ValueError: ``n`` < 1.
+    """
+    if n < 1:
+        raise ValueError(f"n={n}: a sum needs at least one term")
+    return 1 << (int(n) - 1).bit_length()
+
+
 def scale_exponent(largest: float, headroom: float = 1.0) -> int:
     """The largest integer ``k`` with ``largest * 2**k <= 65504 / headroom``.
 
     Args:
         largest: the block's largest magnitude (>= 0; :func:`max_abs`).
-        headroom: how many such values will be added in float16 (1: none, the sum is taken in
-            a wider dtype), >= 1.
+        headroom: :func:`sum_headroom` of how many such values will be added in float16 (1:
+            none, the sum is taken in a wider dtype), >= 1; a power of two, so that the bound
+            65504 / headroom is itself a float16 number and the cast cannot round past it.
 
     Returns:
         ``k`` (an int, negative to shrink large values); 0 when ``largest`` is 0, inf or NaN

@@ -134,7 +134,7 @@ class Horovod(_Method):
 
 
 class HorovodFp16(Horovod):
-    """``hvd.Compression.fp16`` after a power-of-two scale agreed by every rank (headroom N)."""
+    """``hvd.Compression.fp16`` after a power-of-two scale agreed by every rank (headroom: the power of two >= N)."""
 
     tolerance = 1e-3
     wire_fraction = 0.5

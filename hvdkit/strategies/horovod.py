@@ -36,7 +36,7 @@ import numpy as np
 
 from hvdkit.collectives.ring import ring_bytes_per_rank
 from hvdkit.comm import World, agree
-from hvdkit.compression import FP16_MAX, wire_itemsize
+from hvdkit.compression import FP16_MAX, sum_headroom, wire_itemsize
 from hvdkit.config import Option, at_least
 from hvdkit.errors import UsageError
 from hvdkit.startup import phase
@@ -227,9 +227,11 @@ def fp16_grouped_allreduce(hvd, tensors, average: bool = True) -> list:
     1. Every rank agrees on each tensor's largest ``|x|`` over all ranks: one ``hvd.allreduce``
        (``op=hvd.Max``) of a float64 vector, one element per tensor.
     2. Tensor i is multiplied by ``2**k_i``, ``k_i`` the largest integer with
-       ``max_i 2**k_i <= 65504 / N`` (headroom N: Horovod adds the N float16 values in float16,
-       so their sum cannot overflow either); 0 when ``max_i`` is 0, inf or NaN (a non-finite
-       gradient stays non-finite, as uncompressed); clipped to [-120, 120] for float32.
+       ``max_i 2**k_i <= 65504 / P``, P the smallest power of two >= N
+       (:func:`hvdkit.compression.sum_headroom`: Horovod adds the N float16 values in float16,
+       and with 65504 / P a float16 neither a term nor any partial sum can round past 65504);
+       0 when ``max_i`` is 0, inf or NaN (a non-finite gradient stays non-finite, as
+       uncompressed); clipped to [-120, 120] for float32.
     3. ``hvd.grouped_allreduce(op=hvd.Sum, compression=hvd.Compression.fp16)``: Horovod casts to
        float16, sums in float16 and casts back to the tensor's dtype.
     4. Tensor i is multiplied by ``2**-k_i`` (and ``1/N`` when ``average``).
@@ -252,16 +254,16 @@ def fp16_grouped_allreduce(hvd, tensors, average: bool = True) -> list:
     tensors = list(tensors)
     if not tensors:
         return []
-    n = float(hvd.size())
+    n, head = float(hvd.size()), float(sum_headroom(hvd.size()))
     local = tf.stack([tf.cast(tf.reduce_max(tf.abs(t)), tf.float64) if t.shape.num_elements() else
                       tf.constant(0.0, tf.float64) for t in tensors])
     largest = hvd.allreduce(local, op=hvd.Max)
     ok = tf.logical_and(tf.math.is_finite(largest), largest > 0.0)
     safe = tf.where(ok, largest, tf.ones_like(largest))
     two = tf.constant(2.0, tf.float64)
-    k = tf.floor(tf.math.log(FP16_MAX / (n * safe)) / tf.math.log(two))
-    k = tf.where(safe * tf.pow(two, k) * n > FP16_MAX, k - 1.0, k)          # log's rounding, either way
-    k = tf.where(safe * tf.pow(two, k + 1.0) * n <= FP16_MAX, k + 1.0, k)
+    k = tf.floor(tf.math.log(FP16_MAX / (head * safe)) / tf.math.log(two))
+    k = tf.where(safe * tf.pow(two, k) * head > FP16_MAX, k - 1.0, k)          # log's rounding, either way
+    k = tf.where(safe * tf.pow(two, k + 1.0) * head <= FP16_MAX, k + 1.0, k)
     k = tf.where(ok, k, tf.zeros_like(k))
     scaled, back = [], []
     for i, t in enumerate(tensors):

@@ -57,6 +57,73 @@ def test_scale_exponent_is_the_largest_safe_power_of_two(largest, headroom):
     assert largest * 2.0 ** k <= FP16_MAX / headroom < largest * 2.0 ** (k + 1)
 
 
+class _SameOnEveryRank:
+    """A stand-in for ``horovod.tensorflow`` at ``n`` ranks that all hold the same tensors: the
+    Max allreduce returns them, the fp16 Sum casts each to float16 and adds its ``n`` copies in
+    float16 (each addition rounded to float16, as Horovod's float16 sum), one after the other
+    (``tree=False``) or pairwise (``tree=True``)."""
+
+    Max, Sum = "max", "sum"
+
+    class Compression:
+        fp16 = "fp16"
+
+    def __init__(self, n: int, tree: bool):
+        self.n, self.tree = n, tree
+
+    def size(self) -> int:
+        return self.n
+
+    def allreduce(self, t, op):
+        assert op == self.Max
+        return t
+
+    def grouped_allreduce(self, tensors, op, compression):
+        import tensorflow as tf
+
+        assert op == self.Sum and compression == self.Compression.fp16
+        out = []
+        for t in tensors:
+            terms = [t.numpy().astype(np.float16)] * self.n
+            with np.errstate(over="ignore"):
+                while len(terms) > 1:
+                    if self.tree:
+                        terms = [terms[i] + terms[i + 1] for i in range(0, len(terms) - 1, 2)] + terms[len(terms) & ~1:]
+                    else:
+                        terms = [terms[0] + terms[1]] + terms[2:]
+            out.append(tf.constant(terms[0].astype(t.dtype.as_numpy_dtype)))
+        return out
+
+
+@pytest.mark.parametrize("tree", [False, True])
+def test_horovod_fp16_sum_of_the_worst_case_cannot_overflow(tree):
+    """Every rank holds the same value just below 65504 / N (times a power of two) in one element,
+    the largest its tensor's scale lets through: the float16 sum of the N scaled copies must be
+    finite for N = 2..16, in either order. With headroom N (not a float16 number unless N is a
+    power of two) the scaled terms rounded up: N = 3, 0.0208216 -> 21840 each, sum inf."""
+    import tensorflow as tf
+
+    from hvdkit.strategies.horovod import fp16_grouped_allreduce
+
+    for n in range(2, 17):
+        values = [np.float32(FP16_MAX / n * (1 - i * 2.0 ** -13) * 2.0 ** e) for i in range(32) for e in (-20, 3)]
+        values.append(np.float32(0.0208216))
+        tensors = [tf.constant([v, -v / 7], tf.float32) for v in values]
+        got = fp16_grouped_allreduce(_SameOnEveryRank(n, tree), tensors, average=False)
+        for v, t in zip(values, got):
+            s = t.numpy()
+            assert np.all(np.isfinite(s)), (n, v, s)
+            assert abs(s[0] - n * v) <= error_bound(n * v, v, n), (n, v, s)
+
+
+def test_sum_headroom_is_the_next_power_of_two():
+    from hvdkit.compression import sum_headroom
+
+    assert [sum_headroom(n) for n in (1, 2, 3, 4, 5, 8, 9, 16, 17)] == [1, 2, 4, 4, 8, 8, 16, 16, 32]
+    with pytest.raises(ValueError, match="n=0"):
+        sum_headroom(0)
+
+
 def test_non_finite_blocks_travel_unscaled_and_stay_non_finite():
     assert scale_exponent(float("inf")) == scale_exponent(float("nan")) == 0
     x = np.array([np.inf, -1.0, np.nan, 2.0], np.float32)
