@@ -36,6 +36,7 @@ import os
 import sys
 import time
 
+from hvdkit import costs
 from hvdkit.advise import presets
 from hvdkit.advise.model import Cluster, Options, Workload
 from hvdkit.advise.predict import default_rows, parse_rows, predict, recommend
@@ -45,15 +46,23 @@ from hvdkit.errors import UsageError
 __all__ = ["main", "build_parser", "workload_from_args", "render_table"]
 
 PROG = "hvdkit advise"
+#: samples per accelerator per step without --batch (the known models' published runs: presets)
+DEFAULT_BATCH = 64
+#: a cluster's link is the link a calibration measured when their rates are within this factor: a TCP
+#: stream's probed rate reads somewhat below the nominal tc rate of its link (docs/advise.md, --calibrate)
+RATE_TOLERANCE = 1.25
 
 
 def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     """The flags (module docstring); ``prog``: the name ``--help`` shows."""
     p = Parser(prog=prog, doc=__doc__)
     g = p.add_argument_group("the model and its compute")
-    g.add_argument("--model", required=True,
-                   help=f"{', '.join(presets.KNOWN_MODELS)}, an hvdkit registry model, or MODULE:FUNCTION")
-    g.add_argument("--batch", type=int, default=64, help="samples per accelerator per step (default 64)")
+    g.add_argument("--model",
+                   help=f"{', '.join(presets.KNOWN_MODELS)}, an hvdkit registry model, or MODULE:FUNCTION (required; "
+                        "with --calibrate DIR: default the one model DIR measured)")
+    g.add_argument("--batch", type=int,
+                   help=f"samples per accelerator per step (default {DEFAULT_BATCH}; with --calibrate DIR: the batch "
+                        "DIR measured, and no other for a model it measured)")
     g.add_argument("--gpu", default="p100", choices=sorted({k for m in presets.KNOWN_MODELS.values()
                                                              for k in m["images_per_s"]}),
                    help="accelerator of a known model's published throughput (default p100)")
@@ -66,7 +75,8 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     g = p.add_argument_group("the cluster")
     g.add_argument("--cluster", required=True,
                    help="HxG[:INTRA[,INTER[,LATENCY]]] (e.g. 16x8:nvlink,25gbit, 4x1:shm,1gbit+rdma) or the "
-                        "cluster.json of `hvdkit-cluster probe`")
+                        "cluster.json of `hvdkit-cluster probe`; with --calibrate: INTER must be a rate it measured "
+                        "(default: the one it measured)")
     g.add_argument("--cpu", action="store_true", help="the accelerators are CPU processes (reduction at 2 GB/s)")
     g.add_argument("--hosts", type=int, help="with a cluster.json: predict for this many hosts")
     g.add_argument("--shared-cores", type=int,
@@ -87,7 +97,8 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
                    help="calibrate on what was measured: DIR, the output directory of `hvdkit-bench suite` or "
                         "`hvdkit-bench training` on any place (its collectives at 2 hosts and its one-worker steps; a "
                         "model it measured needs no compute flag), or the JSON of `hvdkit-bench cluster-collectives` "
-                        "(Hockney fits per strategy and rank count instead of the formulas)")
+                        "(Hockney fits per strategy and rank count instead of the formulas); it prices only what it "
+                        "measured: another link rate, or another batch of a model DIR measured, is refused")
     g.add_argument("--max-staleness", type=float,
                    help="recommend an asynchronous row only when its mean staleness is at most this")
     g = p.add_argument_group("output")
@@ -200,6 +211,88 @@ def _cluster(a, hosts: int | None = None) -> Cluster:
         return replace(cl, hosts=hosts) if hosts else cl
     except ValueError as e:
         raise UsageError(str(e)) from None
+
+
+def _rate_Bps(label: str) -> float | None:
+    """Bytes/s of a rate label (``"1gbit"``), None where it is none (a place named otherwise)."""
+    try:
+        return costs.parse_rate(label) / 8
+    except ValueError:
+        return None
+
+
+def _measured_rate(a, rates: dict, path: str) -> str:
+    """The rate of ``rates`` (``{label: probed bytes/s or None}``, what ``path`` measured) that
+    ``--cluster`` names; a ``--cluster HxG[:INTRA]`` naming none takes the one ``path`` measured
+    (``a.cluster`` rewritten with it). Its nominal or probed rate within :data:`RATE_TOLERANCE` of the
+    cluster's link.
+
+    Raises:
+        UsageError: more than one rank per host (what is calibrated is one), another rate than ``path``
+            measured, or no rate named where it measured several.
+    """
+    per_host = _cluster(a).gpus_per_host
+    if per_host != 1:
+        raise UsageError(f"--calibrate {path}: what it measured is priced for one rank per host; this cluster has "
+                         f"{per_host} per host")
+    if not rates:
+        return ""
+    if not a.cluster.endswith(".json"):
+        filled = presets.with_inter(a.cluster, sorted(rates)[0])
+        if filled and len(rates) > 1:
+            raise UsageError(f"--calibrate {path}: it measured {' and '.join(sorted(rates))} links: name one in "
+                             f"--cluster (e.g. {filled})")
+        a.cluster = filled or a.cluster
+    link = _cluster(a).inter_Bps
+    for label in sorted(rates, key=lambda r: abs((_rate_Bps(r) or rates[r] or 0) - link)):
+        if any(x and max(x, link) / min(x, link) <= RATE_TOLERANCE for x in (_rate_Bps(label), rates[label])):
+            return label
+    from hvdkit.advise.measured import rate_label
+    got = sorted(rates)
+    cl = _cluster(a)
+    raise UsageError(f"--calibrate {path}: it measured {' and '.join(got)} links, not the {rate_label(link * 8)} of "
+                     f"--cluster {a.cluster}, and prices no other rate: give --cluster "
+                     f"{cl.hosts}x{cl.gpus_per_host}:shm,{got[0]} (or no rate), or measure at {rate_label(link * 8)}")
+
+
+def _dir_workload_args(a, meas, rate: str) -> None:
+    """``--model`` and ``--batch`` of ``--calibrate DIR`` (``meas``, at its ``rate``): each DIR's where not
+    given (the one model it measured; its batch); a model it measured at another batch refused, and a model
+    it did not measure without a compute flag (whose compute would be another machine's figure).
+
+    Raises:
+        UsageError: a mismatch, naming what DIR measured and the flag to change.
+    """
+    path = a.calibrate
+    models = sorted({c.model for c in meas.cells})
+    if a.model is None:
+        if len(models) != 1:
+            raise UsageError(f"--calibrate {path}: it measured " + (f"{' and '.join(models)}: give --model" if models else
+                             "no model (no successful training cell): give --model and its compute"))
+        a.model = models[0]
+    batch = meas.batches.get(rate, meas.batch_size)
+    if a.model not in models:
+        if not (a.compute_ms or a.images_per_s or a.measure):
+            raise UsageError(f"--calibrate {path}: it measured {', '.join(models) or 'no model'}, not {a.model}: give "
+                             f"{a.model}'s compute (--compute-ms, --images-per-s or --measure) to price it on the "
+                             "collectives measured there" + (f", or --model {models[0]}" if len(models) == 1 else ""))
+    elif a.batch is not None and a.batch != batch:
+        raise UsageError(f"--calibrate {path}: it measured {a.model} at batch {batch}, not --batch {a.batch}, and "
+                         f"prices no other batch: drop --batch, or measure batch {a.batch} (hvdkit-bench training "
+                         f"--batch-size {a.batch})")
+    if a.batch is None:
+        a.batch = batch
+
+
+def _json_rates(path: str) -> dict:
+    """``{rate label: None}`` of the rows of a cluster-collectives JSON (``--calibrate JSON``); {} where
+    it is unreadable or names no rate (:func:`_calibrated` says why)."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            rows = json.load(fh).get("rows") or []
+        return {r["rate"]: None for r in rows if isinstance(r, dict) and r.get("rate")}
+    except (OSError, ValueError, AttributeError):
+        return {}
 
 
 def _calibrated(path: str, cl: Cluster, opt: Options, rows) -> Options:
@@ -356,11 +449,18 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
             opt = Options(fusion_bytes=a.fusion_bytes, overlap=a.overlap, jitter_cv=a.jitter)
         except ValueError as e:
             raise UsageError(str(e)) from None
-        cl = _cluster(a)
         meas = cal = None
         if a.calibrate and os.path.isdir(a.calibrate):
             meas, cal = _load_dir(a.calibrate)
+            rate = _measured_rate(a, {r: ln.link_Bps for r, ln in meas.links.items()}, a.calibrate)
+            _dir_workload_args(a, meas, rate)
         elif a.calibrate:
+            _measured_rate(a, _json_rates(a.calibrate), a.calibrate)
+        if a.model is None:
+            raise UsageError("the following arguments are required: --model (or --calibrate DIR, whose model it takes)")
+        a.batch = DEFAULT_BATCH if a.batch is None else a.batch
+        cl = _cluster(a)
+        if a.calibrate and not cal:
             opt = _calibrated(a.calibrate, cl, opt, rows)
         wl = workload_from_args(a, meas)
         preds = _dir_predictions(cal, wl, cl, opt, rows, a.calibrate) if cal else predict(wl, cl, opt, rows)

@@ -97,6 +97,8 @@ class Measured:
     links: dict[str, Link] = field(default_factory=dict)
     sources: list[str] = field(default_factory=list)
     batch_size: int = 32
+    #: ``{rate: samples per worker per step}`` of each place's training cells (its training document's batch)
+    batches: dict[str, int] = field(default_factory=dict)
     #: ``{real path: (kind, boot ids)}``: each document read, its kind (``"training"``, ``"collectives"``,
     #: ``"transport"``) and the boots its meta recorded (:func:`boots_of`); kind ``"real hosts"`` for the
     #: documents of a place whose hosts boot apart (:func:`provenance`)
@@ -113,6 +115,7 @@ class Measured:
         self.links.update(other.links)
         self.sources += other.sources
         self.batch_size = other.batch_size
+        self.batches.update(other.batches)
         for path, (kind, ids) in other.boots.items():
             _note_boot(self, path, kind, ids)
 
@@ -384,7 +387,8 @@ def from_training(training: dict, cluster: dict | None = None, path: str = "") -
     rate = _rate_of(cluster, training, path)
     link = _link_from(cluster, training, rate)
     cells = (_new_training if training.get("benchmark") == "training" else _old_training)(training, rate)
-    return Measured(cells, [], {rate: link}, [], _batch(training))
+    batch = _batch(training)
+    return Measured(cells, [], {rate: link}, [], batch, {rate: batch})
 
 
 def load_files(training_path: str, collectives_path: str | None) -> Measured:

@@ -35,7 +35,8 @@ import re
 from hvdkit import costs
 from hvdkit.advise.model import Cluster
 
-__all__ = ["KNOWN_MODELS", "INTRA", "vgg16_tensors", "known_tensors", "parse_cluster", "cluster_from_json"]
+__all__ = ["KNOWN_MODELS", "INTRA", "vgg16_tensors", "known_tensors", "parse_cluster", "cluster_from_json",
+           "with_inter"]
 
 F32 = 4
 
@@ -81,6 +82,21 @@ def known_tensors(name: str) -> tuple[int, ...]:
     return tuple(total // n + (1 if i < total % n else 0) for i in range(n))
 
 
+#: ``HxG[:INTRA[,INTER[,LATENCY]]]``: groups H, G, INTRA, INTER, LATENCY
+_FORM = re.compile(r"\s*(\d+)x(\d+)(?::([^,]*)(?:,([^,]*)(?:,([^,]*))?)?)?\s*")
+
+
+def with_inter(text: str, inter: str) -> str | None:
+    """``text`` (the form of :func:`parse_cluster`) with INTER ``inter`` where it names no INTER (INTRA
+    ``shm`` where it names none either: one rank per host, CPU processes), or None where it names one
+    or is not of that form (a cluster.json: its probed rate)."""
+    m = _FORM.fullmatch(text)
+    if not m or (m.group(4) or "").strip():
+        return None
+    lat = f",{m.group(5).strip()}" if (m.group(5) or "").strip() else ""
+    return f"{m.group(1)}x{m.group(2)}:{(m.group(3) or '').strip() or 'shm'},{inter}{lat}"
+
+
 def parse_cluster(text: str, accelerator: str = "gpu") -> Cluster:
     """``"16x8:nvlink,25gbit"`` -> :class:`Cluster` (module docstring for the form).
 
@@ -90,7 +106,7 @@ def parse_cluster(text: str, accelerator: str = "gpu") -> Cluster:
     Raises:
         ValueError: any other form (the message names the text).
     """
-    m = re.fullmatch(r"\s*(\d+)x(\d+)(?::([^,]*)(?:,([^,]*)(?:,([^,]*))?)?)?\s*", text)
+    m = _FORM.fullmatch(text)
     if not m:
         raise ValueError(f"--cluster {text!r}: write HOSTSxPER_HOST[:INTRA[,INTER[,LATENCY]]], "
                          "e.g. 16x8:nvlink,25gbit or 4x1:shm,1gbit,100us")

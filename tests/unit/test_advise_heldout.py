@@ -849,3 +849,62 @@ def test_a_suite_directory_with_collectives_at_more_hosts_is_read_at_scale(tmp_p
     assert advise_main(["--model", "cnn", "--cluster", "3x1:shm,1gbit", "--calibrate", str(tmp_path / "none")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "no such file or directory; give the --out-dir" in err
+
+
+def test_a_calibration_prices_only_what_it_measured(tmp_path, capsys):
+    """``--calibrate DIR`` takes the batch, the model and the link rate from DIR unless given, and refuses in
+    one line (status 2) what it cannot price: another batch of a model it measured, another rate, a model it
+    did not measure without its compute. (It had read DIR's batch-32 steps as batch 64, doubling samples/s,
+    and priced a 25gbit or 100mbit cluster on DIR's 1gbit collectives.)"""
+    import os
+
+    from tests.conftest import ROOT
+    fair = os.path.join(ROOT, "benchmarks", "figures", "fair36")
+    d = os.path.join(fair, "1gbit")                      # batch 32; cnn and mlp-wide; 1gbit
+    assert advise_main(["--model", "cnn", "--cluster", "3x1", "--calibrate", d, "--strategies", "ring", "--json"]) == 0
+    took = json.loads(capsys.readouterr().out)
+    assert took["model"]["batch"] == 32 and took["cluster"]["inter_Bps"] == 1e9 / 8
+    assert took["cluster"]["name"] == "3x1:shm,1gbit"
+    assert advise_main(["--model", "cnn", "--batch", "32", "--cluster", "3x1:shm,1gbit", "--calibrate", d,
+                        "--strategies", "ring", "--json"]) == 0
+    given = json.loads(capsys.readouterr().out)
+    assert took["strategies"] == given["strategies"]
+    one = _suite_dir(tmp_path / "one")                   # one model measured: it is the default
+    assert advise_main(["--cluster", "3x1", "--calibrate", str(one), "--strategies", "ring", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["model"]["name"] == "cnn"
+    for argv, needle in (
+            (["--model", "cnn", "--cluster", "3x1:shm,1gbit"], None),
+            (["--model", "cnn", "--batch", "64", "--cluster", "3x1:shm,1gbit"],
+             "it measured cnn at batch 32, not --batch 64, and prices no other batch"),
+            (["--model", "cnn", "--cluster", "3x1:shm,25gbit"],
+             "it measured 1gbit links, not the 25gbit of --cluster 3x1:shm,25gbit, and prices no other rate"),
+            (["--model", "cnn", "--cluster", "3x1:shm,100mbit"], "not the 100mbit of --cluster 3x1:shm,100mbit"),
+            (["--model", "resnet50", "--cluster", "3x1:shm,1gbit"],
+             "it measured cnn, mlp-wide, not resnet50: give resnet50's compute"),
+            (["--cluster", "3x1:shm,1gbit"], "it measured cnn and mlp-wide: give --model")):
+        status = advise_main([*argv, "--calibrate", d, "--strategies", "ring"])
+        out, err = capsys.readouterr()
+        if needle is None:
+            assert status == 0 and err == "", err
+            continue
+        assert status == 2 and out == "", out
+        assert err.count("\n") == 1 and err.startswith(f"hvdkit: error: --calibrate {d}: ") and needle in err, err
+    # a model DIR did not measure, with its compute: priced on DIR's collectives, at DIR's batch
+    assert advise_main(["--model", "resnet50", "--compute-ms", "50", "--cluster", "3x1:shm,1gbit", "--calibrate", d,
+                        "--strategies", "ring", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["model"]["batch"] == 32
+    # a directory of two rates: the cluster names one of them
+    assert advise_main(["--model", "cnn", "--cluster", "4x1:shm,200mbit", "--calibrate", fair, "--strategies",
+                        "ring"]) == 0
+    assert f"# calibrated on {fair} at 200mbit" in capsys.readouterr().out
+    assert advise_main(["--model", "cnn", "--cluster", "4x1", "--calibrate", fair]) == 2
+    assert "it measured 1gbit and 200mbit links: name one in --cluster (e.g. 4x1:shm,1gbit)" in capsys.readouterr().err
+    # the collectives JSON: its rates too
+    coll = os.path.join(ROOT, "benchmarks", "figures", "cluster_collectives.json")
+    assert advise_main(["--model", "resnet50", "--cluster", "2x1:shm,25gbit", "--calibrate", coll]) == 2
+    assert "it measured 1gbit and 200mbit links, not the 25gbit" in capsys.readouterr().err
+    assert advise_main(["--model", "resnet50", "--cluster", "2x1:shm,1gbit", "--calibrate", coll]) == 0
+    capsys.readouterr()
+    # no --model and no DIR to take it from
+    assert advise_main(["--cluster", "3x1:shm,1gbit", "--compute-ms", "5"]) == 2
+    assert "--model" in capsys.readouterr().err
