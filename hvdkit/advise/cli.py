@@ -267,8 +267,9 @@ def _dir_workload_args(a, meas, rate: str) -> None:
     models = sorted({c.model for c in meas.cells})
     if a.model is None:
         if len(models) != 1:
-            raise UsageError(f"--calibrate {path}: it measured " + (f"{' and '.join(models)}: give --model" if models else
-                             "no model (no successful training cell): give --model and its compute"))
+            raise UsageError(f"--calibrate {path}: it measured "
+                             + (f"{' and '.join(models)}: give --model" if models
+                                else "no model (no successful training cell): give --model and its compute"))
         a.model = models[0]
     batch = meas.batches.get(rate, meas.batch_size)
     if a.model not in models:

@@ -74,9 +74,10 @@ def test_decide_mentions_a_faster_time_to_target_and_advise_disagreeing():
 
 
 def test_decide_single_cell_and_empty():
-    d = decide([_cell("horovod", 10, 9, 11, n=1)])
+    d = decide([_cell("horovod", 10, 9, 11)])
     assert d.chosen == ("horovod",) and "only variant measured" in d.reasons[0]
-    assert "one round only" in " ".join(d.reasons)
+    assert decide([_cell("horovod", 10, 9, 11, n=1)], min_rounds=1).reasons[-1].endswith(
+        "one round only, so no spread was measured")
     with pytest.raises(ValueError):
         decide([{"variant": "x", "model": "m", "workers": 1, "samples_per_s": None}])
 
@@ -201,8 +202,11 @@ def test_markdown_lists_cluster_predictions_failures(report_dir):
     md = (report_dir / "report.md").read_text()
     assert "| hvdc-h1 | hvdc-h2 | 0.93 | 0.100 |" in md                # a probed link: Gbit/s, ms
     assert "| horovod | 4 | 4 | 3 | 1500 [1450-1550] | 0.91 [0.86-0.97] |" in md
-    assert "| ring | 2 | 2 | 0 (+3 failed) | FAILED |" in md
+    assert ("| ring | 2 | 2 | 0 (+3 failed) | FAILED: job exited with status 1: ring: rank 1: MPI_ERR_TRUNCATE: "
+            "message truncated (see runs/cnn-ring-2-r0/job.log) |") in md     # the failed cell names its cause
     assert "| horovod | 1 | 1 | 2 (+1 failed) | 910 [900-920] |" in md    # measured from its OK rounds
+    assert ("- horovod at 1 worker: 1 round FAILED: timed out after 300 s (the job's hard timeout; raise "
+            "--timeout)") in md
     assert "| FAILED | ring | cnn | 2 | 0 | job exited with status 1: ring: rank 1: MPI_ERR_TRUNCATE" in md
     assert "| SKIPPED | ps-sync:num_servers=1 | mlp | 4 | - | needs 5 slots, the hosts have 4 |" in md
     assert "| mlp | ps-async | 4 | none | 2/2 | 7.8 [7.6-8.1] | 3400 [3300-3500] | 2.65 [2.60-2.70] | 7 |" in md
@@ -317,3 +321,89 @@ def test_figures_draw_straggler_cells_beside_the_cells_without():
     assert any("straggler 1:2" in t and t.endswith("vs samples") for t in titles)
     assert any("no straggler" in t and t.endswith("vs time") for t in titles)
     figures.plt.close("all")
+
+
+# ---------------------------------------------------------------- never more than was measured
+
+OOM = "out of memory (cgroup limit 2.0 GiB): rank 1 killed by the kernel's OOM killer"
+
+
+def _grid(rates: dict, error: str = OOM) -> dict:
+    """A training.json of ``rates`` ((model, variant, workers) -> samples/s per round, None: FAILED with
+    ``error``), built by the fixture's own writer (make_training.py)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("make_training", os.path.join(FIX, "make_training.py"))
+    mk = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mk)
+    rows = [mk.row("throughput", m, v, w, r, s) for (m, v, w), rs in rates.items() for r, s in enumerate(rs)]
+    for r in rows:
+        if r["status"] != "OK":
+            r["error"] = error
+    return {**_doc(), "rows": rows, "summary": mk.summarise(rows), "skipped": []}
+
+
+def _headline(md: str) -> str:
+    return next(line for line in md.splitlines() if line.startswith("> **"))
+
+
+def test_failures_at_more_workers_do_not_decide_silently():
+    """Every 2-worker cell failed (killed for memory): the recommendation falls back to 1 worker and its
+    headline says why; each FAILED cell names its cause where it appears, not only in the last section."""
+    from hvdkit.bench.report.writer import build_report
+    doc = _grid({("cnn", "horovod", 1): [500, 510, 520], ("cnn", "ring", 1): [395, 405, 415],
+                 ("cnn", "horovod", 2): [None] * 3, ("cnn", "ring", 2): [None] * 3})
+    md = build_report(doc).markdown()
+    assert "### cnn at 1 worker\n" in md
+    assert _headline(md) == ("> **Recommended: horovod (at 1 worker only: at 2 workers horovod and ring FAILED)**")
+    assert f"FAILED (cause): horovod at 2 workers: {OOM}; ring at 2 workers: {OOM}" in md
+    assert f"| horovod | 2 | 2 | 0 (+3 failed) | FAILED: {OOM} |" in md      # the throughput table: its cause
+    assert f"| ring | 2 | 2 | 0 (+3 failed) | FAILED: {OOM} |" in md
+    # one variant failed at 2 workers: the other does not win there by default
+    doc = _grid({("cnn", "horovod", 1): [500, 510, 520], ("cnn", "ring", 1): [395, 405, 415],
+                 ("cnn", "horovod", 2): [900, 910, 920], ("cnn", "ring", 2): [None] * 3})
+    md = build_report(doc).markdown()
+    assert _headline(md) == "> **Recommended: horovod (at 1 worker only: at 2 workers ring FAILED)**"
+    assert "only variant measured" not in md
+    # failed at every worker count: no recommendation, and why
+    doc = _grid({("cnn", "horovod", 1): [500, 510, 520], ("cnn", "ring", 1): [None] * 3,
+                 ("cnn", "horovod", 2): [900, 910, 920], ("cnn", "ring", 2): [None] * 3})
+    md = build_report(doc).markdown()
+    assert "### cnn\n" in md and "Recommended" not in md
+    assert _headline(md) == ("> **No recommendation: at 2 workers ring FAILED; at 1 worker ring FAILED, so no worker "
+                             "count has a successful cell of every variant run there**")
+    # a cell with some rounds failed: measured from its OK rounds, the failed rounds' cause beside the table
+    doc = _grid({("cnn", "horovod", 1): [500, 510, 520, None], ("cnn", "ring", 1): [395, 405, 415, 420]})
+    md = build_report(doc).markdown()
+    assert f"- horovod at 1 worker: 1 round FAILED: {OOM}" in md
+
+
+@pytest.mark.parametrize("rounds", [1, 2])
+def test_fewer_than_three_rounds_recommend_nothing(rounds):
+    """One or two rounds a cell: two points (or two pairs) "not overlapping" is no evidence; the headline
+    says so, names the variants and the flag that gives more rounds."""
+    d = decide([_cell("horovod", 1020, 1020, 1020, n=rounds), _cell("ring", 1000, 1000, 1000, n=rounds)])
+    assert not d.decided and d.kind == "rounds" and d.chosen == ("horovod", "ring")
+    s = "s" if rounds > 1 else ""
+    assert d.headline == (f"horovod or ring: not enough rounds to tell ({rounds} round{s} each; a recommendation "
+                          "needs at least 3: hvdkit-bench training --repeats 3)")
+    assert f"(min-max over {rounds} round{s} each)" in d.reasons[0]
+    from hvdkit.bench.report.writer import build_report
+    rates = {("cnn", v, w): [sps * w * (1 + 0.01 * r) for r in range(rounds)]
+             for v, sps in (("horovod", 510), ("ring", 500)) for w in (1, 2)}
+    md = build_report(_grid(rates)).markdown()
+    assert _headline(md) == f"> **{d.headline}**"
+    mixed = decide([_cell("horovod", 1500, 1450, 1550), _cell("ring", 1000, 1000, 1000, n=rounds)])
+    assert mixed.kind == "rounds" and mixed.headline.startswith(
+        f"horovod or ring: not enough rounds to tell (ring {rounds} round{s}; ")
+    # a single variant is not recommended from fewer rounds either
+    one = decide([_cell("horovod", 10, 9, 11, n=rounds)])
+    assert not one.decided and one.headline.startswith("horovod: not enough rounds to tell")
+
+
+def test_intervals_name_their_round_count():
+    d = decide([_cell("ring", 1200, 1150, 1250, n=5), _cell("horovod", 1500, 1450, 1550)])
+    assert d.decided and "the intervals (min-max over 3 rounds of horovod, 5 of ring) do not overlap" in d.reasons[0]
+    d = decide([_cell("horovod", 3000, 2900, 3100), _cell("ring", 2950, 2850, 3050)])
+    assert "ring 2950 [2850-3050] (min-max over 3 rounds each): the intervals overlap" in d.reasons[0]
+    d = decide([_cell("horovod", 10, 9, 11)])
+    assert d.decided and "10 [9-11] samples/s (min-max over 3 rounds)" in d.reasons[0]

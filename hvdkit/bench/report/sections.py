@@ -10,11 +10,12 @@ from typing import Mapping, Sequence
 
 from hvdkit.bench.report import advised
 from hvdkit.bench.report.cells import cell_key, measure_of, measured_cells, primary_measure, stat
-from hvdkit.bench.report.decide import Decision, decide, interval_text
+from hvdkit.bench.report.decide import (MIN_ROUNDS, Decision, comparable_workers, decide, interval_text,
+                                        no_decision)
 from hvdkit.bench.report.document import Bullets, Heading, Paragraph, Table
 from hvdkit.bench.report.figures import human_bytes
 
-__all__ = ["decisions", "cluster_section", "throughput_section", "scaling_section", "split_section",
+__all__ = ["causes", "decisions", "cluster_section", "throughput_section", "scaling_section", "split_section",
            "convergence_section", "projection_section", "recommendation_section", "failures_section",
            "collectives_section", "method_section", "env_text", "pct"]
 
@@ -41,27 +42,46 @@ def _skipped(doc: Mapping) -> list[dict]:
 _CONVERGENCE = ("time_to_target_s", "staleness_mean")
 
 
+def causes(doc: Mapping) -> dict[tuple, str]:
+    """``{cell_key: cause}``: the error of each cell's first FAILED round (the job runner's text, e.g.
+    ``out of memory (cgroup limit ...)``), for every cell with one."""
+    out: dict[tuple, str] = {}
+    for r in sorted(doc.get("rows", []), key=lambda r: r.get("round", 0)):
+        if r.get("status") != "OK" and r.get("error"):
+            out.setdefault(cell_key(r), str(r["error"]))
+    return out
+
+
 def decisions(doc: Mapping, preds: Sequence[dict] = ()) -> list[tuple[Decision, list[str]]]:
-    """Per (model, straggler) of the primary measure, at the largest worker count any variant of
-    that model was measured at: (the :func:`~hvdkit.bench.report.decide.decide` outcome, the
-    variants of the model not measured there, each with its status and cause). A cell without
-    time to target or staleness takes them from the convergence cell of the same variant, model,
-    workers and straggler, where one was measured."""
+    """Per (model, straggler) of the primary measure, at the largest worker count at which every
+    variant run there has a successful cell (:func:`~hvdkit.bench.report.decide.comparable_workers`;
+    the failed cells above it go to the decision): (the :func:`~hvdkit.bench.report.decide.decide`
+    outcome, or :func:`~hvdkit.bench.report.decide.no_decision` where no worker count has, the variants
+    of the model not measured there, each with its status and cause). A cell without time to target or
+    staleness takes them from the convergence cell of the same variant, model, workers and straggler,
+    where one was measured."""
     primary = primary_measure(doc)
-    cells = measured_cells(doc)
+    cells = [s for s in doc.get("summary", []) if measure_of(s) == primary]
     conv = {cell_key(c)[1:]: c for c in measured_cells(doc, "convergence")}
     pred = {cell_key(p["cell"]): p["predicted_sps"] for p in preds}
     rows = [r for r in doc.get("rows", []) if measure_of(r) == primary]
+    why = causes(doc)
     out = []
     for model, strag in dict.fromkeys((c["model"], c.get("straggler", "none")) for c in cells):
         group = [c for c in cells if c["model"] == model and c.get("straggler", "none") == strag]
-        w = max(int(c["workers"]) for c in group)
+        w, above = comparable_workers(group)
+        failed = [(int(c["workers"]), c["variant"], why.get(cell_key(c), "")) for c in above]
+        if w is None:
+            out.append((no_decision(model, strag, failed), []))
+            continue
         here = []
         for c in (c for c in group if int(c["workers"]) == w):
             other = conv.get(cell_key(c)[1:], {})
             extra = {k: other[k] for k in _CONVERGENCE if stat(c, k) is None and stat(other, k) is not None}
+            if extra:
+                extra["convergence_rounds"] = other.get("n")
             here.append({**c, **extra})
-        d = decide(here, {c["variant"]: pred.get(cell_key(c)) for c in here}, doc.get("target_accuracy"))
+        d = decide(here, {c["variant"]: pred.get(cell_key(c)) for c in here}, doc.get("target_accuracy"), failed)
         skipped = [s for s in _skipped(doc) if s["measure"] == primary and s["model"] == model]
         variants = dict.fromkeys([s["variant"] for s in doc.get("summary", []) if s["model"] == model
                                   and measure_of(s) == primary] + [s["variant"] for s in skipped])
@@ -82,21 +102,23 @@ def decisions(doc: Mapping, preds: Sequence[dict] = ()) -> list[tuple[Decision, 
 
 
 def recommendation_section(doc: Mapping, preds: Sequence[dict] = ()) -> list:
-    """The recommendation per model at its largest measured worker count, with its reasons."""
+    """The recommendation per model (and straggler condition) with its reasons, at the worker count
+    :func:`decisions` compares."""
     blocks: list = [Heading("Recommendation"),
                     Paragraph("One variant is recommended only when its samples/s interval (min-max over rounds) "
-                              "does not overlap the runner-up's; otherwise every variant within the noise is named.",
-                              "note")]
+                              "does not overlap the runner-up's; otherwise every variant within the noise is named. "
+                              f"It rests on cells of at least {MIN_ROUNDS} rounds, at the most workers at which every "
+                              "variant run there succeeded.", "note")]
     ds = decisions(doc, preds)
     if not ds:
         return blocks + [Paragraph("No cell was measured: nothing to recommend (see the failed and skipped cells).")]
     strag = _stragglers(doc)
     for d, missing in ds:
-        where = f"{d.model} at {d.workers} worker{'s' * (d.workers > 1)}"
+        where = d.model if d.kind == "failed" else f"{d.model} at {d.workers} worker{'s' * (d.workers > 1)}"
         where += f", straggler {d.straggler}" if strag else ""
         blocks.append(Heading(where, 3))
         blocks.append(Paragraph(f"**Recommended: {d.headline}**" if d.decided else f"**{d.headline}**",
-                                "verdict" if d.decided else "verdict noise"))
+                                "verdict" if d.decided else "verdict noise"))   # noise, too few rounds, failures
         reasons = list(d.reasons)
         if missing:
             reasons.append(f"not compared (not measured at {d.workers} workers): " + "; ".join(missing))
@@ -166,6 +188,7 @@ def throughput_section(doc: Mapping, preds: Sequence[dict], figure=None) -> list
     strag = _stragglers(doc)
     blocks: list = [Heading("Throughput and scaling")]
     cells = _status_cells(doc)
+    why = causes(doc)
     for model in dict.fromkeys(c["model"] for c in cells):
         rows, notes = [], []
         for c in (c for c in cells if c["model"] == model):
@@ -177,8 +200,14 @@ def throughput_section(doc: Mapping, preds: Sequence[dict], figure=None) -> list
                     notes.append(f"efficiency of {c['variant']} at {c['workers']} workers"
                                  + ("" if c.get("straggler", "none") == "none" else f", straggler {c['straggler']}")
                                  + f": {c['efficiency_note']}")
+                if c.get("failed") and why.get(cell_key(c)):
+                    notes.append(f"{c['variant']} at {c['workers']} worker{'s' * (int(c['workers']) != 1)}"
+                                 + ("" if c.get("straggler", "none") == "none" else f", straggler {c['straggler']}")
+                                 + f": {c['failed']} round{'s' * (c['failed'] != 1)} FAILED: {why[cell_key(c)]}")
             else:
-                sps, eff = c.get("status", "FAILED"), "-"
+                status = c.get("status", "FAILED")
+                cause = c.get("reason") if status == "SKIPPED" else why.get(cell_key(c))
+                sps, eff = f"{status}: {cause}" if cause else status, "-"
             rows.append(([c.get("straggler", "none")] if strag else [])
                         + [c["variant"], str(c["workers"]), str(c.get("ranks", "-")), _rounds(c), sps, eff,
                            "-" if p.get("predicted_sps") is None else
