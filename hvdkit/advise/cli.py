@@ -244,9 +244,9 @@ def _measured_rate(a, rates: dict, path: str) -> str:
                              f"--cluster (e.g. {filled})")
         a.cluster = filled or a.cluster
     link = _cluster(a).inter_Bps
-    for label in sorted(rates, key=lambda r: abs((_rate_Bps(r) or rates[r] or 0) - link)):
-        if any(x and max(x, link) / min(x, link) <= RATE_TOLERANCE for x in (_rate_Bps(label), rates[label])):
-            return label
+    label = _nearest_rate(rates, link)
+    if any(x and max(x, link) / min(x, link) <= RATE_TOLERANCE for x in (_rate_Bps(label), rates[label])):
+        return label
     from hvdkit.advise.measured import rate_label
     got = sorted(rates)
     cl = _cluster(a)
@@ -357,9 +357,17 @@ def _dir_predictions(cal, wl: Workload, cl: Cluster, opt: Options, rows, path: s
     return out
 
 
+def _nearest_rate(rates: dict, link_Bps: float) -> str:
+    """The label of ``rates`` (``{label: probed bytes/s or None}``) whose nominal or probed rate is
+    nearest ``link_Bps``."""
+    return min(sorted(rates), key=lambda r: min(abs(x - link_Bps) for x in (_rate_Bps(r), rates[r], float("inf"))
+                                                if x is not None))
+
+
 def _rate_of(cal, cl: Cluster) -> str:
-    """The calibration's rate whose probed link is nearest the cluster's."""
-    return min(cal.links, key=lambda r: abs(cal.links[r].link_Bps - cl.inter_Bps))
+    """The calibration's rate nearest the cluster's link (:func:`_nearest_rate`: the one ``main`` checked
+    is within :data:`RATE_TOLERANCE`)."""
+    return _nearest_rate({r: ln.link_Bps for r, ln in cal.links.items()}, cl.inter_Bps)
 
 
 def calibration_line(cal, cl: Cluster, path: str, rows) -> str:
