@@ -5,6 +5,9 @@
 :mod:`~hvdkit.advise.presets` the known models and cluster shorthands,
 :mod:`~hvdkit.advise.measured` what a place measured (training cells, collectives, probe) read from files,
 :mod:`~hvdkit.advise.calibrate` fits and the calibration on micro-measurements (``--calibrate``),
+:mod:`~hvdkit.advise.training` the advisor priced on a training grid's cells (the report's predictions),
+:mod:`~hvdkit.advise.heldout` the held-out validation and :mod:`~hvdkit.advise.check` its command
+(``hvdkit bench advise-check``: held out, in sample, published),
 :mod:`~hvdkit.advise.cli` the command line (the only module that may load TensorFlow, for
 ``--measure`` and registry models).
 """

@@ -33,7 +33,7 @@ COMMANDS = {"training": "hvdkit.bench.training",
             "plots": "hvdkit.bench.plots", "plot-timeline": "hvdkit.bench.plot_timeline",
             "timeline-cost": "hvdkit.bench.timeline_cost",
             "suite": "hvdkit.bench.suite", "collectives": "hvdkit.bench.collectives",
-            "cluster-collectives": "hvdkit.bench.cluster_collectives", "advise-check": "hvdkit.bench.advise_check",
+            "cluster-collectives": "hvdkit.bench.cluster_collectives", "advise-check": "hvdkit.advise.check",
             "report": "hvdkit.bench.report.cli", "figures": "hvdkit.bench.figures"}
 #: the benchmarks that run under mpirun: ``hvdkit-bench NAME`` takes ``-np N`` and a place besides their flags
 MPI_COMMANDS = ("collectives", "timeline-cost")

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Mapping
 
 from hvdkit.bench.report import sections
-from hvdkit.bench.report.cells import measure_of, primary_measure
+from hvdkit.cells import measure_of, primary_measure
 from hvdkit.bench.report.decide import interval_text
 from hvdkit.bench.report.document import Heading, Paragraph, Table
 

@@ -257,7 +257,7 @@ def render(json_path: str, doc=None) -> str | None:
     """
     doc = read_json(json_path) if doc is None else doc
     if isinstance(doc, Mapping) and _is_advise_check(doc):
-        from hvdkit.bench import advise_check
+        from hvdkit.advise import check as advise_check
         ins = [_resolve(p, json_path) for p in doc["inputs"]]
         files = len(ins) == 2 and all(os.path.isfile(p) for p in ins)
         tr = _resolve(doc["transport"], json_path) if doc.get("transport") else None

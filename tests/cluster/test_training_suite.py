@@ -102,7 +102,7 @@ def test_predicted_steps_track_measured_ones(suite_run):
     faster's slowest). Closer than that no order is claimed: CI measured horovod 80.7 ms against
     ps-sync-k1's 73.5 ms (overlapping rounds), and once 68.3 against 66.1 ms (rounds apart by 3%),
     where the model predicts about 60-66 and 87-94; earlier runs measured horovod the faster."""
-    from hvdkit.bench.advise_check import measured_comparison
+    from hvdkit.advise.check import measured_comparison
 
     out, r = suite_run
     assert r.returncode == 0, r.output[-3000:]

@@ -260,7 +260,7 @@ def test_advise_check_reads_the_recorded_benchmarks(tmp_path, capsys):
     """hvdkit-bench advise-check: every measured point gets both predictions; the published rows are projected."""
     import os
 
-    from hvdkit.bench import advise_check
+    from hvdkit.advise import check as advise_check
     from tests.conftest import ROOT
     fig = os.path.join(ROOT, "benchmarks", "figures")
     md = tmp_path / "check.md"
@@ -281,7 +281,7 @@ def test_advise_check_reads_a_training_json(tmp_path, capsys):
     straggler, by variant; the probed link of its place; a place without links is refused."""
     import os
 
-    from hvdkit.bench import advise_check
+    from hvdkit.advise import check as advise_check
     from tests.conftest import ROOT
 
     def row(variant, w, step_ms, rnd, **kw):
@@ -344,7 +344,7 @@ def test_advise_check_json_regenerates_byte_identically(tmp_path, monkeypatch):
     byte: floats are rounded to 12 significant digits, so summation order cannot change the last digit."""
     import os
 
-    from hvdkit.bench import advise_check
+    from hvdkit.advise import check as advise_check
     from tests.conftest import ROOT
 
     assert advise_check.rounded({"a": [0.1 + 0.2, 3, "x"], "b": (1 / 3,)}) == {"a": [0.3, 3, "x"], "b": [0.333333333333]}

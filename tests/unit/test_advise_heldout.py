@@ -9,7 +9,7 @@ from hvdkit.advise import measured
 from hvdkit.advise.calibrate import CFS_PERIOD_S, calibrate, held_out, latency_steps, wire_factor
 from hvdkit.advise.cli import main as advise_main
 from hvdkit.advise.model import burst_seconds, closed_network_cycle, cpu_share, server_serial_time, split_fit
-from hvdkit.bench import advise_check, heldout
+from hvdkit.advise import check as advise_check, heldout
 from hvdkit.errors import UsageError
 
 S = 4_000_000          # gradient bytes of the fixture model
@@ -491,7 +491,7 @@ def test_advise_calibrate_dir(tmp_path, capsys):
 
 
 def test_report_predictions_use_the_directory_calibration(tmp_path):
-    from hvdkit.bench.report import advised
+    from hvdkit.advise import training as advised
     d = _suite_dir(tmp_path / "r")
     doc = json.loads((d / "training.json").read_text())
     doc["summary"] = [{"measure": "throughput", "variant": "ring", "strategy": "ring", "layout": "replicas",
@@ -809,7 +809,7 @@ def test_a_suite_directory_with_collectives_at_more_hosts_is_read_at_scale(tmp_p
     import shutil
 
     from hvdkit.advise.cli import _load_dir
-    from hvdkit.bench.report.advised import calibration_of
+    from hvdkit.advise.training import calibration_of
 
     d = _suite_dir(tmp_path / "suite" / "1gbit")
     _scale_dir(tmp_path / "scale")

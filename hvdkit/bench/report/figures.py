@@ -307,7 +307,7 @@ def plot_all(out_dir: str, collectives: Sequence[str | Mapping] = (), training: 
     Raises:
         OSError, ValueError: an input is not readable JSON, or a file cannot be written.
     """
-    from hvdkit.bench.report.cells import measure_of
+    from hvdkit.cells import measure_of
 
     figs = []
     if collectives:

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Mapping, Sequence
 
-from hvdkit.bench.report import advised
-from hvdkit.bench.report.cells import cell_key, measure_of, measured_cells, primary_measure, stat
+from hvdkit.advise import training as advised
+from hvdkit.cells import cell_key, measure_of, measured_cells, primary_measure, stat
 from hvdkit.bench.report.decide import (MIN_ROUNDS, Decision, comparable_workers, decide, interval_text,
                                         no_decision)
 from hvdkit.bench.report.document import Bullets, Heading, Paragraph, Table
@@ -235,7 +235,7 @@ def scaling_section(cells: Sequence[Mapping], title: str = "Samples/s per worker
     docs/performance.md, scaling efficiency).
 
     Args:
-        cells: summary cells (:mod:`~hvdkit.bench.report.cells`): ``model``, ``variant``,
+        cells: summary cells (:mod:`hvdkit.cells`): ``model``, ``variant``,
             ``workers``, ``ranks``, ``samples_per_s`` and ``efficiency`` as ``{"median","min","max"}``
             (``straggler`` optional); a cell without ``samples_per_s`` shows its ``status``.
         title: the section's heading.

@@ -5,8 +5,9 @@ import glob
 import os
 from typing import Mapping, Sequence
 
-from hvdkit.bench.report import advised, sections
-from hvdkit.bench.report.cells import measure_of, primary_measure
+from hvdkit.advise import training as advised
+from hvdkit.bench.report import sections
+from hvdkit.cells import measure_of, primary_measure
 from hvdkit.bench.report.document import Document, Figure, Paragraph
 from hvdkit.errors import UsageError
 from hvdkit.results import atomic_write, read_json
@@ -51,7 +52,7 @@ def _figure(name: str, fig, caption: str) -> list:
 
 def build_report(training: Mapping, collectives: Sequence[tuple[str, Mapping]] = (), calibration=None) -> Document:
     """The whole report as a :class:`~hvdkit.bench.report.document.Document` (figures rendered);
-    ``calibration``: :func:`~hvdkit.bench.report.advised.calibration_of` the results directory (None: formulas)."""
+    ``calibration``: :func:`hvdkit.advise.training.calibration_of` the results directory (None: formulas)."""
     from hvdkit.bench.report import figures   # matplotlib: only when a report is drawn
 
     preds = advised.predictions(training, calibration)

@@ -29,7 +29,7 @@ from hvdkit.advise import presets
 from hvdkit.advise.calibrate import calibrate
 from hvdkit.advise.measured import load_dir
 from hvdkit.advise.model import Cluster, Options, Prediction, Workload
-from hvdkit.bench.report.cells import measure_of, measured_cells, primary_measure, stat
+from hvdkit.cells import measure_of, measured_cells, primary_measure, stat
 from hvdkit.errors import UsageError
 
 from hvdkit.advise.predict import predict_variant as _PREDICT_VARIANT

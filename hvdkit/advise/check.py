@@ -3,11 +3,11 @@
 Runs nothing on a cluster: it reads what the cluster benchmarks measured and writes the
 comparisons (markdown tables, ``--json``)::
 
-    python -m hvdkit.bench.advise_check                    # = hvdkit-bench advise-check
-    python -m hvdkit.bench.advise_check --markdown benchmarks/figures/advise_check.md --json benchmarks/figures/advise_check.json
+    python -m hvdkit.advise.check                    # = hvdkit-bench advise-check
+    python -m hvdkit.advise.check --markdown benchmarks/figures/advise_check.md --json benchmarks/figures/advise_check.json
     hvdkit-bench advise-check /var/tmp/fair24 --json advise_check_fair.json   # suite/training dirs, one per rate
 
-0. Held out (:mod:`hvdkit.bench.heldout`): calibrated ONLY on the collectives at 2 hosts, the
+0. Held out (:mod:`hvdkit.advise.heldout`): calibrated ONLY on the collectives at 2 hosts, the
    one-worker training cells and the transport's all-to-all (``mpi-a2a`` at 3 hosts or more, in a
    directory's collectives or ``--transport FILE``; no strategy), every cell with >= 3 workers
    predicted (every model, variant and rate present), against a naive baseline (compute + the
@@ -51,7 +51,7 @@ from hvdkit.advise.calibrate import collective_method, fit_collectives, fit_for
 from hvdkit.advise.measured import variant_of
 from hvdkit.advise.model import Cluster, Options, Workload
 from hvdkit.advise.predict import predict_variant, priced
-from hvdkit.bench import heldout
+from hvdkit.advise import heldout
 from hvdkit.cliparse import Parser, print_error
 from hvdkit.errors import UsageError
 from hvdkit.results import write_json
@@ -59,7 +59,7 @@ from hvdkit.results import write_json
 __all__ = ["main", "build_parser", "render", "measured_points", "measured_comparison", "published_comparison",
            "variant_of", "PUBLISHED"]
 
-PROG = "python -m hvdkit.bench.advise_check"
+PROG = "python -m hvdkit.advise.check"
 
 
 def measured_points(training: dict) -> tuple[dict, dict]:
