@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -22,7 +23,7 @@ from hvdkit.cliparse import Parser
 from hvdkit.errors import UsageError
 
 __all__ = ["Config", "Option", "FIELDS", "at_least", "above", "option_values", "build_parser", "parse_config",
-           "env_settings", "ENV_PREFIX"]
+           "env_settings", "ENV_PREFIX", "warmup_steps", "warmup_lr"]
 
 ENV_PREFIX = "HVDKIT_"
 # Environment variables with this prefix that are not Config fields but are known.
@@ -127,12 +128,17 @@ FIELDS: tuple[Option, ...] = (
     # optimisation
     Option("epochs", int, 10, "passes over the training set", "optimisation", check=above(0)),
     Option("batch_size", int, 32, "samples per rank per step (the global batch is BATCH_SIZE x workers)", "optimisation", check=above(0)),
-    Option("optimizer", str, "momentum", "sgd | momentum | adam", "optimisation", choices=("sgd", "momentum", "adam")),
+    Option("optimizer", str, "momentum", "sgd | momentum | adam; a strategy may default to another (ps-async and "
+           "ps-dcasgd: sgd, their papers' rule)", "optimisation", choices=("sgd", "momentum", "adam")),
     Option("lr", float, 0.02, "learning rate of one worker; synchronous data-parallel strategies multiply "
            "it by the number of workers unless --no-lr-scaling (asynchronous PS modes never do)", "optimisation", check=above(0)),
     Option("momentum", float, 0.9, "momentum for --optimizer momentum", "optimisation", check=at_least(0)),
     Option("lr_scaling", bool, True, "multiply the learning rate by the number of workers (Goyal et "
            "al. 2017, as Horovod's examples do)", "optimisation"),
+    Option("warmup_epochs", float, 0.0, "with a scaled learning rate: raise it linearly, step by step, from --lr "
+           "to --lr x workers over this many epochs (Goyal et al. 2017's gradual warmup; they use 5); 0: none; "
+           "no effect where the rate is not scaled (asynchronous PS modes, --no-lr-scaling, one worker)",
+           "optimisation", check=at_least(0), metavar="EPOCHS"),
     Option("seed", int, 0, "seed for weights, data order and synthetic data (same on every rank)", "optimisation"),
     Option("max_steps", int, 0, "stop after this many steps of each rank, over all epochs (0: no limit)",
            "optimisation", check=at_least(0)),
@@ -252,6 +258,25 @@ def _stall_seconds(text: str) -> float | None | bool:
     return v if v >= 0 and v == v and v != float("inf") else False
 
 
+def warmup_steps(epochs: float, samples: int, workers: int, batch: int) -> int:
+    """Steps of a linear warmup over ``epochs`` epochs (``--warmup-epochs``): ``epochs`` x one
+    worker's steps per epoch, ceil(ceil(samples / workers) / batch), rounded up; 0 for 0 epochs."""
+    if epochs <= 0:
+        return 0
+    per_epoch = -(-(-(-samples // workers)) // batch)
+    return max(1, math.ceil(epochs * per_epoch))
+
+
+def warmup_lr(step: int, base: float, peak: float, steps: int) -> float:
+    """The learning rate of update ``step`` (0 for the first) under the gradual warmup of Goyal et
+    al. 2017 ("Accurate, Large Minibatch SGD", section 2.2): linear from ``base`` (one worker's
+    rate) to ``peak`` (the scaled one) over ``steps`` updates, then ``peak``:
+    base + (peak - base) * min(step, steps) / steps. ``steps`` 0: ``peak`` throughout."""
+    if steps <= 0:
+        return peak
+    return base + (peak - base) * min(step, steps) / steps
+
+
 def _check(c) -> None:
     """The checks that involve a pattern or more than one field."""
     if c.fail_at:
@@ -274,6 +299,9 @@ def _check(c) -> None:
         if not ok or (b and int(b) <= int(a or 0)):
             raise UsageError(f"--timeline-steps={c.timeline_steps!r} must be A:B with 0 <= A < B (steps A..B-1), "
                              "A: or :B, e.g. 10:60")
+    if c.warmup_epochs and c.extra.get("elastic"):
+        raise UsageError("--warmup-epochs with --elastic: the number of workers, and so the scaled learning rate, "
+                         "changes while an elastic job runs; drop one of them")
     if c.resume and not c.output_dir:
         raise UsageError("--resume needs --output-dir DIR (the directory holding checkpoint.npz)")
     if c.resume and c.overwrite:
@@ -360,7 +388,8 @@ def _fields(extra_fields: Sequence[Option]) -> dict[str, Option]:
 
 def parse_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None,
                  extra_fields: Sequence[Option] = (), strategies: Mapping[str, str] | None = None,
-                 prog: str = "python -m hvdkit.train") -> Config:
+                 prog: str = "python -m hvdkit.train",
+                 strategy_defaults: Mapping[str, Mapping[str, Any]] | None = None) -> Config:
     """Resolve a :class:`Config` from flags, an optional JSON file, the environment and defaults.
 
     Args:
@@ -370,6 +399,9 @@ def parse_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | Non
             with its default when no source sets it); validated here, like :data:`FIELDS`.
         strategies: the registered strategies (name -> summary), see :func:`build_parser`.
         prog: the command as typed (``hvdkit train``), shown by ``--help`` and in errors.
+        strategy_defaults: strategy name -> {setting: default} that replace the declared defaults
+            under that ``--strategy`` (:func:`hvdkit.strategies.strategy_defaults`: the rows'
+            ``defaults``), for every setting no flag, file or environment variable gives.
 
     Raises:
         UsageError: an unknown flag, key in the file or environment variable, a value of the
@@ -380,7 +412,8 @@ def parse_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | Non
     fields = _fields(extra_fields)
     args = vars(build_parser(prog, extra_fields=extra_fields, strategies=strategies).parse_args(argv))
     values: dict[str, Any] = {}
-    # lowest precedence first: defaults < env < file < flags
+    given: set[str] = set()   # set by an environment variable, the file or a flag
+    # lowest precedence first: defaults (the strategy's own, below) < env < file < flags
     for f in fields.values():
         values[f.name] = f.default
     for key, raw in env_settings(env).items():
@@ -389,6 +422,7 @@ def parse_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | Non
             raise UsageError(f"unknown environment variable {key}; known: "
                              + ", ".join(ENV_PREFIX + n.upper() for n in fields))
         values[name] = _convert(fields[name], raw, f"environment {key}")
+        given.add(name)
     if args.get("config"):
         path = args["config"]
         try:
@@ -408,9 +442,14 @@ def parse_config(argv: Sequence[str] | None = None, env: Mapping[str, str] | Non
             if name not in fields:
                 raise UsageError(f"--config {path}: unknown key {name!r}; known: {', '.join(fields)}")
             values[name] = _convert(fields[name], raw, f"--config {path}")
+            given.add(name)
     for name, raw in args.items():
         if name != "config" and raw is not None:
             values[name] = _convert(fields[name], raw, "--" + name.replace("_", "-"))
+            given.add(name)
+    for name, value in (strategy_defaults or {}).get(values["strategy"], {}).items():
+        if name not in given:
+            values[name] = value
     for name, value in values.items():
         fields[name].validate(value)
     base = {k: v for k, v in values.items() if k in _BY_NAME}

@@ -96,11 +96,15 @@ def configure_threads(requested: int, local_rank: int, local_size: int) -> tuple
     return intra, inter
 
 
-def make_optimizer(cfg: Config, lr_scale: int):
-    """The Keras optimizer of ``cfg`` with learning rate ``cfg.lr * lr_scale``."""
+def make_optimizer(cfg: Config, lr_scale: int, warmup: int = 0):
+    """The Keras optimizer of ``cfg`` with learning rate ``cfg.lr * lr_scale``, reached by a linear
+    warmup from ``cfg.lr`` over ``warmup`` steps (:func:`hvdkit.config.warmup_lr`, as a Keras schedule of the
+    optimizer's own ``iterations``, which a checkpoint restores) when ``warmup`` > 0 and ``lr_scale`` > 1."""
     import tensorflow as tf
 
     lr = cfg.lr * lr_scale
+    if warmup > 0 and lr_scale > 1:
+        lr = _LinearWarmup(cfg.lr, lr, warmup)
     if cfg.optimizer == "adam":
         return tf.keras.optimizers.Adam(lr)
     return tf.keras.optimizers.SGD(lr, momentum=cfg.momentum if cfg.optimizer == "momentum" else 0.0)
@@ -356,3 +360,32 @@ def make_fused_step(model, optimizer, allreduce, loss_scaling: bool = False, sha
     return graph_function(step_of, model, _signature(model, loss_scaling))
 
 
+
+
+def _linear_warmup_class():
+    import tensorflow as tf
+
+    class LinearWarmup(tf.keras.optimizers.schedules.LearningRateSchedule):
+        """:func:`hvdkit.config.warmup_lr` of the optimizer's step, in float32."""
+
+        def __init__(self, base: float, peak: float, steps: int):
+            self.base, self.peak, self.steps = float(base), float(peak), int(steps)
+
+        def __call__(self, step):
+            t = tf.minimum(tf.cast(step, tf.float32), float(self.steps))
+            return self.base + (self.peak - self.base) * t / float(self.steps)
+
+        def get_config(self):
+            return {"base": self.base, "peak": self.peak, "steps": self.steps}
+
+    return LinearWarmup
+
+
+def _LinearWarmup(base: float, peak: float, steps: int):  # noqa: N802 - a class, built once TensorFlow is imported
+    global _WARMUP_CLASS
+    if _WARMUP_CLASS is None:
+        _WARMUP_CLASS = _linear_warmup_class()
+    return _WARMUP_CLASS(base, peak, steps)
+
+
+_WARMUP_CLASS = None

@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m hvdkit.train") ->
     catch_stop_signal()     # SIGUSR1: checkpoint at the next step and stop (status 75; elastic: hvdkit.elastic._Stop)
     from hvdkit.comm import agree, run_guarded, world
     from hvdkit.config import parse_config
-    from hvdkit.strategies import extra_fields, summaries
+    from hvdkit.strategies import extra_fields, strategy_defaults, summaries
 
     elastic = os.environ.get("HOROVOD_ELASTIC") == "1"   # an elastic horovodrun: no MPI world (hvdkit.elastic)
     w = world()
@@ -48,7 +48,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m hvdkit.train") ->
     if not first and ("-h" in args or "--help" in args):
         sys.stdout = open(os.devnull, "w")  # --help is printed once, by rank 0
     try:
-        cfg = parse_config(args, extra_fields=extra_fields(), strategies=summaries(), prog=prog)
+        cfg = parse_config(args, extra_fields=extra_fields(), strategies=summaries(), prog=prog,
+                           strategy_defaults=strategy_defaults())
     except Exception as e:  # noqa: BLE001 - bad flags too: agreed on, printed once by rank 0
         err = e
     if elastic:   # every rank checks alone (no collective before Horovod's elastic state is synchronised)

@@ -26,7 +26,7 @@ from mpi4py import MPI
 from hvdkit import results as R, watchdog
 from hvdkit.checkpoints import CHECKPOINT, refuse_rerun
 from hvdkit.comm import StopFlag, World, agree, agree_alone, bcast_arrays, log0, set_world, world as get_world
-from hvdkit.config import Config
+from hvdkit.config import Config, warmup_steps
 from hvdkit.data import Dataset, batches, epoch_shard, load_dataset
 from hvdkit.errors import OutputError, StopRequested, UsageError
 from hvdkit.models import build_model, check_model_name
@@ -185,6 +185,8 @@ def _build(cfg: Config, w: World, cls, data: Dataset, with_model: bool = True):
     strategy = cls(cfg, w)
     part = strategy.data_partition()
     n_data = strategy.num_workers
+    if strategy.lr_scale > 1:   # --warmup-epochs: the scaled rate reached step by step (servers apply it too)
+        strategy.warmup_steps = warmup_steps(cfg.warmup_epochs, len(data.x_train), n_data, cfg.batch_size)
     if len(data.x_train) < n_data:
         raise UsageError(f"dataset {data.name} has {len(data.x_train)} training samples, fewer than the "
                          f"{n_data} ranks that share it; use fewer ranks or more data")
@@ -192,7 +194,7 @@ def _build(cfg: Config, w: World, cls, data: Dataset, with_model: bool = True):
         return strategy, None, None, part
     with strategy.scope():
         model = build_model(cfg.model, data.input_shape, data.num_classes, seed=cfg.seed)
-        optimizer = make_optimizer(cfg, strategy.lr_scale)
+        optimizer = make_optimizer(cfg, strategy.lr_scale, strategy.warmup_steps)
     strategy.loss_scale = loss_scale_for(model, strategy)  # mixed_float16: scaled, or refused here
     return strategy, model, optimizer, part
 
@@ -771,12 +773,14 @@ def log_header(loop: Loop, start_epoch: int) -> None:
     if not w.is_rank0:
         return
     lr = float(optimizer.learning_rate.numpy()) if hasattr(optimizer.learning_rate, "numpy") else cfg.lr
+    lr = cfg.lr * strategy.lr_scale if strategy.warmup_steps else lr   # the rate the warmup reaches
     log0(f"# hvdkit: strategy {cfg.strategy}  world size {w.size}  workers {strategy.num_workers}")
     log0(f"# model {cfg.model} ({model.count_params():,} params)  dataset {data.name} "
          f"({len(data.x_train)} train / {len(data.x_eval)} eval, {'x'.join(map(str, data.input_shape))}, "
          f"{data.num_classes} classes)")
     log0(f"# batch {cfg.batch_size}/rank ({cfg.batch_size * strategy.num_workers} global)  optimizer {cfg.optimizer}  "
-         f"lr {lr:g}{' (= %g x %d workers)' % (cfg.lr, strategy.lr_scale) if strategy.lr_scale > 1 else ''}  "
+         f"lr {lr:g}{' (= %g x %d workers)' % (cfg.lr, strategy.lr_scale) if strategy.lr_scale > 1 else ''}"
+         f"{' after a warmup of %d steps from %g' % (strategy.warmup_steps, cfg.lr) if strategy.warmup_steps else ''}  "
          f"epochs {cfg.epochs}  seed {cfg.seed}")
     for r, host, pid, lr_ in hosts:
         log0(f"#  rank {r:>3}  host {host}  pid {pid}  local rank {lr_}")

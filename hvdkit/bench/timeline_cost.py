@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None, prog: str = "hvdkit-bench timeline-cost"
     from hvdkit.bench._common import host_meta, quartiles
     from hvdkit.comm import run_guarded, world
     from hvdkit.config import parse_config
-    from hvdkit.strategies import extra_fields, summaries
+    from hvdkit.strategies import extra_fields, strategy_defaults, summaries
     from hvdkit.trainer import run
 
     import numpy as np
@@ -149,7 +149,8 @@ def main(argv: list[str] | None = None, prog: str = "hvdkit-bench timeline-cost"
                         "--output-dir", d, "--no-tensorboard", "--no-checkpoint", "--progress-seconds", "1e9",
                         *a.extra.split()] + (["--timeline", d + ".trace.json"] if mode == "on" else [])
                 tf.keras.backend.clear_session()
-                cfg = parse_config(args, extra_fields=extra_fields(), strategies=summaries())
+                cfg = parse_config(args, extra_fields=extra_fields(), strategies=summaries(),
+                                   strategy_defaults=strategy_defaults())
                 steps_s.clear()
                 by_block[True].clear()
                 by_block[False].clear()

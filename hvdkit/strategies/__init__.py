@@ -17,7 +17,7 @@ import importlib
 
 from hvdkit.errors import UsageError
 
-__all__ = ["STRATEGIES", "get_strategy", "extra_fields", "summaries"]
+__all__ = ["STRATEGIES", "get_strategy", "extra_fields", "summaries", "strategy_defaults"]
 
 #: "module:Class" of every row, in the order ``--help`` lists them.
 _ROWS = (
@@ -64,6 +64,12 @@ def get_strategy(name: str) -> type:
 def summaries() -> dict[str, str]:
     """name -> one-line summary of every strategy (for ``--help``)."""
     return {name: cls.summary for name, cls in STRATEGIES.items()}
+
+
+def strategy_defaults() -> dict[str, dict]:
+    """name -> the row's own defaults of common settings (``Strategy.defaults``), for the rows
+    that have any; :func:`hvdkit.config.parse_config` applies them below every source."""
+    return {name: dict(cls.defaults) for name, cls in STRATEGIES.items() if cls.defaults}
 
 
 def extra_fields() -> tuple:

@@ -218,6 +218,7 @@ class Strategy(abc.ABC):
         name: the CLI name (the registry key).
         summary: one line for ``--help`` and the README table.
         options: the strategy's flags (:class:`hvdkit.config.Option`), declared once.
+        defaults: the row's own defaults of common settings (:func:`hvdkit.strategies.strategy_defaults`).
         layout, traffic, lockstep: facts for the benchmarks and the advisor (module docstring), with
             :meth:`layout_for`, :meth:`traffic_for`, :meth:`ranks_for` and :meth:`servers_for`.
 
@@ -231,6 +232,10 @@ class Strategy(abc.ABC):
     name: ClassVar[str]
     summary: ClassVar[str] = ""
     options: ClassVar[tuple[Option, ...]] = ()
+    #: training settings (:data:`hvdkit.config.FIELDS` names) whose default differs under this row,
+    #: e.g. ``{"optimizer": "sgd"}`` where the row's paper states plain SGD; below every source
+    #: (flag, ``--config``, ``HVDKIT_*``): :func:`hvdkit.config.parse_config`'s ``strategy_defaults``
+    defaults: ClassVar[Mapping[str, Any]] = {}
     #: ``--timeline``: this rank's :class:`hvdkit.timeline.Timeline`, set by the trainer before
     #: :meth:`setup` (None: no tracing); a strategy may record finer spans into it
     trace = None
@@ -241,6 +246,10 @@ class Strategy(abc.ABC):
     #: (None: no loss scaling); the row scales the loss by ``loss_scale.scale`` and reports each
     #: step's verdict to ``loss_scale.update``
     loss_scale = None
+    #: steps of the linear learning-rate warmup (``--warmup-epochs``: :func:`hvdkit.config.warmup_steps`),
+    #: set by the trainer before :meth:`setup` (0: none); the rate goes from ``cfg.lr`` to
+    #: ``cfg.lr * lr_scale`` over them (a row whose servers own the optimizer applies it there)
+    warmup_steps = 0
     #: the loop ranks take every step together (synchronous); False: workers at their own pace
     #: (the asynchronous ps modes). A stop on SIGUSR1 is agreed by a collective only when True
     #: (:class:`hvdkit.comm.StopFlag`)

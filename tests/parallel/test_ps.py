@@ -48,9 +48,9 @@ PS_RUNS = {
     "ps-sync": (3, [*EXACT, "--strategy", "ps-sync"]),
     "ps-sync-serial": (3, [*EXACT, "--strategy", "ps-sync", "--ps-replies", "serial"]),
     "ps-sync-colocated": (2, [*EXACT, "--strategy", "ps-sync", "--ps-colocated"]),
-    "ps-async": (3, ["--strategy", "ps-async", "--epochs", "8"]),
+    "ps-async": (3, ["--strategy", "ps-async", "--epochs", "8", "--lr", "0.2"]),   # plain SGD: its default
     "ps-ssp": (3, ["--strategy", "ps-ssp", "--staleness", "1", "--straggler", "1:3", "--epochs", "2"]),
-    "ps-dcasgd": (3, ["--strategy", "ps-dcasgd", "--dc-lambda", "0.04", "--epochs", "4"]),
+    "ps-dcasgd": (3, ["--strategy", "ps-dcasgd", "--dc-lambda", "0.04", "--epochs", "4", "--lr", "0.2"]),
 }
 
 
@@ -117,6 +117,7 @@ def test_ps_ssp_staleness_stays_within_the_bound_under_a_straggler(ps_runs):
 def test_ps_dcasgd_trains_and_reports_lambda(ps_runs):
     res = load_results(ps_runs / "ps-dcasgd")
     assert res["ps"]["dc_lambda"] == 0.04 and res["ps"]["updates_applied"] == res["ps"]["pushes"]
+    assert res["config"]["optimizer"] == load_results(ps_runs / "ps-async")["config"]["optimizer"] == "sgd"
     assert res["final"]["eval_accuracy"] >= 0.8
 
 

@@ -87,7 +87,7 @@ def main(path: str) -> int:
 
     from hvdkit.comm import run_guarded, world
     from hvdkit.config import parse_config
-    from hvdkit.strategies import extra_fields, summaries
+    from hvdkit.strategies import extra_fields, strategy_defaults, summaries
     from hvdkit.trainer import run
 
     with open(path) as fh:
@@ -98,7 +98,8 @@ def main(path: str) -> int:
         return 2
     world()  # collective over COMM_WORLD, computed once: log0 asks for it on rank 0 alone later
     cache: dict = {}
-    configs = [parse_config(r["args"], extra_fields=extra_fields(), strategies=summaries()) for r in runs]
+    configs = [parse_config(r["args"], extra_fields=extra_fields(), strategies=summaries(),
+                            strategy_defaults=strategy_defaults()) for r in runs]
     last_horovod = max((i for i, c in enumerate(configs) if c.strategy == "horovod"), default=None)
     for i, (r, cfg) in enumerate(zip(runs, configs)):
         comm = _comm_of(r["ranks"], cache)

@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from hvdkit.config import warmup_lr
+
 __all__ = ["Optimizer", "dc_compensate", "DCState", "ssp_may_proceed", "ssp_staleness_bound"]
 
 
@@ -35,6 +37,9 @@ class Optimizer:
         momentum: for "momentum".
         beta1, beta2, eps: for "adam" (Keras defaults).
         dtype: of the weights, gradients and slots (float32 or float64).
+        warmup, lr_start: the first ``warmup`` updates raise the rate linearly from ``lr_start``
+            to ``lr`` (:func:`hvdkit.config.warmup_lr` of ``iterations``, as the Keras schedule of
+            ``--warmup-epochs``); 0: ``lr`` from the start.
 
     A zero gradient with zero slots moves no weight under any kind (a variable the loss
     never reaches keeps its value, as under Keras, whose ``apply_gradients`` skips it).
@@ -50,6 +55,8 @@ class Optimizer:
     iterations: int = 0
     slots: dict[str, np.ndarray] = field(default_factory=dict)
     dtype: type = np.float32
+    warmup: int = 0
+    lr_start: float = 0.0
 
     def __post_init__(self):
         if self.kind not in ("sgd", "momentum", "adam"):
@@ -65,7 +72,7 @@ class Optimizer:
         def f(x):  # a hyperparameter as Keras sees it: tf.cast(x, dtype) goes through a float32 tensor
             return to(np.float32(x))
 
-        lr = f(self.lr)
+        lr = f(warmup_lr(self.iterations, self.lr_start, self.lr, self.warmup) if self.warmup else self.lr)
         self.iterations += 1
         tmp = self._scratch(g)
         if self.kind == "sgd":
@@ -108,11 +115,20 @@ class DCState:
     """Delay-compensation state of one shard (Zheng et al., ICML 2017, "Asynchronous
     Stochastic Gradient Descent with Delay Compensation", Algorithm 1 and DC-ASGD-a).
 
+    The server keeps, per worker m, a backup w_bak(m) of the weights m computes its next gradient
+    on; the paper initialises every backup to w_0 (the weights every worker starts from), so the
+    first push of each worker is compensated too, and sets w_bak(m) to the weights sent at each
+    pull. DC-ASGD-a keeps, per worker as the authors' updater does (Multiverso's
+    ``DCASGDAUpdater``: ``mean_square_[worker_id]``), a running mean of that worker's g * g.
+
     Attributes:
         lam: lambda_0, the variance-control parameter (0 disables compensation).
-        adaptive: DC-ASGD-a: use lambda_t = lam / sqrt(meansquare + eps), where meansquare
-            is the running mean of g*g with decay ``ms_decay`` (the paper's m = 0.95).
-        backups: worker id -> copy of the weights that worker last pulled (float32, shard size).
+        adaptive: DC-ASGD-a: use lambda_t = lam / sqrt(meansquare[m] + eps), meansquare[m] the
+            running mean of worker m's g*g with decay ``ms_decay`` (the paper's m = 0.95), from zeros.
+        backups: worker id -> the weights that worker computes on (the shard's dtype and size):
+            :meth:`seed` sets every worker's, :meth:`~hvdkit.strategies.ps.shard.ShardServer.sent`
+            each pull's.
+        meansquare: worker id -> that worker's running mean square (DC-ASGD-a).
     """
 
     lam: float
@@ -120,7 +136,32 @@ class DCState:
     ms_decay: float = 0.95
     eps: float = 1e-7
     backups: dict[int, np.ndarray] = field(default_factory=dict)
-    meansquare: np.ndarray | None = None
+    meansquare: dict[int, np.ndarray] = field(default_factory=dict)
+
+    def seed(self, weights: np.ndarray, workers: int) -> None:
+        """Every worker 0 .. ``workers``-1 starts from ``weights`` (the initial broadcast, or a
+        checkpoint's weights on ``--resume``): each backup becomes a copy of them. Nothing is
+        kept when lam == 0 (no compensation, no memory)."""
+        if self.lam == 0.0:
+            return
+        for m in range(workers):
+            b = self.backups.get(m)
+            if b is None or b.shape != weights.shape:
+                self.backups[m] = weights.copy()
+            else:
+                b[...] = weights
+
+    @property
+    def has_meansquare(self) -> bool:
+        """True where the state keeps a mean square per worker (DC-ASGD-a with lam != 0)."""
+        return self.adaptive and self.lam != 0.0
+
+    def meansquare_of(self, worker: int, like: np.ndarray) -> np.ndarray:
+        """Worker ``worker``'s running mean square, zeros of ``like``'s shape and dtype at first."""
+        ms = self.meansquare.get(worker)
+        if ms is None or ms.shape != like.shape:
+            ms = self.meansquare[worker] = np.zeros_like(like)
+        return ms
 
 
 def dc_compensate(g: np.ndarray, w_now: np.ndarray, w_backup: np.ndarray, lam: float | np.ndarray) -> np.ndarray:
@@ -146,19 +187,24 @@ def dc_compensate(g: np.ndarray, w_now: np.ndarray, w_backup: np.ndarray, lam: f
 
 
 def dc_step(state: DCState, worker: int, g: np.ndarray, w_now: np.ndarray) -> np.ndarray:
-    """The gradient to apply for ``worker``'s push under DC-ASGD (plain ``g`` when lam == 0)."""
+    """The gradient to apply for ``worker``'s push under DC-ASGD (plain ``g`` when lam == 0):
+    g + lambda * g * g * (w_now - w_bak(worker)), lambda = lam, or under DC-ASGD-a
+    lam / sqrt(meansquare[worker] + eps) after that worker's mean square has taken g * g.
+
+    Raises:
+        ValueError: ``worker`` has no backup (:meth:`DCState.seed` was not called for it).
+    """
     if state.lam == 0.0:
         return g
     backup = state.backups.get(worker)
-    if backup is None:       # never pulled (cannot happen after the initial broadcast): no correction
-        return g
+    if backup is None:
+        raise ValueError(f"DC-ASGD: worker {worker} has no backup weights; seed every worker's with the weights "
+                         "it starts from (DCState.seed)")
     lam: float | np.ndarray = state.lam
     if state.adaptive:
-        if state.meansquare is None:
-            state.meansquare = np.zeros_like(g)
-        ms = state.meansquare
-        ms *= np.float32(state.ms_decay)
-        ms += np.float32(1 - state.ms_decay) * g * g
+        ms = state.meansquare_of(worker, g)
+        ms *= ms.dtype.type(np.float32(state.ms_decay))
+        ms += ms.dtype.type(np.float32(1 - state.ms_decay)) * g * g
         lam = np.float32(state.lam) / np.sqrt(ms + np.float32(state.eps))
     return dc_compensate(g, w_now, backup, lam)
 

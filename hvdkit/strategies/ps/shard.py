@@ -13,7 +13,9 @@ Modes (the ``--strategy`` names without ``ps-``):
   the SSP gate opens: the slowest active worker's clock >= this worker's clock - s
   (Ho et al., NIPS 2013). s = 0 is a barrier; large s approaches ``async``.
 * ``dcasgd``: ``async`` with delay compensation: apply g + lambda * g * g * (w_now - w_backup),
-  w_backup the weights this worker last pulled (Zheng et al., ICML 2017).
+  w_backup the weights this worker last pulled, every worker's seeded with the weights it starts
+  from (the initial ones, or a checkpoint's on ``--resume``), so every push is compensated
+  (Zheng et al., ICML 2017; :class:`~hvdkit.strategies.ps.rules.DCState`).
 
 Staleness of an applied gradient = this shard's version (updates applied so far) at apply
 time minus the version the worker computed on. A worker that announces DONE leaves the
@@ -57,7 +59,8 @@ class ShardServer:
         optimizer: the server-side optimizer (:class:`rules.Optimizer`) of this shard.
         num_workers: W.
         staleness: s for ``ssp``.
-        dc: delay-compensation state for ``dcasgd``.
+        dc: delay-compensation state for ``dcasgd``; every worker's backup is seeded here with
+            ``weights`` (:meth:`~hvdkit.strategies.ps.rules.DCState.seed`).
     """
 
     shard: int
@@ -91,6 +94,8 @@ class ShardServer:
         self.wait_s = [0.0] * self.num_workers
         if self.mode == "dcasgd" and self.dc is None:
             self.dc = rules.DCState(0.0)
+        if self.dc is not None:
+            self.dc.seed(self.weights, self.num_workers)   # every worker starts from these weights
 
     # -- checks ------------------------------------------------------------------------------
     def check_push(self, h: Header, payload: np.ndarray) -> None:
@@ -238,27 +243,60 @@ class ShardServer:
         return out
 
     # -- checkpoints ---------------------------------------------------------------------------
-    def state_vector(self) -> np.ndarray:
-        """The shard's weights followed by each optimizer slot (n elements each, the weights'
-        dtype), for checkpoints: (1 + slots) x n elements. :func:`resplit_states` re-cuts
-        such vectors for another shard count."""
-        return np.concatenate([self.weights, *self.optimizer.slots.values()])
+    @property
+    def meansquare_parts(self) -> int:
+        """How many per-worker mean squares :meth:`state_vector` holds after the optimizer slots:
+        W under DC-ASGD-a (:attr:`~hvdkit.strategies.ps.rules.DCState.has_meansquare`), else 0."""
+        return self.num_workers if self.dc is not None and self.dc.has_meansquare else 0
 
-    def load_state_vector(self, vec: np.ndarray, version: int, iterations: int) -> None:
+    def state_vector(self) -> np.ndarray:
+        """The shard's weights, each optimizer slot, then (DC-ASGD-a) each worker's mean square,
+        n elements each in the weights' dtype, for checkpoints: (1 + slots + :attr:`meansquare_parts`)
+        x n elements. :func:`resplit_states` re-cuts such vectors for another shard count.
+
+        DC-ASGD's backups are not in it: every worker resumes from the checkpoint's weights, so
+        every backup is those weights again (:meth:`load_state_vector` seeds them)."""
+        ms = [self.dc.meansquare_of(m, self.weights) for m in range(self.meansquare_parts)]
+        return np.concatenate([self.weights, *self.optimizer.slots.values(), *ms])
+
+    def load_state_vector(self, vec: np.ndarray, version: int, iterations: int, meansquares: int = 0) -> None:
         """Inverse of :meth:`state_vector`: ``vec`` must be cut for this shard (see
-        :func:`resplit_states` for a checkpoint written with another shard count).
+        :func:`resplit_states` for a checkpoint written with another shard count), and hold
+        ``meansquares`` per-worker mean squares after the optimizer slots (0: none, a checkpoint
+        of another mode or variant).
+
+        Under ``dcasgd`` every worker's backup is seeded with the loaded weights (every worker
+        resumes from them). Under DC-ASGD-a each worker takes its own mean square when the
+        checkpoint has one per worker of this run; another worker count takes the mean of the
+        checkpoint's for every worker (each estimates the same mean of g * g); none: zeros, as at
+        the start. Mean squares in ``vec`` are ignored by a shard that keeps none.
 
         Raises:
-            ValueError: ``vec`` does not hold (1 + slots) x n elements.
+            ValueError: ``vec`` does not hold (1 + slots + meansquares) x n elements.
         """
         n = self.weights.size
         parts = [self.weights, *self.optimizer.slots.values()]
-        if vec.size != n * len(parts):
-            raise ValueError(f"shard {self.shard} state has {vec.size} elements, expected {n * len(parts)} "
-                             f"({len(parts)} x {n}: weights and {len(parts) - 1} optimizer slot(s))")
+        expected = n * (len(parts) + meansquares)
+        if vec.size != expected:
+            raise ValueError(f"shard {self.shard} state has {vec.size} elements, expected {expected} "
+                             f"({len(parts) + meansquares} x {n}: weights, {len(parts) - 1} optimizer slot(s) and "
+                             f"{meansquares} mean square(s))")
         for i, p in enumerate(parts):
             p[...] = vec[i * n:(i + 1) * n]
         self.version, self.optimizer.iterations = version, iterations
+        if self.dc is None:
+            return
+        self.dc.seed(self.weights, self.num_workers)
+        if self.dc.has_meansquare:
+            old = vec[len(parts) * n:].reshape(meansquares, n)
+            for m in range(self.num_workers):
+                ms = self.dc.meansquare_of(m, self.weights)
+                if meansquares == self.num_workers:
+                    ms[...] = old[m]
+                elif meansquares:
+                    ms[...] = old.mean(axis=0, dtype=np.float64)
+                else:
+                    ms[...] = 0
 
 
 def resplit_states(states: list[tuple[np.ndarray, int, int]], layout: Layout) -> list[tuple[np.ndarray, int, int]]:

@@ -209,7 +209,9 @@ class PSStrategy(Strategy):
         # wait twice --ps-timeout for a server, so a server names a hung worker first
         self.group = PSGroup(w.comm, self.flat_layout, flat, self.server_ranks, self.worker_ranks, self.mode,
                              lambda size: rules.Optimizer(cfg.optimizer, lr, size, momentum=cfg.momentum,
-                                                          dtype=self.flat_layout.dtype.type),
+                                                          dtype=self.flat_layout.dtype.type,
+                                                          warmup=self.warmup_steps if self.lr_scale > 1 else 0,
+                                                          lr_start=cfg.lr),
                              timeout=self.timeout, staleness=self.staleness, dc_lambda=self.dc_lambda,
                              dc_adaptive=self.dc_adaptive, compression=self.opts.compression, pull=self.opts.ps_pull,
                              replies=self.opts.ps_replies)
@@ -338,20 +340,28 @@ class PSStrategy(Strategy):
             ps["dc_lambda"], ps["dc_adaptive"] = self.dc_lambda, self.dc_adaptive
         return {"ps": ps}
 
+    @property
+    def meansquare_parts(self) -> int:
+        """Per-worker mean squares in each shard's state (DC-ASGD-a: W; else 0), as
+        :attr:`~hvdkit.strategies.ps.shard.ShardServer.meansquare_parts` counts them."""
+        dc = rules.DCState(self.dc_lambda, self.dc_adaptive)
+        return self.num_workers if self.mode == "dcasgd" and dc.has_meansquare else 0
+
     def state(self) -> dict:
         """The servers' state on rank 0 ({} elsewhere); collective over the workers' requests.
 
-        Keys: ``ps/shard{k}`` (shard k's weights, then each optimizer slot:
-        :meth:`~hvdkit.strategies.ps.shard.ShardServer.state_vector`), ``ps/shard{k}/counters``
-        (int64 [version, iterations]) and ``ps/non_trainable/{j}`` (rank 0's non-trainable
-        variables, e.g. batch-norm statistics, which stay on the workers).
+        Keys: ``ps/shard{k}`` (shard k's weights, then each optimizer slot, then under DC-ASGD-a
+        each worker's mean square: :meth:`~hvdkit.strategies.ps.shard.ShardServer.state_vector`),
+        ``ps/shard{k}/counters`` (int64 [version, iterations, mean squares]) and
+        ``ps/non_trainable/{j}`` (rank 0's non-trainable variables, e.g. batch-norm statistics,
+        which stay on the workers). DC-ASGD's backups are the weights (every worker resumes from them).
         """
         if self.world.rank != 0:
             return {}
         out = {}
         for k, (vec, version, iters) in enumerate(self.client.state()):
             out[f"ps/shard{k}"] = vec
-            out[f"ps/shard{k}/counters"] = np.array([version, iters], np.int64)
+            out[f"ps/shard{k}/counters"] = np.array([version, iters, self.meansquare_parts], np.int64)
         for j, v in enumerate(self.model.non_trainable_variables):
             out[f"ps/non_trainable/{j}"] = v.numpy()
         return {**out, **self.loss_scale_state()}
@@ -361,10 +371,16 @@ class PSStrategy(Strategy):
         """(vector, version, iterations) of every shard in a checkpoint, in shard order."""
         out, k = [], 0
         while f"ps/shard{k}" in arrays:
-            version, iters = (int(v) for v in arrays[f"ps/shard{k}/counters"])
+            version, iters = (int(v) for v in arrays[f"ps/shard{k}/counters"][:2])
             out.append((arrays[f"ps/shard{k}"], version, iters))
             k += 1
         return out
+
+    @staticmethod
+    def _old_meansquares(arrays) -> int:
+        """Per-worker mean squares in a checkpoint's shard states (0: none, or a checkpoint of older versions)."""
+        c = arrays.get("ps/shard0/counters")
+        return int(c[2]) if c is not None and len(c) > 2 else 0
 
     def check_state(self, arrays, meta, model) -> None:
         """Refuse a checkpoint whose servers' state this run cannot take (rank 0, before loading).
@@ -381,13 +397,15 @@ class PSStrategy(Strategy):
             raise UsageError("--resume: the checkpoint holds no parameter-server state; it was written by "
                              "another strategy")
         layout = Layout.of_variables(model.trainable_variables, len(self.server_ranks))
-        parts = 1 + len(rules.Optimizer(self.cfg.optimizer, 0.0, 0).slots)
+        ms = self._old_meansquares(arrays)
+        parts = 1 + len(rules.Optimizer(self.cfg.optimizer, 0.0, 0).slots) + ms
         total = sum(int(v.size) for v, _, _ in old)
         if total != parts * layout.size:
             found = f"{total // layout.size} x {layout.size}" if layout.size and total % layout.size == 0 else total
             raise UsageError(f"--resume: the checkpoint's parameter-server state holds {found} elements, but this "
                              f"model's {layout.size} trainable parameters with --optimizer {self.cfg.optimizer} need "
-                             f"{parts} x {layout.size} (weights and {parts - 1} slot(s)); resume with the model and "
+                             f"{parts} x {layout.size} (weights and {parts - 1 - ms} slot(s)"
+                             + (f", {ms} DC-ASGD-a mean square(s)" if ms else "") + "); resume with the model and "
                              f"optimizer that wrote it")
         if old[0][0].dtype != layout.dtype:
             raise UsageError(f"--resume: the checkpoint's parameter-server state is {old[0][0].dtype}, this model's "
@@ -403,15 +421,18 @@ class PSStrategy(Strategy):
         The shards are contiguous slices of one vector, so a checkpoint written with another
         shard count is re-cut for this run's (:func:`~hvdkit.strategies.ps.shard.resplit_states`):
         every server starts from exactly the checkpointed weights and optimizer slots of its
-        new slice, every worker from the checkpointed weights.
+        new slice, every worker from the checkpointed weights. Under ``ps-dcasgd`` every worker's
+        backup is those weights too, and DC-ASGD-a's per-worker mean squares are restored
+        (:meth:`~hvdkit.strategies.ps.shard.ShardServer.load_state_vector`).
         """
+        ms = self._old_meansquares(arrays)
         for k, (vec, version, iters) in enumerate(resplit_states(self._old_shards(arrays), self.flat_layout)):
             sl = self.flat_layout.shard_slice(k)
             self.flat_w[sl] = vec[:sl.stop - sl.start]
             if self.client is not None:
                 self.client.versions[k] = version
             if self.shard == k:
-                self.group.server.load_state_vector(vec, version, iters)
+                self.group.server.load_state_vector(vec, version, iters, ms)
         self._assign()
         for j, v in enumerate(self.model.non_trainable_variables if self.model is not None else ()):
             if f"ps/non_trainable/{j}" in arrays:  # absent from checkpoints of older versions
@@ -433,7 +454,8 @@ class PSAsync(PSStrategy):
 
     name, mode = "ps-async", "async"
     lockstep = False   # workers at their own pace
-    summary = "parameter server, asynchronous: each gradient applied on arrival (Hogwild-style staleness)"
+    defaults = {"optimizer": "sgd"}   # ASGD as DC-ASGD's paper compares with it: the same rule as ps-dcasgd's
+    summary = "parameter server, asynchronous: each gradient applied on arrival (Hogwild-style staleness); SGD"
 
 
 class PSSSP(PSStrategy):
@@ -454,4 +476,5 @@ class PSDCASGD(PSStrategy):
 
     name, mode = "ps-dcasgd", "dcasgd"
     lockstep = False   # workers at their own pace
-    summary = "parameter server, asynchronous with delay compensation g + lambda*g*g*(w_now - w_backup)"
+    defaults = {"optimizer": "sgd"}   # Zheng et al.: plain SGD on the compensated gradient
+    summary = "parameter server, asynchronous with delay compensation g + lambda*g*g*(w_now - w_backup); SGD"
