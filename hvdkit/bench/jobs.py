@@ -40,6 +40,7 @@ included (:func:`rank_hosts`).
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import statistics
 import sys
@@ -75,6 +76,8 @@ class Settings:
         threads: TensorFlow intra-op threads per rank (0: hvdkit's rule).
         seed: seed of weights and data.
         train_args: extra ``hvdkit.train`` flags for every job.
+        seed_per_round: round r runs with seed ``seed + r`` (:func:`run_job`), so a cell's spread
+            is over seeds (initial weights, data order), not only over timing.
     """
 
     measure: str = "throughput"
@@ -88,6 +91,7 @@ class Settings:
     threads: int = 1
     seed: int = 0
     train_args: tuple[str, ...] = ()
+    seed_per_round: bool = False
 
 
 @dataclass(frozen=True)
@@ -336,7 +340,10 @@ def run_job(place, cell: Cell, rnd: int, s: Settings, out_dir: str, *, timeout: 
             link_Bps: float | None = None, target: float | None = None) -> dict[str, Any]:
     """Run one job on ``place`` with a hard ``timeout`` (seconds; the whole process group is killed
     then) and return its row: OK, or FAILED with the one-line cause (the exit status and the last
-    lines of its output, a timeout, or what results.json lacks). The output goes to ``out_dir/job.log``."""
+    lines of its output, a timeout, or what results.json lacks). The output goes to ``out_dir/job.log``.
+    With ``s.seed_per_round`` the job's seed is ``s.seed + rnd``."""
+    if s.seed_per_round:
+        s = dataclasses.replace(s, seed=s.seed + rnd)
     try:
         cmd = job_command(place, cell, s, out_dir)
     except (ValueError, OSError) as e:   # UsageError is a ValueError: the place could not build it

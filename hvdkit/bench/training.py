@@ -130,6 +130,9 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
                    help="TensorFlow intra-op threads per rank (default 1: the same CPU share at every N; 0: hvdkit's "
                         "rule, cores / ranks on the host)")
     g.add_argument("--seed", type=int, default=0, help="seed of weights and data (default 0)")
+    g.add_argument("--seed-per-round", action="store_true",
+                   help="round R runs with seed SEED + R: a cell's spread is over seeds (initial weights, data "
+                        "order), not only over timing")
     g.add_argument("--train-args", default="", help="extra flags for every hvdkit.train job, e.g. '--lr 0.05'")
     add_place_arguments(p)
     g = p.add_argument_group("output and limits")
@@ -207,7 +210,8 @@ def settings_from_args(a) -> Settings:
         raise UsageError("--timeout must be > 0 and --budget >= 0 (seconds)")
     return Settings(measure=a.measure, dataset=a.dataset, image_size=a.image_size, num_classes=a.num_classes,
                     batch_size=a.batch_size, steps_per_iter=a.steps_per_iter, iters=a.iters, epochs=a.epochs,
-                    threads=a.threads, seed=a.seed, train_args=tuple(a.train_args.split()))
+                    threads=a.threads, seed=a.seed, train_args=tuple(a.train_args.split()),
+                    seed_per_round=a.seed_per_round)
 
 
 def expand_grid(variants: Sequence, models: Sequence[str], workers: Sequence[int],
@@ -559,6 +563,7 @@ def run(a, s: Settings, cells: Sequence[Cell], out: str, place, *, argv: Sequenc
         row = jobs.run_job(place, cell, rnd, s, d, timeout=a.timeout, link_Bps=link,
                            target=target if a.measure == "convergence" else None)
         row["measure"] = a.measure
+        row["seed"] = s.seed + (rnd if s.seed_per_round else 0)
         rows.append(row)
         secs.append(row["job_seconds"])
         if row["status"] == "OK" and not meta["versions"]:

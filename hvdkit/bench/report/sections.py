@@ -286,19 +286,22 @@ def split_section(doc: Mapping, figure=None) -> list:
 
 
 def convergence_section(doc: Mapping, figure=None) -> list:
-    """Time to the target accuracy and staleness, for the cells (of any measure) where they were measured."""
+    """Time to the target accuracy, final accuracy and staleness, for the cells (of any measure) where
+    they were measured."""
     cells = [c for c in measured_cells(doc, None) if any(stat(c, k) is not None for k in _CONVERGENCE)]
     if not cells:
         return []
     target = doc.get("target_accuracy")
     rows = [[c["model"], c["variant"], str(c["workers"]), c.get("straggler", "none"), c.get("reached") or _rounds(c),
-             interval_text(c.get("time_to_target_s"), 1), interval_text(c.get("samples_per_s")),
+             interval_text(c.get("time_to_target_s"), 1), interval_text(c.get("final_accuracy"), 3),
+             interval_text(c.get("samples_per_s")),
              interval_text(c.get("staleness_mean"), 2), "-" if c.get("staleness_max") is None
              else str(c["staleness_max"])] for c in cells]
     blocks: list = [Heading("Convergence"),
                     Table(["model", "variant", "workers", "straggler", "rounds reaching it",
-                           f"time to accuracy {target} (s)", "samples/s", "mean staleness", "max staleness"],
-                          rows, "llrlrrrrr",
+                           f"time to accuracy {target} (s)", "final accuracy", "samples/s", "mean staleness",
+                           "max staleness"],
+                          rows, "llrlrrrrrr",
                           "median [min-max] over rounds; staleness (updates): server version at apply time minus "
                           "the version the worker computed on")]
     if figure is not None:
