@@ -1,11 +1,15 @@
 """How far to trust ``hvdkit advise``: its predictions next to measurements and to published results.
 
-Runs nothing on a cluster: it reads what the cluster benchmarks measured and writes the
-comparisons (markdown tables, ``--json``)::
+Runs nothing on a cluster: it reads what the benchmarks measured and writes the comparisons
+(markdown tables, ``--json``)::
 
-    python -m hvdkit.advise.check                    # = hvdkit-bench advise-check
-    python -m hvdkit.advise.check --markdown benchmarks/figures/advise_check.md --json benchmarks/figures/advise_check.json
-    hvdkit-bench advise-check /var/tmp/fair24 --json advise_check_fair.json   # suite/training dirs, one per rate
+    hvdkit bench advise-check                                  # the reference set's check
+    hvdkit bench advise-check --json advise_check.json --markdown advise_check.md
+    hvdkit bench advise-check RUN --at-scale RUN --json c.json # suite/training dirs, one per rate
+    hvdkit bench advise-check --training T.json --collectives C.json   # in sample
+
+Without DIR the check is the reference set's (:data:`REFERENCE`, relative to a checkout's root): the
+inputs that JSON records are read again (benchmarks/reference/index.md lists them).
 
 0. Held out (:mod:`hvdkit.advise.heldout`): calibrated ONLY on the collectives at 2 hosts, the
    one-worker training cells and the transport's all-to-all (``mpi-a2a`` at 3 hosts or more, in a
@@ -18,16 +22,14 @@ comparisons (markdown tables, ``--json``)::
    ``baseline``, ``one_boot`` and ``boots`` (whether one boot of one machine measured the collectives
    and the training cells: :func:`hvdkit.advise.measured.provenance`) (docs/advise.md).
    Inputs: ``DIR``... (``hvdkit-bench suite`` or ``training`` output directories: training.json,
-   collectives json(s), cluster.json with the probe; or a directory of them, one per link rate), or
-   the two files below.
-1. In sample, emulated cluster (``--training``: ``hvdkit-bench training``'s training.json on hosts or
-   ``--emulated``, or the older ``benchmarks/figures/cluster_training.json`` (the default);
-   ``--collectives``, ``cluster_collectives.json``): every (model, strategy variant, workers) point,
+   collectives json(s), cluster.json with the probe; or a directory of them, one per link rate).
+1. In sample (``--training``: ``hvdkit-bench training``'s training.json on hosts or ``--emulated``;
+   ``--collectives``, a ``cluster_collectives --json``): every (model, strategy variant, workers) point,
    measured step time (median over repeats) against two predictions:
    ``probe``: the formulas with the probed link (B = link_Bps, alpha = rtt/2) and nothing else;
    ``fit``: the same step with each strategy's communication replaced by a Hockney fit
    ``t = a + b x bytes`` of the same collective measured alone by ``cluster_collectives``
-   (1 Gbit/s, one rank per host, the default variant, sizes >= 1 MiB; a rank count it did not
+   (one rank per host, the default variant, sizes >= 1 MiB; a rank count it did not
    measure takes the largest measured one's ``a`` and its ``b`` scaled by the formula's bytes
    ratio). Both use the 1-worker Horovod step as the compute and stretch it by workers / cores
    when more ranks than cores share the machine (hvdkit's rows: no overlap). Reported: the
@@ -41,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 from dataclasses import replace
@@ -60,11 +63,12 @@ __all__ = ["main", "build_parser", "render", "measured_points", "measured_compar
            "variant_of", "PUBLISHED"]
 
 PROG = "python -m hvdkit.advise.check"
+#: the reference set's check (held out on fair hosts, and published), relative to a checkout's root
+REFERENCE = os.path.join("benchmarks", "reference", "advise_check.json")
 
 
 def measured_points(training: dict) -> tuple[dict, dict]:
-    """``(meta, points)`` of a training benchmark document, in either format it was written in
-    (:func:`hvdkit.advise.measured.from_training`).
+    """``(meta, points)`` of a training benchmark document (:func:`hvdkit.advise.measured.from_training`).
 
     ``meta``: ``cores``, ``batch_size``, ``rtt_s``, ``link_Bps`` (bytes/s), ``bandwidth`` (the rate's label).
     ``points``: (model, variant label, workers) -> ``step_ms`` (median over the OK rounds),
@@ -274,13 +278,13 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     p = Parser(prog=prog, doc=__doc__)
     p.add_argument("dirs", nargs="*", metavar="DIR",
                    help="output directories of hvdkit-bench suite or training (training.json, collectives json(s), "
-                        "cluster.json with the probe), or a directory of them, one per link rate; instead of "
-                        "--training and --collectives")
-    p.add_argument("--training", default="benchmarks/figures/cluster_training.json",
-                   help="hvdkit-bench training's training.json (on hosts or --emulated), or an older "
-                        "cluster_training --json output (default benchmarks/figures/cluster_training.json)")
-    p.add_argument("--collectives", default="benchmarks/figures/cluster_collectives.json",
-                   help="cluster_collectives --json output (default benchmarks/figures/cluster_collectives.json)")
+                        "cluster.json with the probe), or a directory of them, one per link rate; without DIR (and "
+                        f"without --training) the reference set's check: the inputs {REFERENCE} names")
+    p.add_argument("--training",
+                   help="instead of DIR: hvdkit-bench training's training.json (on hosts or --emulated), checked in "
+                        "sample against --collectives")
+    p.add_argument("--collectives",
+                   help="with --training: a cluster_collectives --json output (the fits of the in-sample check)")
     p.add_argument("--transport", metavar="FILE",
                    help="with DIR: a cluster-collectives --json with mpi-a2a at 3 hosts or more at the same rates "
                         "(the transport's all-to-all, the floor of a colocated PS beyond 2 hosts; no strategy, "
@@ -310,7 +314,13 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
         for flag, given in (("--transport", a.transport), ("--at-scale", a.at_scale)):
             if given and not a.dirs:
                 raise UsageError(f"{flag} goes with DIR (the held-out check of suite or training directories)")
-        md, doc = render(a.dirs, a.training, a.collectives, a.calibration_hosts, a.transport, a.at_scale)
+        if bool(a.training) != bool(a.collectives):
+            raise UsageError("--training and --collectives go together (the in-sample check)")
+        if a.dirs or a.training:
+            md, doc = render(a.dirs, a.training or "", a.collectives or "", a.calibration_hosts, a.transport,
+                             a.at_scale)
+        else:
+            md, doc = render_recorded(REFERENCE)
     except UsageError as e:
         print(f"hvdkit: error: {e}", file=sys.stderr)
         return 2
@@ -321,6 +331,50 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
     if a.json:
         write_json(a.json, rounded(doc))
     return 0
+
+
+def _resolve(path: str, json_path: str) -> str:
+    """An input path a check's JSON recorded (relative to where it was run, usually the repository's
+    root): as given if it exists, else under the first parent of ``json_path``'s directory that has it."""
+    if os.path.isabs(path) or os.path.exists(path):
+        return path
+    d = os.path.dirname(os.path.abspath(json_path))
+    while True:
+        if os.path.exists(os.path.join(d, path)):
+            return os.path.join(d, path)
+        up = os.path.dirname(d)
+        if up == d:
+            return path
+        d = up
+
+
+def render_recorded(json_path: str, doc: dict | None = None) -> tuple[str, dict]:
+    """:func:`render` of the inputs a committed check's JSON names (``inputs``, ``transport``,
+    ``at_scale``), the document keeping its ``reference`` block (:mod:`hvdkit.bench.figures` indexes
+    it); ``doc``: the parsed JSON (read from ``json_path`` when None).
+
+    Raises:
+        UsageError: the JSON or its inputs do not read (names the file).
+    """
+    if doc is None:
+        try:
+            with open(json_path) as fh:
+                doc = json.load(fh)
+        except (OSError, ValueError) as e:
+            raise UsageError(f"{json_path}: {e}; give DIR (suite or training directories) or run from a checkout "
+                             "whose benchmarks/reference holds the check") from None
+    ins = [_resolve(p, json_path) for p in doc["inputs"]]
+    files = len(ins) == 2 and all(os.path.isfile(p) for p in ins)
+    tr = _resolve(doc["transport"], json_path) if doc.get("transport") else None
+    sc = _resolve(doc["at_scale"], json_path) if doc.get("at_scale") else None
+    md, new = render([] if files else ins, *(ins if files else ("", "")), transport=tr, at_scale=sc)
+    new["inputs"] = list(doc["inputs"])
+    for key in ("transport", "at_scale"):
+        if doc.get(key):
+            new[key] = doc[key]
+    if "reference" in doc:
+        new["reference"] = doc["reference"]
+    return md, new
 
 
 def rounded(obj, digits: int = 12):

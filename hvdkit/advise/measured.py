@@ -7,8 +7,7 @@ Pure JSON reading (no TensorFlow, no MPI), shared by ``hvdkit advise --calibrate
   ``collectives*.json`` or ``cluster_collectives*.json`` beside it; ``cluster.json``, the emulator's
   state with its ``probe``, when the lead copied it there), or a directory of such directories (one per
   link rate, e.g. ``fair24/1gbit``, ``fair24/200mbit``);
-* the two **files** committed in ``benchmarks/figures``: the older ``cluster_training --json`` document and
-  ``cluster_collectives --json``.
+* two **files**: a ``training.json`` and a ``cluster_collectives --json`` document.
 
 Everything is normalised to :class:`Cell` (one (model, variant, workers, rate) of the training
 benchmark: the median and min-max of its OK rounds' step times), collectives rows (``method``,
@@ -144,28 +143,6 @@ def variant_of(row: dict) -> str:
     elif layout == "dedicated":
         text += f":num_servers={int(row['servers'])}"
     return parse_variant(text).label
-
-
-def _old_training(doc: dict, rate: str) -> list[Cell]:
-    """Cells of the older ``cluster_training --json`` (one summary row per point, one rank per host)."""
-    meta = doc.get("meta") or {}
-    batch = int(meta.get("batch_size", 32))
-    base: dict = {}
-    for r in doc.get("rows", []):
-        if r.get("status") == "OK" and r.get("compute_ms") is not None:
-            base.setdefault((r["model"], variant_of(r), r["workers"]), []).append(
-                r["step_ms"] - (r.get("comm_ms") or 0.0) - (r.get("wait_ms") or 0.0))
-    out = []
-    for s in doc["summary"]:
-        if not s.get("repeats_ok"):
-            continue
-        b = batch * s["workers"] * 1e3   # ms x samples/s of one global step
-        v = variant_of(s)
-        bs = base.get((s["model"], v, s["workers"]))
-        out.append(Cell(s["model"], v, int(s["workers"]), rate, s["step_ms"], b / s["samples_per_s_max"],
-                        b / s["samples_per_s_min"], int(s["gradient_bytes"]), int(s["hosts"]), int(s["hosts"]),
-                        statistics.median(bs) if bs else None, int(s["repeats_ok"]), s.get("link_Bps")))
-    return out
 
 
 def _new_training(doc: dict, rate: str) -> list[Cell]:
@@ -378,21 +355,25 @@ def load_dir(path: str) -> Measured:
 
 
 def from_training(training: dict, cluster: dict | None = None, path: str = "") -> Measured:
-    """The cells and the link of one training document (either format; ``cluster``: the place's
+    """The cells and the link of one ``hvdkit-bench training`` document (``cluster``: the place's
     cluster.json, if any; ``path``: its directory, whose name may be the rate).
 
     Raises:
-        UsageError: no probed link (this host only).
+        UsageError: not a training.json (the older cluster_training format is retired), no probed link
+            (this host only).
     """
+    if training.get("benchmark") != "training":
+        raise UsageError(f"benchmark {training.get('benchmark')!r}: not the training.json of hvdkit-bench training "
+                         "(the older cluster_training format is no longer read)")
     rate = _rate_of(cluster, training, path)
     link = _link_from(cluster, training, rate)
-    cells = (_new_training if training.get("benchmark") == "training" else _old_training)(training, rate)
+    cells = _new_training(training, rate)
     batch = _batch(training)
     return Measured(cells, [], {rate: link}, [], batch, {rate: batch})
 
 
 def load_files(training_path: str, collectives_path: str | None) -> Measured:
-    """The measurements of a training document (either format) and a collectives document (either format).
+    """The measurements of a training document and a collectives document (either format).
 
     Raises:
         UsageError: unreadable files, no probed link.

@@ -7,7 +7,7 @@
     hvdkit-bench timeline-cost [-np N] [--] [ARGS] # mpirun -np N (default 2): step time with and without --timeline
     hvdkit-bench suite [ARGS]                      # python -m hvdkit.bench.suite ARGS (= benchmarks/run_suite.sh)
     hvdkit-bench report DIR                        # report.md + report.html of DIR/training.json (python -m hvdkit.bench.report)
-    hvdkit-bench figures [--check] [DIR]           # benchmarks/figures/**/<stem>.md from each <stem>.json
+    hvdkit-bench figures [--check] [DIR]           # benchmarks/reference/**/<stem>.md from each <stem>.json
 
 PLACE is where the job runs (:mod:`hvdkit.bench.places`): nothing for this host, ``--hosts h1:4,h2:4``,
 ``--hostfile FILE``, ``--slurm`` or ``--emulated H[:SLOTS][@RATE]``, ``--ssh-timeout SECONDS``; across

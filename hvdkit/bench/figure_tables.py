@@ -1,10 +1,10 @@
 """Markdown tables of the measurements whose benchmark has no table of its own in :mod:`hvdkit.bench`.
 
-Each function takes one committed JSON document (``benchmarks/figures/*.json``) and returns
+Each function takes one committed JSON document (``benchmarks/reference/*.json``) and returns
 :mod:`hvdkit.bench.report.document` blocks; :mod:`hvdkit.bench.figures` adds the caption and
-writes them. Here: the training benchmark (through the decision report's sections), the older
-``cluster_training`` driver's JSON, the recovery measurements of ``tests/cluster/elastic_kill.py``
-and ``tests/cluster/restart_kill.py`` (which live with the cluster tests, outside the package),
+writes them. Here: the training benchmark (through the decision report's sections), the recovery
+measurements of ``tests/cluster/elastic_kill.py`` and ``tests/cluster/restart_kill.py`` (which live
+with the cluster tests, outside the package),
 and an emulated cluster's probe (``hvdkit-cluster``'s ``cluster.json``). Every figure is shown as
 the JSON holds it: the median with its [min-max] (or the IQR where the JSON keeps that).
 """
@@ -17,7 +17,7 @@ from hvdkit.cells import measure_of, primary_measure
 from hvdkit.bench.report.decide import interval_text
 from hvdkit.bench.report.document import Heading, Paragraph, Table
 
-__all__ = ["training_blocks", "cluster_training_blocks", "elastic_blocks", "restarts_blocks", "probe_blocks"]
+__all__ = ["training_blocks", "elastic_blocks", "restarts_blocks", "probe_blocks"]
 
 
 def training_blocks(doc: Mapping) -> list:
@@ -28,26 +28,6 @@ def training_blocks(doc: Mapping) -> list:
     cells = [s for s in doc.get("summary", []) if measure_of(s) == primary]
     return [*sections.cluster_section(doc), *sections.scaling_section(cells, f"Samples/s ({primary})"),
             *sections.split_section(doc), *sections.convergence_section(doc), *sections.failures_section(doc)]
-
-
-def _interval(s: Mapping, key: str) -> dict:
-    return {"median": s.get(key), "min": s.get(key + "_min"), "max": s.get(key + "_max")}
-
-
-def cluster_training_blocks(doc: Mapping) -> list:
-    """The removed ``cluster_training`` driver's JSON (flat ``X``, ``X_min``, ``X_max`` fields per
-    summary cell): samples/s per worker count and efficiency, then the median step (ms) and the
-    busiest link's utilisation."""
-    cells = [{"model": s["model"], "variant": s["label"], "workers": s["workers"],
-              "ranks": int(s["workers"]) + int(s.get("servers") or 0) * (s.get("layout") == "dedicated"),
-              "samples_per_s": _interval(s, "samples_per_s"), "efficiency": _interval(s, "efficiency")}
-             for s in doc.get("summary", [])]
-    split = [[s["model"], s["label"], str(s["workers"]), f"{s['step_ms']:.1f}" if s.get("step_ms") else "-",
-              interval_text(_interval(s, "utilisation"), 2)] for s in doc.get("summary", [])]
-    return [*sections.scaling_section(cells),
-            Table(["model", "variant", "workers", "step (ms, median)", "link utilisation"], split, "llrrr",
-                  "median step over the OK repeats; utilisation: the busiest link's bytes per second / its probed "
-                  "rate, median [min-max]")]
 
 
 def _columns(summary: list, keys: tuple) -> list[tuple[str, str, int]]:

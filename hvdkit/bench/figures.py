@@ -1,17 +1,18 @@
 """``hvdkit-bench figures [--check] [DIR]``: every measurement table is generated from its JSON, never typed.
 
-For every ``*.json`` under DIR (default ``benchmarks/figures``, subdirectories included) the
+For every ``*.json`` under DIR (default ``benchmarks/reference``, subdirectories included) the
 table file of the same stem beside it, ``<stem>.md``, is written by the reporting code of the
 benchmark that measured it (:data:`GENERATORS`, chosen by the JSON's content, so a new fair
 directory needs nothing here). Each table shows the medians with the spread the JSON holds
 ([min-max] or the IQR), units in the headers, and a caption with the command, date and place
 from the JSON's meta. Formulas (busbw, the alpha-beta costs): docs/performance.md.
 
-    hvdkit-bench figures                      # rewrite the stale tables of benchmarks/figures
+    hvdkit-bench figures                      # rewrite the stale tables (and index) of benchmarks/reference
     hvdkit-bench figures --check              # write nothing; exit 1 naming each stale or missing table
 
-``advise_check.md`` and ``advise_check_fair.md`` are regenerated as ``hvdkit-bench advise-check``
-writes them, from the inputs their JSON names. Files in :data:`SKIP` are not tables.
+An advise-check JSON's table is regenerated as ``hvdkit-bench advise-check`` writes it, from the
+inputs the JSON names. Files in :data:`SKIP` are not tables. Where documents carry a ``reference``
+block (``question``, ``commit``), DIR's ``index.md`` lists them (:func:`index`).
 
 Exit status: 0 (every table written or up to date), 1 (``--check``: some table stale or missing,
 or a JSON no generator knows), 2 (DIR is not a directory, a JSON that does not read).
@@ -30,16 +31,11 @@ from hvdkit.results import atomic_write, read_json
 __all__ = ["main", "build_parser", "GENERATORS", "SKIP", "Generator", "generator_for", "render", "table_path", "json_files"]
 
 PROG = "hvdkit-bench figures"
-DEFAULT_DIR = os.path.join("benchmarks", "figures")
+DEFAULT_DIR = os.path.join("benchmarks", "reference")
 
-#: JSON files under DIR (paths relative to it, "/"-separated) that hold no table, with the reason
-SKIP = {
-    # Chrome trace events of one --timeline run each, drawn by `hvdkit-bench plot-timeline` (the PNGs
-    # beside them); a trace is a record of spans, not a measurement with a spread.
-    "timeline_horovod.json": "a --timeline trace (plot-timeline draws it)",
-    "timeline_horovod.horovod.json": "Horovod's own HOROVOD_TIMELINE trace of the same run",
-    "timeline_ps_ssp_straggler.json": "a --timeline trace (plot-timeline draws it)",
-}
+#: JSON files under DIR (paths relative to it, "/"-separated) that hold no table, with the reason (a
+#: --timeline trace, say, which plot-timeline draws); the reference set has none
+SKIP: dict[str, str] = {}
 
 
 def _meta(doc: Mapping) -> Mapping:
@@ -121,15 +117,6 @@ def _cmd_recovery(doc: Mapping) -> str:
             + f"; job: `{m.get('job', '?')}`")
 
 
-def _cmd_cluster_training(doc: Mapping) -> str:
-    m = _meta(doc)
-    c = m.get("cluster") or {}
-    return (f"the removed `cluster_training` driver (plain mpirun), {_where(m)}; emulated cluster {c.get('hosts', '?')} "
-            f"hosts x {c.get('slots', '?')} slot(s) at {m.get('bandwidth', '?')} (probed "
-            f"{(m.get('link_Bps') or 0) * 8 / 1e9:.3f} Gbit/s), batch {m.get('batch_size', '?')}, "
-            f"{m.get('repeats', '?')} repeats")
-
-
 def _cmd_timeline_cost(doc: Mapping) -> str:
     import re
     block = re.match(r"blocks of (\d+) steps", str(doc.get("interleave", "")))
@@ -195,9 +182,6 @@ GENERATORS = [
     Generator("training", lambda d: _bench(d) == "training" and "summary" in d,
               "Training: samples/s, scaling efficiency and the step's split", _cmd_training,
               _lazy(_TABLES, "training_blocks")),
-    Generator("cluster_training", lambda d: _bench(d) == "cluster_training",
-              "Training on the emulated cluster (removed cluster_training driver)", _cmd_cluster_training,
-              _lazy(_TABLES, "cluster_training_blocks")),
     Generator("cluster_collectives", lambda d: _bench(d) == "cluster_collectives",
               "Collectives on a cluster: busbw / link and time / prediction", _cmd_cluster_collectives,
               _lazy(_COLL, "cluster_blocks")),
@@ -229,22 +213,6 @@ def table_path(json_path: str) -> str:
     return os.path.splitext(json_path)[0] + ".md"
 
 
-def _resolve(path: str, json_path: str) -> str:
-    """An input path an advise-check JSON recorded (relative to where it was run, usually the
-    repository's root): as given if it exists, else under the first parent of ``json_path``'s
-    directory that has it."""
-    if os.path.isabs(path) or os.path.exists(path):
-        return path
-    d = os.path.dirname(os.path.abspath(json_path))
-    while True:
-        if os.path.exists(os.path.join(d, path)):
-            return os.path.join(d, path)
-        up = os.path.dirname(d)
-        if up == d:
-            return path
-        d = up
-
-
 def render(json_path: str, doc=None) -> str | None:
     """The markdown table file of one measurement JSON, or None if no generator knows its kind.
 
@@ -258,11 +226,7 @@ def render(json_path: str, doc=None) -> str | None:
     doc = read_json(json_path) if doc is None else doc
     if isinstance(doc, Mapping) and _is_advise_check(doc):
         from hvdkit.advise import check as advise_check
-        ins = [_resolve(p, json_path) for p in doc["inputs"]]
-        files = len(ins) == 2 and all(os.path.isfile(p) for p in ins)
-        tr = _resolve(doc["transport"], json_path) if doc.get("transport") else None
-        sc = _resolve(doc["at_scale"], json_path) if doc.get("at_scale") else None
-        return advise_check.render([] if files else ins, *(ins if files else ("", "")), transport=tr, at_scale=sc)[0]
+        return advise_check.render_recorded(json_path, dict(doc))[0]
     g = generator_for(doc)
     if g is None:
         return None
@@ -272,6 +236,48 @@ def render(json_path: str, doc=None) -> str | None:
     page = Document(g.title).add(Paragraph(f"Measured by {g.caption(doc)}. Generated from `{name}` by "
                                            f"`hvdkit-bench figures` (do not edit by hand)."), *g.blocks(doc))
     return page.markdown()
+
+
+#: the reference set's index, written beside its documents
+INDEX = "index.md"
+
+
+def _check_caption(doc: Mapping) -> str:
+    """How an advise-check document is regenerated, and on what machine its inputs were measured."""
+    cmd = " ".join(["hvdkit bench advise-check", *doc["inputs"]]
+                   + [f"--{k.replace('_', '-')} {doc[k]}" for k in ("transport", "at_scale") if doc.get(k)])
+    one = (doc.get("summary") or {}).get("one_boot")
+    machine = {True: "inputs measured in one boot of one machine", False: "inputs from different boots"}.get(
+        one, "machine not recorded")
+    return f"`{cmd}` (the reference set's: `hvdkit bench advise-check` with no argument); {machine}"
+
+
+def index(root: str) -> str | None:
+    """The markdown index of the documents under ``root`` that carry a ``reference`` block
+    (``question``, ``commit``): per document its question, its table, how it was measured (the
+    command, date, place and machine its meta records, as its table's caption says) and the commit
+    that wrote it; None when no document carries one."""
+    rows = []
+    for path in json_files(root):
+        doc = read_json(path)
+        ref = doc.get("reference") if isinstance(doc, Mapping) else None
+        if not ref:
+            continue
+        g = generator_for(doc)
+        how = _check_caption(doc) if _is_advise_check(doc) else g.caption(doc) if g else "?"
+        md = _rel(table_path(path), root)
+        rows.append(f"| {ref['question']} | [{md}]({md}) | {how.replace('|', '/')} | {ref['commit']} |")
+    if not rows:
+        return None
+    return "\n".join([
+        "# Reference measurements", "",
+        "One current document per question: each JSON with the table generated from it. The docs link only "
+        "these. Regenerate the tables and this index with `hvdkit bench figures` (DIR defaults to "
+        "benchmarks/reference); the advisor's check with `hvdkit bench advise-check --json advise_check.json --markdown "
+        "advise_check.md` (no argument: this set's inputs). Generated from each document's `reference` block "
+        "and meta by `hvdkit bench figures` (do not edit by hand); older runs: docs/history.md.", "",
+        "| question | table | measured by (command, date, place, machine) | commit |",
+        "| --- | --- | --- | --- |", *rows]) + "\n"
 
 
 def json_files(root: str) -> list[str]:
@@ -290,7 +296,7 @@ def _rel(path: str, root: str) -> str:
 
 
 def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
-    """``hvdkit-bench figures``' parser: ``DIR`` (default ``benchmarks/figures``) and ``--check``; ``prog``: the
+    """``hvdkit-bench figures``' parser: ``DIR`` (default ``benchmarks/reference``) and ``--check``; ``prog``: the
     name ``--help`` shows."""
     from hvdkit.cliparse import Parser
 
@@ -337,6 +343,17 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
             current += 1
         elif a.check:
             problems.append(f"{md}: {'missing' if old is None else 'stale'} (from {os.path.basename(path)}); {fix}")
+        else:
+            atomic_write(md, text.encode("utf-8"))
+            written.append(md)
+    text = index(a.dir)
+    if text is not None:
+        md = os.path.join(a.dir, INDEX)
+        old = open(md, encoding="utf-8").read() if os.path.exists(md) else None
+        if old == text:
+            current += 1
+        elif a.check:
+            problems.append(f"{md}: {'missing' if old is None else 'stale'} (the index of the reference blocks); {fix}")
         else:
             atomic_write(md, text.encode("utf-8"))
             written.append(md)

@@ -1,7 +1,7 @@
 """Every relative link and image of README.md and docs/*.md resolves to a file, and every
 ``#anchor`` to a heading of its page.
 
-A generated figure table (``benchmarks/figures/**/<stem>.md``) may be missing only while the
+A generated figure table (``benchmarks/reference/**/<stem>.md``) may be missing only while the
 generator that writes it (``hvdkit bench figures``) is not in the checkout and its ``<stem>.json``
 is: then the link names a file the generator will write."""
 from __future__ import annotations
@@ -28,7 +28,7 @@ def broken(page: Path) -> list[str]:
         path, _, anchor = target.partition("#")
         dest = (page.parent / path).resolve() if path else page
         if path and not dest.exists():
-            gen = dest.suffix == ".md" and (pages.ROOT / "benchmarks" / "figures") in dest.parents
+            gen = dest.suffix == ".md" and (pages.ROOT / "benchmarks" / "reference") in dest.parents
             if not (gen and dest.with_suffix(".json").exists() and not _generator_present()):
                 out.append(f"{rel}: {target} (no such file)")
             continue

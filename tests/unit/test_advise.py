@@ -262,18 +262,24 @@ def test_advise_check_reads_the_recorded_benchmarks(tmp_path, capsys):
 
     from hvdkit.advise import check as advise_check
     from tests.conftest import ROOT
-    fig = os.path.join(ROOT, "benchmarks", "figures")
+    ref = os.path.join(ROOT, "benchmarks", "reference")
     md = tmp_path / "check.md"
-    assert advise_check.main(["--training", os.path.join(fig, "cluster_training.json"), "--collectives",
-                              os.path.join(fig, "cluster_collectives.json"), "--markdown", str(md)]) == 0
+    assert advise_check.main(["--training", os.path.join(ref, "fair_hosts", "1gbit", "training.json"), "--collectives",
+                              os.path.join(ref, "cluster_collectives.json"), "--markdown", str(md)]) == 0
     text = md.read_text()
-    assert "| cnn | ring | 2 |" in text and "median |error|" in text and "| vgg16 |" in text
+    assert "| cnn | ring | 3 |" in text and "median |error|" in text and "| vgg16 |" in text
     pub = advise_check.published_comparison()
     assert len(pub) == len(advise_check.PUBLISHED)
     hvd = {r["model"]: r["predicted"] for r in pub if r["strategy"] == "horovod"}
     assert hvd["vgg16"] < hvd["resnet101"]   # the bigger model scales worse
-    assert advise_check.main(["--training", str(tmp_path / "none.json")]) == 2
+    assert advise_check.main(["--training", str(tmp_path / "none.json"), "--collectives", str(md)]) == 2
     assert capsys.readouterr().err.startswith("hvdkit: error: ")
+    assert advise_check.main(["--training", str(tmp_path / "none.json")]) == 2
+    assert "--training and --collectives go together" in capsys.readouterr().err
+    old = tmp_path / "cluster_training.json"             # the retired format: one line, status 2
+    old.write_text(json.dumps({"meta": {"benchmark": "cluster_training"}, "rows": [], "summary": []}))
+    assert advise_check.main(["--training", str(old), "--collectives", os.path.join(ref, "cluster_collectives.json")]) == 2
+    assert "not the training.json of hvdkit-bench training" in capsys.readouterr().err
 
 
 def test_advise_check_reads_a_training_json(tmp_path, capsys):
@@ -304,7 +310,7 @@ def test_advise_check_reads_a_training_json(tmp_path, capsys):
     assert stats["probe"]["points"] == 4
     f = tmp_path / "training.json"
     f.write_text(json.dumps(doc))
-    coll = os.path.join(ROOT, "benchmarks", "figures", "cluster_collectives.json")
+    coll = os.path.join(ROOT, "benchmarks", "reference", "cluster_collectives.json")
     assert advise_check.main(["--training", str(f), "--collectives", coll]) == 0
     assert "| cnn | ps-sync | 2 | 60.0 |" in capsys.readouterr().out
     f.write_text(json.dumps({**doc, "place": {"kind": "local", "links": []}}))
@@ -339,27 +345,29 @@ def test_calibrate_hockney_fits_and_their_use(tmp_path, capsys):
     assert "one rank per host" in capsys.readouterr().err
 
 
-def test_advise_check_json_regenerates_byte_identically(tmp_path, monkeypatch):
-    """The committed advise-check JSONs are what ``--json`` writes from their recorded inputs, byte for
-    byte: floats are rounded to 12 significant digits, so summation order cannot change the last digit."""
+def test_advise_check_json_regenerates_byte_identically(tmp_path, monkeypatch, capsys):
+    """The reference set's advise-check JSON and table are what ``hvdkit bench advise-check`` with no
+    argument writes from the inputs the JSON records, byte for byte (floats rounded to 12 significant
+    digits, so summation order cannot change the last digit); it is the only check committed."""
+    import glob
     import os
 
     from hvdkit.advise import check as advise_check
     from tests.conftest import ROOT
 
     assert advise_check.rounded({"a": [0.1 + 0.2, 3, "x"], "b": (1 / 3,)}) == {"a": [0.3, 3, "x"], "b": [0.333333333333]}
-    import glob
-
-    names = sorted(os.path.basename(p) for p in glob.glob(os.path.join(ROOT, "benchmarks", "figures", "advise_check*.json")))
-    assert {"advise_check.json", "advise_check_fair34.json", "advise_check_fair35.json"} <= set(names)
-    for name in names:                                       # every committed check, the ones added later too
-        path = os.path.join(ROOT, "benchmarks", "figures", name)
-        doc = json.loads(open(path).read())
-        inputs = doc["inputs"]                               # relative to the repository's root
-        monkeypatch.chdir(ROOT)
-        argv = ["--training", inputs[0], "--collectives", inputs[1]] if len(inputs) == 2 else inputs
-        argv += ["--transport", doc["transport"]] if doc.get("transport") else []
-        argv += ["--at-scale", doc["at_scale"]] if doc.get("at_scale") else []
-        out = tmp_path / name
-        assert advise_check.main(argv + ["--json", str(out)]) == 0
-        assert out.read_bytes() == open(path, "rb").read(), f"{name} is stale: regenerate it with --json"
+    ref = os.path.join(ROOT, "benchmarks", "reference")
+    assert [os.path.relpath(p, ref) for p in glob.glob(os.path.join(ROOT, "benchmarks", "**", "advise_check*.json"),
+                                                       recursive=True)] == ["advise_check.json"]
+    monkeypatch.chdir(ROOT)
+    out, md = tmp_path / "advise_check.json", tmp_path / "advise_check.md"
+    assert advise_check.main(["--json", str(out), "--markdown", str(md)]) == 0
+    assert out.read_bytes() == open(os.path.join(ref, "advise_check.json"), "rb").read(), "stale: regenerate it"
+    assert md.read_text() == open(os.path.join(ref, "advise_check.md")).read()
+    summ = json.loads(out.read_text())["summary"]
+    assert summ["held_out"] and summ["one_boot"]
+    capsys.readouterr()
+    monkeypatch.chdir(tmp_path)                    # no reference set here: one line, status 2
+    assert advise_check.main([]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "benchmarks/reference/advise_check.json" in err[0]

@@ -859,7 +859,7 @@ def test_a_calibration_prices_only_what_it_measured(tmp_path, capsys):
     import os
 
     from tests.conftest import ROOT
-    fair = os.path.join(ROOT, "benchmarks", "figures", "fair36")
+    fair = os.path.join(ROOT, "benchmarks", "reference", "fair_hosts")
     d = os.path.join(fair, "1gbit")                      # batch 32; cnn and mlp-wide; 1gbit
     assert advise_main(["--model", "cnn", "--cluster", "3x1", "--calibrate", d, "--strategies", "ring", "--json"]) == 0
     took = json.loads(capsys.readouterr().out)
@@ -900,7 +900,7 @@ def test_a_calibration_prices_only_what_it_measured(tmp_path, capsys):
     assert advise_main(["--model", "cnn", "--cluster", "4x1", "--calibrate", fair]) == 2
     assert "it measured 1gbit and 200mbit links: name one in --cluster (e.g. 4x1:shm,1gbit)" in capsys.readouterr().err
     # the collectives JSON: its rates too
-    coll = os.path.join(ROOT, "benchmarks", "figures", "cluster_collectives.json")
+    coll = os.path.join(ROOT, "benchmarks", "reference", "cluster_collectives.json")
     assert advise_main(["--model", "resnet50", "--cluster", "2x1:shm,25gbit", "--calibrate", coll]) == 2
     assert "it measured 1gbit and 200mbit links, not the 25gbit" in capsys.readouterr().err
     assert advise_main(["--model", "resnet50", "--cluster", "2x1:shm,1gbit", "--calibrate", coll]) == 0

@@ -1,6 +1,7 @@
-"""Measured figures are generated, never typed: every committed ``benchmarks/figures/**/<stem>.md``
-is what ``hvdkit-bench figures`` writes from ``<stem>.json``, and every JSON there has a generator
-(or is on :data:`hvdkit.bench.figures.SKIP`, with its reason)."""
+"""Measured figures are generated, never typed: every committed ``benchmarks/reference/**/<stem>.md``
+is what ``hvdkit-bench figures`` writes from ``<stem>.json``, every JSON there has a generator
+(or is on :data:`hvdkit.bench.figures.SKIP`, with its reason), and the reference set's index is
+generated from each document's ``reference`` block and meta."""
 from __future__ import annotations
 
 import json
@@ -12,7 +13,7 @@ import pytest
 from hvdkit.bench import figures
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-FIGS = os.path.join(ROOT, "benchmarks", "figures")
+FIGS = os.path.join(ROOT, "benchmarks", "reference")
 JSONS = [p for p in figures.json_files(FIGS) if os.path.relpath(p, FIGS).replace(os.sep, "/") not in figures.SKIP]
 
 
@@ -32,7 +33,7 @@ def test_committed_table_equals_its_regeneration(path):
 
 
 def test_every_json_has_a_generator_or_a_reason():
-    assert JSONS, "no measurement JSON found under benchmarks/figures"
+    assert JSONS, "no measurement JSON found under benchmarks/reference"
     unknown = [_id(p) for p in JSONS if figures.render(p) is None]
     assert not unknown, f"JSONs without a table generator: {unknown}"
     on_disk = {os.path.relpath(p, FIGS).replace(os.sep, "/") for p in figures.json_files(FIGS)}
@@ -57,15 +58,16 @@ def _copy(tmp_path, *names):
 
 
 def test_check_names_stale_and_missing_tables_and_writes_nothing(tmp_path, capsys):
-    d = _copy(tmp_path, "cluster_restarts.json", "cluster_restarts.md", "timeline_cost_runs_3ranks.json")
+    d = _copy(tmp_path, "cluster_restarts.json", "cluster_restarts.md", "timeline_cost.json")
     (d / "cluster_restarts.md").write_text("| typed | by hand |\n")
     assert figures.main(["--check", str(d)]) == 1
     out = capsys.readouterr().out.splitlines()
-    assert len(out) == 2
+    assert len(out) == 3
     assert any("cluster_restarts.md: stale" in ln and "hvdkit-bench figures" in ln for ln in out)
-    assert any("timeline_cost_runs_3ranks.md: missing" in ln for ln in out)
+    assert any("timeline_cost.md: missing" in ln for ln in out)
+    assert any("index.md: missing" in ln for ln in out)
     assert (d / "cluster_restarts.md").read_text() == "| typed | by hand |\n"
-    assert not (d / "timeline_cost_runs_3ranks.md").exists()
+    assert not (d / "timeline_cost.md").exists() and not (d / "index.md").exists()
     assert figures.main([str(d)]) == 0
     assert figures.main(["--check", str(d)]) == 0
     assert (d / "cluster_restarts.md").read_text() == open(os.path.join(FIGS, "cluster_restarts.md")).read()
@@ -108,3 +110,20 @@ def test_unreadable_json_is_one_line_and_status_2(tmp_path, capsys):
 def test_a_collectives_caption_gives_the_flags_that_reproduce_the_run(key, value, flag):
     from hvdkit.bench.figures import _collectives_flag
     assert _collectives_flag(key, value) == flag
+
+
+def test_the_index_lists_every_reference_document_with_how_it_was_measured():
+    """benchmarks/reference/index.md is what ``hvdkit-bench figures`` generates; every JSON there is in it
+    with its question, its table, the command, date, place and machine its meta records, and its commit."""
+    with open(os.path.join(FIGS, figures.INDEX), encoding="utf-8") as fh:
+        committed = fh.read()
+    assert committed == figures.index(FIGS)
+    rows = [ln for ln in committed.splitlines() if ln.startswith("| ") and "](" in ln]
+    assert len(rows) == len(JSONS) and all(os.path.exists(figures.table_path(p)) for p in JSONS)
+    for path in JSONS:
+        ref = json.load(open(path))["reference"]
+        row = next(ln for ln in rows if f"]({os.path.relpath(figures.table_path(path), FIGS)})" in ln)
+        assert row.startswith(f"| {ref['question']} |") and row.endswith(f"| {ref['commit']} |"), row
+    restarts = next(ln for ln in rows if "cluster_restarts.md" in ln)
+    assert "restart_kill" in restarts and "2026-" in restarts and "on vm (2 cores" in restarts   # command, date, machine
+    assert "hvdkit bench advise-check" in next(ln for ln in rows if "advise_check.md" in ln)
