@@ -51,6 +51,7 @@ import numpy as np
 
 from hvdkit import costs
 from hvdkit.bench._common import launch
+from hvdkit.launch import oom
 
 __all__ = ["Settings", "Cell", "train_args", "job_command", "read_row", "failed_row", "run_job", "rank_hosts",
            "busiest_link_bytes", "model_seconds", "train_clock", "curve", "to_target", "staleness"]
@@ -348,10 +349,11 @@ def run_job(place, cell: Cell, rnd: int, s: Settings, out_dir: str, *, timeout: 
         cmd = job_command(place, cell, s, out_dir)
     except (ValueError, OSError) as e:   # UsageError is a ValueError: the place could not build it
         return failed_row(cell, rnd, f"cannot build the command: {e}", out_dir=out_dir)
+    memory = oom.Watch()   # a rank the OOM killer ended: "out of memory" is the cause, not "signal 9"
     job = launch(cmd, timeout, os.path.join(out_dir, "job.log"))
     res = job.results(out_dir)
     if res is None:
-        return failed_row(cell, rnd, job.why(), job.seconds, out_dir)
+        return failed_row(cell, rnd, (not job.ok and memory.cause()) or job.why(), job.seconds, out_dir)
     try:
         return read_row(cell, rnd, s, res, link_Bps=link_Bps, target=target, job_seconds=job.seconds,
                         out_dir=out_dir)

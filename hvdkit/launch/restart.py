@@ -24,7 +24,8 @@ refused (status 2) unless it says ``--resume`` or ``--overwrite``; later attempt
 
 The job's output passes through unchanged; the launcher watches stderr for the cause to
 report (the last ``hvdkit: FAILED``/``hvdkit: error`` line, or Open MPI's line naming a lost
-host or a killed rank, or ssh's ``Connection to HOST closed`` when a host's processes died).
+host or a killed rank, or ssh's ``Connection to HOST closed`` when a host's processes died), unless
+the kernel's OOM killer ended a process of the job: then ``out of memory: ...`` (:mod:`hvdkit.launch.oom`).
 Ctrl-C, SIGTERM or SIGHUP of the launcher is passed to the job and ends the loop (no
 restart); a SIGKILL of the launcher ends the job too (:mod:`hvdkit.launch.supervise`).
 Like torchrun's ``--max-restarts``.
@@ -121,7 +122,7 @@ def run_once(cmd: list[str], env: dict[str, str], forward=None) -> tuple[int, st
         return 128 + out.ended_by, f"interrupted ({signal.Signals(out.ended_by).name})"
     if signal.SIGUSR1 in out.signals:
         return out.status, "stopped (SIGUSR1)"
-    return out.status, cause_of(out.lines)
+    return out.status, out.oom or cause_of(out.lines)
 
 
 def run_with_restarts(build: Callable[[list[str]], list[str]], program: Sequence[str], max_restarts: int,

@@ -35,7 +35,11 @@ Signals to ``hvdkit-launch`` (:data:`FORWARD`):
   is 75 the launcher's status is 75 and the traceback is held back (any other end shows it). A value
   None: not passed on (one line says so).
 
-The launcher's status is the job's; after an ending signal, 128 + that signal's number.
+The launcher's status is the job's; after an ending signal, 128 + that signal's number. Open MPI's
+mpirun ends with its own error code's low byte when it loses a host's daemon (205:
+``ORTE_ERR_COMM_FAILURE``, -51, after ``ORTE has lost communication with a remote daemon``); that is
+a failed rank's status 1 here (:data:`MPI_LOST_HOST`). A job whose ranks the kernel's OOM killer ended
+gets one more line naming it (:mod:`hvdkit.launch.oom`): ``hvdkit-launch: out of memory: ...``.
 """
 from __future__ import annotations
 
@@ -47,11 +51,11 @@ import threading
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from hvdkit.errors import EXIT_STOPPED
-from hvdkit.launch import reaper
+from hvdkit.errors import EXIT_FAILURE, EXIT_STOPPED
+from hvdkit.launch import oom, reaper
 from hvdkit.lifecycle import preexec_die_with_parent
 
-__all__ = ["FORWARD", "FORWARD_VIA_MPIRUN", "MPIRUN", "ENDING", "GRACE_S", "Outcome",
+__all__ = ["FORWARD", "FORWARD_VIA_MPIRUN", "MPIRUN", "ENDING", "GRACE_S", "MPI_LOST_HOST", "Outcome",
            "run_job", "session_mpirun"]
 
 #: signal received -> signal sent to the MPI launcher
@@ -61,6 +65,9 @@ FORWARD = {signal.SIGINT: signal.SIGINT, signal.SIGTERM: signal.SIGTERM, signal.
 MPIRUN = "mpirun"
 #: horovodrun over MPI (``--launcher horovodrun``): SIGUSR1/SIGUSR2 to the mpirun its shell started
 FORWARD_VIA_MPIRUN = {**FORWARD, signal.SIGUSR1: MPIRUN, signal.SIGUSR2: MPIRUN}
+#: mpirun's status after it lost a host's daemon (Open MPI's ORTE_ERR_COMM_FAILURE, -51, as a byte):
+#: reported as EXIT_FAILURE, the documented status of a lost host (docs/fault-tolerance.md)
+MPI_LOST_HOST = 205
 #: the names an MPI launcher's process has (``/proc/PID/stat``'s comm)
 _MPIRUN_NAMES = frozenset({"mpirun", "mpiexec", "orterun", "prterun", "mpiexec.hydra"})
 #: horovodrun's elastic mode, when its first rank to end did so with the stop status: its traceback's
@@ -112,9 +119,11 @@ class Outcome:
         signals: the signals ``hvdkit-launch`` received and forwarded, in order.
         to_ranks: of those, the ones a callable of ``forward`` passed on (to an elastic job's ranks).
         lines: its last stderr lines (only when ``on_stderr`` was given to :func:`run_job`).
+        oom: the OOM killer's kills of the job, one line (:meth:`hvdkit.launch.oom.Watch.cause`), or "".
     """
 
     status: int
+    oom: str = ""
     signals: list[int] = field(default_factory=list)
     lines: list[str] = field(default_factory=list)
     to_ranks: set = field(default_factory=set)   # of ``signals``, those passed on other than to the launcher
@@ -138,6 +147,7 @@ def run_job(cmd: Sequence[str], env: dict[str, str], capture_stderr: bool = Fals
     launcher ended and the reaper ended what it left running (nothing, after a clean end).
     """
     guard = reaper.start(reaper_grace_s)
+    memory = oom.Watch()
     capture_stderr = capture_stderr or any(callable(v) for v in forward.values())   # an elastic stop's traceback
     try:
         p = subprocess.Popen(list(cmd), env=env, stderr=subprocess.PIPE if capture_stderr else None, text=True,
@@ -222,10 +232,16 @@ def run_job(cmd: Sequence[str], env: dict[str, str], capture_stderr: bool = Fals
         for s, h in old.items():
             signal.signal(s, h)
     out.status = rc if rc >= 0 else 128 - rc
+    if out.status == MPI_LOST_HOST:
+        out.status = EXIT_FAILURE
     stopped = out.to_ranks and rc != 0 and _last(out.lines) == _STOPPED
     if stopped:
         out.status = EXIT_STOPPED   # every rank stopped at a checkpoint; horovodrun's elastic mode calls that a failure
     if held and not stopped:   # another failure: its traceback is shown
         sys.stderr.writelines(held)
         sys.stderr.flush()
+    if out.status != 0:
+        out.oom = memory.cause()
+        if out.oom:
+            print(f"hvdkit-launch: {out.oom}", file=sys.stderr, flush=True)
     return out
