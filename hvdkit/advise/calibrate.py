@@ -235,8 +235,8 @@ class Calibration:
         cores, and a row that does not spin (:attr:`~hvdkit.advise.predict.Priced.spins`: Horovod's
         background thread, ``ring_wait=spin``). Its base stays the one-worker step at the quota: there a
         ring's or a colocated PS's rank never waits. A dedicated PS's worker waits there too, but
-        reading its base back through the burst and the fitted push + pull made the checks worse (tried
-        on fair36 at 1 Gbit/s, 2-host calibration: median 8% to 10%; not kept)."""
+        reading its base back through the burst and the fitted push + pull made the reference check
+        worse (benchmarks/reference/advise_check.md; not kept)."""
         ln = self.links[rate]
         return bool(ln.cpus_per_host and ln.cpus_per_host < 1 and ln.cores and ranks_on_host == 1 and workers > 1
                     and not row.spins)
@@ -282,7 +282,7 @@ class Calibration:
         and the Hockney fit's slope beyond the largest; None when the method has no points.
 
         Why not the fit alone: under a CPU quota a message step costs at least about one CFS period
-        (benchmarks/figures/fair25/*/collectives_np2.md: the small sizes), a floor a straight line
+        (benchmarks/reference/fair_hosts/*/collectives_np2.md: the small sizes), a floor a straight line
         fitted at >= 1 MiB does not have, and a ring on W hosts moves chunks of 2 S / W, down in that
         floor for a small model (docs/advise.md). ``ranks``: the same from the collectives measured at that
         rank count (:attr:`scale_points`); None: at ``hosts`` hosts.
@@ -413,10 +413,8 @@ class Calibration:
         if comm == "ring":
             # the collective measured alone sums one contiguous buffer; a training step's ring packs the
             # gradient tensors into one and back (hvdkit's ring) or copies them through the fusion buffer
-            # (Horovod's grouped allreduce), and averages: the one-worker step's copies, added. On fair34
-            # (2-host calibration) this took Horovod on cnn at 1 Gbit/s from -30% to -24% and the max from
-            # 30% to 25%; as a floor it had been fixed on collectives measured every method in one
-            # launch, which held a ring's time up (docs/advise.md)
+            # (Horovod's grouped allreduce), and averages: the one-worker step's copies, added (not a
+            # floor: a ring's collective measured alone already pays its own copies once)
             cpu += floor * share / share_fit
         else:   # a colocated PS: its benchmark runs the PS itself (the servers' apply too): a floor
             cpu = max(cpu, (floor - wire) * share / share_fit - lat)
@@ -426,8 +424,8 @@ class Calibration:
         frac = self.a2a_frac.get(rate)
         if comm == "colocated" and workers > 2 and frac and at is None:
             # every rank sends to and receives from every other at once: at most the transport's
-            # measured all-to-all rate (benchmarks/figures/fair26/collectives_a2a_4x1.md: Open MPI's
-            # TCP transport at 0.60-0.62 of the ring pattern, the sockets' all-to-all at 0.94-0.99)
+            # measured all-to-all rate (mpi-a2a in benchmarks/reference/fair_hosts/*/collectives_np*.md:
+            # Open MPI's TCP transport, below the rate plain sockets carry in the same pattern)
             floor = wire_factor("colocated", workers) * n * wf / (frac * (ln.ring_Bps or ln.link_Bps))
             terms["transport"] = max(0.0, floor - soft - wire)
             step += terms["transport"]
@@ -438,9 +436,9 @@ class Calibration:
             # each one way's time of the fit's wire term; then the server's one loop (first come,
             # first served): the transport's copies (the fit's CPU term) and the sum, at the CPU share
             # of one busy rank on its host (the waiting workers sleep: hvdkit.comm.poll). The rest of
-            # the one-worker step (`step`, at this job's CPU share) is each worker's own. Before, with
-            # pushes and pulls overlapping and only the loop queueing, ps-async came out 16-28% under on
-            # fair32's cells at 200 Mbit/s (docs/advise.md)
+            # the one-worker step (`step`, at this job's CPU share) is each worker's own. With pushes
+            # and pulls overlapping and only the loop queueing, ps-async came out under the reference
+            # check's cells (benchmarks/reference/advise_check.md)
             alone = self.share(rate, 1, 1)
             link = parts["wire"] / 2 / k
             loop = (parts["cpu"] * share_fit / alone + server_serial_time(1, nbytes, self.reduce_Bps) / alone) / k
@@ -464,7 +462,7 @@ def busy_threads(row, workers: int) -> int:
     """The busy threads of one of ``row``'s ranks at ``workers`` workers: its ``busy_threads``, but 1 at one
     worker, where no peer is waited for: under a quota Horovod's compute per step doubles from one worker
     to two and hvdkit's one-thread ring's does not (the step split of
-    benchmarks/figures/fair25/*/training.md; docs/advise.md)."""
+    benchmarks/reference/fair_hosts/*/training.md)."""
     return row.busy_threads if workers > 1 else 1
 
 

@@ -6,7 +6,7 @@ Pure JSON reading (no TensorFlow, no MPI), shared by ``hvdkit advise --calibrate
 * a **directory** of ``hvdkit-bench suite`` or ``hvdkit-bench training`` (``training.json``; any
   ``collectives*.json`` or ``cluster_collectives*.json`` beside it; ``cluster.json``, the emulator's
   state with its ``probe``, when the lead copied it there), or a directory of such directories (one per
-  link rate, e.g. ``fair24/1gbit``, ``fair24/200mbit``);
+  link rate, e.g. ``RUN/1gbit``, ``RUN/200mbit``);
 * two **files**: a ``training.json`` and a ``cluster_collectives --json`` document.
 
 Everything is normalised to :class:`Cell` (one (model, variant, workers, rate) of the training
@@ -238,7 +238,7 @@ def _link_from(cluster: dict | None, training: dict | None, rate: str) -> Link:
 def boots_of(doc: dict) -> tuple:
     """The boot ids a benchmark document's meta recorded (``boot_id``, the machine's boot when it was
     written; ``boot_ids``, a training run resumed: every run's; :func:`hvdkit.bench._common.boot_id`),
-    ``(None,)`` where it recorded none (documents before 2026-12-06)."""
+    ``(None,)`` where it recorded none (documents written before boot ids were)."""
     meta = doc.get("meta") if isinstance(doc, dict) else None
     meta = meta if isinstance(meta, dict) else {}
     return tuple(meta.get("boot_ids") or [meta.get("boot_id")])

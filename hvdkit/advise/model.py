@@ -349,18 +349,17 @@ def cpu_share(ranks_on_host: int, host_cores: float | None = None, ranks_on_mach
     """Cores (a fraction of one) each busy thread of a host gets: ``min(1, Q / r, C / R)``.
 
     Every rank is runnable all the time: it computes, or its MPI progress engine and Horovod's
-    background thread busy-poll while it waits (the polling term: the committed runs showed the CPU
-    0% idle during every multi-host step, and ``mpi_yield_when_idle`` alone raised Horovod's busbw,
-    benchmarks/figures/cluster_collectives.md, ``horovod[yield]``). Linux CFS gives runnable tasks equal shares of the cores
+    background thread busy-poll while it waits (the polling term: ``mpi_yield_when_idle`` alone raises
+    Horovod's busbw, ``horovod[yield]`` in benchmarks/reference/cluster_collectives.md). Linux CFS gives runnable tasks equal shares of the cores
     (Documentation/scheduler/sched-design-CFS.rst), and a cgroup's CFS quota caps its tasks at Q cores
     together (sched-bwc.rst). So r ranks on a host with quota Q get Q / r each, R ranks sharing a
     machine of C cores without quotas C / R each, and no thread more than one core. r and R count busy
     threads: a rank has one (its compute thread, which busy-polls in MPI while it waits; hvdkit's ring
-    since fair30 and every PS rank sleep instead under a quota: their compute is then a burst,
+    and every PS rank sleep instead under a quota: their compute is then a burst,
     :func:`burst_seconds`), a Horovod rank
     two (its background thread negotiates every cycle and busy-polls while its peers lag; the rows'
-    ``busy_threads``). The committed cnn runs: Horovod's compute per step stretched 4.7x at 3 ranks on 2
-    cores, hvdkit's ring (one thread) 2.4x.
+    ``busy_threads``): on shared cores Horovod's compute per step stretches more than hvdkit's
+    one-thread ring's (the step split of benchmarks/reference/fair_hosts/*/training.md).
 
     Args:
         ranks_on_host: r >= 1, busy threads on the host. host_cores: Q, the host's CPU quota in cores (None: no quota).
@@ -406,9 +405,8 @@ def server_serial_time(pushes: int, shard_bytes: float, reduce_Bps: float) -> fl
 
     A dedicated server of hvdkit's PS (``hvdkit.strategies.ps.server``: one loop handles the requests
     one at a time) takes the W pushes of its shard one after another and adds each into the sum: ``W x shard / gamma`` with gamma
-    the bytes per second one core sums (numpy float32 add, ~2e9 B/s on one core: the default
-    ``Cluster.reduce_Bps`` of CPU clusters, in line with what each extra worker added to the
-    committed mlp-wide steps beyond the server link's bytes, benchmarks/figures/cluster_training.md).
+    the bytes per second one core sums (numpy float32 add on one core: the default
+    ``Cluster.reduce_Bps`` of CPU clusters).
     The one update per step (S / K) is in the one-worker step the calibration starts from.
     """
     if pushes < 0 or shard_bytes < 0 or not reduce_Bps > 0:

@@ -337,8 +337,8 @@ class MPIWorld:
     ``wait`` is how they wait: ``"spin"``, MPI's blocking calls; ``"poll"``, the non-blocking
     ``Ibarrier``/``Iallreduce`` completed by :func:`hvdkit.comm.poll`, as hvdkit's ring waits
     where a rank has less than a core. Under a CPU quota a harness that busy-polls spends the
-    rank's quota between timed operations, and the next operation starts throttled (the ring alone
-    on 2 hosts at 0.4 core: benchmarks/figures/fair31/harness_ring_spin.md, harness_ring_poll.md).
+    rank's quota between timed operations, and the next operation starts throttled
+    (docs/collectives.md).
     Every rank must wait the same way (a blocking collective never matches a non-blocking one). A
     polling rank that arrived early may leave the barrier up to one sleep (<= 200 us) late, which
     an operation of about that length reads as its own time.

@@ -48,7 +48,8 @@ def _bench(doc: Mapping) -> str:
 
 
 def _where(m: Mapping) -> str:
-    """``2026-12-02T01:57:52 on vm (2 cores, load 0.91 1.57 2.06)`` of a ``host_meta`` dict."""
+    """``DATE on HOST (C cores, load L1 L5 L15)`` of a ``host_meta`` dict (its ``date``, ``host``,
+    ``cores``, ``loadavg``)."""
     load = m.get("loadavg")
     load = " ".join(f"{x:.2f}" for x in load) if isinstance(load, list) else "?"
     return f"{m.get('date', 'date not recorded')} on {m.get('host', '?')} ({m.get('cores', '?')} cores, load {load})"
@@ -84,8 +85,6 @@ def _collectives_flag(key: str, value) -> str:
         return "" if value else "--no-park"
     if key == "order" and value == "apart":   # hvdkit-bench suite --collectives-apart: one launch per method
         return ""
-    if key == "settle_s":   # a sleep before every round, tried on 2026-12-05 and removed (docs/benchmarks.md)
-        return f"--settle {value} (an option since removed)"
     if isinstance(value, list):
         values = list(dict.fromkeys(map(str, value)))
         value = values[0] if len(values) == 1 else "auto"

@@ -1,7 +1,7 @@
 """Horovod over MPI against Horovod over Gloo on the same hosts: training steps and the allreduce.
 
     hvdkit cluster run --hosts 5 --cpus-per-host 0.4 --probe -- bash benchmarks/horovod_transport.sh OUT
-    python -m hvdkit.bench.horovod_transport OUT --json benchmarks/figures/x/horovod_transport.json
+    python -m hvdkit.bench.horovod_transport OUT --json benchmarks/reference/horovod_transport.json
 
 ``benchmarks/horovod_transport.sh`` runs, from a session on the first host, rounds of launches
 alternated transport by transport: ``hvdkit train --strategy horovod`` through ``hvdkit launch``

@@ -42,10 +42,9 @@ __all__ = ["ROOT", "PERIOD_US", "MIN_QUOTA_US", "ClusterError", "Layout", "layou
 ROOT = "/sys/fs/cgroup"
 #: the CFS period every group gets, microseconds: 10 ms, not the kernel's default 100 ms. With
 #: 100 ms periods a rank that busy-polls while it waits spends its quota and is throttled for the
-#: rest of the period, so collectives take whole periods (benchmarks/figures/fair24/1gbit/, measured
-#: at 100 ms) and Horovod and hvdkit's ring trained several times slower than at 10 ms on 5 emulated
-#: hosts at 0.4 core each. Real hosts do not stall a poller that way; below 10 ms the gain was
-#: within the spread.
+#: rest of the period, so collectives take whole periods and busy-polling rows trained several
+#: times slower than at 10 ms on the emulated hosts (docs/history.md). Real hosts do not stall a
+#: poller that way; below 10 ms the gain was within the spread.
 PERIOD_US = 10_000
 #: the kernel's smallest quota, microseconds (1 ms; sched-bwc.rst)
 MIN_QUOTA_US = 1_000

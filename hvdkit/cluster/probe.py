@@ -436,9 +436,8 @@ def measure_alltoall(hosts: list[dict], seconds: float = 1.0, *, port: int = RIN
     TCP stream of its own), all at once: the traffic of a colocated parameter server's push
     and pull (every worker to every shard), of an MPI all-to-all, and of BytePS's colocated mode.
     On one switch it carries the same bytes per host link as the ring pattern, but through
-    H - 1 competing streams per direction (4 emulated hosts of 0.5 core: 0.180 Gbit/s against the
-    ring pattern's 0.191 at 200 Mbit/s, 0.948 against 0.947 at 1 Gbit/s;
-    benchmarks/figures/fair26/collectives_4x1.json). Same result, bounds and errors as
+    H - 1 competing streams per direction (on the emulated hosts it carries about the ring pattern's
+    rate). Same result, bounds and errors as
     :func:`measure_ring`.
     """
     if len(hosts) < 3:

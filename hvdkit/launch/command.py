@@ -30,7 +30,7 @@ FORWARD_PREFIXES = ("NCCL_", "HOROVOD_", "HVDKIT_")
 #: Open MPI parameters hvdkit-launch adds to multi-host launches, by family (a family the user set
 #: in --mpi-args or OMPI_MCA_* is left alone):
 #: * coll_tuned: the ring allreduce (algorithm 4) instead of Open MPI's fixed choice, which on 3-4
-#:   hosts reached a fraction of the link (benchmarks/figures/cluster_collectives.md, the
+#:   hosts reached a fraction of the link (benchmarks/reference/cluster_collectives.md, the
 #:   ``[ompi-ring]`` rows against the default ones);
 #: * oob_tcp_keepalive: mpirun notices a lost host within about 5 + 3 x 3 = 14 s of silence and ends
 #:   the job naming it ("Remote daemon ... on node h3"); with Open MPI's defaults (300 s, 9 x 20 s)
@@ -39,8 +39,8 @@ FORWARD_PREFIXES = ("NCCL_", "HOROVOD_", "HVDKIT_")
 #:   other at once (a 2-host ring's every step, an exchange, a colocated PS), one connection carried
 #:   each direction at about half the link rate on the emulated hosts, while plain sockets, and
 #:   Open MPI's one-way sends, reached the full rate; with two connections the exchange reaches the
-#:   link (measured side by side: benchmarks/figures/fair26/collectives_links_2x1.md, the
-#:   ``[one-link]`` rows of :mod:`hvdkit.bench.cluster_collectives`; docs/benchmarks.md)
+#:   link (measured side by side by the ``[one-link]`` rows of :mod:`hvdkit.bench.cluster_collectives`;
+#:   docs/collectives.md)
 MULTI_HOST_MCA = {"coll_tuned": (("coll_tuned_use_dynamic_rules", "1"), ("coll_tuned_allreduce_algorithm", "4")),
                   "oob_tcp_keepalive": (("oob_tcp_keepalive_time", "5"), ("oob_tcp_keepalive_intvl", "3"),
                                         ("oob_tcp_keepalive_probes", "3")),

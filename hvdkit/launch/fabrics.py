@@ -6,15 +6,9 @@ Omni-Path, verbs). On a host without such hardware each of ``libpsm2`` and ``lib
 waits about 0.1 s before it gives up (``strace -f``: 0.10 s after each library's last
 ``/proc/self/status`` read, for either MTL and for libfabric's providers of the same names), and
 the PML chosen is ``ob1`` all the same (measured here, ``--mca pml_base_verbose 10``: "component ob1
-selected"; ``cm`` and ``ucx`` find nothing to open). Measured on this machine kind (Debian's Open MPI 4.1.4,
-2026-12-05), ``from mpi4py import MPI`` (``MPI_Init``) in each rank:
-
-==========================================  ==================  ================================
-ranks                                       Open MPI's default  ``--mca pml ^cm``
-==========================================  ==================  ================================
-1, this host (5 runs)                       0.24 s              0.04-0.06 s
-3, one per emulated host (2 runs of 3)      0.27-0.31 s         0.07-0.11 s
-==========================================  ==================  ================================
+selected"; ``cm`` and ``ucx`` find nothing to open). Leaving ``cm`` out takes those sleeps off
+``from mpi4py import MPI`` (``MPI_Init``) in each rank (the restart times of
+benchmarks/reference/cluster_restarts.md include it).
 
 The wait is a sleep, not CPU, but every rank's start has it on its path: a relaunched rank's
 (``hvdkit-launch --max-restarts``), a test's, a benchmark's.

@@ -45,7 +45,7 @@ h2 is rank 0), seed 6 gives h3, h1, h2 (h3 rank 0; then h2, rank 1). ``lost_rank
 happened. The cases alternate round by round.
 
     flock /tmp/hvdkit-mpi.lock .venv/bin/python -m tests.cluster.elastic_kill --repeats 3 \\
-        --json benchmarks/figures/cluster_elastic.json
+        --json benchmarks/reference/cluster_elastic.json
 
 ``--code NAME=CHECKOUT,...`` names the checkouts of the cost jobs (``--code ''``: none);
 ``--merge A.json B.json --json OUT.json`` joins the figures of several runs (e.g. the

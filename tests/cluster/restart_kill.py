@@ -23,18 +23,16 @@ Where the seconds of ``to_training_s`` go: the relaunched ranks report it themse
 ``relaunch_setup_s``, from its process's start to the end of its set-up), so every row splits into
 the kill -> the relaunched rank's start (``to_header_s - relaunch_setup_s``: the failed attempt over,
 mpirun, ssh, orted and the interpreter's start), its set-up, and the first step. The figures, and
-what they show, are in ``benchmarks/figures/cluster_restarts.md`` (each host a CPU share of 2/3 core,
-the emulator's default), ``benchmarks/figures/cluster_restarts_no_share.md`` (``--cpus-per-host
-none``: the hosts share the 2 cores, as the first figures were measured, 6.7 s on 2026-11-30) and
-docs/fault-tolerance.md ("Restarts, for every strategy").
+what they show, are in ``benchmarks/reference/cluster_restarts.md`` (each host a CPU share of 2/3
+core, the emulator's default) and docs/fault-tolerance.md ("Restarts, for every strategy").
 
 Run as a script it measures these costs (``--repeats`` rounds, the cases interleaved round by
 round; median, min, max, IQR) on a cluster it brings up and removes itself::
 
     flock /tmp/hvdkit-mpi.lock .venv/bin/python -m tests.cluster.restart_kill --repeats 3 \\
-        --json benchmarks/figures/cluster_restarts.json
+        --json benchmarks/reference/cluster_restarts.json
     flock /tmp/hvdkit-mpi.lock .venv/bin/python -m tests.cluster.restart_kill --repeats 7 \\
-        --cpus-per-host none --json benchmarks/figures/cluster_restarts_no_share.json
+        --cpus-per-host none --json /tmp/cluster_restarts_no_share.json
 """
 from __future__ import annotations
 

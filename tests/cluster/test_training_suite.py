@@ -86,8 +86,9 @@ def test_suite_quick_on_three_emulated_hosts(suite_run):
 
 
 #: how far apart (ratio of the slower's fastest round to the faster's slowest) two measured steps must be for
-#: the test to hold the formula model to their order: its median error on shared cores is 33% ("probe
-#: only" in benchmarks/figures/advise_check.md, in sample), so closer steps are within its error
+#: the test to hold the formula model to their order: its in-sample error on shared cores (the "probe"
+#: column of `hvdkit bench advise-check --training`, docs/advise.md) is of that order, so closer steps
+#: are within its error
 APART = 1.33
 
 

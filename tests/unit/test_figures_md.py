@@ -105,7 +105,6 @@ def test_unreadable_json_is_one_line_and_status_2(tmp_path, capsys):
     ("harness_wait", ["poll", "poll"], "--harness-wait poll"),       # every rank resolved auto alike
     ("harness_wait", ["spin", "poll"], "--harness-wait auto"),       # ranks that differ were asked auto
     ("harness_wait", "poll", "--harness-wait poll"),
-    ("settle_s", 0.02, "--settle 0.02 (an option since removed)"),
 ])
 def test_a_collectives_caption_gives_the_flags_that_reproduce_the_run(key, value, flag):
     from hvdkit.bench.figures import _collectives_flag

@@ -1,6 +1,6 @@
 """The recommendation: which strategy variant to use, and only as far as the measurements can tell.
 
-Rule (issue 23): among the cells of one model at one worker count (one straggler condition),
+Rule: among the cells of one model at one worker count (one straggler condition),
 rank the variants by their median samples/s. Recommend the fastest only when its interval
 (min-max over the rounds of the cell) does not overlap the runner-up's; otherwise name every
 variant whose interval overlaps the fastest's: "A or B: within the noise of this run". The
