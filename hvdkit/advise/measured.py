@@ -362,8 +362,9 @@ def from_training(training: dict, cluster: dict | None = None, path: str = "") -
         UsageError: not a training.json (the older cluster_training format is retired), no probed link
             (this host only).
     """
-    if training.get("benchmark") != "training":
-        raise UsageError(f"benchmark {training.get('benchmark')!r}: not the training.json of hvdkit-bench training "
+    kind = training.get("benchmark") or (training.get("meta") or {}).get("benchmark")
+    if kind != "training":
+        raise UsageError(f"benchmark {kind!r}: not the training.json of hvdkit-bench training "
                          "(the older cluster_training format is no longer read)")
     rate = _rate_of(cluster, training, path)
     link = _link_from(cluster, training, rate)

@@ -279,7 +279,7 @@ def test_advise_check_reads_the_recorded_benchmarks(tmp_path, capsys):
     old = tmp_path / "cluster_training.json"             # the retired format: one line, status 2
     old.write_text(json.dumps({"meta": {"benchmark": "cluster_training"}, "rows": [], "summary": []}))
     assert advise_check.main(["--training", str(old), "--collectives", os.path.join(ref, "cluster_collectives.json")]) == 2
-    assert "not the training.json of hvdkit-bench training" in capsys.readouterr().err
+    assert "benchmark 'cluster_training': not the training.json of hvdkit-bench training" in capsys.readouterr().err
 
 
 def test_advise_check_reads_a_training_json(tmp_path, capsys):
