@@ -2,8 +2,8 @@
 #   make train   horovodrun -np 4 on the embedded digits data (installs what is missing first)
 #   make test    the whole test suite (installs what is missing first); make test-quick: not the slow
 #                cases, not the emulated cluster, on two pytest workers
-#   the stack follows the interpreter (launch/install.sh, launch/stack.py): make train PYTHON=python3.12
-#   (tf218), TF_STACK=tf218 on 3.10/3.11; a VENV of its own per stack (make setup VENV=DIR PYTHON=...)
+#   the stack follows the interpreter (launch/install.sh, launch/stack.py): make train PYTHON=python3.13
+#   (tf221; 3.12 too), TF_STACK=tf221 on 3.11; a VENV of its own per stack (make setup VENV=DIR PYTHON=...)
 VENV ?= .venv
 PY := $(VENV)/bin/python
 NP ?= 4

@@ -118,6 +118,9 @@ FIELDS: tuple[Option, ...] = (
            "what to train", metavar="NAME"),
     Option("model", str, "mlp", "linear | mlp | mlp-wide | cnn | resnet50 | MODULE:FUNCTION (a function "
            "(input_shape, num_classes) -> tf.keras.Model returning logits)", "what to train", metavar="NAME"),
+    Option("keras", str, "auto", "the Keras that builds the model: 3 (the tf221 stack's default; `import keras`) "
+           "| 2 (tf_keras on tf221, TensorFlow's own on tf215) | auto (the stack's newest; 2 where "
+           "TF_USE_LEGACY_KERAS=1 is set)", "what to train", choices=("auto", "2", "3"), metavar="VERSION"),
     Option("dataset", str, "digits", "digits (scikit-learn's 1,797 bundled 8x8 images) | synthetic | "
            "npz:PATH (arrays x, y) | idx:DIR (MNIST IDX files)", "what to train", metavar="SPEC"),
     Option("image_size", int, 224, "synthetic images are IMAGE_SIZE x IMAGE_SIZE x 3", "what to train", check=above(0)),

@@ -20,7 +20,8 @@ resnet50   ``tf.keras.applications.ResNet50(weights=None)`` for throughput;     
            needs images >= 32x32
 MOD:FUNC   a user's function ``FUNC(input_shape, num_classes) -> tf.keras.Model``:
            Sequential, Functional or subclassed (``call()``, layers built on
-           first call)
+           first call), of the run's Keras (``--keras``: 3 by default on the
+           tf221 stack, ``import keras``; 2 with ``--keras 2`` or on tf215)
 =========  ==================================================================  =========
 
 \\* on digits (8x8x1, 10 classes), except resnet50 (224x224x3, 1000 classes) and mlp-wide
@@ -41,8 +42,8 @@ from typing import Callable
 
 from hvdkit.errors import UsageError
 
-__all__ = ["MODELS", "build_model", "check_model_name", "keras3_refusal", "model_input_shape", "set_random_seed",
-           "tf_keras_version"]
+__all__ = ["MODELS", "build_model", "check_model_name", "keras_of", "keras_refusal", "model_input_shape",
+           "set_random_seed", "tf_keras_version", "tf_variables"]
 
 #: model -> the sample shape :func:`build_model` built it for (weak: never keeps a model alive)
 _INPUT_SHAPES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
@@ -158,7 +159,7 @@ def set_random_seed(seed: int) -> None:
 
 def tf_keras_version() -> str:
     """The version of the Keras that ``tf.keras`` is in this process: "2.15.0" (TensorFlow 2.15's own
-    ``keras``), "2.18.0" (``tf_keras``, TensorFlow 2.16+ with TF_USE_LEGACY_KERAS=1) or "3.x" (Keras 3).
+    ``keras``), "2.21.0" (``tf_keras``, TensorFlow 2.16+ with TF_USE_LEGACY_KERAS=1) or "3.x" (Keras 3).
     Neither Keras 2 sets ``tf.keras.__version__``: the version is that of the package ``tf.keras``
     comes from (the first part of its module name)."""
     import importlib
@@ -169,40 +170,55 @@ def tf_keras_version() -> str:
     return getattr(tf.keras, "__version__", None) or importlib.import_module(package).__version__
 
 
-def keras3_refusal(name: str, model, tf_keras_version: str) -> str | None:
-    """The one line that refuses a Keras 3 model, or None for a model hvdkit can train.
+def keras_of(obj) -> int | None:
+    """The Keras major version of an object (a model, a layer, a variable): 2 for ``tf_keras`` or a
+    ``keras`` package below 3 (TensorFlow 2.15's), 3 for Keras 3, None for neither (a ``tf.Variable``).
+    A class defined elsewhere (a user's ``keras.Model`` subclass) is judged by the first Keras class
+    of its MRO."""
+    for cls in type(obj).__mro__:
+        top = (cls.__module__ or "").partition(".")[0]
+        if top == "tf_keras":
+            return 2
+        if top == "keras":
+            from importlib.metadata import version
 
-    hvdkit trains Keras 2 models only (``tf.keras`` of TensorFlow 2.15, or of ``tf-keras`` on
-    TensorFlow 2.16+ with ``TF_USE_LEGACY_KERAS=1``, which importing :mod:`hvdkit` sets): Horovod
-    0.28.1's ``DistributedGradientTape`` and optimizers call APIs Keras 3 removed (horovod#4290,
-    ``'Variable' object has no attribute 'ref'``).
+            return 3 if int(version("keras").split(".")[0]) >= 3 else 2
+    return None
+
+
+def tf_variables(variables) -> list:
+    """The ``tf.Variable`` behind each of ``variables``, in order: a Keras 3 variable (which is not a
+    ``tf.Variable``: its ``dtype`` is a string, its ``shape`` a tuple, and Horovod's ``.ref()`` fails on it,
+    horovod#4290) is replaced by its ``.value``, the TensorFlow variable it reads and assigns; every
+    other (Keras 2's are ``tf.Variable`` already) is kept."""
+    return [v.value if keras_of(v) == 3 else v for v in variables]
+
+
+def keras_refusal(name: str, model, run_keras: int) -> str | None:
+    """The one line that refuses a model of the other Keras than this run's, or None.
+
+    A Keras 2 model (``tf_keras``, ``import tf_keras as keras``) and a Keras 3 one (``import keras``
+    on the tf221 stack) share no classes: the optimizer, the losses and every strategy's step here
+    are those of ``tf.keras``, the run's Keras (``--keras``, :func:`hvdkit.tfimport.choose_keras`).
 
     Args:
         name: the ``--model`` value, for the message.
         model: what the model function returned.
-        tf_keras_version: ``tf.keras.__version__`` of this process, e.g. "2.18.0" or "3.8.0".
+        run_keras: the major version of this run's ``tf.keras`` (2 or 3).
 
     Returns:
-        None, or ``--model NAME: ...`` naming the Keras version and what to do when ``tf.keras``
-        itself is Keras 3 (TensorFlow was imported before hvdkit, or TF_USE_LEGACY_KERAS=0) or
-        ``model`` is a Keras 3 model (its class comes from the ``keras`` package at version >= 3).
+        None, or ``--model NAME: ...`` naming the model's Keras, the run's and what to give instead.
     """
-    why = ("hvdkit trains Keras 2 models only (Horovod 0.28.1 does not work with Keras 3, horovod#4290)")
-    if int(tf_keras_version.split(".")[0]) >= 3:
-        return (f"--model {name}: tf.keras is Keras {tf_keras_version}; {why}: import hvdkit before TensorFlow, or "
-                "set TF_USE_LEGACY_KERAS=1 before TensorFlow is imported (with tf-keras installed)")
-    if type(model).__module__.partition(".")[0] != "keras":
+    got = keras_of(model)
+    if got is None or got == run_keras:
         return None
-    try:
-        from importlib.metadata import version
-
-        keras_version = version("keras")
-    except Exception:  # noqa: BLE001 - no keras distribution: not a Keras 3 model
-        return None
-    if int(keras_version.split(".")[0]) < 3:
-        return None
-    return (f"--model {name}: the function returned a Keras {keras_version} model ({type(model).__name__}); {why}: "
-            "build it with tf.keras (or `import tf_keras as keras`), not `import keras`")
+    kind = type(model).__name__
+    if got == 3:
+        return (f"--model {name}: the function returned a Keras 3 model ({kind}) and this run's tf.keras is Keras 2 "
+                "(--keras 2, or TF_USE_LEGACY_KERAS=1): give --keras 3 (the tf221 stack's default), or build it with "
+                "tf.keras (or `import tf_keras as keras`)")
+    return (f"--model {name}: the function returned a Keras 2 model ({kind}, tf_keras) and this run's tf.keras is "
+            "Keras 3: give --keras 2, or build it with tf.keras (or `import keras`)")
 
 
 def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, seed: int = 0):
@@ -224,9 +240,9 @@ def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, seed:
         A built ``tf.keras.Model`` mapping (batch, *input_shape) float32 to (batch, num_classes) logits.
 
     Raises:
-        UsageError: unknown name, unimportable user model, a Keras 3 model or a ``tf.keras`` that
-            is Keras 3 (:func:`keras3_refusal`), a function that does not return a ``tf.keras.Model``, a model that fails on a (2, *input_shape) float32 batch, or
-            one whose output is not (2, num_classes).
+        UsageError: unknown name, unimportable user model, a model of the other Keras than ``tf.keras``
+            (:func:`keras_refusal`), a function that does not return a ``tf.keras.Model``, a model that
+            fails on a (2, *input_shape) float32 batch, or one whose output is not (2, num_classes).
     """
     import tensorflow as tf
 
@@ -234,7 +250,7 @@ def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, seed:
     fn = MODELS.get(name) or _user_model(name)
     set_random_seed(seed)
     model = fn(tuple(input_shape), num_classes)
-    refusal = keras3_refusal(name, model, tf_keras_version())
+    refusal = keras_refusal(name, model, int(tf_keras_version().split(".")[0]))
     if refusal:
         raise UsageError(refusal)
     if not isinstance(model, tf.keras.Model):

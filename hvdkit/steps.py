@@ -35,7 +35,9 @@ def needs_autograph(model) -> bool:
     only AutoGraph turns into graph ops. hvdkit's own step code and Keras's built-in layers do not."""
     if model is None:
         return True
-    return any(type(m).__module__.split(".")[0] not in _GRAPH_SAFE for m in (model, *model.submodules))
+    # Keras 2 models are tf.Modules (``submodules``); Keras 3 layers are not, and list theirs with _flatten_layers
+    inner = model.submodules if hasattr(model, "submodules") else model._flatten_layers(include_self=False)
+    return any(type(m).__module__.split(".")[0] not in _GRAPH_SAFE for m in (model, *inner))
 
 
 def graph_function(fn, model=None, input_signature=None):
@@ -51,7 +53,29 @@ def graph_function(fn, model=None, input_signature=None):
     AutoGraph-enabled function)."""
     import tensorflow as tf
 
-    return tf.function(fn, input_signature=input_signature, autograph=needs_autograph(model))
+    autograph = needs_autograph(model)
+    if autograph and model is not None and not hasattr(model, "submodules"):
+        _convert_user_calls(model)
+    return tf.function(fn, input_signature=input_signature, autograph=autograph)
+
+
+def _convert_user_calls(model) -> None:
+    """Keras 3: give each layer of a user's class (the model included) a ``call`` that AutoGraph converts,
+    as Keras 2's ``Layer.__call__`` did (``autograph.tf_convert(self.call, ...)``); Keras 3 calls ``call``
+    as written, so a user's Python ``if`` on a tensor fails inside a ``tf.function``. Once per layer."""
+    from tensorflow.python.autograph.core import ag_ctx
+    from tensorflow.python.autograph.impl import api
+
+    for m in (model, *model._flatten_layers(include_self=False)):
+        if type(m).__module__.split(".")[0] in _GRAPH_SAFE or getattr(m, "_hvdkit_autograph", False):
+            continue
+        call = m.call
+
+        def converted(*args, _call=call, **kwargs):
+            return api.tf_convert(_call, ag_ctx.control_status_ctx())(*args, **kwargs)
+
+        m._hvdkit_autograph = True
+        m.call = converted
 
 
 def thread_counts(requested: int, local_size: int, host_cores: int, affinity_cores: int) -> tuple[int, int]:

@@ -52,6 +52,13 @@ there. A relaunched rank imports TensorFlow on the way to training again (docs/f
 One caveat of the recipe: before Python 3.13 (CPython gh-114763) the lazy module's first load takes no
 lock, so two threads touching a deferred module for the first time at once could see it half
 loaded; nothing in hvdkit touches them at all.
+
+Which Keras ``tf.keras`` is (``--keras``, :func:`choose_keras`) is decided here too, since TensorFlow
+reads it once, at its import, from ``TF_USE_LEGACY_KERAS``. The tf215 stack has one Keras, 2.15
+(TensorFlow's own ``keras``). The tf221 stack has two: Keras 3 (the ``keras`` package, what ``import
+keras`` and TensorFlow 2.16+'s ``tf.keras`` are by default) and Keras 2 (``tf_keras``, ``tf.keras`` with
+``TF_USE_LEGACY_KERAS=1``). ``--keras auto`` takes the stack's newest (3 on tf221) unless the
+environment already sets ``TF_USE_LEGACY_KERAS``; ``--keras 2`` on tf221 sets it.
 """
 from __future__ import annotations
 
@@ -63,24 +70,29 @@ import sys
 import tempfile
 import time
 
-__all__ = ["IMPORT_S", "DEFERRED", "NO_DRIVER_NOISE", "STARTUP_NOISE", "defer_imports", "import_tensorflow",
-           "is_startup_noise", "nvidia_driver_present"]
+__all__ = ["IMPORT_S", "DEFERRED", "KERAS_CHOICES", "NO_DRIVER_NOISE", "STARTUP_NOISE", "choose_keras", "defer_imports",
+           "import_tensorflow", "installed_keras", "is_startup_noise", "nvidia_driver_present", "resolve_keras"]
 
 #: seconds the first :func:`import_tensorflow` of this process took (None before it ran): most of a
 #: rank's start-up (1.65-1.82 s alone on a core of this machine kind; 2.4-2.9 s before the collector was
 #: kept out of it and SciPy deferred; results.json ``ranks[].startup``)
 IMPORT_S: float | None = None
 
-#: TensorFlow 2.18's import-time lines that carry no information for a CPU run
+#: TensorFlow 2.18's and 2.21's import-time lines that carry no information for a CPU run (2.21's two
+#: informational lines are written twice, before TF_CPP_MIN_LOG_LEVEL is read)
 STARTUP_NOISE = re.compile(r"Unable to register cu(DNN|BLAS|FFT) factory: Attempting to register factory for "
                            r"plugin cu(DNN|BLAS|FFT) when one has already been registered"
                            r"|^WARNING: All log messages before absl::InitializeLog\(\) is called are written to "
-                           r"STDERR$")
+                           r"STDERR$"
+                           r"|port\.cc:\d+\] oneDNN custom operations are on\. You may see slightly different "
+                           r"numerical results"
+                           r"|cudart_stub\.cc:\d+\] Could not find cuda drivers on your machine, GPU will not be "
+                           r"used\.$")
 
 
 #: TensorFlow 2.18's line at its first device query when libcuda.so.1 cannot be loaded (303: TSL's
 #: cuda_stub, unnamed since cuGetErrorName is stubbed too); noise only where there is no NVIDIA driver
-NO_DRIVER_NOISE = re.compile(r"cuda_driver\.cc:\d+\] failed call to cuInit: INTERNAL: CUDA error: "
+NO_DRIVER_NOISE = re.compile(r"cuda_(driver|platform)\.cc:\d+\] failed call to cuInit: INTERNAL: CUDA error: "
                              r"Failed call to cuInit: UNKNOWN ERROR \(303\)$")
 
 #: what the NVIDIA driver leaves on a host: its kernel module's /proc entry, its control device,
@@ -135,6 +147,81 @@ def defer_imports(names=DEFERRED) -> list[str]:
         setattr(sys.modules[package], child, module)
         done.append(name)
     return done
+
+
+#: the values of ``--keras``
+KERAS_CHOICES = ("auto", "2", "3")
+
+
+def installed_keras() -> tuple[str | None, bool]:
+    """(the ``keras`` package's version or None, whether ``tf_keras`` is installed); imports nothing."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        keras = version("keras")
+    except PackageNotFoundError:
+        keras = None
+    return keras, importlib.util.find_spec("tf_keras") is not None
+
+
+def _legacy(environ) -> bool:
+    """``TF_USE_LEGACY_KERAS`` as TensorFlow reads it ("1" or "true", any case)."""
+    return environ.get("TF_USE_LEGACY_KERAS", "").strip().lower() in ("1", "true")
+
+
+def resolve_keras(want: str = "auto", environ=None) -> int:
+    """The Keras major version (2 or 3) ``--keras WANT`` gives on this stack, changing nothing (the
+    rule and the refusals of :func:`choose_keras`, which applies it)."""
+    from hvdkit.errors import UsageError
+
+    environ = os.environ if environ is None else environ
+    keras, has_tf_keras = installed_keras()
+    newest = 3 if keras and int(keras.split(".")[0]) >= 3 else 2
+    if want == "auto":
+        return 2 if newest == 3 and has_tf_keras and _legacy(environ) else newest
+    if want not in ("2", "3"):
+        raise UsageError(f"--keras={want!r}: choose {', '.join(KERAS_CHOICES)}")
+    major = int(want)
+    if major == 3 and newest < 3:
+        raise UsageError(f"--keras 3: this stack's Keras is {keras or 'missing'} (Keras 2 only: the tf215 stack); "
+                         "Keras 3 needs the tf221 stack (make setup PYTHON=python3.13, or TF_STACK=tf221 on 3.11), "
+                         "or drop --keras 3")
+    if major == 2 and newest == 3 and not has_tf_keras:
+        raise UsageError(f"--keras 2: tf.keras is Keras {keras} here and tf-keras (Keras 2 for TensorFlow 2.16+) is "
+                         "not installed; install the stack's pins (requirements/tf221.txt), or drop --keras 2")
+    return major
+
+
+def choose_keras(want: str = "auto", environ=None) -> int:
+    """Make ``tf.keras`` the Keras of ``--keras WANT`` for this process: set ``TF_USE_LEGACY_KERAS`` in
+    ``environ`` (default ``os.environ``) before TensorFlow is imported ("1" for Keras 2 on a stack whose
+    ``keras`` is 3, "0" for Keras 3), or check that an imported TensorFlow already has it.
+
+    Args:
+        want: "auto" (the stack's newest, unless ``TF_USE_LEGACY_KERAS`` is set already), "2" or "3".
+
+    Returns:
+        The Keras major version ``tf.keras`` is (or will be once TensorFlow is imported): 2 or 3.
+
+    Raises:
+        UsageError: one line naming what to do: Keras 3 asked of the tf215 stack, Keras 2 asked of a
+            Keras 3 stack without tf-keras, or TensorFlow imported already with the other Keras.
+    """
+    from hvdkit.errors import UsageError
+
+    environ = os.environ if environ is None else environ
+    major = resolve_keras(want, environ)
+    newest = 3 if int((installed_keras()[0] or "2").split(".")[0]) >= 3 else 2
+    tf = sys.modules.get("tensorflow")
+    if tf is not None and newest == 3:   # too late to choose: TensorFlow read TF_USE_LEGACY_KERAS at its import
+        now = 2 if tf.keras.__name__.startswith("tf_keras") else 3   # tf.keras: keras._tf_keras.keras or tf_keras
+        if now != major:
+            raise UsageError(f"--keras {major}: TensorFlow was imported before hvdkit chose the Keras, and its "
+                             f"tf.keras is Keras {now}; set TF_USE_LEGACY_KERAS={'1' if major == 2 else '0'} before "
+                             f"importing TensorFlow, or give --keras {now}")
+    elif newest == 3:
+        environ["TF_USE_LEGACY_KERAS"] = "1" if major == 2 else "0"
+    return major
 
 
 def import_tensorflow():

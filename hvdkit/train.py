@@ -56,6 +56,13 @@ def main(argv: list[str] | None = None, prog: str = "python -m hvdkit.train") ->
         if err is None and cfg.strategy != "horovod":
             err = ValueError(f"this is an elastic horovodrun launch (HOROVOD_ELASTIC=1): it runs --strategy horovod "
                              f"--elastic only, not --strategy {cfg.strategy}")
+        if err is None:   # --keras: before TensorFlow's import, which reads it
+            from hvdkit.tfimport import choose_keras
+
+            try:
+                choose_keras(cfg.keras)
+            except Exception as e:  # noqa: BLE001 - a UsageError: printed once, status 2
+                err = e
         mpi_start.done()
         if err is not None:
             if first:

@@ -29,7 +29,7 @@ from hvdkit.comm import StopFlag, World, agree, agree_alone, bcast_arrays, log0,
 from hvdkit.config import Config, warmup_steps
 from hvdkit.data import Dataset, batches, epoch_shard, load_dataset
 from hvdkit.errors import OutputError, StopRequested, UsageError
-from hvdkit.models import build_model, check_model_name
+from hvdkit.models import build_model, check_model_name, tf_variables
 from hvdkit.precision import loss_scale_for
 from hvdkit.startup import StartupDeadline, phase
 from hvdkit.steps import configure_threads, make_optimizer
@@ -100,7 +100,7 @@ def prepare_outputs(cfg: Config) -> str:
 def _model_bytes(model) -> tuple[int, int]:
     """(trainable, other) bytes of ``model``'s weights."""
     nbytes = lambda vs: int(sum(np.prod(v.shape) * v.dtype.size for v in vs))  # noqa: E731
-    return nbytes(model.trainable_variables), nbytes(model.non_trainable_variables)
+    return nbytes(tf_variables(model.trainable_variables)), nbytes(tf_variables(model.non_trainable_variables))
 
 
 def check_room(cfg: Config, w: World, out_dir: str, model) -> None:
@@ -164,6 +164,7 @@ def _inputs(cfg: Config, w: World, every_rank: bool = False):
     every output path, and with ``--resume`` the checkpoint read and refused if its settings differ
     (:func:`_read_checkpoint`). Returns (strategy class, dataset, output directory, (arrays, meta) of the
     checkpoint), None and (None, None) where not checked."""
+    tfimport.choose_keras(cfg.keras)   # before TensorFlow's import, which reads it; before the strategy's checks
     cls = get_strategy(cfg.strategy)
     cls.check(cfg, w)
     # elastic: the world changes size later (its ranks unchecked); Horovod's row makes every rank a loop rank
@@ -661,7 +662,7 @@ def _inject_failure(how: str, step: int, spec: str, model) -> None:
     or make this rank's first trainable weight NaN (the step then computes a non-finite loss), for
     the failure tests."""
     if how == "nan":
-        v = model.trainable_variables[0]
+        v = tf_variables(model.trainable_variables)[0]
         v.assign(np.full(v.shape, np.nan, v.dtype.as_numpy_dtype))
         return
     if how == "exit":

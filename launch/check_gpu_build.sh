@@ -6,7 +6,7 @@
 #
 #   bash launch/check_gpu_build.sh                           # the stack install.sh picks
 #   PYTHON=python3.11 bash launch/check_gpu_build.sh         # tf215 (CUDA 12.2)
-#   TF_STACK=tf218 PYTHON=python3.12 bash launch/check_gpu_build.sh   # tf218 (CUDA 12.5)
+#   (tf215 only: install.sh refuses a GPU build of tf221, whose Horovod patch is for CPU builds)
 #   BUILD_WRAP="flock /tmp/hvdkit-mpi.lock timeout 1800 nice -n 10" bash launch/check_gpu_build.sh
 #
 # Environment: VENV (default /var/tmp/hvdkit-gpu-build-<stack>; kept, so a second run is quick),

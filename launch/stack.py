@@ -1,15 +1,15 @@
 """Which hvdkit stack an interpreter gets: the choice launch/install.sh makes, as a pure function.
 
-    python3.12 launch/stack.py                  # prints "tf218": the stack for this interpreter
-    TF_STACK=tf218 python3.11 launch/stack.py   # prints "tf218" (3.11 is in tf218's range)
-    python3.13 launch/stack.py                  # one line on stderr naming what to install, status 3
+    python3.13 launch/stack.py                  # prints "tf221": the stack for this interpreter
+    TF_STACK=tf221 python3.11 launch/stack.py   # prints "tf221" (3.11 is in tf221's range)
+    python3.8 launch/stack.py                   # one line on stderr naming what to install, status 3
 
 A stack is one file ``requirements/<name>.txt`` (its pins, which include ``requirements/common.txt``)
 whose header line ``# PYTHON=3.9-3.11`` gives the Python versions (major.minor, both ends included)
 it supports. The rule (:func:`choose`): ``TF_STACK`` names the stack if given, and the interpreter
-must be in its range; otherwise the stacks are taken in name order (``tf215`` before ``tf218``:
-oldest TensorFlow first) and the first whose range holds the interpreter wins, so Python 3.12 gets
-tf218 and 3.9-3.11 get tf215. An interpreter outside every range gets one line naming what to install.
+must be in its range; otherwise the stacks are taken in name order (``tf215`` before ``tf221``:
+oldest TensorFlow first) and the first whose range holds the interpreter wins, so Python 3.12 and 3.13
+get tf221 and 3.9-3.11 get tf215. An interpreter outside every range gets one line naming what to install.
 
 Run by whatever interpreter install.sh is trying (python3.6 and later: no newer syntax here);
 it imports nothing but the standard library and reads nothing but ``requirements/*.txt``.
@@ -41,7 +41,7 @@ def read_stacks(directory=REQUIREMENTS):
         with open(os.path.join(directory, fname)) as fh:
             m = re.search(r"^#\s*PYTHON=(\d+)\.(\d+)-(\d+)\.(\d+)\s*$", fh.read(), re.M)
         if not m:
-            raise ValueError("{}: no '# PYTHON=LO-HI' line (e.g. '# PYTHON=3.10-3.12')".format(
+            raise ValueError("{}: no '# PYTHON=LO-HI' line (e.g. '# PYTHON=3.11-3.13')".format(
                 os.path.join(directory, fname)))
         lo_hi = [int(g) for g in m.groups()]
         stacks[fname[:-4]] = ((lo_hi[0], lo_hi[1]), (lo_hi[2], lo_hi[3]))
@@ -83,9 +83,9 @@ def choose(version, stacks, requested=""):
             return name, None
     newest = max(hi for lo, hi in stacks.values())
     want = "python{}.{}".format(*newest)
-    return None, ("{} is supported by no hvdkit stack ({}); install {} (Ubuntu 24.04: apt-get install {}-venv "
-                  "{}-dev; older Ubuntu: the deadsnakes PPA; anywhere: uv python install {}.{}) and give "
-                  "PYTHON={}, or use the container (Dockerfile.gpu)".format(
+    return None, ("{} is supported by no hvdkit stack ({}); install {} (Debian/Ubuntu: apt-get install {}-venv "
+                  "{}-dev where the release has it, else the deadsnakes PPA on Ubuntu; anywhere: uv python install "
+                  "{}.{}) and give PYTHON={}, or use the container (Dockerfile.gpu)".format(
                       py, _ranges(stacks), want, want, want, newest[0], newest[1], want))
 
 

@@ -141,6 +141,7 @@ from hvdkit.comm import World
 from hvdkit.compression import COMPRESSIONS
 from hvdkit.config import Config, Option, at_least, option_values
 from hvdkit.errors import UsageError
+from hvdkit.models import tf_variables
 from hvdkit.steps import eval_fn, evaluate, make_fused_step, make_step_functions, straggle
 from hvdkit.timing import StepTimer
 
@@ -174,7 +175,7 @@ def average_statistics(model, comm) -> None:
     ``hvd.allreduce`` of them does in Horovod's examples. Collective over ``comm``: one
     ``Allreduce`` of one float64 buffer holding every such variable (a no-op at size 1).
     """
-    extra = [v for v in model.non_trainable_variables if v.dtype.is_floating]
+    extra = [v for v in tf_variables(model.non_trainable_variables) if v.dtype.is_floating]
     n = comm.Get_size()
     if not extra or n == 1:
         return
@@ -198,7 +199,7 @@ def check_model_arrays(arrays: Sequence[np.ndarray], model) -> None:
     Raises:
         UsageError: ``--resume: ...`` naming the first weight that differs and how.
     """
-    weights = model.weights
+    weights = tf_variables(model.weights)
     if len(arrays) != len(weights):
         raise UsageError(f"--resume: the checkpoint holds {len(arrays)} model weight arrays, this run's model has "
                          f"{len(weights)}; resume with the model that wrote it")
@@ -590,7 +591,7 @@ class ReplicaStrategy(Strategy):
         c0 = comm_start - (time.time() - time.perf_counter())
         c0 = min(max(c0, t0), t0 + max(0.0, total - comm_s))
         if not hasattr(self, "_trace_args"):  # once: reading trainable_variables costs ~0.1 ms
-            variables = self.model.trainable_variables
+            variables = tf_variables(self.model.trainable_variables)
             self._trace_args = {"tensors": len(variables),
                                 "bytes": sum(int(np.prod(v.shape)) * v.dtype.size for v in variables)}
         timer.add("compute", c0 - t0, "forward/backward", start=t0)

@@ -39,6 +39,7 @@ from hvdkit.comm import World, agree
 from hvdkit.compression import FP16_MAX, sum_headroom, wire_itemsize
 from hvdkit.config import Option, at_least
 from hvdkit.errors import UsageError
+from hvdkit.models import tf_variables
 from hvdkit.startup import phase
 from hvdkit.strategies.base import COMPRESSION, ReplicaStrategy
 from hvdkit.timeline import horovod_timeline_path
@@ -134,7 +135,7 @@ class HorovodStrategy(ReplicaStrategy):
             SystemExit: status 2 on every rank, after ``hvdkit: error: ...`` from rank 0.
         """
         optimizer.build(model.trainable_variables)
-        bad = [v for v in [*model.variables, *optimizer.variables] if v.dtype.name not in HOROVOD_DTYPES]
+        bad = [v for v in tf_variables([*model.variables, *optimizer.variables]) if v.dtype.name not in HOROVOD_DTYPES]
         err = UsageError(f"--strategy horovod: variable {bad[0].name} is {bad[0].dtype.name}, which Horovod "
                          f"0.28 cannot allreduce or broadcast; use --strategy ring (it carries bfloat16), or "
                          "float16/float32 variables") if bad else None
@@ -189,10 +190,10 @@ class HorovodStrategy(ReplicaStrategy):
         per rank for them (a formula: Horovod does not count its bytes). Local."""
         n = self.world.size
         comp = self.opts.compression
-        grad = sum(int(v.shape.num_elements()) * v.dtype.size for v in self.model.trainable_variables)
-        wire = sum(int(v.shape.num_elements()) * wire_itemsize(comp, v.dtype.size)
-                   for v in self.model.trainable_variables)
-        scales = 8 * sum(1 for v in self.model.trainable_variables
+        variables = tf_variables(self.model.trainable_variables)
+        grad = sum(int(v.shape.num_elements()) * v.dtype.size for v in variables)
+        wire = sum(int(v.shape.num_elements()) * wire_itemsize(comp, v.dtype.size) for v in variables)
+        scales = 8 * sum(1 for v in variables
                          if (comp == "fp16" and v.dtype.size > 2) or v.dtype.name == "float16")
         return {"horovod": {"compression": comp, "gradient_bytes": grad, "wire_bytes": wire,
                             "bytes_per_step_per_rank_formula": ring_bytes_per_rank(wire + scales, n),
@@ -206,14 +207,15 @@ class HorovodStrategy(ReplicaStrategy):
 
 def broadcast_variables(hvd, variables) -> None:
     """``hvd.broadcast_variables(variables, root_rank=0)`` (every rank's variables set to rank 0's;
-    collective over Horovod's ranks), traced in a ``tf.function`` without AutoGraph.
+    collective over Horovod's ranks), traced in a ``tf.function`` without AutoGraph. Horovod is handed
+    the ``tf.Variable`` behind each Keras 3 variable (:func:`hvdkit.models.tf_variables`).
 
     Called eagerly, Horovod 0.28 traces its own ``tf.function`` with AutoGraph on, which rewrites
     its broadcast helpers' source once per variable before the first step (about 0.5 CPU seconds of
     a one-epoch ``--model linear`` run here); in a graph it is one ``tf.group`` of broadcasts."""
     import tensorflow as tf
 
-    variables = list(variables)
+    variables = tf_variables(variables)
 
     def bcast():
         hvd.broadcast_variables(variables, root_rank=0)

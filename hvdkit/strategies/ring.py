@@ -50,6 +50,7 @@ from hvdkit.config import Option, at_least
 from hvdkit.collectives.compressed import Fp16RingAllreduce, packed_bytes
 from hvdkit.collectives.ring import WAITS, RingAllreduce, bucket_bounds, flatten, ring_bytes_per_rank, unflatten
 from hvdkit.compression import wire_itemsize
+from hvdkit.models import tf_variables
 from hvdkit.steps import dense_gradients
 from hvdkit.strategies.base import COMPRESSION, ReplicaStrategy
 
@@ -92,7 +93,7 @@ class RingStrategy(ReplicaStrategy):
         self.ring = ring(self.world.comm, self.fusion_bytes, wait=self.opts.ring_wait)
         self.ring.trace = self.trace  # --timeline: a span per bucket
         by_dtype: dict[np.dtype, list[int]] = {}  # in order of first appearance: the same on every rank
-        for i, v in enumerate(model.trainable_variables):
+        for i, v in enumerate(tf_variables(model.trainable_variables)):
             by_dtype.setdefault(np.dtype(v.dtype.as_numpy_dtype), []).append(i)
         if np.dtype(np.float16) in by_dtype:
             # float16 gradients are summed in float32 (a float16 sum of finite values overflows past

@@ -10,7 +10,7 @@ import contextlib
 from typing import Any
 
 from hvdkit.comm import exchange, free_port
-from hvdkit.models import model_input_shape
+from hvdkit.models import keras_of, model_input_shape
 from hvdkit.startup import addresses
 from hvdkit.steps import graph_function
 from hvdkit.strategies.base import Strategy
@@ -55,6 +55,7 @@ def make_tf_step(strategy, model, optimizer, processes: int):
 
     local = max(1, strategy.num_replicas_in_sync // processes)
     variables = model.trainable_variables
+    keras3 = keras_of(optimizer) == 3   # no skip_gradients_aggregation: Keras 3 always all-reduces in a replica
 
     def replica_fn(x, y):
         i = tf.distribute.get_replica_context().replica_id_in_sync_group % local
@@ -72,6 +73,10 @@ def make_tf_step(strategy, model, optimizer, processes: int):
         # IndexedSlices (Embedding) are all-reduced sparse by tf.distribute (summed).
         ctx = tf.distribute.get_replica_context()
         pairs = [(g, v) for g, v in zip(grads, variables) if g is not None]
+        if keras3:   # Keras 3's optimizer sums the replicas' gradients itself (one all-reduce of them all)
+            optimizer.apply_gradients(pairs)
+            correct = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, 1), ys), tf.int32))
+            return tf.reduce_sum(losses), correct
         by_dtype: dict = {}
         for k, (g, _) in enumerate(pairs):
             by_dtype.setdefault(g.dtype, []).append(k)

@@ -32,6 +32,7 @@ from hvdkit.errors import UsageError
 from hvdkit.startup import phase
 from hvdkit.strategies.base import NUM_SERVERS
 from hvdkit.strategies.tf_common import TFDistribute, tf_addresses
+from hvdkit.tfimport import resolve_keras
 
 __all__ = ["TFParameterServerStrategy"]
 
@@ -78,6 +79,10 @@ class TFParameterServerStrategy(TFDistribute):
         if world.size < need:
             raise UsageError(f"tf-ps needs a chief, --num-servers={k} ps rank(s) and at least one worker: world size "
                              f">= {need}, got {world.size}; launch with mpirun -np {need} or more")
+        if resolve_keras(cfg.keras) >= 3:   # before TensorFlow starts: one line, status 2
+            raise UsageError("--strategy tf-ps trains Keras 2 models only (Keras 3 does not support TensorFlow's "
+                             "ParameterServerStrategy); give --keras 2 (tf_keras, with a tf.keras or tf_keras model), "
+                             "or --strategy ps-async (hvdkit's asynchronous parameter servers, Keras 3 too)")
 
     def __init__(self, cfg, world):
         super().__init__(cfg, world)

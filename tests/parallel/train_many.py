@@ -81,10 +81,7 @@ def _shutdown_horovod() -> None:
 
 def main(path: str) -> int:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    from hvdkit.tfimport import import_tensorflow   # hvdkit first: TF_USE_LEGACY_KERAS on the tf218 stack
-
-    tf = import_tensorflow()   # as hvdkit.train does: without TF 2.18's start-up lines
-
+    from hvdkit.tfimport import choose_keras, import_tensorflow
     from hvdkit.comm import run_guarded, world
     from hvdkit.config import parse_config
     from hvdkit.strategies import extra_fields, strategy_defaults, summaries
@@ -100,6 +97,13 @@ def main(path: str) -> int:
     cache: dict = {}
     configs = [parse_config(r["args"], extra_fields=extra_fields(), strategies=summaries(),
                             strategy_defaults=strategy_defaults()) for r in runs]
+    kerases = {c.keras for c in configs}   # one Keras per process: TensorFlow reads the choice at its import
+    if len(kerases) > 1:
+        print(f"train_many: the runs ask for different --keras ({sorted(kerases)}); one job takes one",
+              file=sys.stderr, flush=True)
+        return 2
+    choose_keras(kerases.pop())
+    tf = import_tensorflow()   # as hvdkit.train does: without TF 2.18's start-up lines
     last_horovod = max((i for i, c in enumerate(configs) if c.strategy == "horovod"), default=None)
     for i, (r, cfg) in enumerate(zip(runs, configs)):
         comm = _comm_of(r["ranks"], cache)

@@ -159,7 +159,7 @@ def test_single_process_rows_have_one_rank(name):
 def test_the_rows_check_refuses_fewer_ranks_than_ranks_for(text):
     """The world-size check of the row and ranks_for are one rule: ranks_for(1) ranks pass, one fewer is refused."""
     v = parse_variant(text)
-    cfg = Config(strategy=v.name, extra=v.opts)
+    cfg = Config(strategy=v.name, extra=v.opts, keras="2" if v.name == "tf-ps" else "auto")   # tf-ps: Keras 2 only
     v.cls.check(cfg, SimpleNamespace(size=v.ranks(1)))
     with pytest.raises(UsageError, match=f"{v.ranks(1)}"):
         v.cls.check(cfg, SimpleNamespace(size=v.ranks(1) - 1))

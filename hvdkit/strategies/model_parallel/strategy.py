@@ -48,6 +48,7 @@ import numpy as np
 
 from hvdkit.config import Option, at_least, option_values
 from hvdkit.errors import UsageError
+from hvdkit.models import tf_variables
 from hvdkit.steps import dense_gradients, graph_function, straggle
 from hvdkit.strategies.base import Strategy
 from hvdkit.strategies.model_parallel.plan import boundary_shapes, plan_stages, stage_bytes_per_step
@@ -145,7 +146,7 @@ class ModelParallelStrategy(Strategy):
         for v in model.weights:  # the same start everywhere (weights are seeded anyway)
             self.link.bcast_variable(v, 0)
         optimizer.build(self.variables)  # slots for this stage's variables only
-        specs = [(tuple(v.shape), np.dtype(v.dtype.as_numpy_dtype).str) for v in optimizer.variables]
+        specs = [(tuple(v.shape), np.dtype(v.dtype.as_numpy_dtype).str) for v in tf_variables(optimizer.variables)]
         self._opt_specs = self.link.comm.allgather(specs)  # tiny, once: every stage's optimizer layout
         self._build_functions()
 
