@@ -251,11 +251,33 @@ def _check_caption(doc: Mapping) -> str:
     return f"`{cmd}` (the reference set's: `hvdkit bench advise-check` with no argument); {machine}"
 
 
+def _date(doc: Mapping, ref: Mapping) -> str:
+    """When a document was measured: its meta's ``date`` (or its ``host`` block's), else its reference
+    block's ``date`` (documents whose meta has none: a suite's collectives, a script's table)."""
+    host = doc.get("host") if isinstance(doc.get("host"), Mapping) else {}
+    return str(_meta(doc).get("date") or host.get("date") or ref.get("date") or "not recorded")
+
+
+def _machine(doc: Mapping) -> str:
+    """The machine boot that measured a document (``meta.boot_id``; an advise check's: its inputs'),
+    with the host name where the meta has it."""
+    m = _meta(doc)
+    boots = [m.get("boot_id")] + list(m.get("boot_ids") or [])
+    for ids in ((doc.get("summary") or {}).get("boots") or {}).values() if _is_advise_check(doc) else ():
+        boots += list(ids)
+    boot = next((b for b in boots if b), None)
+    host = m.get("host") or (doc.get("host") or {}).get("host") if isinstance(doc.get("host"), Mapping) \
+        else m.get("host")
+    if not boot:
+        return f"{host}, boot not recorded" if host else "not recorded"
+    return f"{host + ', ' if host else ''}boot {str(boot)[:8]}"
+
+
 def index(root: str) -> str | None:
     """The markdown index of the documents under ``root`` that carry a ``reference`` block
-    (``question``, ``commit``): per document its question, its table, how it was measured (the
-    command, date, place and machine its meta records, as its table's caption says) and the commit
-    that wrote it; None when no document carries one."""
+    (``question``, ``commit``, optional ``date``): per document its question, its table, how it was
+    measured (the command and place its meta records, as its table's caption says), the date, the
+    machine's boot and the commit that wrote it; None when no document carries one."""
     rows = []
     for path in json_files(root):
         doc = read_json(path)
@@ -265,7 +287,8 @@ def index(root: str) -> str | None:
         g = generator_for(doc)
         how = _check_caption(doc) if _is_advise_check(doc) else g.caption(doc) if g else "?"
         md = _rel(table_path(path), root)
-        rows.append(f"| {ref['question']} | [{md}]({md}) | {how.replace('|', '/')} | {ref['commit']} |")
+        rows.append(f"| {ref['question']} | [{md}]({md}) | {how.replace('|', '/')} | {_date(doc, ref)} | "
+                    f"{_machine(doc)} | {ref['commit']} |")
     if not rows:
         return None
     return "\n".join([
@@ -275,8 +298,8 @@ def index(root: str) -> str | None:
         "benchmarks/reference); the advisor's check with `hvdkit bench advise-check --json advise_check.json --markdown "
         "advise_check.md` (no argument: this set's inputs). Generated from each document's `reference` block "
         "and meta by `hvdkit bench figures` (do not edit by hand); older runs: docs/history.md.", "",
-        "| question | table | measured by (command, date, place, machine) | commit |",
-        "| --- | --- | --- | --- |", *rows]) + "\n"
+        "| question | table | measured by (command, place) | date | machine | commit |",
+        "| --- | --- | --- | --- | --- | --- |", *rows]) + "\n"
 
 
 def json_files(root: str) -> list[str]:
