@@ -39,19 +39,26 @@ def main(argv: list[str] | None = None, prog: str = "python -m hvdkit.train") ->
     catch_stop_signal()     # SIGUSR1: checkpoint at the next step and stop (status 75; elastic: hvdkit.elastic._Stop)
     from hvdkit.comm import agree, run_guarded, world
     from hvdkit.config import parse_config
+    from hvdkit.errors import UsageError
+    from hvdkit.mpicheck import check_installation, check_world, start_mpi
     from hvdkit.strategies import extra_fields, strategy_defaults, summaries
 
     elastic = os.environ.get("HOROVOD_ELASTIC") == "1"   # an elastic horovodrun: no MPI world (hvdkit.elastic)
+    start_mpi(os.environ)   # MPI_Init, unless the launcher is another MPI's (status 2: hvdkit.mpicheck)
     w = world()
     first = os.environ.get("HOROVOD_RANK", "0") == "0" if elastic else w.is_rank0
     cfg, err = None, None
+    if not elastic:   # the world the launcher started (else status 2 at once), one installation on every rank
+        check_world(w.size, os.environ)
+        differ = check_installation(w.comm, w.host)
+        err = UsageError(differ) if differ else None
     if not first and ("-h" in args or "--help" in args):
         sys.stdout = open(os.devnull, "w")  # --help is printed once, by rank 0
     try:
         cfg = parse_config(args, extra_fields=extra_fields(), strategies=summaries(), prog=prog,
                            strategy_defaults=strategy_defaults())
     except Exception as e:  # noqa: BLE001 - bad flags too: agreed on, printed once by rank 0
-        err = e
+        err = err or e
     if elastic:   # every rank checks alone (no collective before Horovod's elastic state is synchronised)
         if err is None and cfg.strategy != "horovod":
             err = ValueError(f"this is an elastic horovodrun launch (HOROVOD_ELASTIC=1): it runs --strategy horovod "

@@ -27,6 +27,7 @@ from hvdkit import results as R, watchdog
 from hvdkit.checkpoints import CHECKPOINT, refuse_rerun
 from hvdkit.comm import StopFlag, World, agree, agree_alone, bcast_arrays, log0, set_world, world as get_world
 from hvdkit.config import Config, warmup_steps
+from hvdkit.mpicheck import installed
 from hvdkit.data import Dataset, batches, epoch_shard, load_dataset
 from hvdkit.errors import OutputError, StopRequested, UsageError
 from hvdkit.models import build_model, check_model_name, tf_variables
@@ -719,7 +720,7 @@ def finish(loop: Loop, history: list, out_dir: str, extra: dict | None = None) -
             "measured_steps": summary["measured_steps"], "samples": summary["samples"],
             "seconds": summary["seconds"], **{k: summary[k] for k in ("step_s", "compute_s", "comm_s",
                                                                        "wait_s", "data_s", "other_s")},
-            "startup": loop.startup}
+            "startup": loop.startup, "versions": installed()}   # every rank's: one installation (hvdkit.mpicheck)
     ranks = mc.gather(mine, root=0)
     report = strategy.report()
     if not w.is_rank0:

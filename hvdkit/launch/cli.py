@@ -24,12 +24,14 @@ from hvdkit.launch.command import (FORWARD_NAMES, FORWARD_PREFIXES, LaunchSpec, 
                                    multi_host_mpi_args, plan_command)
 from hvdkit.launch.fabrics import skip_cm_args
 from hvdkit.launch.hosts import hosts_arg, total_slots
-from hvdkit.launch.mpi import HOROVODRUN, MPI, MPICH, OPENMPI, detect_mpi, local_cores
+from hvdkit.launch.mpi import (HOROVODRUN, MPI, MPICH, OPENMPI, detect_mpi, foreign_launcher, local_cores,
+                               mpi4py_library)
 from hvdkit.launch.rankexec import rank_exec_env
 from hvdkit.launch.restart import RESTART_ENV, restart_mpi_args, run_once, run_with_restarts
 from hvdkit.launch.supervise import FORWARD, FORWARD_VIA_MPIRUN, run_job
 from hvdkit.launch.slurm import allocation, describe
 from hvdkit.launch.templates import TEMPLATES, render
+from hvdkit.mpicheck import mpi_family
 
 __all__ = ["main", "build_parser"]
 
@@ -163,6 +165,12 @@ def _env_args(items: Sequence[str], environ: Mapping[str, str]) -> tuple[list[st
     return names, pairs
 
 
+def _is_python(program: str) -> bool:
+    """Whether ``program`` is a Python interpreter (``python``, ``/venv/bin/python3.11``), whose
+    mpi4py then decides the MPI."""
+    return os.path.basename(program).startswith("python")
+
+
 def main(argv: Sequence[str] | None = None, prog: str = "hvdkit-launch") -> int:
     """Entry point of ``hvdkit-launch`` (``prog``: the command as typed, e.g. ``hvdkit launch``);
     returns the exit status (2 on bad input).
@@ -215,9 +223,16 @@ def main(argv: Sequence[str] | None = None, prog: str = "hvdkit-launch") -> int:
             binary=ns.mpi_exec if ns.launcher == MPI else _horovodrun(), network_interface=ns.network_interface)
         mpi = ns.mpi
         needs_mpi = ns.launcher == MPI or bool(ns.hosts or ns.hostfile)
+        library = want = None   # the MPI mpi4py loads: the launcher must be its (hvdkit.mpicheck)
+        if ns.launcher == MPI and (mpi == "auto" or not ns.dry_run) and _is_python(spec.program[0]):
+            library = mpi4py_library(spec.program[0])
+            want = mpi_family(library or "")
         if ns.launcher == MPI and mpi == "auto":
-            mpi, binary = detect_mpi(ns.mpi_exec or None)
+            mpi, binary = detect_mpi(ns.mpi_exec or None, want=want, library=library or "")
             spec = replace(spec, binary=binary)
+        elif ns.launcher == MPI and want and mpi != want:   # --mpi given: checked when the job runs
+            raise foreign_launcher(want, library, ns.mpi_exec or ("mpiexec" if mpi == MPICH else "mpirun"), mpi,
+                                   f"--mpi {mpi}")
         elif mpi == "auto":  # horovodrun: the flavour matters only for --oversubscribe across hosts
             mpi = detect_mpi()[0] if needs_mpi else OPENMPI
         if mpi == OPENMPI and (ns.hosts or ns.hostfile):   # ring allreduce across hosts (see the epilog)
