@@ -48,8 +48,15 @@ is one :class:`~hvdkit.errors.UsageError` line (status 2), raised before any job
     SLURM_TASKS_PER_NODE='4(x3)' gives 3 counts for the 2 nodes of SLURM_JOB_NODELIST='n[1-2]'; ...
     --emulated '3:0': write H[:SLOTS][@RATE] with H, SLOTS >= 1, e.g. 3, 3:2 or 3:2@200mbit
     --out-dir /tmp/x: /tmp is private to each host (the 2 hosts do not share it); ...
+    --out-dir /x/res is not shared with 2 of 2 hosts: h1 (cat: /x/res/.hvdkit-shared-...: No such file or
+        directory), h2 (...); every host must see the directory its jobs write at the same path ... (check_shared)
     --resume D: its rows were measured on hosts h1:4,h2:4 (--hostfile hosts), not on this run's place (local: ...);
         give --hostfile hosts to continue them, or give a new --out-dir      (check_resume_place)
+
+A directory a place's jobs write (``--out-dir``: each job's rank 0 writes its results.json there, on
+whichever host it runs) is checked on entering, and by :meth:`Place.out_dir_ok` once entered: this
+process writes a token file into it and every other host must read the same token back over the
+same ``ssh`` (:func:`check_shared`); else nothing runs.
 """
 from __future__ import annotations
 
@@ -58,6 +65,8 @@ import contextlib
 import math
 import os
 import re
+import secrets
+import shlex
 import shutil
 import socket
 import subprocess
@@ -77,7 +86,7 @@ from hvdkit.launch.network import Choice, choose, host_names, is_local, job_fabr
 from hvdkit.launch.slurm import allocation, describe as describe_slurm
 
 __all__ = ["Place", "EmulatedSpec", "add_place_arguments", "place_from_args", "parse_emulated", "hosts_command",
-           "check_ssh", "check_resume_place", "KINDS", "SSH_TIMEOUT_S", "GPU_COUNT"]
+           "check_ssh", "check_shared", "check_resume_place", "KINDS", "SSH_TIMEOUT_S", "GPU_COUNT"]
 
 KINDS = ("local", "hosts", "slurm", "emulated")
 #: default of --ssh-timeout, seconds
@@ -373,6 +382,66 @@ def check_ssh(names: Sequence[str], timeout: float, environ: Mapping[str, str] |
     return out
 
 
+def check_shared(path: str, names: Sequence[str], timeout: float, environ: Mapping[str, str] | None = None,
+                 flag: str = "--out-dir") -> None:
+    """Check that every host sees directory ``path`` as this process does: write a token file
+    (``.hvdkit-shared-RANDOM``) into it (made if missing), have every host but this one ``cat`` it
+    over ``ssh`` (``BatchMode``, all at once, one ``timeout`` in total), compare, remove the token.
+
+    Raises:
+        UsageError: one line naming every host that could not read the token back, and why (the
+            last line of its ``cat``/ssh error, another content, no answer); the directory is removed
+            again when this call made it and it is empty.
+    """
+    full = os.path.abspath(path)
+    made = not os.path.isdir(full)
+    try:
+        os.makedirs(full, exist_ok=True)
+        token_path = os.path.join(full, f".hvdkit-shared-{secrets.token_hex(6)}")
+        token = f"{socket.gethostname()} {os.getpid()} {secrets.token_hex(16)}"
+        with open(token_path, "w") as f:
+            f.write(token + "\n")
+    except OSError as e:
+        raise UsageError(f"{flag} {path}: cannot write there ({e.strerror}); give a directory you can write") from None
+    environ = dict(os.environ if environ is None else environ)
+    procs: dict[str, subprocess.Popen] = {}
+    bad: list[tuple[str, str]] = []
+    try:
+        for n in dict.fromkeys(names):
+            if is_local(n):
+                continue
+            procs[n] = subprocess.Popen(["ssh", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={math.ceil(timeout)}",
+                                         n, "cat -- " + shlex.quote(token_path)], stdin=subprocess.DEVNULL,
+                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environ,
+                                        start_new_session=True)
+        deadline = time.monotonic() + timeout
+        for n, p in procs.items():
+            try:
+                so, se = p.communicate(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(p.pid, 9)
+                p.communicate()
+                bad.append((n, f"no answer within {timeout:g} s"))
+                continue
+            if p.returncode != 0:
+                bad.append((n, next((ln.strip() for ln in reversed(se.splitlines()) if ln.strip()),
+                                    f"ssh exit {p.returncode}").rstrip(".")))
+            elif so.strip() != token:
+                bad.append((n, "it holds another file of that name: another directory at the same path"))
+    finally:
+        with contextlib.suppress(OSError):
+            os.remove(token_path)
+        if made:
+            with contextlib.suppress(OSError):
+                os.rmdir(full)   # only if empty; the driver makes it again
+    if bad:
+        listed = ", ".join(f"{n} ({why})" for n, why in bad)
+        raise UsageError(f"{flag} {path} is not shared with {len(bad)} of {len(procs)} hosts: {listed}; every host "
+                         f"must see the directory its jobs write at the same path: give one on a file system they "
+                         f"all mount")
+
+
 def _local_gpus() -> int:
     """This host's GPU count from ``nvidia-smi -L`` (0 without it, or when it fails within 10 s)."""
     exe = shutil.which("nvidia-smi")
@@ -420,6 +489,9 @@ class Place:
         self._choices: dict[str, Choice | None] = {}
         self._mpi: tuple[str, str] | None = None
         self._stack: contextlib.ExitStack | None = None
+        self._shared: dict[str, str] = {}   # directory -> its flag, to check on entering (check_shared)
+        self._checked: set[str] = set()     # directories every host was seen to share
+        self._entered = False
 
     # the hosts
     @property
@@ -451,7 +523,17 @@ class Place:
                 raise UsageError(f"{flag} {path}: {tmp} is private to each host (the {len(self.hosts) or 'emulated'} "
                                  f"hosts do not share it); give a directory every host sees at the same path, e.g. "
                                  f"results/... on a shared file system (/var/tmp/... on the emulated cluster)")
+        self._shared.setdefault(full, flag)
+        if self._entered:
+            self._check_shared()
         return full
+
+    def _check_shared(self) -> None:
+        """Every directory given to :meth:`out_dir_ok` read back by every host (:func:`check_shared`)."""
+        for d, flag in self._shared.items():
+            if d not in self._checked:
+                check_shared(d, host_names(self._hosts_arg, self._hostfile), self.ssh_timeout, flag=flag)
+                self._checked.add(d)
 
     # entering and leaving
     def __enter__(self) -> "Place":
@@ -463,12 +545,15 @@ class Place:
                 self._gpus = check_ssh(names, self.ssh_timeout)
                 self._note_gpus()
                 self._network(MPI, ())   # chosen and checked before any job
+                self._entered = True
+                self._check_shared()     # the results directories, read back by every host
         except BaseException:
             self.__exit__(*sys.exc_info())
             raise
         return self
 
     def __exit__(self, *exc) -> None:
+        self._entered = False
         stack, self._stack = self._stack, None
         if stack is not None:
             stack.close()
