@@ -1,0 +1,130 @@
+"""Published scaling results the advisor is checked against (data only; the check: :mod:`hvdkit.advise.check`).
+
+Each row is one figure as its source prints it, with where it is printed, the quoted value(s) and the
+hardware (accelerators, per host, intra-host link, network, transport, rate); ``published`` is the figure
+the check compares: a scaling efficiency (throughput at N / (N x throughput at 1)) or a speed-up (one
+system's throughput over another's on the same cluster). ``cluster`` is the ``--cluster`` form of that
+hardware; ``strategy`` the advise row that stands for the system the source ran; ``overlap``: that system
+sends gradients while the backward pass runs (Horovod's DistributedOptimizer, PyTorch DDP, BytePS), not
+after it (tf_cnn_benchmarks' replicated and distributed_replicated modes); ``aggregate``: a PS host sums its
+accelerators' gradients before pushing; ``images_per_s``: the one-accelerator throughput the source prints
+next to the figure (None: :data:`hvdkit.advise.presets.KNOWN_MODELS`'s for ``gpu``); ``batch``: per accelerator.
+
+:data:`SOURCES` declares, per source and before any term of the model was fitted to these rows, which
+sources may calibrate the model (``"calibrate"``) and which are held out (``"held-out"``): a change to the
+model is judged on the held-out sources only.
+"""
+from __future__ import annotations
+
+__all__ = ["SOURCES", "ROWS"]
+
+#: key -> title, where it is read, and its role (declared before fitting)
+SOURCES: dict[str, dict] = {
+    "horovod": {"title": "Sergeev & Del Balso 2018 (arXiv:1802.05799) and Horovod's docs/benchmarks.rst",
+                "role": "calibrate"},
+    "byteps": {"title": "BytePS README.md and docs/performance.md (Jiang et al., OSDI 2020)", "role": "calibrate"},
+    "tf-benchmarks": {"title": "TensorFlow's Benchmarks page (tensorflow/docs_src/performance/benchmarks.md, "
+                               "tests of May 2017, tf_cnn_benchmarks)", "role": "held-out"},
+    "nvidia-dle": {"title": "NVIDIA DeepLearningExamples, TensorFlow/Classification/ConvNets/resnet50v1.5/README.md "
+                            "(Training performance results, 20.06-tf1 container)", "role": "held-out"},
+    "dlperf": {"title": "OneFlow DLPerf Benchmark Test Report v1.0 (Oneflow-Inc/DLPerf "
+                        "reports/dlperf_benchmark_test_report_v1.md, Aug 2020)", "role": "held-out"},
+    "dell": {"title": "Dell EMC Ready Solutions for AI: Deep Learning with NVIDIA, Reference Guide v1.0 "
+                      "(sec. 2.6 Network; sec. 3, Figure 9 text)", "role": "held-out"},
+}
+
+_HVD_HW = "128 hosts x 4 Pascal GPUs (PCIe), RoCE-capable 25 Gbit/s, NCCL over RDMA"
+_TF_HW = "32 hosts x 4 Pascal GPUs (PCIe), 25 Gbit/s, TCP (gRPC)"
+_AWS_HW = ("p2.8xlarge: 8 K80 GPUs per host (PCIe), 10 Gbit/s (the instance's rate as Apache SINGA's "
+           "docs/benchmark-train.md states it), TCP (gRPC)")
+_DLPERF_HW = "4 hosts x 8 V100-SXM2-16GB (NVLink), InfiniBand 100 Gb/s (4X EDR), NCCL over RDMA"
+
+
+def _eff(n: int, one: float, at_n: float) -> float:
+    return round(at_n / (n * one), 6)
+
+
+ROWS: list[dict] = [
+    # ---- horovod (calibrate): the paper's Figure 1 and the docs' 512-GPU benchmark
+    *({"source": "horovod", "where": "docs/benchmarks.rst (512-GPU benchmark)",
+       "quoted": f"{q}% scaling efficiency", "model": m, "kind": "efficiency", "published": q / 100,
+       "strategy": "horovod", "overlap": True, "aggregate": False, "cluster": "128x4:pcie,25gbit+rdma",
+       "gpu": "p100", "images_per_s": None, "batch": 64, "hardware": _HVD_HW, "transport": "rdma"}
+      for m, q in (("inception3", 90), ("resnet101", 90), ("vgg16", 68))),
+    *({"source": "horovod", "where": "arXiv:1802.05799, Figure 1 and sec. 1",
+       "quoted": "about 50% scaling efficiency at 128 GPUs (standard distributed TensorFlow)", "model": m,
+       "kind": "efficiency", "published": 0.50, "strategy": "ps-sync:ps_colocated=true", "overlap": False,
+       "aggregate": False, "cluster": "32x4:pcie,25gbit", "gpu": "p100", "images_per_s": None, "batch": 64,
+       "hardware": _TF_HW, "transport": "tcp"}
+      for m in ("inception3", "resnet101")),
+    # ---- byteps (calibrate): speed-ups of BytePS over Horovod on the same cluster
+    *({"source": "byteps", "where": where, "quoted": f"BytePS outperforms Horovod (NCCL) by {q}% for {name}",
+       "model": m, "kind": "speedup", "published": round(1 + q / 100, 4), "strategy": "byteps", "versus": "horovod",
+       "overlap": True, "aggregate": True, "cluster": cl, "gpu": "v100", "images_per_s": None, "batch": 64,
+       "hardware": hw, "transport": tr}
+      for m, name, q, cl, where, hw, tr in (
+          ("resnet50", "Resnet50", 44, "8x8:nvlink,20gbit", "README.md, Performance",
+           "8 hosts x 8 V100 (NVLink), 20 Gbit/s TCP/IP", "tcp"),
+          ("vgg16", "VGG16", 100, "8x8:nvlink,20gbit", "README.md, Performance",
+           "8 hosts x 8 V100 (NVLink), 20 Gbit/s TCP/IP", "tcp"),
+          ("resnet50", "Resnet50", 7, "8x8:pcie,100gbit+rdma", "docs/performance.md, PCIe + RDMA",
+           "8 hosts x 8 V100 (PCIe switches), 100 Gbit/s RoCEv2", "rdma"),
+          ("vgg16", "VGG16", 17, "8x8:pcie,100gbit+rdma", "docs/performance.md, PCIe + RDMA",
+           "8 hosts x 8 V100 (PCIe switches), 100 Gbit/s RoCEv2", "rdma"))),
+    # ---- tf-benchmarks (held out): DGX-1 (VGG16: replicated with NCCL), synthetic data, batch 64
+    *({"source": "tf-benchmarks", "where": "Details for NVIDIA DGX-1 (P100), Training synthetic data (batch 64)",
+       "quoted": f"VGG16: 1 GPU 154, {n} GPUs {v} images/s", "model": "vgg16", "kind": "efficiency",
+       "published": _eff(n, 154, v), "strategy": "horovod", "overlap": False, "aggregate": False,
+       "cluster": f"1x{n}:nvlink", "gpu": "p100", "images_per_s": 154.0, "batch": 64,
+       "hardware": "1 DGX-1, 8 P100 (NVLink), variable_update replicated with NCCL", "transport": "none"}
+      for n, v in ((2, 295), (4, 584), (8, 1081))),
+    # ---- tf-benchmarks (held out): Amazon EC2 distributed, distributed_replicated, PS on every instance
+    *({"source": "tf-benchmarks", "where": f"Details for Amazon EC2 Distributed (K80), Training synthetic data{tbl}",
+       "quoted": f"{name}: 1 GPU {one}, {n} GPUs {v} images/s", "model": m, "kind": "efficiency",
+       "published": _eff(n, one, v), "strategy": "ps-sync:ps_colocated=true", "overlap": False, "aggregate": True,
+       "cluster": f"{n // 8}x8:pcie,10gbit", "gpu": None, "images_per_s": one, "batch": b,
+       "hardware": _AWS_HW + "; distributed_replicated, parameter servers on the worker instances",
+       "transport": "tcp"}
+      for m, name, b, tbl, one, vals in (
+          ("inception3", "InceptionV3", 64, "", 29.7, ((8, 229), (16, 459), (32, 902), (64, 1783))),
+          ("resnet50", "ResNet-50", 64, "", 52.4, ((8, 378), (16, 751), (32, 1388), (64, 2744))),
+          ("inception3", "InceptionV3", 32, " (Other Results, batch 32)", 29.2,
+           ((8, 219), (16, 427), (32, 820), (64, 1608))),
+          ("resnet50", "ResNet-50", 32, " (Other Results, batch 32)", 48.4,
+           ((8, 333), (16, 667), (32, 1180), (64, 2315))))
+      for n, v in vals),
+    # ---- nvidia-dle (held out): TF1 ResNet-50 v1.5 with Horovod inside one DGX
+    *({"source": "nvidia-dle", "where": f"Training performance: {box}", "quoted": f"weak scaling {ws}x at {n} GPUs "
+       f"({prec}; 1 GPU {one} img/s)", "model": "resnet50", "kind": "efficiency", "published": round(ws / n, 6),
+       "strategy": "horovod", "overlap": True, "aggregate": False, "cluster": f"1x{n}:nvlink", "gpu": None,
+       "images_per_s": float(one), "batch": b, "hardware": f"{box}, NVLink, Horovod", "transport": "none"}
+      for box, n, prec, one, ws, b in (
+          ("NVIDIA DGX-1 (8x V100 16G)", 8, "FP32 + XLA", 412, 7.69, 128),
+          ("NVIDIA DGX-1 (8x V100 16G)", 8, "mixed precision + XLA", 1270, 7.48, 256),
+          ("NVIDIA DGX-2 (16x V100 32G)", 16, "FP32 + XLA", 432, 15.05, 128),
+          ("NVIDIA DGX-2 (16x V100 32G)", 16, "mixed precision + XLA", 1300, 13.27, 256),
+          ("NVIDIA DGX A100 (8x A100 40GB)", 8, "TF32 + XLA", 909, 7.70, 256),
+          ("NVIDIA DGX A100 (8x A100 40GB)", 8, "mixed precision + XLA", 2375, 7.32, 256))),
+    # ---- dlperf (held out): ResNet-50 v1.5, FP32, 1 to 4 hosts of 8 V100
+    *({"source": "dlperf", "where": "Benchmark Test Results, ResNet50 V1.5 batch size = 128, FP32 & Without XLA",
+       "quoted": f"{fw}: 1 device {one}, {n} devices {v} img/s", "model": "resnet50", "kind": "efficiency",
+       "published": _eff(n, one, v), "strategy": "horovod", "overlap": True, "aggregate": False,
+       "cluster": f"{max(1, n // 8)}x8:nvlink,100gbit+rdma", "gpu": None, "images_per_s": one, "batch": b,
+       "hardware": f"{_DLPERF_HW}; {how}", "transport": "rdma" if n > 8 else "none"}
+      for fw, how, one, b, vals in (
+          ("TensorFlow 1.x", "NVIDIA DeepLearningExamples' script, DALI + Horovod", 362.44, 128,
+           ((8, 2721.98), (16, 5099.42), (32, 9514.64))),
+          ("MXNet", "NVIDIA DeepLearningExamples' script, DALI + Horovod, batch 96", 389.71, 96,
+           ((8, 2947.72), (16, 5684.68), (32, 10419.21))),
+          ("PyTorch", "pytorch/examples imagenet, DistributedDataParallel (NCCL)", 354.40, 128,
+           ((8, 2719.07), (16, 5307.21), (32, 10632.33))))
+      for n, v in vals),
+    # ---- dell (held out): 8 hosts x 4 V100-PCIe, FP32 speed-ups at 32 GPUs over one GPU
+    *({"source": "dell", "where": "sec. 3.1, Figure 9 (text); sec. 2.6 Network",
+       "quoted": f"{fw} {sp}x speedup in FP32 mode at 32 GPUs", "model": "resnet50", "kind": "efficiency",
+       "published": round(sp / 32, 6), "strategy": "horovod", "overlap": True, "aggregate": False,
+       "cluster": "8x4:pcie,100gbit+rdma", "gpu": "v100", "images_per_s": None, "batch": 64,
+       "hardware": "8 PowerEdge C4140 x 4 V100-PCIe, 100 Gb/s EDR InfiniBand; the framework's own synchronous "
+                   "data parallelism (its collective is not named in the text read)", "transport": "rdma"}
+      for fw, sp in (("MXNet", 29.4), ("TensorFlow", 22.0), ("Caffe2", 26.5))),
+]
