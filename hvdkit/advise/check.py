@@ -48,7 +48,7 @@ import statistics
 import sys
 from dataclasses import replace
 
-from hvdkit.advise import presets
+from hvdkit.advise import presets, published
 from hvdkit.advise import measured
 from hvdkit.advise.calibrate import collective_method, fit_collectives, fit_for
 from hvdkit.advise.measured import variant_of
@@ -144,47 +144,55 @@ def measured_comparison(training: dict, fits: dict) -> tuple[list[dict], dict]:
     return rows, stats
 
 
-_HVD = "Sergeev & Del Balso 2018 (arXiv:1802.05799) and Horovod's benchmarks page"
-_BPS = "BytePS docs/performance.md (Jiang et al., OSDI 2020)"
-#: published figure -> how to project it. kind "efficiency": the strategy's scaling efficiency;
-#: "speedup": BytePS's step-time ratio over Horovod (both overlapped with the backward pass).
-PUBLISHED = [
-    {"source": _HVD, "model": m, "kind": "efficiency", "strategy": "horovod", "published": pub,
-     "cluster": "128x4:pcie,25gbit+rdma", "gpu": "p100", "what": "Horovod, 128 hosts x 4 Pascal, 25 Gbit/s RoCE"}
-    for m, pub in (("inception3", 0.90), ("resnet101", 0.90), ("vgg16", 0.68))
-] + [
-    {"source": _HVD + " (Fig. 1)", "model": m, "kind": "efficiency", "strategy": "ps-sync:ps_colocated=true",
-     "published": 0.50,
-     "cluster": "32x4:pcie,25gbit", "gpu": "p100", "what": "standard distributed TF (PS on every host), 128 GPUs"}
-    for m in ("inception3", "resnet101")
-] + [
-    {"source": _BPS, "model": m, "kind": "speedup", "strategy": "byteps", "published": pub, "cluster": cl,
-     "gpu": "v100", "what": what}
-    for m, pub, cl, what in (
-        ("resnet50", 1.44, "8x8:nvlink,20gbit", "BytePS vs Horovod, 8 x 8 V100 NVLink, 20 Gbit/s TCP"),
-        ("vgg16", 2.00, "8x8:nvlink,20gbit", "BytePS vs Horovod, 8 x 8 V100 NVLink, 20 Gbit/s TCP"),
-        ("resnet50", 1.07, "8x8:pcie,100gbit+rdma", "BytePS vs Horovod, 8 x 8 V100 PCIe, 100 Gbit/s RoCE"),
-        ("vgg16", 1.17, "8x8:pcie,100gbit+rdma", "BytePS vs Horovod, 8 x 8 V100 PCIe, 100 Gbit/s RoCE"))
-]
+#: the published rows (:mod:`hvdkit.advise.published`: source, where, quoted value, hardware, and the
+#: calibrate / held-out role of each source, declared before fitting)
+PUBLISHED = published.ROWS
 
-ASSUMPTIONS = ("batch 64 per GPU; per-GPU images/s and gradient tensors of hvdkit.advise.presets (P100: "
-               "tf_cnn_benchmarks; V100 fp32: assumed); Horovod and BytePS overlap fused 64 MiB buckets with "
-               "the backward pass (2/3 of a step); the PS rows do not; NCCL's flat ring over all GPUs; TCP "
-               "latency 30 us, RDMA 5 us; links reach their line rate; straggler jitter 2%; BytePS: local "
-               "aggregation, K = H CPU server hosts, pipelined push/pull; standard TF PS: every GPU pushes its "
-               "own gradients to a PS shard on every host.")
+ASSUMPTIONS = ("per-accelerator compute = batch / the one-accelerator images/s the source prints (else "
+               "hvdkit.advise.presets': P100 from tf_cnn_benchmarks, V100 fp32 assumed); float32 gradients of "
+               "the known models' tensors; a row overlaps fused 64 MiB buckets with the backward pass when its "
+               "system does (Horovod, PyTorch DDP, BytePS), else sends after it; NCCL's flat ring over all "
+               "GPUs; TCP latency 30 us, RDMA 5 us; links at their line rate; straggler jitter 2%; BytePS: local "
+               "aggregation, K = H CPU server hosts, pipelined push/pull. Errors: points of scaling efficiency; "
+               "for speed-ups, percent of the published speed-up.")
+#: a pair of published figures of one source and model closer than this (points or percent) has no order
+TIE = 2.0
+
+
+def _workload(p: dict) -> Workload:
+    ips = p.get("images_per_s") or presets.KNOWN_MODELS[p["model"]]["images_per_s"][p["gpu"]]
+    return Workload(p["model"], presets.known_tensors(p["model"]), compute_s=p["batch"] / ips, batch=p["batch"])
 
 
 def _figure(p: dict, wl: Workload, cl: Cluster, eta: float = 1.0):
-    """(the projected figure, the row's prediction, Horovod's) with the links of the row's subject
-    (efficiency rows: its strategy; speed-up rows: Horovod) at ``eta`` x their rate."""
-    opt = Options(overlap=True)
+    """(the projected figure, the row's prediction, the compared system's) with the links of the row's
+    subject (efficiency rows: its strategy; speed-up rows: the ``versus`` system) at ``eta`` x their rate."""
+    opt = Options(overlap=p["overlap"], ps_local_aggregation=p["aggregate"])
     slow = replace(cl, intra_Bps=cl.intra_Bps * eta, inter_Bps=cl.inter_Bps * eta)
     if p["kind"] == "speedup":
-        mine, hvd = predict_variant(p["strategy"], wl, cl, opt), predict_variant("horovod", wl, slow, opt)
-        return hvd.step_s / mine.step_s, mine, hvd
+        mine, other = predict_variant(p["strategy"], wl, cl, opt), predict_variant(p["versus"], wl, slow, opt)
+        return other.step_s / mine.step_s, mine, other
     mine = predict_variant(p["strategy"], wl, slow, opt)
     return mine.efficiency, mine, None
+
+
+def _naive(p: dict, wl: Workload, cl: Cluster) -> float:
+    """The naive baseline's figure: each step = compute + the busiest link's bytes / its line rate (no
+    latency, no overlap, no straggler)."""
+    def step(strategy):
+        pr = predict_variant(strategy, wl, cl, Options(jitter_cv=0.0))
+        rate = cl.inter_Bps if "NIC" in pr.link else cl.intra_Bps
+        return wl.compute_s + pr.link_bytes / rate
+    if p["kind"] == "speedup":
+        return step(p["versus"]) / step(p["strategy"])
+    return wl.compute_s / step(p["strategy"])
+
+
+def _err(p: dict, value: float) -> float:
+    """Points of scaling efficiency, or percent of the published speed-up."""
+    if p["kind"] == "speedup":
+        return (value / p["published"] - 1) * 100
+    return (value - p["published"]) * 100
 
 
 def _implied_eta(p: dict, wl: Workload, cl: Cluster) -> float | None:
@@ -202,24 +210,61 @@ def _implied_eta(p: dict, wl: Workload, cl: Cluster) -> float | None:
 
 
 def published_comparison() -> list[dict]:
-    """One row per :data:`PUBLISHED` figure: the projection, the difference in percentage points, what
-    limits the prediction, and ``implied_eta``: the fraction of its links' rates the subject (the
-    strategy; for speed-ups, Horovod) would have to reach to give the published figure."""
+    """One row per :data:`PUBLISHED` figure: the projection, its error (points; percent for speed-ups),
+    the naive baseline's, what limits the prediction, the source's ``role``, and ``implied_eta``: the
+    fraction of its links' rates the subject would have to reach to give the published figure."""
     rows = []
     for p in PUBLISHED:
-        tensors = presets.known_tensors(p["model"])
-        wl = Workload(p["model"], tensors, compute_s=64 / presets.KNOWN_MODELS[p["model"]]["images_per_s"][p["gpu"]],
-                      batch=64)
-        cl = presets.parse_cluster(p["cluster"])
-        pred, mine, hvd = _figure(p, wl, cl)
-        if hvd:
-            detail = {"horovod_eff": hvd.efficiency, "byteps_eff": mine.efficiency, "horovod_limit": hvd.limiting}
-        else:
-            detail = {"limiting": mine.limiting}
-        rows.append({**p, "predicted": pred, "diff_points": (pred - p["published"]) * 100, **detail,
+        wl, cl = _workload(p), presets.parse_cluster(p["cluster"])
+        pred, mine, other = _figure(p, wl, cl)
+        base = _naive(p, wl, cl)
+        rows.append({**p, "role": published.SOURCES[p["source"]]["role"], "predicted": pred,
+                     "error": _err(p, pred), "baseline": base, "baseline_error": _err(p, base),
+                     "limiting": mine.limiting if other is None else
+                     f"{p['versus']} eff {other.efficiency * 100:.0f}%, {p['strategy']} eff {mine.efficiency * 100:.0f}%",
                      "implied_eta": _implied_eta(p, wl, cl), "exposed_ms": mine.exposed_s * 1e3,
                      "step_ms": mine.step_s * 1e3})
     return rows
+
+
+def _pairs(rows: list[dict], col: str) -> tuple[int, int]:
+    """(comparisons, ordered right): every published comparison of one source: two figures of one model
+    and kind more than :data:`TIE` apart (which strategy, transport, network or size is faster), and each
+    speed-up (is the subject faster than the system it is compared with)."""
+    total = right = 0
+    for i, x in enumerate(rows):
+        if x["kind"] == "speedup" and abs(x["published"] - 1) * 100 > TIE:
+            total += 1
+            right += (x[col] > 1) == (x["published"] > 1)
+        for y in rows[i + 1:]:
+            if (x["source"], x["model"], x["kind"]) != (y["source"], y["model"], y["kind"]):
+                continue
+            gap = (x["published"] - y["published"]) * 100 / (x["published"] if x["kind"] == "speedup" else 1)
+            if abs(gap) <= TIE:
+                continue
+            total += 1
+            right += (x[col] > y[col]) == (gap > 0)
+    return total, right
+
+
+def published_summary(rows: list[dict]) -> dict:
+    """Per role (``calibrate``, ``held-out``) and for the model and the naive baseline: the rows, sources,
+    median and max |error| of the efficiency rows (points) and of the speed-up rows (percent), and the
+    published comparisons ordered right."""
+    out = {}
+    for role in ("calibrate", "held-out"):
+        mine = [r for r in rows if r["role"] == role]
+        part = {"rows": len(mine), "sources": sorted({r["source"] for r in mine})}
+        for who, col, err in (("model", "predicted", "error"), ("baseline", "baseline", "baseline_error")):
+            d = {}
+            for kind, unit in (("efficiency", "points"), ("speedup", "percent")):
+                e = [abs(r[err]) for r in mine if r["kind"] == kind]
+                d[kind] = {"rows": len(e), "unit": unit, "median_abs_error": statistics.median(e) if e else None,
+                           "max_abs_error": max(e) if e else None}
+            d["comparisons"], d["ordered_right"] = _pairs(mine, col)
+            part[who] = d
+        out[role] = part
+    return out
 
 
 def _pct(x):
@@ -253,23 +298,52 @@ def markdown(rows: list[dict], stats: dict, pub: list[dict], meta: dict) -> str:
     return "\n".join(out) + "\n" + markdown_published(pub)
 
 
+def _fig(r: dict, v: float) -> str:
+    return f"{v * 100:.1f}%" if r["kind"] == "efficiency" else f"x{v:.2f}"
+
+
+def _stat(d: dict, kind: str, key: str) -> str:
+    v = d[kind][key]
+    return "-" if v is None else f"{v:.1f}" + (" pts" if kind == "efficiency" else "%")
+
+
 def markdown_published(pub: list[dict]) -> str:
-    """The published-results table (and its notes) as markdown."""
+    """The published-results tables (summary per role, sources, every row, notes) as markdown."""
+    summ = published_summary(pub)
     out = ["", "### Projected vs published", "",
-            "| source | model | setting | published | predicted | diff (points) | what limits the prediction | "
-            "links needed ‡ |",
-            "| --- | --- | --- | ---: | ---: | ---: | --- | ---: |"]
+           "Sources declared before fitting ([hvdkit/advise/published.py](../../hvdkit/advise/published.py)): "
+           "the calibrating ones may fix a term of the model, the held-out ones only judge it. Efficiency errors "
+           "in points of scaling efficiency, speed-up errors in percent of the published speed-up.", "",
+           "| sources | rows | who | efficiency median \\|err\\| | max | speed-up median \\|err\\| | max | "
+           "comparisons ordered right |",
+           "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: |"]
+    for role in ("held-out", "calibrate"):
+        s = summ[role]
+        for who in ("model", "baseline"):
+            d = s[who]
+            out.append(f"| {role}: {', '.join(s['sources'])} | {s['rows']} | "
+                       f"{'advise' if who == 'model' else 'naive baseline'} | {_stat(d, 'efficiency', 'median_abs_error')} | "
+                       f"{_stat(d, 'efficiency', 'max_abs_error')} | {_stat(d, 'speedup', 'median_abs_error')} | "
+                       f"{_stat(d, 'speedup', 'max_abs_error')} | {d['ordered_right']} of {d['comparisons']} |")
+    out += ["", "| source | role | title |", "| --- | --- | --- |"]
+    out += [f"| {k} | {v['role']} | {v['title']} |" for k, v in published.SOURCES.items()]
+    out += ["", "| source | where | quoted | hardware | model | batch | advise row | published | predicted | err | "
+            "baseline err | what limits the prediction | links needed ‡ |",
+            "| --- | --- | --- | --- | --- | ---: | --- | ---: | ---: | ---: | ---: | --- | ---: |"]
     for r in pub:
-        fmt = (lambda v: f"{v * 100:.0f}%") if r["kind"] == "efficiency" else (lambda v: f"x{v:.2f}")
-        lim = r.get("limiting") or (f"Horovod eff {r['horovod_eff'] * 100:.0f}%, BytePS eff "
-                                    f"{r['byteps_eff'] * 100:.0f}%")
-        out.append(f"| {r['source'].split(' (')[0].split(' and ')[0]} | {r['model']} | {r['what']} | "
-                   f"{fmt(r['published'])} | {fmt(r['predicted'])} | {r['diff_points']:+.0f} | {lim} | "
+        row = r["strategy"] + (f" vs {r['versus']}" if r["kind"] == "speedup" else "") + \
+            (", overlapped" if r["overlap"] else "")
+        out.append(f"| {r['source']} | {r['where']} | {r['quoted']} | {r['hardware']} | {r['model']} | {r['batch']} | "
+                   f"{row} on {r['cluster']} | {_fig(r, r['published'])} | {_fig(r, r['predicted'])} | "
+                   f"{r['error']:+.1f} | {r['baseline_error']:+.1f} | {r['limiting']} | "
                    + ("none <= 100%" if r["implied_eta"] is None else f"{r['implied_eta'] * 100:.0f}%") + " |")
     out += ["", f"Assumptions: {ASSUMPTIONS}", "",
-            "‡ the fraction of its link rates the row's subject (the strategy; for a speed-up, Horovod) would have "
-            "to reach for the projection to equal the publication; \"none <= 100%\": no bandwidth does, the "
-            "miss is in another term (compute, overlap, the other system).", ""]
+            "Naive baseline: compute + the busiest link's bytes / its line rate, nothing else. A comparison: two "
+            f"figures of one source and model more than {TIE:.0f} points (percent) apart, or a speed-up (is the "
+            "subject faster); ordered right when the prediction puts them in the published order.", "",
+            "‡ the fraction of its link rates the row's subject (the strategy; for a speed-up, the system it is "
+            "compared with) would have to reach for the projection to equal the publication; \"none <= 100%\": no "
+            "bandwidth does, the miss is in another term (compute, overlap, the framework).", ""]
     return "\n".join(out)
 
 
@@ -435,6 +509,7 @@ def render(dirs: list[str], training_path: str, collectives_path: str, calibrati
     else:
         md += markdown_published(pub)
     return md, {"summary": summ, "held_out": held, "measured": rows, "stats": stats, "published": pub,
+                "published_summary": published_summary(pub), "published_sources": published.SOURCES,
                 "assumptions": ASSUMPTIONS, "inputs": list(dirs) or [training_path, collectives_path],
                 **({"transport": transport} if transport else {}), **({"at_scale": at_scale} if at_scale else {}),
                 "calibration": sorted(list(u) for u in cal.used)}

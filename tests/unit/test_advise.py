@@ -270,7 +270,7 @@ def test_advise_check_reads_the_recorded_benchmarks(tmp_path, capsys):
     assert "| cnn | ring | 3 |" in text and "median |error|" in text and "| vgg16 |" in text
     pub = advise_check.published_comparison()
     assert len(pub) == len(advise_check.PUBLISHED)
-    hvd = {r["model"]: r["predicted"] for r in pub if r["strategy"] == "horovod"}
+    hvd = {r["model"]: r["predicted"] for r in pub if r["source"] == "horovod" and r["strategy"] == "horovod"}
     assert hvd["vgg16"] < hvd["resnet101"]   # the bigger model scales worse
     assert advise_check.main(["--training", str(tmp_path / "none.json"), "--collectives", str(md)]) == 2
     assert capsys.readouterr().err.startswith("hvdkit: error: ")
