@@ -89,8 +89,9 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
                    help="fusion threshold / bucket size (default 64 MiB, Horovod's)")
     g.add_argument("--servers", "--staleness", action=_Gone, help=argparse.SUPPRESS)
     g.add_argument("--overlap", action="store_true",
-                   help="Horovod overlaps fused buckets with the backward pass (its DistributedOptimizer in a "
-                        "TF1 graph); hvdkit's horovod row allreduces after the backward pass (default off)")
+                   help="overlap fused buckets with the backward pass on every row that can (Horovod's "
+                        "DistributedOptimizer does); default: the overlap each row does itself (its strategy's "
+                        "overlaps_backward)")
     g.add_argument("--jitter", type=float, default=Options.jitter_cv,
                    help="coefficient of variation of a worker's step time (straggler term, default 0.02)")
     g.add_argument("--calibrate", metavar="DIR|JSON",

@@ -83,6 +83,9 @@ class Priced:
         spins: its ranks busy-poll while they wait, even with less than a core (Horovod's background
             thread; hvdkit's ring with ``ring_wait=spin``); else they sleep there under a quota
             (:meth:`hvdkit.advise.calibrate.Calibration.sleeps`).
+        overlaps: the row itself sends fused buckets while the backward pass runs (its class's
+            ``overlaps_backward``, as Horovod's DistributedGradientTape does): an ``overlap_capable`` row is
+            then priced overlapped without ``Options.overlap``, which forces the overlap on every such row.
     """
     label: str
     comm: str
@@ -95,6 +98,7 @@ class Priced:
     busy_threads: int = 1
     serial_replies: bool = False
     spins: bool = False
+    overlaps: bool = False
 
 
 def _refuse(text: str, why: str) -> NoReturn:
@@ -114,7 +118,8 @@ def priced(row: str | Variant | OwnRow, workers: int = 1) -> Priced:
     if isinstance(row, OwnRow):
         hier = row.comm == "hierarchical"
         return Priced(row.name, row.comm, None, 0, hier, hvdkit=row.runnable,
-                      busy_threads=STRATEGIES["horovod"].busy_threads if hier else 1, spins=hier)
+                      busy_threads=STRATEGIES["horovod"].busy_threads if hier else 1, spins=hier,
+                      overlaps=hier and bool(getattr(STRATEGIES["horovod"], "overlaps_backward", False)))
     if isinstance(row, str) and row.partition(":")[0].strip() not in STRATEGIES:
         name = row.partition(":")[0].strip()
         if name in OWN_ROWS:
@@ -131,7 +136,8 @@ def priced(row: str | Variant | OwnRow, workers: int = 1) -> Priced:
                   bool(getattr(v.cls, "graph_allreduce", False)), wire_fraction=(push + pull) / 2,
                   fusion_bytes=v.opts.get("fusion_bytes"), busy_threads=int(getattr(v.cls, "busy_threads", 1)),
                   serial_replies=v.opts.get("ps_replies") == "serial",
-                  spins=int(getattr(v.cls, "busy_threads", 1)) > 1 or v.opts.get("ring_wait") == "spin")
+                  spins=int(getattr(v.cls, "busy_threads", 1)) > 1 or v.opts.get("ring_wait") == "spin",
+                  overlaps=bool(getattr(v.cls, "overlaps_backward", False)))
 
 
 def parse_rows(text: str) -> list[Priced]:
@@ -248,7 +254,7 @@ def predict_variant(variant: str | Variant | OwnRow | Priced, wl: Workload, cl: 
         slow = straggler_factor(w, opt.jitter_cv, 0) if w > 1 else 1.0
         c_eff = compute * slow
         terms["straggler"] = c_eff - compute
-        if w > 1 and (row.comm == "byteps" or opt.overlap and row.overlap_capable):
+        if w > 1 and (row.comm == "byteps" or (opt.overlap or row.overlaps) and row.overlap_capable):
             bwd = c_eff * wl.backward_fraction
             step, comm, _ = overlapped_step(c_eff - bwd, bwd, wl.tensor_bytes, fusion_bytes, one)
         else:

@@ -60,3 +60,24 @@ def test_the_summary_is_per_declared_role_beside_a_naive_baseline():
     assert abs(eff["error"] - (eff["predicted"] - eff["published"]) * 100) < 1e-9
     sp = next(r for r in pub if r["kind"] == "speedup")
     assert abs(sp["error"] - (sp["predicted"] / sp["published"] - 1) * 100) < 1e-9
+
+
+def test_advise_defaults_to_the_overlap_the_row_itself_does(monkeypatch):
+    """A row whose strategy sends buckets during the backward pass (``overlaps_backward``) is priced
+    overlapped without --overlap; --overlap forces it; the published check keeps each system's own."""
+    from hvdkit.advise.model import Options
+    from hvdkit.advise.predict import predict_variant
+    from hvdkit.strategies import STRATEGIES
+    wl = check._workload(published.ROWS[2])                       # VGG-16, a communication-heavy model
+    cl = presets.parse_cluster("16x4:pcie,10gbit")
+    before = check.published_comparison()
+    monkeypatch.setattr(STRATEGIES["horovod"], "overlaps_backward", False, raising=False)
+    after_step = predict_variant("horovod", wl, cl).step_s
+    forced = predict_variant("horovod", wl, cl, Options(overlap=True)).step_s
+    assert forced < after_step
+    monkeypatch.setattr(STRATEGIES["horovod"], "overlaps_backward", True, raising=False)
+    assert predict_variant("horovod", wl, cl).step_s == forced
+    assert predict_variant("horovod-hier", wl, cl).step_s == predict_variant("horovod-hier", wl, cl,
+                                                                             Options(overlap=True)).step_s
+    assert predict_variant("ring", wl, cl).step_s > forced      # the ring's own row does not overlap
+    assert check.published_comparison() == before
