@@ -309,6 +309,9 @@ def _check(c) -> None:
         raise UsageError("--resume needs --output-dir DIR (the directory holding checkpoint.npz)")
     if c.resume and c.overwrite:
         raise UsageError("--resume continues the checkpoint in --output-dir, --overwrite deletes it: choose one")
+    if c.checkpoint_every and not c.checkpoint:
+        raise UsageError(f"--checkpoint-every {c.checkpoint_every} with --no-checkpoint: one asks for checkpoints, the "
+                         "other for none; choose one")
 
 
 def _convert(f: Option, raw: Any, source: str) -> Any:

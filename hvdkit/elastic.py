@@ -40,8 +40,9 @@ Horovod's Gloo controller numbers them anew after each change. hvdkit then runs 
    own start (a process that joined later begins later; steps trained again after a restore
    appear twice, at their times), ``pid`` the process's final rank; the spans of processes
    lost on the way died with them. ``otherData.elastic.membership`` lists the changes. Horovod's
-   own timeline (``HOROVOD_TIMELINE``) is not set under ``--elastic``: its writer, Horovod's
-   coordinator, changes with every re-form.
+   own timeline (``HOROVOD_TIMELINE``, next to the trace) is set by ``hvdkit-launch --elastic``
+   (:mod:`hvdkit.launch.elastic`); its writer, Horovod's coordinator, opens it again at every
+   re-form, so it holds the final membership's events.
 
 Reference: Horovod's elastic training (docs: "Elastic Horovod"; ``horovod.common.elastic``).
 """

@@ -34,6 +34,8 @@ from hvdkit.launch.templates import TEMPLATES, render
 from hvdkit.mpicheck import mpi_family
 
 __all__ = ["main", "build_parser"]
+#: --gloo-timeout's default, seconds (Horovod's own)
+GLOO_TIMEOUT_S = 30
 
 
 def build_parser(prog: str = "hvdkit-launch") -> argparse.ArgumentParser:
@@ -111,12 +113,12 @@ def build_parser(prog: str = "hvdkit-launch") -> argparse.ArgumentParser:
                         "every rank runs (horovodrun's parser never reads them); --env NAME=VALUE is set for "
                         "horovodrun, which passes it to every rank. Needs --hostfile and --output-dir; across hosts "
                         "Gloo's interface is chosen as for MPI (one name on every host) unless --network-interface names it")
-    g.add_argument("--min-np", type=int, default=1, metavar="A", help="--elastic: fewest ranks to train with (default 1)")
+    g.add_argument("--min-np", type=int, default=None, metavar="A", help="--elastic: fewest ranks to train with (default 1)")
     g.add_argument("--max-np", type=int, default=None, metavar="B",
                    help="--elastic: most ranks (default: -np, which defaults to the hostfile's slots)")
-    g.add_argument("--gloo-timeout", type=int, default=30, metavar="SECONDS",
+    g.add_argument("--gloo-timeout", type=int, default=None, metavar="SECONDS",
                    help="--elastic: how long a collective waits for a silent peer before the job re-forms without "
-                        "it (HOROVOD_GLOO_TIMEOUT_SECONDS; default 30, Horovod's)")
+                        f"it (HOROVOD_GLOO_TIMEOUT_SECONDS; default {GLOO_TIMEOUT_S}, Horovod's)")
     g = p.add_argument_group("environment")
     g.add_argument("--env", action="append", default=[], metavar="NAME[=VALUE]",
                    help="also forward NAME (or set NAME=VALUE) on every rank; repeatable. Always "
@@ -200,6 +202,10 @@ def main(argv: Sequence[str] | None = None, prog: str = "hvdkit-launch") -> int:
                 raise UsageError("--rank-exec needs a program after '--'")
             env = rank_exec_env(os.environ, ns.cpu_ranks)
             return _exec(program, env, ns.dry_run, replace_self=True)
+        elastic_only = [f for f, v in (("--min-np", ns.min_np), ("--max-np", ns.max_np),
+                                       ("--gloo-timeout", ns.gloo_timeout)) if v is not None]
+        if elastic_only and not ns.elastic:   # else silently ignored
+            raise UsageError(f"{elastic_only[0]} is a flag of --elastic launches; add --elastic or drop it")
         if ns.elastic:
             return _elastic(ns, program)
         if not (ns.hosts or ns.hostfile):   # inside a Slurm allocation: its hosts, as if given with -H
@@ -281,6 +287,11 @@ def _elastic(ns, program: list[str]) -> int:
                          "be edited while the job runs")
     if ns.max_restarts:
         raise UsageError("--elastic with --max-restarts: an elastic job goes on by itself when hosts fail; choose one")
+    if ns.cpu_ranks:
+        raise UsageError("--elastic with --cpu-ranks: an elastic job's ranks all train (--strategy horovod) and are "
+                         "placed by horovodrun; drop --cpu-ranks")
+    ns.min_np = 1 if ns.min_np is None else ns.min_np
+    ns.gloo_timeout = GLOO_TIMEOUT_S if ns.gloo_timeout is None else ns.gloo_timeout
     if program and not program[0].startswith("-"):
         raise UsageError("--elastic runs hvdkit.train: give its flags after '--', not a program")
     flags = list(program) + ([] if "--elastic" in program else ["--elastic"])
@@ -304,6 +315,9 @@ def _elastic(ns, program: list[str]) -> int:
     if ns.gloo_timeout < 1:
         raise UsageError(f"--gloo-timeout {ns.gloo_timeout}: must be at least 1 second")
     _, pairs = _env_args(ns.env, os.environ)   # NAME alone: in horovodrun's environment already
+    if cfg.timeline and "HOROVOD_TIMELINE" not in os.environ and "HOROVOD_TIMELINE" not in dict(pairs):
+        from hvdkit.timeline import horovod_timeline_path   # Horovod's own, next to the trace: set for every
+        pairs.append(("HOROVOD_TIMELINE", horovod_timeline_path(os.path.abspath(cfg.timeline))))   # hvd.init
     train = [sys.executable, "-m", "hvdkit.train", *flags]
     if ns.dry_run:
         script, ranks = os.path.join(cfg.output_dir, "discover_hosts.sh"), rank_command_path(cfg.output_dir)

@@ -22,7 +22,12 @@ the program): ``--timeline t.json`` was refused as "ambiguous option: --timeline
 ``--config-file``, and horovodrun keeps a ``--`` in the program (``env ... -- python``). ``--env NAME=VALUE`` goes into
 horovodrun's environment (the ``env`` prefix), which its elastic mode passes on to every rank it
 starts, then and after every re-form (``--env NAME`` is there already); the output directory
-is on a file system every host shares, so every host runs the same file.
+is on a file system every host shares, so every host runs the same file. horovodrun runs the
+discovery script through a shell, so its path is given shell-quoted (an output directory may hold
+spaces, quotes, ``$``). With ``--timeline PATH`` the launcher sets ``HOROVOD_TIMELINE`` there too
+(Horovod's own timeline, ``PATH`` -> ``PATH.horovod.json``, read by ``hvd.init``, which an elastic
+rank calls before hvdkit's strategy could set it); Horovod's coordinator opens that file again at
+every re-form, so it holds the final membership's events.
 
 Across hosts ``--network-interface`` is always given: without it horovodrun's elastic mode was
 seen to stall for minutes choosing one. hvdkit-launch chooses it as it chooses MPI's network
@@ -188,7 +193,7 @@ def elastic_command(binary: str, np_: int, min_np: int, max_np: int, script: str
     if not 1 <= min_np <= np_ <= max_np:
         raise UsageError(f"--elastic: need 1 <= --min-np ({min_np}) <= -np ({np_}) <= --max-np ({max_np})")
     return ["env", f"HOROVOD_GLOO_TIMEOUT_SECONDS={gloo_timeout}", *(f"{k}={v}" for k, v in env), binary,
-            "-np", str(np_), "--min-np", str(min_np), "--max-np", str(max_np), "--host-discovery-script", script,
+            "-np", str(np_), "--min-np", str(min_np), "--max-np", str(max_np), "--host-discovery-script", shlex.quote(script),
             *(["--network-interface", interface] if interface else []),
             "--blacklist-cooldown-range", str(COOLDOWN[0]), str(COOLDOWN[1]), *extra, rank_command]
 

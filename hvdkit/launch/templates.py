@@ -3,11 +3,15 @@
 
 The templates ship inside the package (``hvdkit/launch/jobs/``, package data) and are read
 with :mod:`importlib.resources`, so an installed hvdkit renders them without a checkout.
-A placeholder is a key in double braces, ``{{ nodes }}``.
+A placeholder is a key in double braces, ``{{ nodes }}``. Values are put in as given but for
+``venv``, a path of any characters, which the Slurm scripts get as one shell word
+(:func:`shlex.quote`); ``job_name``, which Slurm reads in ``#SBATCH`` lines and the scripts put in
+a default output path, is letters, digits, ``.``, ``_`` and ``-``.
 """
 from __future__ import annotations
 
 import re
+import shlex
 from importlib import resources
 from typing import Mapping
 
@@ -74,6 +78,11 @@ def template_values(name: str, overrides: Mapping[str, str] | None = None) -> di
         if not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", values["name"]):
             raise UsageError(f"--set name={values['name']}: a Kubernetes name is lower-case letters, digits "
                              f"and '-' (e.g. hvdkit-resnet)")
+    if "job_name" in values and not re.fullmatch(r"[A-Za-z0-9._-]+", values["job_name"]):
+        raise UsageError(f"--set job_name={values['job_name']}: Slurm reads it in #SBATCH lines and the script puts it "
+                         f"in a path; use letters, digits, '.', '_' and '-' (e.g. hvdkit-resnet)")
+    if "venv" in values:   # one shell word in the scripts (VENV=...), whatever the path holds
+        values["venv"] = shlex.quote(values["venv"])
     for k in _INT_KEYS & set(values):
         if not values[k].isdigit() or int(values[k]) < 1:
             raise UsageError(f"--set {k}={values[k]}: must be a positive integer")

@@ -107,7 +107,9 @@ def test_training_flags_never_reach_horovodruns_parser_and_env_reaches_its_envir
     ns, env = _horovodrun_parse(shlex.split(out.splitlines()[-1]), monkeypatch)
     assert ns.command == [str(out_dir / "rank_command.sh")] and not ns.verbose
     assert ns.num_proc == 2 and ns.min_num_proc == 1 and ns.max_num_proc == 2
-    assert env == {"HOROVOD_GLOO_TIMEOUT_SECONDS": "30", "FOO": "bar"}
+    # --timeline: Horovod's own timeline next to it, read by hvd.init in every rank
+    assert env == {"HOROVOD_GLOO_TIMEOUT_SECONDS": "30", "FOO": "bar",
+                   "HOROVOD_TIMELINE": os.path.abspath("t.horovod.json")}
 
     ran = {}   # without --dry-run: the files written, then horovodrun run (supervised) with that command and environment
     monkeypatch.setattr(cli, "run_job", lambda cmd, env, **kw: ran.update(exe=cmd[0], cmd=list(cmd), env=env)
