@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 from hvdkit import costs
 
-__all__ = ["Workload", "Cluster", "Options", "Prediction", "burst_seconds", "ring_time", "flat_ring_time",
+__all__ = ["Workload", "Cluster", "Options", "Prediction", "burst_seconds", "ring_time", "ring_inter_Bps", "flat_ring_time",
            "hierarchical_time", "ps_sync_time", "colocated_time", "overlapped_step", "straggler_factor",
            "async_throughput", "cpu_share", "split_fit", "server_serial_time", "closed_network_cycle"]
 
@@ -80,6 +80,10 @@ class Cluster:
         server_Bps: bytes per second a PS server host sums pushes and applies updates (CPU), default 5e9.
         shared_cores: None on a real cluster; on an emulated one (namespaces on one machine),
             the cores every rank shares: compute stretches by ranks / cores when ranks > cores.
+        ring_inter_fraction: the share of ``inter_Bps`` an allreduce ring (NCCL's) gets between hosts,
+            in (0, 1]: below 1 where its TCP socket transport joins hosts of several accelerators
+            (:func:`ring_inter_Bps`; :data:`hvdkit.advise.presets.NCCL_TCP_FRACTION`); 1 over RDMA, with
+            one rank per host, and for a rate probed with the transport itself.
     """
     hosts: int
     gpus_per_host: int
@@ -91,6 +95,7 @@ class Cluster:
     server_Bps: float = 5e9
     shared_cores: int | None = None
     name: str = ""
+    ring_inter_fraction: float = 1.0
 
     def __post_init__(self):
         if self.hosts < 1 or self.gpus_per_host < 1:
@@ -100,6 +105,8 @@ class Cluster:
                 raise ValueError(f"{f}={getattr(self, f)} must be > 0")
         if self.intra_latency_s < 0 or self.inter_latency_s < 0:
             raise ValueError("latencies must be >= 0")
+        if not 0 < self.ring_inter_fraction <= 1:
+            raise ValueError(f"ring_inter_fraction={self.ring_inter_fraction} must be in (0, 1]")
 
     @property
     def workers(self) -> int:
@@ -172,6 +179,19 @@ def ring_time(nbytes: float, ranks: int, link_Bps: float, latency_s: float = 0.0
     return costs.ring_allreduce_time(nbytes, ranks, link_Bps, latency_s) + (ranks - 1) / ranks * nbytes / reduce_Bps
 
 
+def ring_inter_Bps(cl: Cluster) -> float:
+    """Bytes per second an allreduce ring moves through each NIC, each direction: ``inter_Bps x
+    ring_inter_fraction``.
+
+    What a TCP transport delivers is not line rate. NCCL's socket transport moves a ring's bytes
+    through a few sockets per peer, and its bandwidth is the slowest socket's times their number (its
+    maintainer, NVIDIA/nccl-tests#83); between hosts of several GPUs the all-reduce bus bandwidth
+    published in NCCL's issue threads is about half the NIC's rate, with one GPU per host near line rate
+    (:data:`hvdkit.advise.published.NCCL_TCP`). Over RDMA the NIC moves the bytes (fraction 1).
+    """
+    return cl.inter_Bps * cl.ring_inter_fraction
+
+
 def flat_ring_time(nbytes: float, cl: Cluster) -> float:
     """One ring over all H x G ranks (Horovod/NCCL's default; hvdkit's ``ring``).
 
@@ -181,7 +201,7 @@ def flat_ring_time(nbytes: float, cl: Cluster) -> float:
     """
     if cl.hosts == 1:
         return ring_time(nbytes, cl.workers, cl.intra_Bps, cl.intra_latency_s, cl.reduce_Bps)
-    return ring_time(nbytes, cl.workers, min(cl.intra_Bps, cl.inter_Bps), cl.inter_latency_s, cl.reduce_Bps)
+    return ring_time(nbytes, cl.workers, min(cl.intra_Bps, ring_inter_Bps(cl)), cl.inter_latency_s, cl.reduce_Bps)
 
 
 def hierarchical_time(nbytes: float, cl: Cluster) -> float:
@@ -196,7 +216,7 @@ def hierarchical_time(nbytes: float, cl: Cluster) -> float:
     g, h = cl.gpus_per_host, cl.hosts
     intra = 0.0 if g == 1 else 2 * ((g - 1) * cl.intra_latency_s + (g - 1) / g * nbytes / cl.intra_Bps) \
         + (g - 1) / g * nbytes / cl.reduce_Bps
-    inter = 0.0 if h == 1 else (2 * (h - 1) * cl.inter_latency_s + 2 * (h - 1) / h * nbytes / cl.inter_Bps
+    inter = 0.0 if h == 1 else (2 * (h - 1) * cl.inter_latency_s + 2 * (h - 1) / h * nbytes / ring_inter_Bps(cl)
                                 + (h - 1) / h * nbytes / g / cl.reduce_Bps)
     return intra + inter
 

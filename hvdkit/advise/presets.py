@@ -31,11 +31,13 @@ from __future__ import annotations
 
 import json
 import re
+import statistics
 
 from hvdkit import costs
 from hvdkit.advise.model import Cluster
+from hvdkit.advise.published import NCCL_TCP
 
-__all__ = ["KNOWN_MODELS", "INTRA", "vgg16_tensors", "known_tensors", "parse_cluster", "cluster_from_json",
+__all__ = ["KNOWN_MODELS", "INTRA", "NCCL_TCP_FRACTION", "vgg16_tensors", "known_tensors", "parse_cluster", "cluster_from_json",
            "with_inter"]
 
 F32 = 4
@@ -71,6 +73,9 @@ INTRA: dict[str, tuple[float, float]] = {
 }
 TCP_LATENCY = 30e-6
 RDMA_LATENCY = 5e-6
+#: share of the NIC's line rate NCCL's ring gets over TCP between hosts of several GPUs: the median of the
+#: bus bandwidths NCCL's issue threads publish (:data:`hvdkit.advise.published.NCCL_TCP`)
+NCCL_TCP_FRACTION = statistics.median(r["busbw_gbit"] / r["line_gbit"] for r in NCCL_TCP)
 
 
 def known_tensors(name: str) -> tuple[int, ...]:
@@ -101,7 +106,9 @@ def parse_cluster(text: str, accelerator: str = "gpu") -> Cluster:
     """``"16x8:nvlink,25gbit"`` -> :class:`Cluster` (module docstring for the form).
 
     Defaults: INTRA ``nvlink`` for GPUs with G > 1 (``shm`` for ``accelerator="cpu"``), INTER
-    ``25gbit``, latency 30 us over TCP, 5 us with ``+rdma``. CPU accelerators reduce at 2e9 B/s.
+    ``25gbit``, latency 30 us over TCP, 5 us with ``+rdma``. CPU accelerators reduce at 2e9 B/s. GPU hosts
+    of G > 1 joined over TCP (no ``+rdma``) give an allreduce ring :data:`NCCL_TCP_FRACTION` of INTER
+    (:func:`hvdkit.advise.model.ring_inter_Bps`).
 
     Raises:
         ValueError: any other form (the message names the text).
@@ -133,7 +140,8 @@ def parse_cluster(text: str, accelerator: str = "gpu") -> Cluster:
     try:
         return Cluster(hosts=h, gpus_per_host=g, intra_Bps=intra_Bps, intra_latency_s=intra_lat,
                        inter_Bps=inter_Bps, inter_latency_s=lat,
-                       reduce_Bps=2e9 if accelerator == "cpu" else 1e11, name=text.strip())
+                       reduce_Bps=2e9 if accelerator == "cpu" else 1e11, name=text.strip(),
+                       ring_inter_fraction=NCCL_TCP_FRACTION if not rdma and g > 1 and accelerator != "cpu" else 1.0)
     except ValueError as e:
         raise ValueError(f"--cluster {text!r}: {e}") from None
 

@@ -16,7 +16,7 @@ model is judged on the held-out sources only.
 """
 from __future__ import annotations
 
-__all__ = ["SOURCES", "ROWS"]
+__all__ = ["SOURCES", "ROWS", "NCCL_TCP"]
 
 #: key -> title, where it is read, and its role (declared before fitting)
 SOURCES: dict[str, dict] = {
@@ -127,4 +127,26 @@ ROWS: list[dict] = [
        "hardware": "8 PowerEdge C4140 x 4 V100-PCIe, 100 Gb/s EDR InfiniBand; the framework's own synchronous "
                    "data parallelism (its collective is not named in the text read)", "transport": "rdma"}
       for fw, sp in (("MXNet", 29.4), ("TensorFlow", 22.0), ("Caffe2", 26.5))),
+]
+
+#: What NCCL's TCP socket transport moved between hosts of several GPUs, against the NIC's line rate:
+#: all-reduce bus bandwidth (one ring's bytes per second through each NIC, each direction) over the NIC's
+#: rate, as the issue threads print them. The one-GPU-per-host runs of the first thread came within 4%
+#: of line rate (30.6-31.4 of 32 Gbit/s); hosts of several GPUs got about half: NCCL's bandwidth is
+#: "the minimum speed of the sockets multiplied by the number of sockets" (its maintainer, nccl-tests#83).
+#: :data:`hvdkit.advise.presets.NCCL_TCP_FRACTION` is their median.
+NCCL_TCP: list[dict] = [
+    {"source": "NVIDIA/nccl issue #209, cswinter's comment of 2019-06-04 (GCP Results table)",
+     "quoted": "bus bandwidth 14.5, 14.8, 14.9 Gbit/s, 2 nodes x 8 GPUs",
+     "hardware": "GCP 32GbE instances, 8 GPUs each, NCCL 2.4.7 over TCP", "line_gbit": 32.0, "busbw_gbit": 14.8},
+    {"source": "NVIDIA/nccl issue #209, cswinter's comment of 2019-06-04 (GCP Results table)",
+     "quoted": "bus bandwidth 22.2, 22.4, 22.9 Gbit/s, 4 nodes x 8 GPUs",
+     "hardware": "GCP 32GbE instances, 8 GPUs each, NCCL 2.4.7 over TCP", "line_gbit": 32.0, "busbw_gbit": 22.4},
+    {"source": "NVIDIA/nccl issue #450, description (2021-01-05)",
+     "quoted": "the best performance (bus-bw) is between 4~6GB/s",
+     "hardware": "4 machines x 8 V100-32G, 100Gbps TCP network", "line_gbit": 100.0, "busbw_gbit": 40.0},
+    {"source": "NVIDIA/nccl-tests issue #83, description (2021-05-11)",
+     "quoted": "it maxed out at 1.7GBps (expected ~21 Gbps bidirectional, 25Gbps unidirectional)",
+     "hardware": "Azure VM scale set, 2 hosts x 4 GPUs (-np 8), TCP/IP 25 Gbit/s", "line_gbit": 25.0,
+     "busbw_gbit": 13.6},
 ]

@@ -81,3 +81,25 @@ def test_advise_defaults_to_the_overlap_the_row_itself_does(monkeypatch):
                                                                              Options(overlap=True)).step_s
     assert predict_variant("ring", wl, cl).step_s > forced      # the ring's own row does not overlap
     assert check.published_comparison() == before
+
+
+def test_a_ring_over_tcp_between_multi_gpu_hosts_gets_the_published_share_of_line_rate():
+    """NCCL's TCP socket transport between hosts of several GPUs: the ring's NIC rate is
+    NCCL_TCP_FRACTION of line rate (the median of the bus bandwidths NCCL's issue threads publish);
+    RDMA, one rank per host and CPU ranks keep line rate. Hand values."""
+    from hvdkit.advise.model import Cluster, flat_ring_time, hierarchical_time, ring_inter_Bps
+    # the published bus bandwidths over line rate: 14.8/32, 22.4/32, 40/100, 13.6/25 -> median 0.50325
+    assert abs(presets.NCCL_TCP_FRACTION - (14.8 / 32 + 13.6 / 25) / 2) < 1e-12
+    half = Cluster(hosts=2, gpus_per_host=4, intra_Bps=100e9, inter_Bps=1e9, intra_latency_s=0.0,
+                   inter_latency_s=0.0, reduce_Bps=float("inf"), ring_inter_fraction=0.5)
+    assert ring_inter_Bps(half) == 0.5e9
+    # flat ring of 8 ranks, 800 MB: 2 x 7/8 x 8e8 / 0.5e9 = 2.8 s
+    assert abs(flat_ring_time(8e8, half) - 2.8) < 1e-9
+    # hierarchical: intra 2 x 3/4 x 8e8 / 1e11 = 0.012 s; inter 2 x 1/2 x 8e8 / 0.5e9 = 1.6 s
+    assert abs(hierarchical_time(8e8, half) - 1.612) < 1e-9
+    tcp = presets.parse_cluster("8x8:nvlink,20gbit")
+    assert tcp.ring_inter_fraction == presets.NCCL_TCP_FRACTION
+    assert abs(ring_inter_Bps(tcp) - 20e9 / 8 * presets.NCCL_TCP_FRACTION) < 1e-3
+    for line in ("8x8:nvlink,100gbit+rdma", "8x1:pcie,20gbit", "4x1:shm,1gbit"):
+        assert presets.parse_cluster(line).ring_inter_fraction == 1.0, line
+    assert presets.parse_cluster("4x2:shm,1gbit", accelerator="cpu").ring_inter_fraction == 1.0
