@@ -214,6 +214,17 @@ def _cluster(a, hosts: int | None = None) -> Cluster:
         raise UsageError(str(e)) from None
 
 
+def _check_link_named(a, cl: Cluster) -> None:
+    """No figure from an assumed link: a ``--cluster HxG[:INTRA]`` that names no rate between its hosts
+    is refused where a prediction crosses hosts (H > 1, or ``--plot``'s host counts), unless
+    ``--calibrate`` measured it. Raises UsageError saying how to give the rate."""
+    if a.calibrate or not presets.with_inter(a.cluster, "1gbit") or (cl.hosts == 1 and not a.plot):
+        return
+    raise UsageError(f"--cluster {a.cluster}: names no rate for the link between hosts, and advise prices no "
+                     f"assumed link: name it (e.g. --cluster {presets.with_inter(a.cluster, '10gbit')}), give the "
+                     "cluster.json of `hvdkit cluster probe`, or --calibrate DIR")
+
+
 def _rate_Bps(label: str) -> float | None:
     """Bytes/s of a rate label (``"1gbit"``), None where it is none (a place named otherwise)."""
     try:
@@ -473,6 +484,7 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
         if a.calibrate and not cal:
             opt = _calibrated(a.calibrate, cl, opt, rows)
         wl = workload_from_args(a, meas)
+        _check_link_named(a, cl)
         preds = _dir_predictions(cal, wl, cl, opt, rows, a.calibrate) if cal else predict(wl, cl, opt, rows)
     except UsageError as e:
         print(f"hvdkit: error: {e}", file=sys.stderr)

@@ -106,15 +106,20 @@ def test_recommendation_markdown_is_golden():
 
 
 def test_cluster_for_fills_hosts_and_takes_the_probed_link():
-    place = _doc()["place"]
-    cl = advised.cluster_for(place, 2, cores=8)
+    doc = _doc()
+    place = doc["place"]
+    cl = advised.cluster_for(place, 2, cores=8, link=advised.link_of(doc))
     assert (cl.hosts, cl.gpus_per_host, cl.shared_cores) == (2, 1, 8)
     assert cl.inter_Bps == pytest.approx(0.92e9 / 8) and cl.inter_latency_s == pytest.approx(0.11e-3 / 2)
     two_slot = {"kind": "hosts", "hosts": [{"name": "a", "slots": 2, "gpus": 2}, {"name": "b", "slots": 2, "gpus": 2}],
                 "links": []}
-    cl = advised.cluster_for(two_slot, 4, cores=8, factor=2)
+    assert advised.link_of({"place": two_slot}) is None
+    assert advised.cluster_for(two_slot, 4, cores=8, factor=2) is None     # no link: nothing across hosts
+    assert advised.cluster_for(two_slot, 2, cores=8).hosts == 1             # one host: shared memory only
+    given = advised.parse_link("25gbit,5us")
+    cl = advised.cluster_for(two_slot, 4, cores=8, factor=2, link=advised.link_of({"place": two_slot}, given))
     assert (cl.hosts, cl.gpus_per_host, cl.shared_cores) == (4, 2, None)
-    assert cl.inter_Bps == advised.ASSUMED_LINK[0]      # no probe: the assumed link, said in the report
+    assert (cl.inter_Bps, cl.inter_latency_s) == pytest.approx((25e9 / 8, 5e-6))
     local = advised.cluster_for({"kind": "local", "hosts": [{"name": "me", "slots": 2}]}, 4, cores=2)
     assert (local.hosts, local.gpus_per_host, local.shared_cores) == (1, 4, 2)
 
@@ -147,7 +152,7 @@ def test_predictions_and_calibrated_projection():
     q = proj[("cnn", "horovod")]
     assert q["workers"] == 4 and q["calibration"] == pytest.approx(1500 / p["predicted_sps"])
     assert [pt["workers"] for pt in q["points"]] == [8, 16]
-    cl8 = advised.cluster_for(doc["place"], 4, 8, factor=2)
+    cl8 = advised.cluster_for(doc["place"], 4, 8, factor=2, link=advised.link_of(doc))
     raw = advised.advise_variant("horovod", "horovod", "replicas", 0, wl, cl8).samples_per_s
     pt = q["points"][0]
     assert pt["samples_per_s"]["median"] == pytest.approx(raw * q["calibration"])
@@ -279,7 +284,10 @@ def test_missing_figures_print_as_dashes():
                  time_to_target_s={"median": None, "min": None, "max": None} if s["model"] == "cnn" else None)
     from hvdkit.bench.report.writer import build_report
     md = build_report(doc).markdown()
-    assert "| horovod | 4 | 4 | 3 | 1500 [1450-1550] | - | - | - | - |" in md
+    assert "| horovod | 4 | 4 | 3 | 1500 [1450-1550] | - |\n" in md      # no prediction: no advise columns
+    assert md.count(advised.NO_LINK) == 2                              # no link: throughput and projection say so
+    md = build_report(doc, link=advised.parse_link("1gbit")).markdown()
+    assert "| horovod | 4 | 4 | 3 | 1500 [1450-1550] | - |\n" in md and advised.NO_LINK not in md
     assert "No cell has a prediction to calibrate: no projection." in md
     assert "## Convergence" not in md and "**Recommended: horovod**" in md
 

@@ -1,6 +1,7 @@
 """``hvdkit-bench report DIR``: the decision report of a training benchmark's results directory.
 
     hvdkit-bench report results/mine            # = python -m hvdkit.bench.report results/mine
+    hvdkit-bench report results/mine --link 10gbit,30us   # the hosts' link, where it was not probed
 
 Reads ``DIR/training.json`` (``hvdkit-bench training --out-dir DIR``) and every
 ``DIR/collectives*.json`` (``hvdkit-bench collectives ... --json``), and writes
@@ -13,6 +14,12 @@ report-*.png           its figures
 report.html            the same in one self-contained page (figures embedded, no script, no
                        network access): open it from disk
 =====================  ===========================================================================
+
+hvdkit advise's predictions for cells across hosts, and the projection, are priced only on a link
+that was measured (the benchmark's probe, recorded in training.json's ``place.links``) or given
+(``--link``); without either the report leaves them out and says so in one line. A projection is
+drawn only where the largest measured cell's measured and predicted samples/s agree within 1.5x;
+otherwise the report names the term of the step the model fails to explain.
 
 Exit status: 0 written; 2 bad input (no DIR, no training.json, not its JSON); 74 a file
 could not be written.
@@ -35,6 +42,10 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     p = Parser(prog=prog, description="The decision report of a training benchmark's results directory.",
                epilog=__doc__.split("\n\n", 1)[1])
     p.add_argument("dir", metavar="DIR", help="the results directory holding training.json")
+    p.add_argument("--link", metavar="RATE[,LATENCY]",
+                   help="the link between the hosts (e.g. 10gbit or 25gbit,30us; latency default 30us) for hvdkit "
+                        "advise's predictions and projection, in place of the probed links (default: the probed "
+                        "links; none probed: no prediction across hosts)")
     return p
 
 
@@ -45,9 +56,14 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
         a = build_parser(prog).parse_args(argv)
     except UsageError as e:
         return print_error(prog, e)
+    from hvdkit.advise.training import parse_link
     from hvdkit.bench.report.writer import write_report
     try:
-        paths = write_report(a.dir)
+        try:
+            link = parse_link(a.link) if a.link is not None else None
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+        paths = write_report(a.dir, link)
     except UsageError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2

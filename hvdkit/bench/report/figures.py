@@ -182,7 +182,8 @@ def scaling_figure(summary: Sequence[Mapping], projections: Sequence[Mapping] = 
             ax.set_xscale("log", base=2)
             ax.set_xticks(sorted(xs_all), [str(x) for x in sorted(xs_all)])
             ax.minorticks_off()
-            ax.set_xlabel("workers N (dashed, open: projected by hvdkit advise, calibrated)")
+            ax.set_xlabel("workers N" + (" (dashed, open: projected by hvdkit advise, calibrated)"
+                                         if any(p["points"] for p in projections) else ""))
             ax.grid(True, alpha=0.3)
             if ax.get_legend_handles_labels()[0]:
                 ax.legend(fontsize=8)

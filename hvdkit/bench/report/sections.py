@@ -181,12 +181,17 @@ def _rounds(c: Mapping) -> str:
     return f"{n} (+{c['failed']} failed)" if c.get("failed") else n
 
 
-def throughput_section(doc: Mapping, preds: Sequence[dict], figure=None) -> list:
+def throughput_section(doc: Mapping, preds: Sequence[dict], figure=None, link: tuple | None = None) -> list:
     """Per model: samples/s and scaling efficiency per variant and worker count, the advisor's
-    samples/s for the same cell and its error (predicted / measured - 1)."""
+    samples/s for the same cell and its error (predicted / measured - 1); without a link between hosts
+    (:func:`hvdkit.advise.training.link_of`, ``link``: ``--link``) the one line saying how to get the
+    predictions, and no advise columns where no cell has one."""
     pred = {cell_key(p["cell"]): p for p in preds}
+    advise = any(p.get("predicted_sps") is not None for p in preds)
     strag = _stragglers(doc)
     blocks: list = [Heading("Throughput and scaling")]
+    if advised.link_of(doc, link) is None:
+        blocks.append(Paragraph(advised.NO_LINK))
     cells = _status_cells(doc)
     why = causes(doc)
     for model in dict.fromkeys(c["model"] for c in cells):
@@ -209,16 +214,17 @@ def throughput_section(doc: Mapping, preds: Sequence[dict], figure=None) -> list
                 cause = c.get("reason") if status == "SKIPPED" else why.get(cell_key(c))
                 sps, eff = f"{status}: {cause}" if cause else status, "-"
             rows.append(([c.get("straggler", "none")] if strag else [])
-                        + [c["variant"], str(c["workers"]), str(c.get("ranks", "-")), _rounds(c), sps, eff,
-                           "-" if p.get("predicted_sps") is None else
-                           f"{p['predicted_sps']:.0f}" + ("" if p.get("calibrated") else " *"),
-                           pct(p.get("error")), p.get("limiting") or "-"])
-        head = (["straggler"] if strag else []) + ["variant", "workers", "ranks", "rounds", "samples/s", "efficiency",
-                                                   "advise samples/s", "advise error", "advise: limited by"]
-        blocks.append(Table(head, rows, ("l" if strag else "") + "lrrrrrrrl",
-                            f"**{model}**: median [min-max] over the OK rounds; advise error = predicted / "
-                            "measured - 1; advise calibrated by this directory's collectives at 2 hosts and "
-                            "one-worker steps (`hvdkit advise --calibrate DIR`), * from the formulas alone"
+                        + [c["variant"], str(c["workers"]), str(c.get("ranks", "-")), _rounds(c), sps, eff]
+                        + (["-" if p.get("predicted_sps") is None else
+                            f"{p['predicted_sps']:.0f}" + ("" if p.get("calibrated") else " *"),
+                            pct(p.get("error")), p.get("limiting") or "-"] if advise else []))
+        head = (["straggler"] if strag else []) + ["variant", "workers", "ranks", "rounds", "samples/s", "efficiency"] \
+            + (["advise samples/s", "advise error", "advise: limited by"] if advise else [])
+        blocks.append(Table(head, rows, ("l" if strag else "") + ("lrrrrrrrl" if advise else "lrrrrr"),
+                            f"**{model}**: median [min-max] over the OK rounds"
+                            + ("; advise error = predicted / measured - 1; advise calibrated by this directory's "
+                               "collectives at 2 hosts and one-worker steps (`hvdkit advise --calibrate DIR`), * from "
+                               "the formulas alone" if advise else "")
                             + ("; efficiency of a straggler cell: against the variant's 1-worker cell "
                                "without a straggler" if strag else "")))
         if notes:
@@ -309,26 +315,40 @@ def convergence_section(doc: Mapping, figure=None) -> list:
     return blocks
 
 
-def projection_section(doc: Mapping, projs: Sequence[dict]) -> list:
-    """The advisor's projection to 2x and 4x the hosts, calibrated by the measurement."""
-    blocks: list = [Heading("Projection to 2x and 4x the hosts"), Paragraph("Method: " + advised.PROJECTION_METHOD
-                                                                            + ".", "note")]
-    place = doc.get("place") or {}
-    if not [lk for lk in place.get("links") or [] if lk.get("rate_bps")]:
-        blocks.append(Paragraph(f"Inter-host link: {advised.ASSUMED_LINK[2]}."))
+def projection_section(doc: Mapping, projs: Sequence[dict], link: tuple | None = None) -> list:
+    """The advisor's projection to 2x and 4x the hosts, calibrated by the measurement, where the
+    measured and predicted samples/s of the largest measured cell agree within
+    :data:`hvdkit.advise.training.AGREEMENT`; otherwise the term of the step the model fails to explain;
+    without a link between hosts (measured, or ``link``: ``--link``) only the line saying how to get it."""
+    blocks: list = [Heading("Projection to 2x and 4x the hosts")]
+    lk = advised.link_of(doc, link)
+    if lk is None:
+        return blocks + [Paragraph(advised.NO_LINK)]
+    blocks += [Paragraph("Method: " + advised.PROJECTION_METHOD + ".", "note"),
+               Paragraph(f"Inter-host link: {lk[2]}.")]
     meas = {cell_key(c): c for c in measured_cells(doc)}
-    rows = []
+    rows, refused = [], []
     for p in projs:
         c = meas.get((primary_measure(doc), p["model"], p["variant"], p["workers"], p.get("straggler", "none")))
+        where = (f"{p['model']} {p['variant']} at {p['workers']} worker{'s' * (p['workers'] != 1)}"
+                 + ("" if p.get("straggler", "none") == "none" else f", straggler {p['straggler']}"))
+        if p.get("refused"):
+            refused.append(f"{where}: not projected: measured / predicted samples/s = {p['calibration']:.2f}, beyond "
+                           f"{advised.AGREEMENT:g}x either way; the model does not explain this cluster's "
+                           f"{p['refused']}")
         for q in p["points"]:
             rows.append([p["model"], p["variant"], f"{p['workers']}: {interval_text(c['samples_per_s']) if c else '-'}",
                          f"{p['calibration']:.2f}", f"{q['factor']}x = {q['hosts']}", str(q["workers"]),
                          interval_text(q["samples_per_s"]), interval_text(q["efficiency"], 2), q["limiting"]])
-    if not rows:
-        return blocks + [Paragraph("No cell has a prediction to calibrate: no projection.")]
-    return blocks + [Table(["model", "variant", "measured: N, samples/s", "calibration", "hosts", "workers",
-                            "samples/s", "efficiency", "advise: limited by"], rows, "llrrrrrrl",
-                           "projected; calibration = measured / predicted samples/s at N")]
+    if rows:
+        blocks.append(Table(["model", "variant", "measured: N, samples/s", "calibration", "hosts", "workers",
+                             "samples/s", "efficiency", "advise: limited by"], rows, "llrrrrrrl",
+                            "projected; calibration = measured / predicted samples/s at N"))
+    if refused:
+        blocks.append(Bullets(refused))
+    if not rows and not refused:
+        blocks.append(Paragraph("No cell has a prediction to calibrate: no projection."))
+    return blocks
 
 
 def failures_section(doc: Mapping) -> list:

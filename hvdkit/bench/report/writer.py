@@ -50,13 +50,16 @@ def _figure(name: str, fig, caption: str) -> list:
     return [Figure(name, png_bytes(fig), caption)]
 
 
-def build_report(training: Mapping, collectives: Sequence[tuple[str, Mapping]] = (), calibration=None) -> Document:
+def build_report(training: Mapping, collectives: Sequence[tuple[str, Mapping]] = (), calibration=None,
+                 link: tuple | None = None) -> Document:
     """The whole report as a :class:`~hvdkit.bench.report.document.Document` (figures rendered);
-    ``calibration``: :func:`hvdkit.advise.training.calibration_of` the results directory (None: formulas)."""
+    ``calibration``: :func:`hvdkit.advise.training.calibration_of` the results directory (None: formulas);
+    ``link``: the link between hosts the user gave (:func:`hvdkit.advise.training.parse_link` of ``--link``;
+    None: the probed links, and without those no prediction across hosts and no projection)."""
     from hvdkit.bench.report import figures   # matplotlib: only when a report is drawn
 
-    preds = advised.predictions(training, calibration)
-    projs = advised.projections(training, preds)
+    preds = advised.predictions(training, calibration, link)
+    projs = advised.projections(training, preds, link)
     meta = training.get("meta") or {}
     doc = Document("Which strategy trains fastest on this cluster")
     doc.add(Paragraph(f"From `training.json` of {meta.get('date', '?')} on {meta.get('host', '?')}; "
@@ -67,8 +70,8 @@ def build_report(training: Mapping, collectives: Sequence[tuple[str, Mapping]] =
     summary = [s for s in training.get("summary", []) if measure_of(s) == primary]
     scaling = _figure("report-scaling.png", figures.scaling_figure(summary, projs),
                       "samples/s and scaling efficiency per variant (bars: min-max over rounds; dotted and other "
-                      "styles: with a straggler); dashed with open markers: the calibrated projection to 2x and 4x "
-                      "the hosts")
+                      "styles: with a straggler)" + ("; dashed with open markers: the calibrated projection to 2x "
+                                                     "and 4x the hosts" if any(p["points"] for p in projs) else ""))
     split = _figure("report-split.png", figures.split_figure(summary),
                     "median milliseconds per step: compute, communication, wait, data")
     acc = _figure("report-accuracy.png", figures.accuracy_figure(training.get("rows", []),
@@ -79,26 +82,27 @@ def build_report(training: Mapping, collectives: Sequence[tuple[str, Mapping]] =
                    "collectives: busbw vs message size") if collectives else []
     doc.add(*sections.recommendation_section(training, preds))
     doc.add(*sections.cluster_section(training))
-    doc.add(*sections.throughput_section(training, preds, *scaling))
+    doc.add(*sections.throughput_section(training, preds, *scaling, link=link))
     doc.add(*sections.split_section(training, *split))
     doc.add(*sections.convergence_section(training, *acc))
-    doc.add(*sections.projection_section(training, projs))
+    doc.add(*sections.projection_section(training, projs, link))
     doc.add(*sections.collectives_section(collectives, *coll))
     doc.add(*sections.failures_section(training))
     doc.add(*sections.method_section(training))
     return doc
 
 
-def write_report(out_dir: str) -> list[str]:
+def write_report(out_dir: str, link: tuple | None = None) -> list[str]:
     """Write ``report.md`` (with its ``report-*.png`` next to it) and the self-contained
     ``report.html`` into ``out_dir``; returns the paths written, report.md and report.html first.
+    ``link``: :func:`build_report`'s.
 
     Raises:
         UsageError: bad inputs (:func:`load_inputs`).
         hvdkit.errors.OutputError: a file could not be written (names the path).
     """
     training, colls = load_inputs(out_dir)
-    doc = build_report(training, colls, advised.calibration_of(out_dir))
+    doc = build_report(training, colls, advised.calibration_of(out_dir), link)
     md, page = os.path.join(out_dir, "report.md"), os.path.join(out_dir, "report.html")
     atomic_write(md, doc.markdown().encode("utf-8"))
     atomic_write(page, doc.html().encode("utf-8"))
