@@ -154,6 +154,8 @@ def test_elastic_run_on_the_trainers_preparation_survives_losing_rank_0(tmp_path
     step_spans = [e for e in doc["traceEvents"] if e.get("cat") == "step"]
     assert {e["pid"] for e in step_spans} == {0, 1}
     assert f"timeline: {trace}" in text
+    with open(out / "t.horovod.json") as fh:   # Horovod's own, set by the launcher: the final membership's
+        assert "ALLREDUCE" in fh.read()
     assert not np.isnan(res["final"]["eval_accuracy"])
 
 
