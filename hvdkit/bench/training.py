@@ -512,7 +512,9 @@ def run(a, s: Settings, cells: Sequence[Cell], out: str, place, *, argv: Sequenc
     skipped = [{**x, "measure": a.measure} for x in skipped]
     other_skipped = [x for x in (doc_before or {}).get("skipped") or [] if x.get("measure") != a.measure]
     todo = schedule(runnable, a.repeats, [_row_key(r) for r in kept])
-    desc = place.describe()
+    from hvdkit.bench.link_probe import with_links
+
+    desc = with_links(place, place.describe(), log)   # real hosts: one pair and the ring, before any job
     link = _link_Bps(desc)
     meta_before = (doc_before or {}).get("meta") or {}
     measures = dict(meta_before.get("measures") or {}, **{a.measure: {**_settings_dict(s), "hvdkit_env": env}})
