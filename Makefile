@@ -12,12 +12,12 @@ NP ?= 4
 # emulated-cluster cases in one process, alone on the machine (one cluster exists at a time, and
 # their timing-bound cases failed beside the other workers' jobs when both parts ran together); the
 # quick tier (not slow, no cluster) on two workers. WORKERS= (empty) runs the first part in one process.
-# Cases marked gpu_build (a GPU image's build) are deselected by both.
+# Cases marked gpu_build (a GPU image's build) or image (the container image's) are deselected by both.
 WORKERS ?= -n 2 --dist loadgroup
 QUICK_WORKERS ?= -n 2 --dist loadgroup
-DESELECT := not gpu_build
+DESELECT := not gpu_build and not image
 
-.PHONY: setup train test test-quick clean
+.PHONY: setup train test test-quick clean image
 
 setup:
 	bash launch/install.sh
@@ -32,6 +32,13 @@ test: setup
 
 test-quick: setup
 	$(PY) -m pytest -ra $(QUICK_WORKERS) -m "not slow and not cluster and $(DESELECT)" tests
+
+# make image: the CPU image on Debian 12 (hvdkit:cpu-bookworm); DEBIAN=trixie for Debian 13, DEBIAN=gpu for
+# Dockerfile.gpu. docker where its engine runs, else podman; the base from debootstrap where none can be
+# pulled (launch/image.sh, docs/install.md#the-container-images)
+DEBIAN ?= bookworm
+image:
+	bash launch/image.sh $(DEBIAN)
 
 clean:
 	rm -rf runs results .pytest_cache

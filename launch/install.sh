@@ -89,6 +89,7 @@ say "stack $STACK ($(basename "$REQS")) on $("$PYTHON" --version 2>&1) ($(comman
 # 1. OS packages ------------------------------------------------------------------------
 # a Debian/Ubuntu system Python needs its venv (ensurepip) and dev (Python.h, for Horovod) packages
 [[ "$(readlink -f "$(command -v "$PYTHON")")" == /usr/bin/python3* ]] && OS_PACKAGES+=("python$pyver-venv" "python$pyver-dev")
+[[ -z "$HOROVOD_PATCH" ]] || OS_PACKAGES+=(patch)   # a patched Horovod (a fresh Debian 13 has no patch)
 missing=()
 for p in "${OS_PACKAGES[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
