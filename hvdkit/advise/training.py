@@ -46,9 +46,9 @@ __all__ = ["advise_variant", "calibrated", "calibration_of", "workload_for", "cl
            "PREDICTION_METHOD", "FACTORS", "cores_of"]
 
 #: the one line said instead of the predictions and projections where no link between hosts was measured or given
-NO_LINK = ("No prediction or projection across hosts: no link between them was measured; give its rate "
-           "(`hvdkit bench report DIR --link RATE[,LATENCY]`, e.g. `--link 10gbit,30us`) or run the benchmark "
-           "on a place whose links it probes (`--emulated`).")
+NO_LINK = ("No prediction or projection across hosts: no link between them was measured (the training "
+           "benchmark's log says why its probe failed); give its rate: `hvdkit bench report DIR --link "
+           "RATE[,LATENCY]`, e.g. `--link 10gbit,30us`.")
 #: a projection scales the advisor's curve by measured / predicted at the largest measured cell; beyond this
 #: factor either way the model does not explain that cell (a term of the step is priced wrong), and scaling its
 #: curve would draw some other cluster's: the report names the failing term instead
