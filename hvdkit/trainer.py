@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from hvdkit import results as R, watchdog
+from hvdkit import dirlock, results as R, watchdog
 from hvdkit.checkpoints import CHECKPOINT, refuse_rerun
 from hvdkit.comm import StopFlag, World, agree, agree_alone, bcast_arrays, log0, set_world, world as get_world
 from hvdkit.config import Config, warmup_steps
@@ -54,8 +54,9 @@ def prepare_outputs(cfg: Config) -> str:
     created and must be writable (a file is created and removed in each); the files written
     there (:data:`OUTPUT_FILES`, and :data:`CHECKPOINT` with ``--checkpoint``) must not be
     directories; ``--export-weights PATH`` must not be a directory, and its directory is
-    created and must be writable. With ``--resume`` the checkpoint must exist (checked first:
-    nothing is created for a mistyped directory); without it, a checkpoint already there is
+    created and must be writable, and this process holds it (:func:`hvdkit.dirlock.hold`: a second
+    run into it is refused, naming the first's pid and host). With ``--resume`` the checkpoint must
+    exist (checked first: nothing is created for a mistyped directory); without it, a checkpoint already there is
     refused (:func:`hvdkit.checkpoints.refuse_rerun`: a rerun never replaces one silently) unless
     ``--overwrite`` (:func:`prepare` deletes it once every set-up check has passed, so that no
     restart resumes it). Under an elastic
@@ -65,7 +66,8 @@ def prepare_outputs(cfg: Config) -> str:
     Raises:
         UsageError: one line naming the flag, the path and the cause (a file where a
             directory is needed, or the reverse; a directory that cannot be created or written;
-            a checkpoint there without ``--resume`` or ``--overwrite``).
+            a checkpoint there without ``--resume`` or ``--overwrite``; another live run holding the
+            directory: :class:`hvdkit.dirlock.DirectoryInUse`).
     """
     name = cfg.output_dir or os.path.join("runs", f"{datetime.now():%Y%m%d-%H%M%S}-{cfg.strategy}")
     label = f"--output-dir {name}" if cfg.output_dir else f"the output directory {name}"
@@ -74,9 +76,11 @@ def prepare_outputs(cfg: Config) -> str:
         ckpt = os.path.join(name, CHECKPOINT)
         if not os.path.isfile(ckpt):
             raise UsageError(f"--resume: no checkpoint at {ckpt}" + (" (a directory)" if os.path.isdir(ckpt) else ""))
-    elif not cfg.overwrite and not joining:
-        refuse_rerun(os.path.join(name, CHECKPOINT), label)
     R.make_writable_dir(name, label)   # --overwrite: the old checkpoint goes once set-up has passed (prepare)
+    if not joining:   # one owner per directory, before anything in it is touched (an elastic job: hvdkit-launch's)
+        dirlock.hold(name, label)
+    if not cfg.resume and not cfg.overwrite and not joining:
+        refuse_rerun(os.path.join(name, CHECKPOINT), label)
     for f in os.listdir(name) if not joining else ():   # a write cut short by a kill (atomic_write's temporary
         if f.startswith(R.TMP_PREFIX) and os.path.isfile(os.path.join(name, f)):   # file): space to free
             os.remove(os.path.join(name, f))

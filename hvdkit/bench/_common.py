@@ -5,6 +5,14 @@ The drivers (:mod:`hvdkit.bench.training`, :mod:`hvdkit.bench.suite`) run WITHOU
 which puts the job in its own process group and kills the whole group (mpirun and every
 rank) when the hard timeout expires, so a hang costs one row, never the run.
 
+The driver's death ends its jobs, as ``hvdkit-launch``'s ends its own (:mod:`hvdkit.launch.supervise`):
+under :func:`ending_signals` SIGINT, SIGTERM and SIGHUP raise :class:`DriverSignal` in the driver, and
+:func:`launch` ends the running job's session (SIGTERM, SIGKILL 5 s later) before it propagates; a
+driver killed outright (SIGKILL) ends it too, through the parent-death signal of the job's MPI
+launcher (:func:`hvdkit.lifecycle.preexec_die_with_parent`) and the job's reaper
+(:func:`hvdkit.launch.reaper.start`). mpirun ends the ranks on other hosts (their ``orted``
+exits with it, and every rank of ``hvdkit.train`` dies with its ``orted``).
+
 Tables follow nccl-tests: ``#`` metadata lines, then a ``#`` header row and a ``#`` units
 row, then one whitespace-separated data row per measurement (no value contains a space;
 a missing value is ``-``), ``#`` summary lines, and a last line ``OK`` or ``FAILED``
@@ -21,17 +29,20 @@ import socket
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
 from hvdkit.errors import UsageError
-from hvdkit.launch import local_command
+from hvdkit.launch import local_command, reaper
+from hvdkit.launch.supervise import ENDING
+from hvdkit.lifecycle import preexec_die_with_parent
 from hvdkit.results import make_writable_dir
 
-__all__ = ["Job", "mpirun_cmd", "cluster_mpirun_cmd", "launch", "load_results", "quartiles", "paired_ratio_ci", "format_table",
+__all__ = ["Job", "DriverSignal", "ending_signals", "mpirun_cmd", "cluster_mpirun_cmd", "launch", "load_results", "quartiles", "paired_ratio_ci", "format_table",
            "parse_table", "host_meta", "boot_id", "meta_lines", "emit", "fmt", "log", "check_outputs"]
 
 
@@ -78,6 +89,44 @@ class Job:
             return f"timed out after {self.seconds:.0f}s"
         tail = [ln for ln in self.output.strip().splitlines() if ln.strip()][-3:]
         return f"exit {self.returncode}: " + " | ".join(t.strip()[:160] for t in tail)
+
+
+class DriverSignal(KeyboardInterrupt):
+    """The driver received an ending signal (SIGINT, SIGTERM, SIGHUP: :data:`hvdkit.launch.supervise.ENDING`)
+    under :func:`ending_signals`. A KeyboardInterrupt, so that no ``except Exception`` holds it up on its
+    way out of :func:`launch` (which ends the running job first).
+
+    Attributes:
+        signum: the signal's number; the driver's exit status is 128 + ``signum``.
+    """
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+    @property
+    def status(self) -> int:
+        return 128 + self.signum
+
+
+@contextmanager
+def ending_signals() -> Iterator[None]:
+    """While inside, the first SIGINT, SIGTERM or SIGHUP raises :class:`DriverSignal` in the main
+    thread (later ones are ignored: the job is being ended); the old handlers come back at the end.
+    Call it from the main thread."""
+    got: list[int] = []
+
+    def on_signal(signum, _frame):
+        if not got:
+            got.append(signum)
+            raise DriverSignal(signum)
+
+    old = {s: signal.signal(s, on_signal) for s in sorted(ENDING)}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
 
 
 def cluster_mpirun_cmd(np_: int, program: Sequence[str], hosts: str, *, mpi_args: Sequence[str] = (),
@@ -153,7 +202,9 @@ def launch(cmd: Sequence[str], timeout: float, log_path: str | None = None) -> J
     """Run ``cmd`` in its own process group with a hard ``timeout`` (seconds).
 
     On timeout the whole group (mpirun and every rank) gets SIGTERM, then SIGKILL 5 s
-    later; so does an interrupt of the caller (KeyboardInterrupt, re-raised). The combined output is
+    later; so does an interrupt of the caller (KeyboardInterrupt, :class:`DriverSignal`, re-raised).
+    If the caller dies (SIGKILL too), the MPI launcher gets SIGTERM (its parent-death signal) and
+    the job's reaper ends every process of its session (:mod:`hvdkit.launch.reaper`). The combined output is
     also written to ``log_path`` when given. The job runs in
     this process's working directory and environment (plus ``TF_CPP_MIN_LOG_LEVEL=2`` unless
     set, and this interpreter's bin/ first on PATH), so its ranks import the same hvdkit and
@@ -163,8 +214,16 @@ def launch(cmd: Sequence[str], timeout: float, log_path: str | None = None) -> J
         A :class:`Job`; ``returncode`` is None when the timeout killed it.
     """
     t0 = time.monotonic()
-    p = subprocess.Popen(list(cmd), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env(),
-                         start_new_session=True)
+    guard = reaper.start(name="hvdkit bench")
+    try:
+        p = subprocess.Popen(list(cmd), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env(),
+                             start_new_session=True, preexec_fn=preexec_die_with_parent())
+    except BaseException:
+        if guard:
+            guard.finish()
+        raise
+    if guard:
+        guard.watch(p.pid)   # a session leader: its pid is the session's id
     try:
         out, _ = p.communicate(timeout=timeout)
         rc = p.returncode
@@ -175,6 +234,9 @@ def launch(cmd: Sequence[str], timeout: float, log_path: str | None = None) -> J
     except BaseException:   # Ctrl-C / SIGTERM of the driver: the job's own session would outlive it
         _end_group(p)
         raise
+    finally:
+        if guard:   # ends what the job left running (nothing, after a clean end)
+            guard.finish()
     job = Job(list(cmd), rc, time.monotonic() - t0, out or "")
     if log_path:
         os.makedirs(os.path.dirname(os.path.abspath(log_path)), exist_ok=True)

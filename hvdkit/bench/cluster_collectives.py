@@ -446,6 +446,13 @@ def main(argv: list[str] | None = None, prog: str = "python -m hvdkit.bench.clus
             return 2
     out = a.out_dir or os.path.join("results", f"cluster-{datetime.now():%Y-%m-%d-%H%M%S}")
     os.makedirs(out, exist_ok=True)
+    from hvdkit.dirlock import hold
+
+    try:
+        hold(out, f"--out-dir {out}")   # one owner per directory (hvdkit.dirlock), before any launch
+    except UsageError as e:
+        print(f"hvdkit: error: {e}", file=sys.stderr)
+        return 2
     if a.merge:
         try:
             merged = _merged(a.merge)

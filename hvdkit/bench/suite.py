@@ -35,8 +35,11 @@ suite killed halfway loses only the job that was running; give the place flags o
 again (another place than the one recorded is refused: :func:`hvdkit.bench.places.check_resume_place`).
 Progress on stderr.
 
-Exit status 0 when every step that ran succeeded, 1 when a step or a job failed, 2 on bad input
-(a flag, a place that does not answer).
+Exit status 0 when every step that ran succeeded, 1 when a step or a job failed or no step measured
+anything (one line: "nothing was measured" and why), 2 on bad input (a flag, a place that does not
+answer, a directory another live run holds: :mod:`hvdkit.dirlock`, so ``--resume`` of a suite still
+going is refused), 128 + N on signal N (SIGTERM 143, SIGHUP 129, SIGINT 130: the running job is
+ended, on every host).
 """
 from __future__ import annotations
 
@@ -51,7 +54,8 @@ from typing import Any
 
 import numpy as np
 
-from hvdkit.bench._common import fmt, host_meta, launch, log
+from hvdkit import dirlock
+from hvdkit.bench._common import DriverSignal, ending_signals, fmt, host_meta, launch, log
 from hvdkit.cliparse import Parser, print_error
 from hvdkit.errors import UsageError
 from hvdkit.results import write_json
@@ -230,8 +234,13 @@ def _training(s: _Suite, place, a, measure: str, extra: str, share_until: float)
     except UsageError as e:
         s.record(name, "FAILED", time.monotonic() - t, [], f"{training.PROG}: {e}")
         return
+    doc = _load(os.path.join(s.out, "training.json")) or {}
+    rows = doc.get("rows") or []
+    n_ok = sum(1 for r in rows if r.get("measure", "throughput") == measure and r.get("status") == "OK")
     s.record(name, "OK" if rc == 0 else "FAILED", time.monotonic() - t, ["training.json", f"{name}.txt"],
-             None if rc == 0 else "a job failed (its FAILED row in training.json says why)")
+             None if rc == 0 else "a job failed (its FAILED row in training.json says why)" if n_ok
+             else (training.nothing_measured(doc, measure) or "").replace("nothing was measured: ", "", 1))
+    s.steps[-1]["measured"] = n_ok
 
 
 def _report(s: _Suite) -> None:
@@ -272,9 +281,21 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
                                or ((_load(os.path.join(out, "suite.json")) or {}).get("meta") or {}).get("place"),
                                place, out)
         os.makedirs(out, exist_ok=True)
+        dirlock.hold(out, f"--resume {a.resume}" if a.resume else f"--out-dir {out}")   # before any job
     except UsageError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2
+    try:
+        with ending_signals():
+            return _run(a, out, place, nps, skip, argv)
+    except KeyboardInterrupt as e:   # DriverSignal too (SIGTERM, SIGHUP): launch() ended the running job
+        print(f"{PROG}: interrupted ({e if isinstance(e, DriverSignal) else 'SIGINT'}); the running job was ended; "
+              f"--resume {out} keeps the finished parts and runs the rest", file=sys.stderr)
+        return e.status if isinstance(e, DriverSignal) else 130
+
+
+def _run(a, out: str, place, nps: list[int], skip: set[str], argv: list[str] | None) -> int:
+    """The steps of :func:`main` on its checked flags and held directory; returns the exit status."""
     meta = {**host_meta(), "quick": a.quick, "out_dir": out, "argv": sys.argv[1:] if argv is None else list(argv)}
     s = _Suite(out, a.budget, len(STEPS) - len(skip))
     log(f"suite: writing {out}; load {meta['loadavg']}")
@@ -316,11 +337,18 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
     summary = summarize(out, meta, s.steps)
     with open(os.path.join(out, "summary.md"), "w") as fh:
         fh.write(summary["markdown"])
-    ok = all(st["status"] in ("OK", "SKIPPED") for st in s.steps)
+    measured = [st for st in s.steps if st["step"] not in ("report", "plots")]
+    nothing = None if any(st.get("measured", st["status"] == "OK") for st in measured) else (
+        "nothing was measured: " + ("; ".join(f"{st['step']} {st['status']}" + (f": {st['error']}" if st.get("error")
+                                                                                 else "") for st in measured)
+                                    or "every step was skipped (--skip)"))
+    ok = all(st["status"] in ("OK", "SKIPPED") for st in s.steps) and nothing is None
     write_json(os.path.join(out, "suite.json"), {"meta": meta, "steps": s.steps, "figures": summary["figures"],
                                                  "ok": ok})
     print(summary["markdown"])
     print("OK" if ok else "FAILED")
+    if nothing:
+        print(f"{PROG}: error: {nothing}", file=sys.stderr, flush=True)
     return 0 if ok else 1
 
 
@@ -392,7 +420,7 @@ def summarize(out: str, meta: dict, steps: list[dict]) -> dict:
     lines += ["", "## Steps", "", "| step | status | seconds | note |", "| --- | --- | --- | --- |"]
     for st in steps:
         lines.append(f"| {st['step']} | {st['status']} | {st.get('seconds', 0):.0f} | {st.get('error') or ''} |")
-    files = sorted(f for f in os.listdir(out) if os.path.isfile(os.path.join(out, f)))
+    files = sorted(f for f in os.listdir(out) if os.path.isfile(os.path.join(out, f)) and not f.startswith("."))
     lines += ["", "## Files", "", ", ".join(f"`{f}`" for f in files) + ", `summary.md`, `suite.json`", ""]
     return {"figures": fig, "markdown": "\n".join(lines)}
 

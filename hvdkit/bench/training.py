@@ -57,8 +57,12 @@ not stripped: in training.json's ``meta.hvdkit_env`` and per measure in
 exceed it (the jobs not started are listed as skipped; ``--resume`` runs them later).
 
 Exit status: 0 when every job that ran succeeded, 1 when any failed (its row says FAILED and
-why; the grid goes on), 2 on bad input (one line naming the flag), 130 on Ctrl-C (the running
-job's processes are ended; training.json keeps the finished ones for ``--resume``).
+why; the grid goes on) or none succeeded (every cell skipped or failed: one line, "nothing was
+measured" and why), 2 on bad input (one line naming the flag; also a directory another live run
+holds: :mod:`hvdkit.dirlock`, so ``--resume`` of a run still going is refused), 128 + N on signal N
+(SIGINT 130, SIGTERM 143, SIGHUP 129: the running job's processes are ended, on every host;
+training.json keeps the finished ones for ``--resume``; a driver killed outright ends its job too:
+:mod:`hvdkit.bench._common`).
 """
 from __future__ import annotations
 
@@ -72,14 +76,15 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from hvdkit.bench import jobs
-from hvdkit.bench._common import emit, fmt, format_table, host_meta, load_results, log
+from hvdkit import dirlock
+from hvdkit.bench._common import DriverSignal, emit, ending_signals, fmt, format_table, host_meta, load_results, log
 from hvdkit.bench.jobs import Cell, Settings
 from hvdkit.cliparse import Parser, print_error
 from hvdkit.errors import UsageError
 from hvdkit.results import write_json
 
 __all__ = ["main", "build_parser", "run", "expand_grid", "schedule", "split_fits", "summarise", "load_done",
-           "settings_from_args", "PROG"]
+           "nothing_measured", "settings_from_args", "PROG"]
 
 PROG = "hvdkit-bench training"
 FILE = "training.json"
@@ -468,20 +473,21 @@ def main(argv: Sequence[str] | None = None, prog: str = PROG) -> int:
         a, s, cells, out = prepare(argv, prog)
         place = place_from_args(a)
         place.out_dir_ok(out)
+        dirlock.hold(out, f"--resume {a.resume}" if a.resume else f"--out-dir {out}")   # before any job
         if a.resume:
             check_resume_place((_load_json(os.path.join(out, FILE)) or {}).get("place"), place, out)
     except UsageError as e:
         return print_error(prog, e)
     try:
-        with place:
+        with ending_signals(), place:
             return run(a, s, cells, out, place, argv=sys.argv[1:] if argv is None else list(argv))
     except UsageError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print(f"{PROG}: interrupted; {os.path.join(out, FILE)} holds the finished jobs, --resume {out} runs the "
-              "rest", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as e:   # DriverSignal too (SIGTERM, SIGHUP): launch() ended the running job
+        print(f"{PROG}: interrupted ({e if isinstance(e, DriverSignal) else 'SIGINT'}); the running job was ended; "
+              f"{os.path.join(out, FILE)} holds the finished jobs, --resume {out} runs the rest", file=sys.stderr)
+        return e.status if isinstance(e, DriverSignal) else 130
 
 
 def run(a, s: Settings, cells: Sequence[Cell], out: str, place, *, argv: Sequence[str] = (),
@@ -537,6 +543,8 @@ def run(a, s: Settings, cells: Sequence[Cell], out: str, place, *, argv: Sequenc
     secs: list[float] = [r["job_seconds"] for r in kept if r.get("job_seconds")]
     start = time.monotonic()
 
+    last: list[dict] = [{}]   # the document write() wrote last
+
     def write() -> list[dict]:
         summ = summarise(other + rows, cells)
         late = {}
@@ -544,10 +552,9 @@ def run(a, s: Settings, cells: Sequence[Cell], out: str, place, *, argv: Sequenc
             late.setdefault(c.key, {**_skip_ident(c), "reason": f"not run: over --budget {a.budget:.0f}s",
                                     "measure": a.measure, "rounds": []})
             late[c.key]["rounds"].append(rnd)
-        write_json(path, {"benchmark": "training", "meta": meta, "place": desc, "rows": other + rows,
-                          "summary": summ, "skipped": other_skipped + skipped + list(late.values()),
-                          "target_accuracy": target,
-                          **extra})
+        last[0] = {"benchmark": "training", "meta": meta, "place": desc, "rows": other + rows, "summary": summ,
+                   "skipped": other_skipped + skipped + list(late.values()), "target_accuracy": target, **extra}
+        write_json(path, last[0])
         return summ
 
     write()
@@ -590,7 +597,8 @@ def run(a, s: Settings, cells: Sequence[Cell], out: str, place, *, argv: Sequenc
         else:
             log(f"training: --overhead skipped: needs {a.overhead_ranks} slots, the hosts have {place.slots}")
     summ = write()
-    ok = all(r["status"] == "OK" for r in rows) and not (ov and ov["errors"])
+    nothing = nothing_measured(last[0], a.measure)
+    ok = all(r["status"] == "OK" for r in rows) and not (ov and ov["errors"]) and not nothing
     cols = COLUMNS[:-1] + (CONV_COLUMNS if a.measure == "convergence" else ()) + COLUMNS[-1:]
     footer = ["samples/s: synchronous rows = all workers' samples / the slowest worker's seconds per timed epoch "
               "(mean over epochs); asynchronous PS rows = results.json's all-ranks figure; median and min-max over "
@@ -628,8 +636,32 @@ def run(a, s: Settings, cells: Sequence[Cell], out: str, place, *, argv: Sequenc
                                else "none (no HVDKIT_* setting in the jobs' environment)"),
              f"out_dir: {out}"]
     rows_tbl = [table_cells(x) for x in summ if x["measure"] == a.measure]
+    if nothing:
+        footer.append(nothing)
     emit(format_table(PROG, lines, cols, rows_tbl, footer, ok), a.table)
+    if nothing:
+        print(f"{PROG}: error: {nothing}", file=sys.stderr, flush=True)
     return 0 if ok else 1
+
+
+def nothing_measured(doc: dict, measure: str) -> str | None:
+    """One line saying why a training.json document has no OK row of ``measure`` (every cell
+    skipped, every job failed, the jobs not started within ``--budget``), or None when it has one."""
+    rows = [r for r in doc.get("rows") or [] if r.get("measure", "throughput") == measure]
+    if any(r.get("status") == "OK" for r in rows):
+        return None
+    skipped = [x for x in doc.get("skipped") or [] if x.get("measure", "throughput") == measure]
+    late = sum(len(x.get("rounds") or []) for x in skipped if str(x.get("reason")).startswith("not run:"))
+    reasons = list(dict.fromkeys(x["reason"] for x in skipped if not str(x.get("reason")).startswith("not run:")))
+    why = []
+    if rows:
+        why.append(f"all {len(rows)} jobs failed (the first: {str(rows[0].get('error'))[:200]})")
+    if reasons:
+        why.append(("every cell was skipped" if not rows and not late else "cells skipped") + " ("
+                   + "; ".join(reasons[:3]) + ("; ..." if len(reasons) > 3 else "") + ")")
+    if late:
+        why.append(f"{late} jobs not started (over --budget)")
+    return "nothing was measured: " + ("; ".join(why) or "no job ran")
 
 
 if __name__ == "__main__":

@@ -323,6 +323,10 @@ def _elastic(ns, program: list[str]) -> int:
         script, ranks = os.path.join(cfg.output_dir, "discover_hosts.sh"), rank_command_path(cfg.output_dir)
         print(f"# {ranks} (written at launch; every rank runs it):\n#   exec {shlex.join(train)}")
     else:
+        from hvdkit import dirlock
+
+        os.makedirs(cfg.output_dir, exist_ok=True)
+        dirlock.hold(cfg.output_dir, f"--output-dir {cfg.output_dir}")   # the ranks come and go: the launcher owns it
         script = write_discovery_script(cfg.output_dir, ns.hostfile, sys.executable)
         ranks = write_rank_command(cfg.output_dir, train)
     cmd = elastic_command(_horovodrun(), np_, ns.min_np, ns.max_np or np_, script, interface, ranks,

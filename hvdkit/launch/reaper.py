@@ -143,8 +143,10 @@ def _say(line: str) -> None:
 
 
 def _main(argv: list[str]) -> int:
-    """The reaper process: ``reaper.py GRACE_S``, stdin the launcher's pipe (see the module)."""
+    """The reaper process: ``reaper.py GRACE_S [NAME]``, stdin the launcher's pipe (see the module);
+    NAME: the launcher's name in its line (default ``hvdkit-launch``)."""
     grace_s = float(argv[0]) if argv else GRACE_S
+    name = argv[1] if len(argv) > 1 else "hvdkit-launch"
     launcher = os.getppid()
     line = b""
     while not line.endswith(b"\n"):   # unbuffered: what follows the line stays in the pipe for select()
@@ -175,9 +177,9 @@ def _main(argv: list[str]) -> int:
     n, n_killed, seconds = end_job(sid, known, grace_s)
     if n:
         how = f"SIGTERM, then SIGKILL to {n_killed} still running after {grace_s:g} s" if n_killed else "SIGTERM"
-        what = (f"hvdkit-launch (pid {launcher}) died with its job running; ended the job's {n} process(es)"
+        what = (f"{name} (pid {launcher}) died with its job running; ended the job's {n} process(es)"
                 if why == "died" else f"the job's MPI launcher ended but left {n} process(es) running; ended them")
-        _say(f"hvdkit-launch: reaper: {what} (session {sid}) in {seconds:.1f} s ({how})")
+        _say(f"{name}: reaper: {what} (session {sid}) in {seconds:.1f} s ({how})")
     return 0
 
 
@@ -211,19 +213,20 @@ class Reaper:
             pass
 
 
-def start(grace_s: float = GRACE_S) -> Reaper | None:
+def start(grace_s: float = GRACE_S, name: str = "hvdkit-launch") -> Reaper | None:
     """Start the reaper of a job about to be started (see the module); None elsewhere than Linux,
     or when it cannot start (the job then runs without it). Call :meth:`Reaper.watch` once the
-    job runs, :meth:`Reaper.finish` when it ended."""
+    job runs, :meth:`Reaper.finish` when it ended. ``name``: the launching program's, in the
+    reaper's lines (a benchmark driver's jobs have one too: :func:`hvdkit.bench._common.launch`)."""
     if not sys.platform.startswith("linux") or not os.path.exists("/proc/self/stat"):
         return None
     r, w = os.pipe()   # not inheritable (PEP 446): the job never holds the write end
     try:
-        proc = subprocess.Popen([sys.executable, "-I", "-S", os.path.abspath(__file__), repr(float(grace_s))], stdin=r,
-                                stdout=subprocess.DEVNULL, start_new_session=True)
+        proc = subprocess.Popen([sys.executable, "-I", "-S", os.path.abspath(__file__), repr(float(grace_s)), name],
+                                stdin=r, stdout=subprocess.DEVNULL, start_new_session=True)
     except OSError as e:
         os.close(w)
-        print(f"hvdkit-launch: note: the job runs without its reaper ({e}): a SIGKILL of hvdkit-launch may leave "
+        print(f"{name}: note: the job runs without its reaper ({e}): a SIGKILL of {name} may leave "
               f"processes of it running", file=sys.stderr, flush=True)
         return None
     finally:

@@ -100,7 +100,7 @@ def test_a_temporary_file_left_by_a_killed_write_is_removed_at_set_up(tmp_path):
     (out / (R.TMP_PREFIX + "abc")).write_bytes(b"half a checkpoint")
     (out / "keep.txt").write_text("x")
     prepare_outputs(Config(output_dir=str(out)))
-    assert sorted(os.listdir(out)) == ["keep.txt", "tensorboard"]
+    assert sorted(os.listdir(out)) == [".hvdkit.lock", "keep.txt", "tensorboard"]   # the run holds it (hvdkit.dirlock)
 
 
 def test_the_refusal_reads_the_meta_alone_and_names_a_mid_epoch_or_unreadable_checkpoint(tmp_path):

@@ -87,7 +87,8 @@ def test_prepare_outputs_creates_every_directory(tmp_path):
     assert prepare_outputs(cfg) == str(tmp_path / "out")
     assert (tmp_path / "out" / "tensorboard").is_dir() and (tmp_path / "new" / "sub").is_dir()
     assert not (tmp_path / "new" / "sub" / "w.npz").exists()
-    assert os.listdir(tmp_path / "out") == ["tensorboard"], "the write test leaves nothing behind"
+    assert sorted(os.listdir(tmp_path / "out")) == [".hvdkit.lock", "tensorboard"], \
+        "the write test leaves nothing behind (the lock: the run holds the directory, hvdkit.dirlock)"
 
 
 @pytest.mark.parametrize("make,kw,message", [

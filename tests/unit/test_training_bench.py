@@ -262,7 +262,8 @@ def test_run_writes_the_contract_json_skips_and_resumes(tmp_path, monkeypatch, c
 
     a, s, cells, out = training.prepare(["--out-dir", out, "--measure", "convergence", "--variants", "ps-sync",
                                          "--workers", "2", "--repeats", "1"])
-    assert training.run(a, s, cells, out, place) == 0     # into the same training.json: the throughput rows stay
+    assert training.run(a, s, cells, out, place) == 1     # into the same training.json: the throughput rows stay
+    assert "nothing was measured: every cell was skipped (needs 3 slots, the hosts have 2)" in capsys.readouterr().err
     doc = json.load(open(os.path.join(out, "training.json")))
     assert [r["measure"] for r in doc["rows"]].count("throughput") == 9 and doc["target_accuracy"] == 0.9
     assert {(x["measure"], x["variant"], x["workers"]) for x in doc["skipped"]} == \
@@ -465,13 +466,15 @@ def test_straggler_cells_scale_against_the_one_worker_cell_without_a_straggler()
 
 def test_suite_without_training_skips_the_report_instead_of_failing(tmp_path, capsys):
     """``--skip training`` (the collectives alone): no training.json, so the decision report is
-    SKIPPED with the reason, and the suite still exits 0."""
+    SKIPPED with the reason, not FAILED (with the collectives skipped too nothing was measured: status 1)."""
     import json
 
     from hvdkit.bench import suite
 
     out = tmp_path / "s"
-    assert suite.main(["--skip", "collectives,training,convergence", "--out-dir", str(out)]) == 0
+    assert suite.main(["--skip", "collectives,training,convergence", "--out-dir", str(out)]) == 1
+    assert capsys.readouterr().err.strip().splitlines()[-1] == \
+        "hvdkit-bench suite: error: nothing was measured: every step was skipped (--skip)"
     steps = {st["step"]: st for st in json.loads((out / "suite.json").read_text())["steps"]}
     assert steps["report"]["status"] == "SKIPPED" and "training.json" in steps["report"]["error"], steps
 
