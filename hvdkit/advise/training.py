@@ -279,7 +279,8 @@ def failing_term(pred: Mapping) -> str:
     """The term of a cell's step the prediction ``pred`` (an entry of :func:`predictions`) explains worst:
     ``"communication: predicted 12.0 ms, measured 85.0 ms per step"``. Measured: compute = the step less
     its communication and wait (as the workload's compute is taken), communication = communication +
-    wait; the term whose predicted / measured ratio is farthest from 1 either way."""
+    wait; the term with the most milliseconds between predicted and measured (the step's miss is their
+    sum, so that term is most of it)."""
     c = pred["cell"]
     step = stat(c, "step_ms")
     comm = (stat(c, "comm_ms") or 0.0) + (stat(c, "wait_ms") or 0.0)
@@ -288,8 +289,7 @@ def failing_term(pred: Mapping) -> str:
                        ("communication", pred.get("comm_ms"), comm)):
         if p is None or m is None:
             continue
-        off = max(p, m) / min(p, m) if min(p, m) > 0 else (1.0 if p == m else float("inf"))
-        terms.append((off, f"{name}: predicted {p:.1f} ms, measured {m:.1f} ms per step"))
+        terms.append((abs(p - m), f"{name}: predicted {p:.1f} ms, measured {m:.1f} ms per step"))
     if not terms:
         return (f"the step: predicted {pred.get('step_ms') or 0:.1f} ms, measured "
                 f"{step if step is not None else float('nan'):.1f} ms")

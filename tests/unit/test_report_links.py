@@ -93,6 +93,9 @@ def test_failing_term_picks_the_term_farthest_off():
         "communication: predicted 5.0 ms, measured 40.0 ms per step"
     assert advised.failing_term({"cell": cell, "compute_ms": 300.0, "comm_ms": 41.0}) == \
         "compute: predicted 300.0 ms, measured 60.0 ms per step"
+    # compute 2.7x off by 50 ms, communication 1.5x off by 280 ms: communication is most of the miss
+    assert advised.failing_term({"cell": {"step_ms": {"median": 950.0}, "comm_ms": {"median": 870.0}},
+                                 "compute_ms": 30.0, "comm_ms": 590.0}).startswith("communication: ")
 
 
 def test_report_command_link_flag(tmp_path, capsys):
