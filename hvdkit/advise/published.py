@@ -136,16 +136,16 @@ ROWS: list[dict] = [
 #: "the minimum speed of the sockets multiplied by the number of sockets" (its maintainer, nccl-tests#83).
 #: :data:`hvdkit.advise.presets.NCCL_TCP_FRACTION` is their median.
 NCCL_TCP: list[dict] = [
-    {"source": "NVIDIA/nccl issue #209, cswinter's comment of 2019-06-04 (GCP Results table)",
+    {"source": "NVIDIA/nccl issue #209, cswinter's comment, GCP Results table",
      "quoted": "bus bandwidth 14.5, 14.8, 14.9 Gbit/s, 2 nodes x 8 GPUs",
      "hardware": "GCP 32GbE instances, 8 GPUs each, NCCL 2.4.7 over TCP", "line_gbit": 32.0, "busbw_gbit": 14.8},
-    {"source": "NVIDIA/nccl issue #209, cswinter's comment of 2019-06-04 (GCP Results table)",
+    {"source": "NVIDIA/nccl issue #209, cswinter's comment, GCP Results table",
      "quoted": "bus bandwidth 22.2, 22.4, 22.9 Gbit/s, 4 nodes x 8 GPUs",
      "hardware": "GCP 32GbE instances, 8 GPUs each, NCCL 2.4.7 over TCP", "line_gbit": 32.0, "busbw_gbit": 22.4},
-    {"source": "NVIDIA/nccl issue #450, description (2021-01-05)",
+    {"source": "NVIDIA/nccl issue #450, description",
      "quoted": "the best performance (bus-bw) is between 4~6GB/s",
      "hardware": "4 machines x 8 V100-32G, 100Gbps TCP network", "line_gbit": 100.0, "busbw_gbit": 40.0},
-    {"source": "NVIDIA/nccl-tests issue #83, description (2021-05-11)",
+    {"source": "NVIDIA/nccl-tests issue #83, description",
      "quoted": "it maxed out at 1.7GBps (expected ~21 Gbps bidirectional, 25Gbps unidirectional)",
      "hardware": "Azure VM scale set, 2 hosts x 4 GPUs (-np 8), TCP/IP 25 Gbit/s", "line_gbit": 25.0,
      "busbw_gbit": 13.6},
