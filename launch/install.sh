@@ -155,13 +155,17 @@ if ! hvd_ok; then
             "$PY" -m pip install -q --no-build-isolation "$@" "horovod==$HOROVOD_VERSION"
     }
     patched_horovod() {
-        # Horovod from its sdist (sha256-checked) with launch/patches/$HOROVOD_PATCH applied once; the built
-        # wheel kept under $CACHE/wheels, one directory per Python, TensorFlow and patch
-        local tf_version patch_file key whl work sdist got
-        patch_file="$ROOT/launch/patches/$HOROVOD_PATCH"
-        [[ -f "$patch_file" ]] || die "requirements/$STACK.txt names launch/patches/$HOROVOD_PATCH, which does not exist"
+        # Horovod from its sdist (sha256-checked) with each of launch/patches/$HOROVOD_PATCH (one or more
+        # names) applied once, in order; the built wheel kept under $CACHE/wheels, one directory per Python,
+        # TensorFlow and patches
+        local tf_version p patch_file patch_sums="" key whl work sdist got
+        for p in $HOROVOD_PATCH; do
+            patch_file="$ROOT/launch/patches/$p"
+            [[ -f "$patch_file" ]] || die "requirements/$STACK.txt names launch/patches/$p, which does not exist"
+            patch_sums+="-$(sha256sum "$patch_file" | cut -c1-16)"
+        done
         tf_version="$("$PY" -c "from importlib.metadata import version; print(version('${TF_PACKAGE%%[*}'))")"
-        key="$CACHE/wheels/horovod-$HOROVOD_VERSION-py$pyver-${TF_PACKAGE%%[*}-$tf_version-$(sha256sum "$patch_file" | cut -c1-16)"
+        key="$CACHE/wheels/horovod-$HOROVOD_VERSION-py$pyver-${TF_PACKAGE%%[*}-$tf_version$patch_sums"
         whl="$(ls "$key"/horovod-"$HOROVOD_VERSION"-*.whl 2>/dev/null | head -1 || true)"
         if [[ -n "$whl" ]]; then
             say "horovod: the wheel built with launch/patches/$HOROVOD_PATCH, cached in $key"
@@ -175,9 +179,11 @@ if ! hvd_ok; then
             [[ "$got" == "$HOROVOD_SHA256" ]] || { rm -f "$sdist"; die "$sdist has sha256 $got, not $HOROVOD_SHA256 (requirements/common.txt): removed; run this script again to download it again"; }
             work="$(mktemp -d)"
             tar -C "$work" -xzf "$sdist"
-            patch -d "$work/horovod-$HOROVOD_VERSION" -p1 --forward --batch --silent <"$patch_file" \
-                || die "launch/patches/$HOROVOD_PATCH does not apply to horovod-$HOROVOD_VERSION.tar.gz"
-            say "horovod: applied launch/patches/$HOROVOD_PATCH to horovod-$HOROVOD_VERSION.tar.gz (sha256 $HOROVOD_SHA256)"
+            for p in $HOROVOD_PATCH; do
+                patch -d "$work/horovod-$HOROVOD_VERSION" -p1 --forward --batch --silent <"$ROOT/launch/patches/$p" \
+                    || die "launch/patches/$p does not apply to horovod-$HOROVOD_VERSION.tar.gz"
+                say "horovod: applied launch/patches/$p to horovod-$HOROVOD_VERSION.tar.gz (sha256 $HOROVOD_SHA256)"
+            done
             HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_MPI=1 HOROVOD_WITH_GLOO=1 \
             HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 \
                 "$PY" -m pip wheel -q --no-build-isolation --no-deps -w "$work/dist" "$work/horovod-$HOROVOD_VERSION"

@@ -237,3 +237,33 @@ def test_image_builds_and_runs_the_readme_job(tmp_path, request):
         p = _sh(f"{engine} run --rm {tag} bash -c {shlex.quote(find + '; true')}", 300)
         assert p.returncode == 0, p.stderr
         assert hashlib.sha256(data).hexdigest() not in p.stdout, f"the image holds {cert}: {p.stdout}"
+
+
+def test_gcc14_patch_applies_to_the_pinned_sdist_once(tmp_path):
+    """launch/patches/horovod-0.28.1-gcc14.patch (a fresh Debian 13's g++ 14 rejects three of Horovod
+    0.28.1's sources) applies to the pinned sdist after the stack's first patch, and only once."""
+    import tarfile
+
+    from tests.unit.test_stacks import _horovod_build
+
+    build = _horovod_build("tf221")
+    names = build["HOROVOD_PATCH"].split()
+    assert names[-1] == "horovod-0.28.1-gcc14.patch"
+    cache = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "hvdkit", "sdist")
+    sdist = os.path.join(cache, f"horovod-{build['HOROVOD_VERSION']}.tar.gz")
+    if not os.path.exists(sdist) or shutil.which("patch") is None:
+        pytest.skip("the Horovod sdist is not cached here (launch/install.sh on the tf221 stack caches it), or no patch(1)")
+    with tarfile.open(sdist) as tar:
+        tar.extractall(tmp_path, filter="data")
+    tree = tmp_path / f"horovod-{build['HOROVOD_VERSION']}"
+    run = lambda name: subprocess.run(["patch", "-d", str(tree), "-p1", "--forward", "--batch"],   # noqa: E731
+                                      stdin=open(os.path.join(ROOT, "launch", "patches", name)),
+                                      capture_output=True, text=True, timeout=30)
+    for name in names:
+        p = run(name)
+        assert p.returncode == 0, p.stdout + p.stderr
+    assert "#include <string>" in (tree / "horovod/common/group_table.h").read_text()
+    assert "#include <stdexcept>" in (tree / "horovod/common/common.h").read_text()
+    assert "count_ = other.count_" not in (tree / "third_party/flatbuffers/include/flatbuffers/stl_emulation.h").read_text()
+    p = run(names[-1])
+    assert p.returncode == 1 and "previously applied" in p.stdout, p.stdout
