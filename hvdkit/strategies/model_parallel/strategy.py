@@ -142,6 +142,7 @@ class ModelParallelStrategy(Strategy):
         a, b = self.bounds[self.rank]
         self.layers = model.layers[a:b]
         self.variables = [v for layer in self.layers for v in layer.trainable_variables]
+        self.tf_variables = tf_variables(self.variables)   # what a tape watches (Keras 3's are not tf.Variables)
         self.stage_weights = [v for layer in self.layers for v in layer.weights]
         for v in model.weights:  # the same start everywhere (weights are seeded anyway)
             self.link.bcast_variable(v, 0)
@@ -155,7 +156,7 @@ class ModelParallelStrategy(Strategy):
         stage's micro-batch loss/gradient step and evaluation, and the optimizer update."""
         import tensorflow as tf
 
-        layers, variables = self.layers, self.variables
+        layers, variables = self.layers, self.tf_variables
         xspec = tf.TensorSpec((None, *self._shapes[self.rank]), tf.float32)
         yspec = tf.TensorSpec((None,), tf.int64)
 
@@ -186,7 +187,7 @@ class ModelParallelStrategy(Strategy):
             return loss, tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, 1), y), tf.int32))
 
         def apply(grads):
-            self.optimizer.apply_gradients(zip(grads, variables))
+            self.optimizer.apply_gradients(zip(grads, self.variables))
 
         self._last_step = graph_function(last_step, model, [xspec, yspec, tf.TensorSpec((), tf.float32)])
         self._last_eval = graph_function(last_eval, model, [xspec, yspec])
@@ -240,7 +241,7 @@ class ModelParallelStrategy(Strategy):
             else:
                 tape = tf.GradientTape(watch_accessed_variables=False)
                 with tape:
-                    tape.watch(self.variables)
+                    tape.watch(self.tf_variables)
                     if not self.is_first:
                         tape.watch(h)
                     out = self._fwd_train(h)                                     # (micro, *shape of r+1)
@@ -256,7 +257,7 @@ class ModelParallelStrategy(Strategy):
             for (tape, h, out), idx in zip(tapes, splits):
                 up = self.link.recv(tuple(out.shape), nxt, TAG_GRAD, timer)
                 t0 = time.perf_counter()
-                sources = self.variables if self.is_first else [h, *self.variables]
+                sources = self.tf_variables if self.is_first else [h, *self.tf_variables]
                 grads = tape.gradient(out, sources, output_gradients=tf.convert_to_tensor(up))
                 if not self.is_first:
                     gx, grads = grads[0], grads[1:]

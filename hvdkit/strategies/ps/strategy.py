@@ -60,6 +60,7 @@ import numpy as np
 
 from hvdkit.config import Option, above, at_least, option_values
 from hvdkit.errors import UsageError
+from hvdkit.models import tf_variables
 from hvdkit.steps import dense_gradients, make_step_functions, straggle
 from hvdkit.strategies.base import COMPRESSION, NUM_SERVERS, Strategy, average_statistics
 from hvdkit.strategies.ps import rules
@@ -225,7 +226,7 @@ class PSStrategy(Strategy):
     def _assign(self) -> None:
         if self.model is None:   # a dedicated server
             return
-        for v, a in zip(self.model.trainable_variables, self.flat_layout.unflatten(self.flat_w)):
+        for v, a in zip(tf_variables(self.model.trainable_variables), self.flat_layout.unflatten(self.flat_w)):
             v.assign(a.astype(v.dtype.as_numpy_dtype, copy=False))  # float32 masters of float16 variables round
 
     # -- the step --------------------------------------------------------------------------
