@@ -202,6 +202,29 @@ def pytest_collection_modifyitems(config, items):
     order); every other module is a group of its own, so its module-scoped shared jobs run once.
     Two workers fit this 2-core machine kind because a test spends much of its time waiting (a stall
     timeout, a killed rank's detection, a launcher's restart), not computing."""
+    known = _keras3_known_failures()
     for item in items:
         path = item.nodeid.split("::", 1)[0]
         item.add_marker(pytest.mark.xdist_group("cluster" if path.startswith("tests/cluster/") else path))
+        why = next((w for prefix, w in known if item.nodeid.startswith(prefix)), None)
+        if why:
+            item.add_marker(pytest.mark.xfail(reason=f"Keras 3 (tf221): {why}", strict=True))
+
+
+def _keras3_known_failures() -> list[tuple[str, str]]:
+    """(node id prefix, reason) of the tests known to fail under Keras 3 (tests/keras3_known_failures.txt),
+    where this venv's Keras is 3 (the tf221 stack); [] elsewhere. Read from the installed distribution's
+    version, without importing TensorFlow."""
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        if int(version("keras").split(".")[0]) < 3:
+            return []
+    except (PackageNotFoundError, ValueError):
+        return []
+    known = []
+    with open(os.path.join(os.path.dirname(__file__), "keras3_known_failures.txt")) as fh:
+        for line in fh:
+            if line.strip() and not line.startswith("#"):
+                prefix, why = line.split(" | ", 1)
+                known.append((prefix.strip(), why.strip()))
+    return known

@@ -120,10 +120,10 @@ class _Gone(argparse.Action):
 
 def _registry_tensors(name: str, image_size: int, classes: int):
     """(model, gradient tensor bytes) of an hvdkit registry model or MODULE:FUNCTION (needs TensorFlow)."""
-    from hvdkit.models import build_model, check_model_name
+    from hvdkit.models import build_model, check_model_name, tf_variables
     check_model_name(name)
     model = build_model(name, (image_size, image_size, 3), classes)
-    return model, tuple(int(v.shape.num_elements()) * v.dtype.size for v in model.trainable_variables)
+    return model, tuple(int(v.shape.num_elements()) * v.dtype.size for v in tf_variables(model.trainable_variables))
 
 
 def _measure(model, batch: int, image_size: int, classes: int, steps: int = 5) -> float:
