@@ -173,7 +173,11 @@ def hold(directory: str, label: str | None = None, *, note: Callable[[str], None
     old = holder(os.path.dirname(path))
     if old:   # a flock is free and a name is there: its holder died without removing it
         here = old.get("host") == socket.gethostname()
-        gone = "which is no longer running" if here and not _alive(int(old["pid"])) else "whose lock is free"
+        try:
+            pid = int(old["pid"])
+        except (TypeError, ValueError):   # a damaged lock file: its flock is free all the same
+            pid = None
+        gone = "which is no longer running" if here and pid and not _alive(pid) else "whose lock is free"
         note(f"{NOTE} {label}: took over the stale lock of {_who(old)}, {gone}")
     me = {"pid": os.getpid(), "host": socket.gethostname(), "started": datetime.now().isoformat(timespec="seconds"),
           "command": " ".join(sys.argv)}

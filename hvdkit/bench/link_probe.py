@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import shlex
 import statistics
 import subprocess
@@ -60,7 +61,10 @@ def _pair(src: dict, dst: dict, seconds: float, pings: int, timeout: float, wrap
                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                            start_new_session=True)
     try:
-        if srv.stdout.readline().strip() != "ready":
+        # the receiver's first line, within the start-up timeout: an endpoint that neither says "ready"
+        # nor exits (a stuck import on the host) must not hold the benchmark before its first job
+        ready, _, _ = select.select([srv.stdout], [], [], timeout + 5)
+        if not ready or srv.stdout.readline().strip() != "ready":
             srv.kill()
             raise RuntimeError(f"the receiver on {dst['name']} did not start: "
                                f"{probe._last_line(srv.stderr.read(), 'no output')}")
@@ -132,7 +136,8 @@ def with_links(place, desc: dict, log: Callable[[str], None] = print, *, seconds
     try:
         got = probe_links(hosts, secs, timeout=min(10.0, float(getattr(place, "ssh_timeout", 10.0) or 10.0)),
                           wrap=wrap)
-    except (RuntimeError, OSError, ValueError) as e:
+    # KeyError, TypeError: an endpoint that answered without the fields it owes
+    except (RuntimeError, OSError, ValueError, KeyError, TypeError) as e:
         log(f"training: links not probed ({e}); the report prices nothing across hosts unless given "
             "`hvdkit bench report DIR --link RATE`")
         return desc
