@@ -12,8 +12,10 @@ limit, or the whole machine's memory): the count goes to the victim's own group.
 
 :class:`Watch` reads that count before a job (the launcher's own memory cgroup, which its ranks
 inherit on this host, and on the emulated cluster's hosts, whose processes start from it) and
-again after it; a larger count is the job's cause: :meth:`Watch.cause`, e.g. ``out of memory: the
-kernel's OOM killer ended 1 process of this job's memory cgroup /batch/job7 (limit 512 MiB)``. The
+again after it; a larger count is the job's likely cause (the group may hold other processes of the
+launcher's session, so the line names the group, not the job): :meth:`Watch.cause`, e.g. ``out of
+memory: the kernel's OOM killer ended 1 process while this job ran, in the launcher's memory cgroup
+/batch/job7 (limit 512 MiB)``. The
 limit is the smallest one set on the group or above it; without one, the machine's memory. Ranks
 on other hosts are in cgroups this host cannot read: their kills stay Open MPI's signal 9.
 Pure file reads: every function takes the cgroup file system's mount point ``root`` and ``/proc``.
@@ -127,5 +129,5 @@ class Watch:
         machine = _machine_bytes(self.proc)
         where = (f"limit {_size(lim)}" if lim is not None else
                  "no cgroup memory limit: the machine's " + (_size(machine) if machine else "memory"))
-        return (f"out of memory: the kernel's OOM killer ended {n} process{'es' if n > 1 else ''} of this job's "
-                f"memory cgroup {path} ({where})")
+        return (f"out of memory: the kernel's OOM killer ended {n} process{'es' if n > 1 else ''} while this job "
+                f"ran, in the launcher's memory cgroup {path} ({where})")

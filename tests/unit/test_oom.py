@@ -51,8 +51,8 @@ def test_an_oom_kill_in_the_group_or_below_is_named_with_the_smallest_limit(tmp_
     w = oom.Watch(root=str(root), proc=str(proc))
     assert w.cause() == ""
     _group(str(root), "/job/step0", "2", "9223372036854771712")   # v1 counts a rank's own group only
-    assert w.cause() == ("out of memory: the kernel's OOM killer ended 2 processes of this job's memory cgroup "
-                         "/job (limit 512 MiB)")
+    assert w.cause() == ("out of memory: the kernel's OOM killer ended 2 processes while this job ran, "
+                         "in the launcher's memory cgroup /job (limit 512 MiB)")
     assert oom.limit_bytes("v1", step, str(root)) == 512 << 20 and os.path.isdir(job)
 
 
@@ -67,5 +67,6 @@ def test_without_a_limit_the_machines_memory_is_named(tmp_path):
     (d / "memory.max").write_text("max\n")
     w = oom.Watch(root=str(root), proc=str(proc))
     (d / "memory.events").write_text("low 0\nhigh 0\nmax 3\noom 1\noom_kill 1\n")
-    assert w.cause().endswith("ended 1 process of this job's memory cgroup /user.slice (no cgroup memory limit: "
+    assert w.cause().endswith("ended 1 process while this job ran, in the launcher's memory cgroup /user.slice "
+                              "(no cgroup memory limit: "
                               "the machine's 23.4 GiB)"), w.cause()
