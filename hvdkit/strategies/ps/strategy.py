@@ -407,7 +407,7 @@ class PSStrategy(Strategy):
                              f"model's {layout.size} trainable parameters with --optimizer {self.cfg.optimizer} need "
                              f"{parts} x {layout.size} (weights and {parts - 1 - ms} slot(s)"
                              + (f", {ms} DC-ASGD-a mean square(s)" if ms else "") + "); resume with the model and "
-                             f"optimizer that wrote it")
+                             f"optimizer that wrote it" + self._momentum_hint(total, parts, layout.size))
         if old[0][0].dtype != layout.dtype:
             raise UsageError(f"--resume: the checkpoint's parameter-server state is {old[0][0].dtype}, this model's "
                              f"parameters travel as {layout.dtype}; resume with the model that wrote it")
@@ -415,6 +415,14 @@ class PSStrategy(Strategy):
             sizes = [int(v.size) for v, _, _ in old]
             raise UsageError(f"--resume: the checkpoint's parameter-server shards of {sizes} elements are not "
                              f"{parts} equal parts each (weights and optimizer slots)")
+
+    def _momentum_hint(self, total: int, parts: int, size: int) -> str:
+        """Where a plain-SGD run meets a state of one slot more: the defaults ps-async and ps-dcasgd had
+        before they took the papers' plain SGD (``Strategy.defaults``) wrote it with momentum."""
+        if self.cfg.optimizer == "sgd" and total == (parts + 1) * size and type(self).defaults.get("optimizer"):
+            return (f" (it holds one slot more, as --optimizer momentum writes: {self.name} defaulted to momentum "
+                    "before it took the paper's plain SGD; give --optimizer momentum)")
+        return ""
 
     def load_state(self, arrays) -> None:
         """Restore :meth:`state` (arrays identical on every rank; collective over the world).
