@@ -12,7 +12,7 @@ but those (:data:`STARTUP_NOISE`). TensorFlow 2.15 prints none of them: nothing 
 One more line comes later, at TensorFlow's first device query (``tf.config.list_physical_devices``,
 or the first op), once per rank, on a host without NVIDIA's driver::
 
-    2026-12-03 11:28:18.343113: E external/local_xla/xla/stream_executor/cuda/cuda_driver.cc:152]
+    <date> <time>: E external/local_xla/xla/stream_executor/cuda/cuda_driver.cc:152]
     failed call to cuInit: INTERNAL: CUDA error: Failed call to cuInit: UNKNOWN ERROR (303)
 
 (one line). TF 2.18.1's Linux wheel (tensorflow-cpu too) carries XLA's CUDA platform. Where
@@ -29,23 +29,19 @@ no early query, and the line is kept (it is then a real problem: the driver is t
 not), as is every other cuInit failure (a loaded libcuda names its errors).
 
 Python's cyclic garbage collector is kept out of the import (:func:`import_tensorflow`): the import
-leaves about 415,000 objects the collector tracks (TF 2.15), enough to start 4-5 full collections on
-the way, each walking every object made so far, and every full collection after it walked them all
-again. Measured on this machine kind (2026-12-05): 0.30 s of a 2.4 s import was collection, and in a
-2-epoch ``cnn`` run 0.43-0.48 s of 3.6-3.8 s of CPU; with the collector off during the import and
-the objects alive after it frozen (``gc.freeze()``: moved to a permanent generation that no
-collection visits), 0.02 s, and the run's CPU 3.1-3.4 s. In ``perf`` samples of every process of
-the test suite's first part (every case but the emulated cluster's) the collector's functions were
-14% of the CPU before, 1.5% after. What is frozen stays: a collection right after the import found
-1,482 unreachable objects holding 0.5 MiB of the 132 MiB the import allocates through Python
-(tracemalloc), and would have cost 0.16-0.19 s, so none is made.
+leaves hundreds of thousands of objects the collector tracks, enough to start several full
+collections on the way, each walking every object made so far, and every full collection after it
+walked them all again. With the collector off during the import and the objects alive after it
+frozen (``gc.freeze()``: moved to a permanent generation that no collection visits), that cost is
+gone from the import and from every collection after it. What is frozen stays: the little a
+collection right after the import would free is not worth its cost, so none is made. (The
+measurements behind both choices are in this module's history: ``git log -p hvdkit/tfimport.py``.)
 
 Two modules are deferred (:data:`DEFERRED`, :func:`defer_imports`): Keras 2.15's image
 augmentation (``keras.src.preprocessing.image``, imported by ``import tensorflow`` itself; tf_keras
 has the same module) imports SciPy's ``linalg`` and ``ndimage`` at import, for transforms no hvdkit
-run calls, and those two were 0.15 s of the import's 1.8-2.0 s (5 fresh processes on this machine
-kind, 2026-12-05: 1.65-1.82 s deferred, SciPy's own package imported first, 0.1 s; ``python -X
-importtime``: 0.26 s of 2.8 s). A deferred module is a real one whose body runs at its first
+run calls, and those two are a noticeable part of the import (``python -X importtime`` shows them).
+A deferred module is a real one whose body runs at its first
 attribute access (``importlib.util.LazyLoader``, the standard library's lazy-import recipe), so
 ``ndimage.affine_transform`` still works where a user calls it; it only moves SciPy's loading
 there. A relaunched rank imports TensorFlow on the way to training again (docs/fault-tolerance.md).
