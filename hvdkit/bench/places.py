@@ -329,6 +329,51 @@ def hosts_command(ranks: int, program: Sequence[str], *, hosts: str = "", hostfi
 
 # -- reachability --------------------------------------------------------------------------------
 
+def _ssh_all(names: Sequence[str], command: str, timeout: float, environ: Mapping[str, str] | None = None
+             ) -> tuple[dict[str, str], list[tuple[str, str]]]:
+    """Run the shell ``command`` on every host of ``names`` at once over ``ssh`` (``BatchMode``, no
+    password prompt), all answers awaited within one ``timeout`` (seconds) in total.
+
+    Returns:
+        (host -> its standard output, for the hosts whose ssh exited 0; [(host, why)] for the others:
+        the last line of ssh's or the command's error, or "no answer within T s").
+
+    Raises:
+        UsageError: ssh itself cannot be run.
+    """
+    environ = dict(os.environ if environ is None else environ)
+    procs: dict[str, subprocess.Popen] = {}
+    try:
+        for n in dict.fromkeys(names):
+            procs[n] = subprocess.Popen(["ssh", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={math.ceil(timeout)}",
+                                         n, command], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                        stderr=subprocess.PIPE, text=True, env=environ, start_new_session=True)
+    except OSError as e:
+        for p in procs.values():
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, 9)
+            p.communicate()
+        raise UsageError(f"cannot run ssh to reach the hosts ({e.strerror}); install OpenSSH's client") from None
+    answers: dict[str, str] = {}
+    bad: list[tuple[str, str]] = []
+    deadline = time.monotonic() + timeout
+    for n, p in procs.items():
+        try:
+            so, se = p.communicate(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, 9)
+            p.communicate()
+            bad.append((n, f"no answer within {timeout:g} s"))
+            continue
+        if p.returncode != 0:
+            why = next((ln.strip() for ln in reversed(se.splitlines()) if ln.strip()), f"ssh exit {p.returncode}")
+            bad.append((n, why.rstrip(".")))
+        else:
+            answers[n] = so
+    return answers, bad
+
+
 def check_ssh(names: Sequence[str], timeout: float, environ: Mapping[str, str] | None = None) -> dict[str, int]:
     """Ask every host at once to run :data:`GPU_COUNT` over ``ssh`` (``BatchMode``, no password
     prompt); all answers are awaited within one ``timeout`` (seconds) in total.
@@ -344,39 +389,15 @@ def check_ssh(names: Sequence[str], timeout: float, environ: Mapping[str, str] |
         UsageError: one line naming every host that did not answer and why (ssh's last line,
             or "no answer within T s").
     """
-    environ = dict(os.environ if environ is None else environ)
-    out: dict[str, int] = {}
-    procs: dict[str, subprocess.Popen] = {}
-    bad: list[tuple[str, str]] = []
-    for n in dict.fromkeys(names):
-        if is_local(n):
-            out[n] = _local_gpus()
-            continue
-        try:
-            procs[n] = subprocess.Popen(["ssh", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={math.ceil(timeout)}",
-                                         n, GPU_COUNT], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                        stderr=subprocess.PIPE, text=True, env=environ, start_new_session=True)
-        except OSError as e:
-            raise UsageError(f"cannot run ssh to reach the hosts ({e.strerror}); install OpenSSH's client") from None
-    deadline = time.monotonic() + timeout
-    for n, p in procs.items():
-        try:
-            so, se = p.communicate(timeout=max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(p.pid, 9)
-            p.communicate()
-            bad.append((n, f"no answer within {timeout:g} s"))
-            continue
-        if p.returncode != 0:
-            why = next((ln.strip() for ln in reversed(se.splitlines()) if ln.strip()), f"ssh exit {p.returncode}")
-            bad.append((n, why.rstrip(".")))
-            continue
+    out = {n: _local_gpus() for n in dict.fromkeys(names) if is_local(n)}
+    answers, bad = _ssh_all([n for n in names if n not in out], GPU_COUNT, timeout, environ)
+    for n, so in answers.items():
         counts = [ln.strip() for ln in so.splitlines() if ln.strip().isdigit()]
         out[n] = int(counts[-1]) if counts else 0
     if bad:
         listed = ", ".join(f"{n} ({why})" for n, why in bad)
-        raise UsageError(f"{len(bad)} of {len(procs)} hosts did not answer ssh within {timeout:g} s (--ssh-timeout): "
+        raise UsageError(f"{len(bad)} of {len(answers) + len(bad)} hosts did not answer ssh within {timeout:g} s "
+                         f"(--ssh-timeout): "
                          f"{listed}; check that 'ssh {bad[0][0]} true' works without a password prompt, or raise "
                          f"--ssh-timeout")
     return out
@@ -403,32 +424,11 @@ def check_shared(path: str, names: Sequence[str], timeout: float, environ: Mappi
             f.write(token + "\n")
     except OSError as e:
         raise UsageError(f"{flag} {path}: cannot write there ({e.strerror}); give a directory you can write") from None
-    environ = dict(os.environ if environ is None else environ)
-    procs: dict[str, subprocess.Popen] = {}
-    bad: list[tuple[str, str]] = []
     try:
-        for n in dict.fromkeys(names):
-            if is_local(n):
-                continue
-            procs[n] = subprocess.Popen(["ssh", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={math.ceil(timeout)}",
-                                         n, "cat -- " + shlex.quote(token_path)], stdin=subprocess.DEVNULL,
-                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environ,
-                                        start_new_session=True)
-        deadline = time.monotonic() + timeout
-        for n, p in procs.items():
-            try:
-                so, se = p.communicate(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(p.pid, 9)
-                p.communicate()
-                bad.append((n, f"no answer within {timeout:g} s"))
-                continue
-            if p.returncode != 0:
-                bad.append((n, next((ln.strip() for ln in reversed(se.splitlines()) if ln.strip()),
-                                    f"ssh exit {p.returncode}").rstrip(".")))
-            elif so.strip() != token:
-                bad.append((n, "it holds another file of that name: another directory at the same path"))
+        remote = list(dict.fromkeys(n for n in names if not is_local(n)))
+        answers, bad = _ssh_all(remote, "cat -- " + shlex.quote(token_path), timeout, environ)
+        bad += [(n, "it holds another file of that name: another directory at the same path")
+                for n, so in answers.items() if so.strip() != token]
     finally:
         with contextlib.suppress(OSError):
             os.remove(token_path)
@@ -437,7 +437,7 @@ def check_shared(path: str, names: Sequence[str], timeout: float, environ: Mappi
                 os.rmdir(full)   # only if empty; the driver makes it again
     if bad:
         listed = ", ".join(f"{n} ({why})" for n, why in bad)
-        raise UsageError(f"{flag} {path} is not shared with {len(bad)} of {len(procs)} hosts: {listed}; every host "
+        raise UsageError(f"{flag} {path} is not shared with {len(bad)} of {len(remote)} hosts: {listed}; every host "
                          f"must see the directory its jobs write at the same path: give one on a file system they "
                          f"all mount")
 
