@@ -331,6 +331,21 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     return p
 
 
+
+def _refresh(md: str, text: str, source: str, check: bool, fix: str, problems: list[str], written: list[str]) -> int:
+    """Bring the generated page ``md`` to ``text``: 1 where it already is; else, under ``check``, a
+    line in ``problems`` (missing or stale, and ``source``), or the page written atomically and
+    listed in ``written``; 0 then."""
+    old = open(md, encoding="utf-8").read() if os.path.exists(md) else None
+    if old == text:
+        return 1
+    if check:
+        problems.append(f"{md}: {'missing' if old is None else 'stale'} ({source}); {fix}")
+    else:
+        atomic_write(md, text.encode("utf-8"))
+        written.append(md)
+    return 0
+
 def main(argv: list[str] | None = None, prog: str = PROG) -> int:
     """Write (or with ``--check`` compare) every table under DIR; the exit status (module docstring).
     ``prog``: the command as typed (``hvdkit bench figures``)."""
@@ -360,25 +375,11 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
             problems.append(f"{path}: no table generator knows this JSON; add one to hvdkit.bench.figures.GENERATORS "
                             f"or list the file in its SKIP")
             continue
-        old = open(md, encoding="utf-8").read() if os.path.exists(md) else None
-        if old == text:
-            current += 1
-        elif a.check:
-            problems.append(f"{md}: {'missing' if old is None else 'stale'} (from {os.path.basename(path)}); {fix}")
-        else:
-            atomic_write(md, text.encode("utf-8"))
-            written.append(md)
+        current += _refresh(md, text, f"from {os.path.basename(path)}", a.check, fix, problems, written)
     text = index(a.dir)
     if text is not None:
-        md = os.path.join(a.dir, INDEX)
-        old = open(md, encoding="utf-8").read() if os.path.exists(md) else None
-        if old == text:
-            current += 1
-        elif a.check:
-            problems.append(f"{md}: {'missing' if old is None else 'stale'} (the index of the reference blocks); {fix}")
-        else:
-            atomic_write(md, text.encode("utf-8"))
-            written.append(md)
+        current += _refresh(os.path.join(a.dir, INDEX), text, "the index of the reference blocks", a.check, fix,
+                            problems, written)
     for line in problems:
         print(line)
     for md in written:
