@@ -245,7 +245,8 @@ def _pairs(rows: list[dict], col: str) -> tuple[int, int]:
             if abs(gap) <= TIE:
                 continue
             total += 1
-            right += (x[col] > y[col]) == (gap > 0)
+            # a prediction that cannot tell the two apart (equal figures) has not ordered them
+            right += x[col] != y[col] and (x[col] > y[col]) == (gap > 0)
     return total, right
 
 
@@ -342,7 +343,8 @@ def markdown_published(pub: list[dict]) -> str:
     out += ["", f"Assumptions: {ASSUMPTIONS}", "",
             "Naive baseline: compute + the busiest link's bytes / its line rate, nothing else. A comparison: two "
             f"figures of one source and model more than {TIE:.0f} points (percent) apart, or a speed-up (is the "
-            "subject faster); ordered right when the prediction puts them in the published order.", "",
+            "subject faster); ordered right when the prediction puts them in the published order (equal "
+            "predictions do not).", "",
             "‡ the fraction of its link rates the row's subject (the strategy; for a speed-up, the system it is "
             "compared with) would have to reach for the projection to equal the publication; \"none <= 100%\": no "
             "bandwidth does, the miss is in another term (compute, overlap, the framework).", ""]
@@ -453,10 +455,12 @@ def render_recorded(json_path: str, doc: dict | None = None) -> tuple[str, dict]
     return md, new
 
 
-def rounded(obj, digits: int = 12):
+def rounded(obj, digits: int = 6):
     """``obj`` (JSON-like: dicts, lists, numbers, strings) with every float rounded to ``digits``
     significant digits, so that regenerating ``--json`` from the same inputs gives the same bytes
-    (the last digits of a sum otherwise differ with summation order and build)."""
+    on every stack (a sum's last digits differ with summation order, build and NumPy version, and
+    an error that is the difference of two close times magnifies them; six digits are more than
+    the model's own accuracy)."""
     if isinstance(obj, float):
         return float(f"{obj:.{digits}g}")
     if isinstance(obj, dict):
