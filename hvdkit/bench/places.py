@@ -17,7 +17,9 @@ A :class:`Place` is a context manager; inside ``with place:`` it builds every jo
   Inside a Slurm allocation without ``--slurm`` the jobs still run here (a note says so).
 * ``hosts`` (``--hosts`` / ``--hostfile``) and ``slurm``: the hosts are read only by the
   launcher's readers (:func:`hvdkit.launch.hosts.parse_hosts`, :func:`~hvdkit.launch.hosts.read_hostfile`,
-  :func:`hvdkit.launch.slurm.allocation`: compressed ``node[01-04]``, ``2(x3),1``), and every
+  :func:`hvdkit.launch.slurm.allocation`: compressed ``node[01-04]``, ``2(x3),1``), once, when the
+  place is built; the ssh check, the network choice and every job's command take those
+  :class:`~hvdkit.launch.hosts.Host` objects (:attr:`Place.hosts`), not the file again; and every
   command is built on ``hvdkit-launch``'s own path (:func:`hosts_command`:
   :class:`~hvdkit.launch.command.LaunchSpec` -> :func:`~hvdkit.launch.command.plan_command` ->
   ``build_command``): the launcher's host forms and refusals (:func:`~hvdkit.launch.hosts.check_launcher`),
@@ -82,7 +84,7 @@ from hvdkit.launch.command import (LOCAL_FORWARD, LaunchSpec, forwarded_env_name
 from hvdkit.launch.fabrics import skip_cm_args
 from hvdkit.launch.hosts import Host, parse_hosts, read_hostfile, total_slots
 from hvdkit.launch.mpi import HOROVODRUN, MPI, OPENMPI, detect_mpi, local_cores
-from hvdkit.launch.network import Choice, choose, host_names, is_local, job_fabrics, user_chose
+from hvdkit.launch.network import Choice, choose, is_local, job_fabrics, names_of, user_chose
 from hvdkit.launch.slurm import allocation, describe as describe_slurm
 
 __all__ = ["Place", "EmulatedSpec", "add_place_arguments", "place_from_args", "parse_emulated", "hosts_command",
@@ -206,8 +208,8 @@ def place_from_args(a: argparse.Namespace, environ: Mapping[str, str] | None = N
                          "own); add --emulated H or drop it")
     kw = dict(ssh_timeout=timeout, probe_seconds=float(getattr(a, "probe_seconds", 1.0) or 1.0))
     if hosts:
-        return Place("hosts", parse_hosts(hosts), hosts_arg=_hosts_spec(parse_hosts(hosts)),
-                     source=f"--hosts {hosts}", **kw)
+        got = parse_hosts(hosts)
+        return Place("hosts", got, hosts_arg=_hosts_spec(got), source=f"--hosts {hosts}", **kw)
     if hostfile:
         return Place("hosts", read_hostfile(hostfile), hostfile=hostfile, source=f"--hostfile {hostfile}", **kw)
     if slurm:
@@ -288,9 +290,10 @@ def _launcher(name: str) -> str:
 
 
 def hosts_command(ranks: int, program: Sequence[str], *, hosts: str = "", hostfile: str = "",
-                  launcher: str = MPI, mpi: str = OPENMPI, binary: str = "", choice: Choice | None = None,
-                  env_set: Sequence[tuple[str, str]] = (), mpi_args: Sequence[str] = (),
-                  forward: Sequence[str] = LOCAL_FORWARD, environ: Mapping[str, str] | None = None) -> list[str]:
+                  parsed: Sequence[Host] | None = None, launcher: str = MPI, mpi: str = OPENMPI, binary: str = "",
+                  choice: Choice | None = None, env_set: Sequence[tuple[str, str]] = (),
+                  mpi_args: Sequence[str] = (), forward: Sequence[str] = LOCAL_FORWARD,
+                  environ: Mapping[str, str] | None = None) -> list[str]:
     """The command of one job across hosts, built as ``hvdkit-launch`` builds it (pure but for
     the hostfile :func:`~hvdkit.launch.command.plan_command` may write for Open MPI).
 
@@ -303,6 +306,8 @@ def hosts_command(ranks: int, program: Sequence[str], *, hosts: str = "", hostfi
     Args:
         ranks: number of ranks, >= 1; program: what every rank runs.
         hosts: a ``-H`` value (``[user@]h1:4,h2:4``) or ``hostfile`` a path (one of them).
+        parsed: the hosts ``hosts`` or ``hostfile`` name, already read (a place reads them once);
+            None: read them here.
         launcher: ``"mpi"`` (mpirun / mpiexec) or ``"horovodrun"``; mpi: the MPI flavour.
         binary: the launcher executable ("" : by name on PATH).
         choice: MPI's network (:func:`hvdkit.launch.network.choose`), None to leave it to MPI.
@@ -321,10 +326,13 @@ def hosts_command(ranks: int, program: Sequence[str], *, hosts: str = "", hostfi
         spec = replace(spec, mpi_args=multi_host_mpi_args(spec.mpi_args, environ))
     if choice:
         spec = replace(spec, network_interface=choice.interface, oob_interface=choice.oob_interface)
+    if parsed is None and (hosts or hostfile):
+        parsed = parse_hosts(hosts) if hosts else read_hostfile(hostfile)
     if launcher == MPI and mpi == OPENMPI:   # no 0.2 s of cm's probes in every rank's start, as hvdkit-launch
-        devices = job_fabrics(host_names(hosts, hostfile), choice)
+        devices = job_fabrics(names_of(parsed or ()), choice)
         spec = replace(spec, mpi_args=skip_cm_args(spec.mpi_args, {**environ, **dict(env_set)}, devices))
-    return plan_command(spec, mpi=mpi, is_root=hasattr(os, "geteuid") and os.geteuid() == 0, cores=local_cores())
+    return plan_command(spec, mpi=mpi, is_root=hasattr(os, "geteuid") and os.geteuid() == 0, cores=local_cores(),
+                        parsed=parsed)
 
 
 # -- reachability --------------------------------------------------------------------------------
@@ -532,7 +540,7 @@ class Place:
         """Every directory given to :meth:`out_dir_ok` read back by every host (:func:`check_shared`)."""
         for d, flag in self._shared.items():
             if d not in self._checked:
-                check_shared(d, host_names(self._hosts_arg, self._hostfile), self.ssh_timeout, flag=flag)
+                check_shared(d, names_of(self.hosts), self.ssh_timeout, flag=flag)
                 self._checked.add(d)
 
     # entering and leaving
@@ -541,8 +549,7 @@ class Place:
             if self.kind == "emulated":
                 self._up()
             if self.kind != "local":
-                names = host_names(self._hosts_arg, self._hostfile)
-                self._gpus = check_ssh(names, self.ssh_timeout)
+                self._gpus = check_ssh(names_of(self.hosts), self.ssh_timeout)
                 self._note_gpus()
                 self._network(MPI, ())   # chosen and checked before any job
                 self._entered = True
@@ -603,8 +610,8 @@ class Place:
         if self.kind == "local" or user_chose(mpi_args, os.environ):
             return None
         if launcher not in self._choices:
-            self._choices[launcher] = choose(host_names(self._hosts_arg, self._hostfile), "", launcher=launcher,
-                                             mpi=self._flavour()[0], log=self._log)
+            self._choices[launcher] = choose(names_of(self.hosts), "", launcher=launcher, mpi=self._flavour()[0],
+                                             log=self._log)
         return self._choices[launcher]
 
     def _flavour(self) -> tuple[str, str]:
@@ -638,9 +645,9 @@ class Place:
                 return local_command(ranks, program, mpi_args=mpi_args, env_set=env_set)
             return hosts_command(ranks, program, launcher=HOROVODRUN, env_set=env_set, mpi_args=mpi_args)
         mpi, binary = self._flavour()
-        return hosts_command(ranks, program, hosts=self._hosts_arg, hostfile=self._hostfile, launcher=which, mpi=mpi,
-                             binary=binary if which == MPI else "", choice=self._network(which, mpi_args),
-                             env_set=env_set, mpi_args=mpi_args)
+        return hosts_command(ranks, program, hosts=self._hosts_arg, hostfile=self._hostfile, parsed=self.hosts,
+                             launcher=which, mpi=mpi, binary=binary if which == MPI else "",
+                             choice=self._network(which, mpi_args), env_set=env_set, mpi_args=mpi_args)
 
     def describe(self) -> dict[str, Any]:
         """``{"kind", "source", "hosts": [{"name", "slots", "gpus"}], "links": [{"src", "dst",

@@ -36,7 +36,8 @@ again (another place than the one recorded is refused: :func:`hvdkit.bench.place
 Progress on stderr.
 
 Exit status 0 when every step that ran succeeded, 1 when a step or a job failed or no step measured
-anything (one line: "nothing was measured" and why), 2 on bad input (a flag, a place that does not
+anything (one line: "nothing was measured" and why), 2 on bad input (a flag, one inside
+``--training-args`` or ``--convergence-args``, both checked before any job, a place that does not
 answer, a directory another live run holds: :mod:`hvdkit.dirlock`, so ``--resume`` of a suite still
 going is refused), 128 + N on signal N (SIGTERM 143, SIGHUP 129, SIGINT 130: the running job is
 ended, on every host).
@@ -219,18 +220,40 @@ def _collectives_apart(out: str, name: str, place, np_: int, args: list[str],
     return seconds, None
 
 
-def _training(s: _Suite, place, a, measure: str, extra: str, share_until: float) -> None:
+def _training_plans(a, out: str, skip: set[str]) -> dict:
+    """``{step: (argv, Plan)}`` of the training and convergence steps not skipped, parsed and checked
+    once, before anything runs (:func:`hvdkit.bench.training.plan_of`), so a bad ``--training-args``
+    or ``--convergence-args`` is refused up front.
+
+    Raises:
+        UsageError: a bad value in either (the message names the flag and the step's flag).
+    """
     from hvdkit.bench import training
 
-    name = "training" if measure == "throughput" else "convergence"
-    argv = ["--measure", measure, *(["--resume", s.out] if a.resume else ["--out-dir", s.out]),
-            "--table", os.path.join(s.out, f"{name}.txt"), "--budget", f"{share_until:.0f}",
-            *(["--quick"] if a.quick else []), *extra.split()]
+    plans = {}
+    for name, measure, extra, until in (("training", "throughput", a.training_args,
+                                         a.budget * (0.6 if "convergence" not in skip else 1.0)),
+                                        ("convergence", "convergence", a.convergence_args, a.budget)):
+        if name in skip:
+            continue
+        argv = ["--measure", measure, *(["--resume", out] if a.resume else ["--out-dir", out]),
+                "--table", os.path.join(out, f"{name}.txt"), "--budget", f"{until:.0f}",
+                *(["--quick"] if a.quick else []), *extra.split()]
+        try:
+            plans[name] = (argv, training.prepare(argv))
+        except UsageError as e:
+            raise UsageError(f"--{name}-args: {e}") from None
+    return plans
+
+
+def _training(s: _Suite, place, name: str, argv: list[str], plan) -> None:
+    from hvdkit.bench import training
+
+    measure = plan.measure
     s.start(name)
     t = time.monotonic()
     try:
-        targs, settings, cells, out = training.prepare(argv)
-        rc = training.run(targs, settings, cells, out, place, argv=argv, t0=s.t0)
+        rc = training.run(plan, place, argv=argv, t0=s.t0)
     except UsageError as e:
         s.record(name, "FAILED", time.monotonic() - t, [], f"{training.PROG}: {e}")
         return
@@ -281,20 +304,21 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
                                or ((_load(os.path.join(out, "suite.json")) or {}).get("meta") or {}).get("place"),
                                place, out)
         os.makedirs(out, exist_ok=True)
+        plans = _training_plans(a, out, skip)
         dirlock.hold(out, f"--resume {a.resume}" if a.resume else f"--out-dir {out}")   # before any job
     except UsageError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2
     try:
         with ending_signals():
-            return _run(a, out, place, nps, skip, argv)
+            return _run(a, out, place, nps, skip, plans, argv)
     except KeyboardInterrupt as e:   # DriverSignal too (SIGTERM, SIGHUP): launch() ended the running job
         print(f"{PROG}: interrupted ({e if isinstance(e, DriverSignal) else 'SIGINT'}); the running job was ended; "
               f"--resume {out} keeps the finished parts and runs the rest", file=sys.stderr)
         return e.status if isinstance(e, DriverSignal) else 130
 
 
-def _run(a, out: str, place, nps: list[int], skip: set[str], argv: list[str] | None) -> int:
+def _run(a, out: str, place, nps: list[int], skip: set[str], plans: dict, argv: list[str] | None) -> int:
     """The steps of :func:`main` on its checked flags and held directory; returns the exit status."""
     meta = {**host_meta(), "quick": a.quick, "out_dir": out, "argv": sys.argv[1:] if argv is None else list(argv)}
     s = _Suite(out, a.budget, len(STEPS) - len(skip))
@@ -308,11 +332,8 @@ def _run(a, out: str, place, nps: list[int], skip: set[str], argv: list[str] | N
             if "collectives" not in skip:
                 s.n += len(nps) - 1   # one step per rank count (the log's "step i/n")
                 _collectives(s, place, a, nps)
-            if "training" not in skip:
-                share = a.budget * (0.6 if "convergence" not in skip else 1.0)
-                _training(s, place, a, "throughput", a.training_args, share)
-            if "convergence" not in skip:
-                _training(s, place, a, "convergence", a.convergence_args, a.budget)
+            for name, (targv, plan) in plans.items():   # training, then convergence
+                _training(s, place, name, targv, plan)
     except UsageError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2

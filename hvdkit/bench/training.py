@@ -70,6 +70,7 @@ import argparse
 import os
 import sys
 import time
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Iterable, Sequence
 
@@ -83,8 +84,8 @@ from hvdkit.cliparse import Parser, print_error
 from hvdkit.errors import UsageError
 from hvdkit.results import write_json
 
-__all__ = ["main", "build_parser", "run", "expand_grid", "schedule", "split_fits", "summarise", "load_done",
-           "nothing_measured", "settings_from_args", "PROG"]
+__all__ = ["main", "build_parser", "run", "prepare", "plan_of", "Plan", "expand_grid", "schedule", "split_fits",
+           "summarise", "load_done", "nothing_measured", "settings_from_args", "PROG"]
 
 PROG = "hvdkit-bench training"
 FILE = "training.json"
@@ -424,9 +425,50 @@ def _load_json(path: str) -> dict | None:
         raise UsageError(f"--resume: {path} is not readable JSON ({e}); move it away or give a new --out-dir") from None
 
 
-def prepare(argv: Sequence[str] | None, prog: str = PROG) -> tuple[Any, Settings, list[Cell], str]:
-    """Parse and check the flags (no job, no place brought up): (args, settings, cells, out_dir);
-    ``prog``: the command as typed, shown by ``--help``.
+@dataclass(frozen=True)
+class Plan:
+    """A training grid parsed and checked once (:func:`prepare`, :func:`plan_of`): what :func:`run`
+    takes, so nothing below the command line parses text again.
+
+    Attributes:
+        settings: every job's settings; cells: the grid (parsed variants, models, workers, stragglers).
+        out: the output directory (absolute); measure: ``"throughput"`` or ``"convergence"``.
+        repeats: rounds; timeout: one job's hard timeout, s; budget: s (0: no limit).
+        target_accuracy: convergence's target; table: ``--table`` (None: stdout only).
+        resume: whether ``--resume`` continues ``out``; quick: ``--quick``.
+        overhead, overhead_ranks, overhead_rounds: ``--overhead`` and its pair (throughput).
+        flags: the command line's scalar flags as given, for training.json's ``meta.args``.
+    """
+
+    settings: Settings
+    cells: tuple[Cell, ...]
+    out: str
+    measure: str = "throughput"
+    repeats: int = 1
+    timeout: float = 600.0
+    budget: float = 0.0
+    target_accuracy: float = 0.9
+    table: str | None = None
+    resume: bool = False
+    quick: bool = False
+    overhead: bool = False
+    overhead_ranks: int = 2
+    overhead_rounds: int = 3
+    flags: dict = field(default_factory=dict)
+
+
+def prepare(argv: Sequence[str] | None, prog: str = PROG) -> Plan:
+    """Parse and check the flags (no job, no place brought up): the :class:`Plan`; ``prog``: the
+    command as typed, shown by ``--help``.
+
+    Raises:
+        UsageError: any bad value (the message names the flag and what to do).
+    """
+    return plan_of(build_parser(prog).parse_args(argv))
+
+
+def plan_of(a: argparse.Namespace) -> Plan:
+    """The :class:`Plan` of parsed flags (:func:`build_parser`); the variants are parsed here, once.
 
     Raises:
         UsageError: any bad value (the message names the flag and what to do).
@@ -434,7 +476,6 @@ def prepare(argv: Sequence[str] | None, prog: str = PROG) -> tuple[Any, Settings
     from hvdkit.models import check_model_name
     from hvdkit.strategies.variants import parse_variants
 
-    a = build_parser(prog).parse_args(argv)
     _fill_defaults(a)
     s = settings_from_args(a)
     variants = parse_variants(a.variants)
@@ -452,7 +493,11 @@ def prepare(argv: Sequence[str] | None, prog: str = PROG) -> tuple[Any, Settings
         raise UsageError(f"--resume {a.resume}: no such directory; give the --out-dir of the run to continue")
     out = os.path.abspath(a.resume or a.out_dir or os.path.join("results", f"training-{datetime.now():%Y%m%d-%H%M%S}"))
     _check_outputs(out, a.table)
-    return a, s, cells, out
+    return Plan(settings=s, cells=tuple(cells), out=out, measure=a.measure, repeats=a.repeats, timeout=a.timeout,
+                budget=a.budget, target_accuracy=a.target_accuracy, table=a.table, resume=bool(a.resume),
+                quick=a.quick, overhead=a.overhead, overhead_ranks=a.overhead_ranks,
+                overhead_rounds=a.overhead_rounds,
+                flags={k: v for k, v in vars(a).items() if isinstance(v, (str, int, float, bool, type(None)))})
 
 
 def _check_outputs(out: str, table: str | None) -> None:
@@ -470,8 +515,10 @@ def main(argv: Sequence[str] | None = None, prog: str = PROG) -> int:
     from hvdkit.bench.places import check_resume_place, place_from_args
 
     try:
-        a, s, cells, out = prepare(argv, prog)
+        a = build_parser(prog).parse_args(argv)
+        plan = plan_of(a)
         place = place_from_args(a)
+        out = plan.out
         place.out_dir_ok(out)
         dirlock.hold(out, f"--resume {a.resume}" if a.resume else f"--out-dir {out}")   # before any job
         if a.resume:
@@ -480,7 +527,7 @@ def main(argv: Sequence[str] | None = None, prog: str = PROG) -> int:
         return print_error(prog, e)
     try:
         with ending_signals(), place:
-            return run(a, s, cells, out, place, argv=sys.argv[1:] if argv is None else list(argv))
+            return run(plan, place, argv=sys.argv[1:] if argv is None else list(argv))
     except UsageError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2
@@ -490,10 +537,10 @@ def main(argv: Sequence[str] | None = None, prog: str = PROG) -> int:
         return e.status if isinstance(e, DriverSignal) else 130
 
 
-def run(a, s: Settings, cells: Sequence[Cell], out: str, place, *, argv: Sequence[str] = (),
-        t0: float | None = None) -> int:
-    """Run the grid on a place that is up (``with place:``); write ``out/training.json`` after every job
-    and print the table. ``t0``: the ``time.monotonic()`` that ``--budget`` counts from (default now).
+def run(plan: Plan, place, *, argv: Sequence[str] = (), t0: float | None = None) -> int:
+    """Run ``plan``'s grid on a place that is up (``with place:``); write ``out/training.json`` after
+    every job and print the table. ``t0``: the ``time.monotonic()`` that ``--budget`` counts from
+    (default now).
 
     Returns:
         0 when every job that ran succeeded, 1 when any failed.
@@ -502,104 +549,148 @@ def run(a, s: Settings, cells: Sequence[Cell], out: str, place, *, argv: Sequenc
         UsageError: the output directory is unusable for the place, or ``--resume`` settings differ.
     """
     t0 = time.monotonic() if t0 is None else t0
-    place.out_dir_ok(out)
-    _check_outputs(out, a.table)
-    path = os.path.join(out, FILE)
-    doc_before = _load_json(path)
-    if doc_before and not a.resume and any(r.get("measure", "throughput") == a.measure
-                                           for r in doc_before.get("rows") or []):
-        raise UsageError(f"--out-dir {out}: it holds {a.measure} rows already (training.json); continue them with "
-                         f"--resume {out}, or give a new --out-dir")
-    from hvdkit.config import env_settings
+    r = _Run.start(plan, place, argv)
+    _run_jobs(r, place, t0)
+    ov = _run_overhead(r, place)
+    summ = r.write()
+    return _finish(r, summ, ov)
 
-    env = env_settings()
-    kept, other = load_done(doc_before, a.measure, s, env)
-    runnable, skipped = split_fits(cells, place.slots, place.fits)
-    skipped = [{**x, "measure": a.measure} for x in skipped]
-    other_skipped = [x for x in (doc_before or {}).get("skipped") or [] if x.get("measure") != a.measure]
-    todo = schedule(runnable, a.repeats, [_row_key(r) for r in kept])
-    from hvdkit.bench.link_probe import with_links
 
-    desc = with_links(place, place.describe(), log)   # real hosts: one pair and the ring, before any job
-    link = _link_Bps(desc)
-    meta_before = (doc_before or {}).get("meta") or {}
-    measures = dict(meta_before.get("measures") or {}, **{a.measure: {**_settings_dict(s), "hvdkit_env": env}})
-    args = {k: v for k, v in vars(a).items() if isinstance(v, (str, int, float, bool, type(None)))}
-    meta = {**host_meta(), "argv": list(argv), "versions": meta_before.get("versions") or {}, "args": args,
-            "measures": measures, "hvdkit_env": env, "out_dir": out}
-    if kept or other:   # rows kept from an earlier run (either measure): its boots too (hvdkit.advise.measured.provenance)
-        from hvdkit.advise.measured import boots_of
+class _Run:
+    """One run's state: the document it rewrites after every job, and what the table needs."""
 
-        meta["boot_ids"] = sorted(set(boots_of(doc_before or {})) | {meta["boot_id"]}, key=str)
-    target = a.target_accuracy if a.measure == "convergence" else (doc_before or {}).get("target_accuracy")
-    rows = list(kept)
-    for c in skipped:
-        log(f"training: skipped {c['variant']} {c['model']} {c['workers']}w {c['straggler']}: {c['reason']}")
-    log(f"training: {a.measure}, {len(cells)} cells x {a.repeats} rounds on {desc.get('kind')} "
-        f"({place.slots} slots): {len(todo)} jobs to run" + (f", {len(kept)} kept from {path}" if kept else "")
-        + (f", {len(skipped)} cells skipped" if skipped else "") + f"; job directories under {out}/runs")
-    not_started: list[tuple[Cell, int]] = []
-    extra: dict[str, Any] = {}
-    secs: list[float] = [r["job_seconds"] for r in kept if r.get("job_seconds")]
-    start = time.monotonic()
+    def __init__(self, plan: Plan, place, doc_before: dict | None, env: dict[str, str]):
+        self.plan, self.env = plan, env
+        self.path = os.path.join(plan.out, FILE)
+        self.doc_before = doc_before or {}
+        self.kept, self.other = load_done(doc_before, plan.measure, plan.settings, env)
+        runnable, skipped = split_fits(plan.cells, place.slots, place.fits)
+        self.skipped = [{**x, "measure": plan.measure} for x in skipped]
+        self.other_skipped = [x for x in self.doc_before.get("skipped") or [] if x.get("measure") != plan.measure]
+        self.todo = schedule(runnable, plan.repeats, [_row_key(r) for r in self.kept])
+        self.rows: list[dict] = list(self.kept)
+        self.not_started: list[tuple[Cell, int]] = []
+        self.extra: dict[str, Any] = {}
+        self.last: dict = {}   # the document write() wrote last
+        self.target = plan.target_accuracy if plan.measure == "convergence" else self.doc_before.get("target_accuracy")
+        self.desc: dict = {}        # the place's describe(), links probed (start)
+        self.link: float | None = None
+        self.meta: dict = {}
 
-    last: list[dict] = [{}]   # the document write() wrote last
+    @classmethod
+    def start(cls, plan: Plan, place, argv: Sequence[str]) -> "_Run":
+        """Check the output directory, read what an earlier run left, probe the place's links,
+        write the first document and log the plan."""
+        from hvdkit.bench.link_probe import with_links
+        from hvdkit.config import env_settings
 
-    def write() -> list[dict]:
-        summ = summarise(other + rows, cells)
-        late = {}
-        for c, rnd in not_started:
-            late.setdefault(c.key, {**_skip_ident(c), "reason": f"not run: over --budget {a.budget:.0f}s",
-                                    "measure": a.measure, "rounds": []})
+        place.out_dir_ok(plan.out)
+        _check_outputs(plan.out, plan.table)
+        doc_before = _load_json(os.path.join(plan.out, FILE))
+        if doc_before and not plan.resume and any(r.get("measure", "throughput") == plan.measure
+                                                  for r in doc_before.get("rows") or []):
+            raise UsageError(f"--out-dir {plan.out}: it holds {plan.measure} rows already (training.json); continue "
+                             f"them with --resume {plan.out}, or give a new --out-dir")
+        r = cls(plan, place, doc_before, env_settings())
+        r.desc = with_links(place, place.describe(), log)   # real hosts: one pair and the ring, before any job
+        r.link = _link_Bps(r.desc)
+        r.meta = r._meta(argv)
+        for c in r.skipped:
+            log(f"training: skipped {c['variant']} {c['model']} {c['workers']}w {c['straggler']}: {c['reason']}")
+        log(f"training: {plan.measure}, {len(plan.cells)} cells x {plan.repeats} rounds on {r.desc.get('kind')} "
+            f"({place.slots} slots): {len(r.todo)} jobs to run"
+            + (f", {len(r.kept)} kept from {r.path}" if r.kept else "")
+            + (f", {len(r.skipped)} cells skipped" if r.skipped else "") + f"; job directories under {plan.out}/runs")
+        r.write()
+        return r
+
+    def _meta(self, argv: Sequence[str]) -> dict:
+        plan, before = self.plan, self.doc_before.get("meta") or {}
+        measures = dict(before.get("measures") or {}, **{plan.measure: {**_settings_dict(plan.settings),
+                                                                        "hvdkit_env": self.env}})
+        meta = {**host_meta(), "argv": list(argv), "versions": before.get("versions") or {}, "args": dict(plan.flags),
+                "measures": measures, "hvdkit_env": self.env, "out_dir": plan.out}
+        if self.kept or self.other:   # rows kept from an earlier run (either measure): its boots too
+            from hvdkit.advise.measured import boots_of   # (hvdkit.advise.measured.provenance)
+
+            meta["boot_ids"] = sorted(set(boots_of(self.doc_before)) | {meta["boot_id"]}, key=str)
+        return meta
+
+    def write(self) -> list[dict]:
+        """Rewrite training.json (atomically) from the rows so far; returns its summary."""
+        plan = self.plan
+        summ = summarise(self.other + self.rows, plan.cells)
+        late: dict = {}
+        for c, rnd in self.not_started:
+            late.setdefault(c.key, {**_skip_ident(c), "reason": f"not run: over --budget {plan.budget:.0f}s",
+                                    "measure": plan.measure, "rounds": []})
             late[c.key]["rounds"].append(rnd)
-        last[0] = {"benchmark": "training", "meta": meta, "place": desc, "rows": other + rows, "summary": summ,
-                   "skipped": other_skipped + skipped + list(late.values()), "target_accuracy": target, **extra}
-        write_json(path, last[0])
+        self.last = {"benchmark": "training", "meta": self.meta, "place": self.desc, "rows": self.other + self.rows,
+                     "summary": summ, "skipped": self.other_skipped + self.skipped + list(late.values()),
+                     "target_accuracy": self.target, **self.extra}
+        write_json(self.path, self.last)
         return summ
 
-    write()
-    for k, (cell, rnd) in enumerate(todo, 1):
+
+def _job_dir(plan: Plan, cell: Cell, rnd: int) -> str:
+    label = cell.variant.label.replace(":", "_").replace(",", "_").replace("=", "-")
+    return os.path.join(plan.out, "runs", plan.measure,
+                        f"{label}-{cell.model}-{cell.workers}w-{cell.straggler.replace(':', 'x')}-r{rnd}")
+
+
+def _run_jobs(r: _Run, place, t0: float) -> None:
+    """Every job of ``r.todo`` in turn, training.json rewritten after each; stops starting jobs
+    when ``--budget`` would be exceeded (those are ``r.not_started``)."""
+    plan, s = r.plan, r.plan.settings
+    secs: list[float] = [x["job_seconds"] for x in r.kept if x.get("job_seconds")]
+    start = time.monotonic()
+    for k, (cell, rnd) in enumerate(r.todo, 1):
         est = float(np.median(secs)) if secs else None
         elapsed = time.monotonic() - t0
-        if a.budget and est is not None and elapsed + est > a.budget:
-            not_started = todo[k - 1:]
-            log(f"training: --budget {a.budget:.0f}s: stopping with {len(not_started)} of {len(todo)} jobs not "
-                f"started ({_clock(elapsed)} elapsed, ~{_clock(est)} per job); --resume {out} runs them")
+        if plan.budget and est is not None and elapsed + est > plan.budget:
+            r.not_started = r.todo[k - 1:]
+            log(f"training: --budget {plan.budget:.0f}s: stopping with {len(r.not_started)} of {len(r.todo)} jobs "
+                f"not started ({_clock(elapsed)} elapsed, ~{_clock(est)} per job); --resume {plan.out} runs them")
             break
-        v = cell.variant
-        d = os.path.join(out, "runs", a.measure, f"{v.label.replace(':', '_').replace(',', '_').replace('=', '-')}-"
-                                                 f"{cell.model}-{cell.workers}w-{cell.straggler.replace(':', 'x')}-r{rnd}")
-        row = jobs.run_job(place, cell, rnd, s, d, timeout=a.timeout, link_Bps=link,
-                           target=target if a.measure == "convergence" else None)
-        row["measure"] = a.measure
+        d = _job_dir(plan, cell, rnd)
+        row = jobs.run_job(place, cell, rnd, s, d, timeout=plan.timeout, link_Bps=r.link,
+                           target=r.target if plan.measure == "convergence" else None)
+        row["measure"] = plan.measure
         row["seed"] = s.seed + (rnd if s.seed_per_round else 0)
-        rows.append(row)
+        r.rows.append(row)
         secs.append(row["job_seconds"])
-        if row["status"] == "OK" and not meta["versions"]:
+        if row["status"] == "OK" and not r.meta["versions"]:
             try:
-                meta["versions"] = load_results(d).get("versions") or {}
+                r.meta["versions"] = load_results(d).get("versions") or {}
             except (OSError, ValueError):
                 pass
-        write()
-        done_s = time.monotonic() - start
-        left = done_s / k * (len(todo) - k)
+        r.write()
+        left = (time.monotonic() - start) / k * (len(r.todo) - k)
         what = (f"{row['samples_per_s']:.1f} samples/s" if row["status"] == "OK" else row["error"][:300])
-        log(f"training: job {k}/{len(todo)} {v.label} {cell.model} {cell.workers}w straggler {cell.straggler} "
-            f"round {rnd}: {row['status']} {what} ({row['job_seconds']:.0f}s); elapsed {_clock(time.monotonic() - t0)}, "
-            f"~{_clock(left)} left")
-    ov = None
-    if a.overhead and a.measure == "throughput" and not not_started:
-        if place.fits(a.overhead_ranks):
-            from hvdkit.bench.overhead import measure_overhead
-            ov = extra["overhead"] = measure_overhead(place, s, cells[0].model, a.overhead_ranks,
-                                                      1 if a.quick else a.overhead_rounds,
-                                                      os.path.join(out, "runs", "overhead"), a.timeout)
-        else:
-            log(f"training: --overhead skipped: needs {a.overhead_ranks} slots, the hosts have {place.slots}")
-    summ = write()
-    nothing = nothing_measured(last[0], a.measure)
-    ok = all(r["status"] == "OK" for r in rows) and not (ov and ov["errors"]) and not nothing
-    cols = COLUMNS[:-1] + (CONV_COLUMNS if a.measure == "convergence" else ()) + COLUMNS[-1:]
+        log(f"training: job {k}/{len(r.todo)} {cell.variant.label} {cell.model} {cell.workers}w straggler "
+            f"{cell.straggler} round {rnd}: {row['status']} {what} ({row['job_seconds']:.0f}s); elapsed "
+            f"{_clock(time.monotonic() - t0)}, ~{_clock(left)} left")
+
+
+def _run_overhead(r: _Run, place) -> dict | None:
+    """``--overhead`` (throughput, every job started): the harness overhead pair, into ``r.extra``."""
+    plan = r.plan
+    if not (plan.overhead and plan.measure == "throughput" and not r.not_started):
+        return None
+    if not place.fits(plan.overhead_ranks):
+        log(f"training: --overhead skipped: needs {plan.overhead_ranks} slots, the hosts have {place.slots}")
+        return None
+    from hvdkit.bench.overhead import measure_overhead
+
+    ov = r.extra["overhead"] = measure_overhead(place, plan.settings, plan.cells[0].model, plan.overhead_ranks,
+                                                1 if plan.quick else plan.overhead_rounds,
+                                                os.path.join(plan.out, "runs", "overhead"), plan.timeout)
+    return ov
+
+
+def _footer(r: _Run, summ: list[dict], ov: dict | None) -> list[str]:
+    """The table's footer lines: the formulas, the notes, every skipped, late and FAILED job."""
+    plan = r.plan
     footer = ["samples/s: synchronous rows = all workers' samples / the slowest worker's seconds per timed epoch "
               "(mean over epochs); asynchronous PS rows = results.json's all-ranks figure; median and min-max over "
               "the OK rounds",
@@ -607,38 +698,51 @@ def run(a, s: Settings, cells: Sequence[Cell], out: str, place, *, argv: Sequenc
               "cell without a straggler (straggler cells too); link_util = busiest link's bytes per step x steps/s / "
               "the probed link rate (- where not probed)"]
     footer += list(dict.fromkeys(f"eff {x['efficiency_note']}" for x in summ
-                                 if x["measure"] == a.measure and x.get("efficiency_note")
+                                 if x["measure"] == plan.measure and x.get("efficiency_note")
                                  and x["samples_per_s"] is not None))
-    if a.measure == "convergence":
+    if plan.measure == "convergence":
         footer.append(f"t_target = training seconds (slowest worker, epoch-1 tracing capped) to the first epoch with "
-                      f"eval accuracy >= {target}")
+                      f"eval accuracy >= {r.target}")
     footer += [f"SKIPPED {x['variant']} {x['model']} {x['workers']} workers straggler {x['straggler']}: {x['reason']}"
-               for x in skipped]
-    if not_started:
-        footer.append(f"not started (over --budget {a.budget:.0f}s): {len(not_started)} jobs; --resume {out} runs them")
-    footer += [f"FAILED {r['variant']} {r['model']} {r['workers']} workers straggler {r['straggler']} round "
-               f"{r['round']}: {r['error']}" for r in rows if r["status"] != "OK"]
+               for x in r.skipped]
+    if r.not_started:
+        footer.append(f"not started (over --budget {plan.budget:.0f}s): {len(r.not_started)} jobs; --resume "
+                      f"{plan.out} runs them")
+    footer += [f"FAILED {x['variant']} {x['model']} {x['workers']} workers straggler {x['straggler']} round "
+               f"{x['round']}: {x['error']}" for x in r.rows if x["status"] != "OK"]
     if ov:
         footer.append(f"harness overhead ({ov['model']}, {ov['ranks']} ranks, batch {ov['batch']}): hvdkit.train step / "
                       f"bare Horovod step = {fmt(ov['ratio'], 3)} (per round: "
                       + ", ".join(f"{x:.3f}" for x in ov["per_round_ratio"]) + ")")
         footer += [f"FAILED overhead {e}" for e in ov["errors"]]
-    footer.append(f"training.json: {path}")
-    v = meta["versions"]
-    lines = [f"date: {meta['date']}  host: {meta['host']}  cores: {meta['cores']}  load: {meta['loadavg']}",
-             "versions: " + "  ".join(f"{k} {v.get(k)}" for k in ("python", "tensorflow", "horovod", "mpi4py", "hvdkit")),
-             f"place: {desc.get('kind')}  hosts: " + ",".join(f"{h.get('name')}:{h.get('slots')}"
-                                                              for h in desc.get("hosts") or [])
-             + (f"  link: {link * 8 / 1e9:.3f} Gbit/s" if link else ""),
-             "parameters: " + "  ".join(f"{k}={x}" for k, x in _settings_dict(s).items())
-             + f"  rounds={a.repeats}  timeout={a.timeout:.0f}s",
-             "hvdkit_env: " + ("  ".join(f"{k}={x}" for k, x in env.items()) if env
-                               else "none (no HVDKIT_* setting in the jobs' environment)"),
-             f"out_dir: {out}"]
-    rows_tbl = [table_cells(x) for x in summ if x["measure"] == a.measure]
-    if nothing:
-        footer.append(nothing)
-    emit(format_table(PROG, lines, cols, rows_tbl, footer, ok), a.table)
+    footer.append(f"training.json: {r.path}")
+    return footer
+
+
+def _header(r: _Run) -> list[str]:
+    """The table's ``#`` lines: date and host, versions, place, parameters, HVDKIT_* settings, out_dir."""
+    plan, meta, desc, v = r.plan, r.meta, r.desc, r.meta["versions"]
+    return [f"date: {meta['date']}  host: {meta['host']}  cores: {meta['cores']}  load: {meta['loadavg']}",
+            "versions: " + "  ".join(f"{k} {v.get(k)}" for k in ("python", "tensorflow", "horovod", "mpi4py", "hvdkit")),
+            f"place: {desc.get('kind')}  hosts: " + ",".join(f"{h.get('name')}:{h.get('slots')}"
+                                                             for h in desc.get("hosts") or [])
+            + (f"  link: {r.link * 8 / 1e9:.3f} Gbit/s" if r.link else ""),
+            "parameters: " + "  ".join(f"{k}={x}" for k, x in _settings_dict(plan.settings).items())
+            + f"  rounds={plan.repeats}  timeout={plan.timeout:.0f}s",
+            "hvdkit_env: " + ("  ".join(f"{k}={x}" for k, x in r.env.items()) if r.env
+                              else "none (no HVDKIT_* setting in the jobs' environment)"),
+            f"out_dir: {plan.out}"]
+
+
+def _finish(r: _Run, summ: list[dict], ov: dict | None) -> int:
+    """Print the table (and ``--table``), the one line when nothing was measured; the exit status."""
+    plan = r.plan
+    nothing = nothing_measured(r.last, plan.measure)
+    ok = all(x["status"] == "OK" for x in r.rows) and not (ov and ov["errors"]) and not nothing
+    cols = COLUMNS[:-1] + (CONV_COLUMNS if plan.measure == "convergence" else ()) + COLUMNS[-1:]
+    footer = _footer(r, summ, ov) + ([nothing] if nothing else [])
+    rows_tbl = [table_cells(x) for x in summ if x["measure"] == plan.measure]
+    emit(format_table(PROG, _header(r), cols, rows_tbl, footer, ok), plan.table)
     if nothing:
         print(f"{PROG}: error: {nothing}", file=sys.stderr, flush=True)
     return 0 if ok else 1

@@ -15,8 +15,8 @@ from typing import Mapping, Sequence
 
 from hvdkit.errors import UsageError
 from hvdkit.launch.fabrics import fabric_devices, skip_cm_args
-from hvdkit.launch.hosts import (check_launcher, hosts_arg, parse_hostfile, parse_hosts, read_hostfile, total_slots,
-                                 write_hostfile)
+from hvdkit.launch.hosts import (Host, check_launcher, hosts_arg, parse_hostfile, parse_hosts, read_hostfile,
+                                 total_slots, write_hostfile)
 from hvdkit.launch.mpi import HOROVODRUN, MPI, MPICH, OPENMPI, local_cores
 from hvdkit.launch.rankexec import parse_rank_list
 from hvdkit.launch.restart import restart_mpi_args
@@ -215,7 +215,8 @@ def build_command(spec: LaunchSpec, *, mpi: str, is_root: bool, slots: int) -> l
 
 
 def plan_command(spec: LaunchSpec, *, mpi: str, is_root: bool, cores: int,
-                 hostfile_text: str | None = None, hostfile_dir: str | None = None) -> list[str]:
+                 hostfile_text: str | None = None, hostfile_dir: str | None = None,
+                 parsed: Sequence[Host] | None = None) -> list[str]:
     """Read the hosts of ``spec`` once, hand the launcher their normalised form, count the
     slots and build the command (see :func:`build_command`; the forms: :mod:`hvdkit.launch.hosts`).
 
@@ -228,7 +229,8 @@ def plan_command(spec: LaunchSpec, *, mpi: str, is_root: bool, cores: int,
 
     Slots: ``cores`` when no hosts are given (horovodrun then runs on ``localhost:np``, so
     it never oversubscribes); else the hosts' slot sum. ``hostfile_text`` is the hostfile's
-    text (read from ``spec.hostfile`` when None).
+    text (read from ``spec.hostfile`` when None); ``parsed``: the hosts of ``spec`` already read
+    (a caller that read them once, e.g. a benchmark place), so nothing is read again.
 
     Raises:
         UsageError: the hostfile is missing, or a host the launcher cannot take (one line naming
@@ -236,7 +238,9 @@ def plan_command(spec: LaunchSpec, *, mpi: str, is_root: bool, cores: int,
     """
     reader = HOROVODRUN if spec.launcher == HOROVODRUN else mpi
     if spec.hosts or spec.hostfile:
-        if spec.hosts:
+        if parsed is not None:
+            hosts = list(parsed)
+        elif spec.hosts:
             hosts = parse_hosts(spec.hosts)
         elif hostfile_text is None:
             hosts = read_hostfile(spec.hostfile)

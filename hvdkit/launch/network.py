@@ -55,13 +55,13 @@ from typing import Callable, Mapping, Sequence
 import hvdkit
 from hvdkit.errors import UsageError
 from hvdkit.launch.fabrics import fabric_devices
-from hvdkit.launch.hosts import parse_hosts, read_hostfile
+from hvdkit.launch.hosts import Host, parse_hosts, read_hostfile
 from hvdkit.launch.mpi import HOROVODRUN, MPICH
 from hvdkit.network import (PROBE_S, Interface, candidates, connect_all, describe, is_cidr, local_interfaces,
                             names_for, network_of)
 
-__all__ = ["Choice", "HostUnreadable", "host_names", "is_local", "user_chose", "choose", "read_hosts", "job_fabrics",
-           "CHECK_S", "host_side"]
+__all__ = ["Choice", "HostUnreadable", "host_names", "names_of", "is_local", "user_chose", "choose", "read_hosts",
+           "job_fabrics", "CHECK_S", "host_side"]
 
 #: seconds the whole pre-launch check may take (ssh to every host, the connections)
 CHECK_S = 30.0
@@ -110,6 +110,11 @@ def host_names(hosts: str, hostfile: str) -> list[str]:
         entries = read_hostfile(hostfile)
     else:
         return []
+    return names_of(entries)
+
+
+def names_of(entries: Sequence[Host]) -> list[str]:
+    """The ``[user@]host`` names of hosts already read, each once, in order."""
     return list(dict.fromkeys(f"{h.user}@{h.name}" if h.user else h.name for h in entries))
 
 

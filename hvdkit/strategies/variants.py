@@ -28,6 +28,7 @@ Everything a caller needs to know about a variant is asked of its row (the facts
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
@@ -134,6 +135,8 @@ class Variant:
 
 def parse_variant(text: str | Variant) -> Variant:
     """The :class:`Variant` spelt ``NAME[:option=value,...]`` (module docstring); a Variant is returned as is.
+    A text is parsed once per process and row: the same text again gives the same object (so a
+    report over many rows of one variant does not parse it per row; its ``opts`` are not to change).
 
     Raises:
         UsageError: one line starting ``variant 'TEXT': ``: an unknown strategy (the message lists
@@ -146,12 +149,18 @@ def parse_variant(text: str | Variant) -> Variant:
         return text
     if not isinstance(text, str):
         raise UsageError(f"a strategy variant is a string NAME[:option=value,...], not {text!r}")
+    name = text.strip().partition(":")[0].strip()
+    if name not in STRATEGIES:
+        raise UsageError(f"variant {text!r}: unknown strategy {name!r}; choose one of: {', '.join(STRATEGIES)}")
+    return _parse(text, STRATEGIES[name])
+
+
+@functools.lru_cache(maxsize=1024)
+def _parse(text: str, cls: type) -> Variant:
+    """:func:`parse_variant` of ``text`` naming row ``cls`` (cached per text and row; errors are not)."""
     where = f"variant {text!r}"
     name, sep, rest = text.strip().partition(":")
     name = name.strip()
-    if name not in STRATEGIES:
-        raise UsageError(f"{where}: unknown strategy {name!r}; choose one of: {', '.join(STRATEGIES)}")
-    cls = STRATEGIES[name]
     by_name = {o.name: o for o in cls.options}
     given: dict[str, Any] = {}
     for token in (rest.split(",") if sep else []):

@@ -22,9 +22,9 @@ def test_a_grid_whose_every_cell_is_skipped_ends_1_with_one_line(tmp_path, capsy
 
 def test_a_grid_whose_every_job_failed_ends_1_with_one_line(tmp_path, monkeypatch, capsys):
     _fake_jobs(monkeypatch, fail={("ring", "cnn", 1, "none"), ("ring", "cnn", 2, "none")})
-    a, s, cells, out = training.prepare(["--out-dir", str(tmp_path / "t"), "--variants", "ring", "--workers", "1,2",
-                                         "--repeats", "1"])
-    assert training.run(a, s, cells, out, FakePlace()) == 1
+    plan = training.prepare(["--out-dir", str(tmp_path / "t"), "--variants", "ring", "--workers", "1,2",
+                             "--repeats", "1"])
+    assert training.run(plan, FakePlace()) == 1
     cap = capsys.readouterr()
     line = "nothing was measured: all 2 jobs failed (the first: exit 1: broken)"
     assert cap.out.rstrip().endswith(f"# {line}\nFAILED")

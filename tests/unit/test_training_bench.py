@@ -202,8 +202,12 @@ def test_cells_over_the_slots_and_straggler_ranks_that_are_no_workers_are_skippe
 
 
 def _args(tmp_path, *extra):
-    a, s, cells, out = training.prepare(["--out-dir", str(tmp_path / "run"), *extra])
-    return a, s, cells, out
+    return _prep(["--out-dir", str(tmp_path / "run"), *extra])
+
+
+def _prep(argv):
+    plan = training.prepare(argv)
+    return plan, plan.out
 
 
 def _fake_jobs(monkeypatch, fail=()):
@@ -223,9 +227,9 @@ def _fake_jobs(monkeypatch, fail=()):
 
 def test_run_writes_the_contract_json_skips_and_resumes(tmp_path, monkeypatch, capsys):
     calls = _fake_jobs(monkeypatch)
-    a, s, cells, out = _args(tmp_path, "--variants", "horovod,ps-sync", "--workers", "1,2", "--repeats", "2")
+    plan, out = _args(tmp_path, "--variants", "horovod,ps-sync", "--workers", "1,2", "--repeats", "2")
     place = FakePlace(slots=2)
-    assert training.run(a, s, cells, out, place) == 0
+    assert training.run(plan, place) == 0
     doc = json.load(open(os.path.join(out, "training.json")))
     assert doc["benchmark"] == "training" and set(doc) == {"benchmark", "meta", "place", "rows", "summary",
                                                             "skipped", "target_accuracy"}
@@ -246,23 +250,23 @@ def test_run_writes_the_contract_json_skips_and_resumes(tmp_path, monkeypatch, c
     with open(os.path.join(out, "training.json"), "w") as f:
         json.dump(doc, f)
     calls.clear()                                  # resume: nothing left to run
-    a, s, cells, out = training.prepare(["--resume", out, "--variants", "horovod,ps-sync", "--workers", "1,2",
-                                         "--repeats", "3"])
-    assert training.run(a, s, cells, out, place) == 0
+    plan, out = _prep(["--resume", out, "--variants", "horovod,ps-sync", "--workers", "1,2",
+                  "--repeats", "3"])
+    assert training.run(plan, place) == 0
     assert [(k[0], k[2], r) for k, r in calls] == [("horovod", 1, 2), ("ps-sync", 1, 2), ("horovod", 2, 2)]
     doc = json.load(open(os.path.join(out, "training.json")))
     assert len(doc["rows"]) == 9 and doc["meta"]["boot_ids"] == sorted(["an earlier boot", boot_id()], key=str)
 
     with pytest.raises(UsageError, match="--resume: the throughput rows there were measured with batch_size=32"):
-        a, s, cells, out = training.prepare(["--resume", out, "--batch-size", "8"])
-        training.run(a, s, cells, out, place)
+        plan, out = _prep(["--resume", out, "--batch-size", "8"])
+        training.run(plan, place)
     with pytest.raises(UsageError, match="holds throughput rows already"):
-        a, s, cells, out2 = training.prepare(["--out-dir", out])
-        training.run(a, s, cells, out2, place)
+        plan, out2 = _prep(["--out-dir", out])
+        training.run(plan, place)
 
-    a, s, cells, out = training.prepare(["--out-dir", out, "--measure", "convergence", "--variants", "ps-sync",
-                                         "--workers", "2", "--repeats", "1"])
-    assert training.run(a, s, cells, out, place) == 1     # into the same training.json: the throughput rows stay
+    plan, out = _prep(["--out-dir", out, "--measure", "convergence", "--variants", "ps-sync",
+                  "--workers", "2", "--repeats", "1"])
+    assert training.run(plan, place) == 1     # into the same training.json: the throughput rows stay
     assert "nothing was measured: every cell was skipped (needs 3 slots, the hosts have 2)" in capsys.readouterr().err
     doc = json.load(open(os.path.join(out, "training.json")))
     assert [r["measure"] for r in doc["rows"]].count("throughput") == 9 and doc["target_accuracy"] == 0.9
@@ -274,8 +278,8 @@ def test_run_writes_the_contract_json_skips_and_resumes(tmp_path, monkeypatch, c
 def test_a_failed_job_is_a_row_the_grid_goes_on_and_resume_runs_it_again(tmp_path, monkeypatch, capsys):
     broken = ("ring", "cnn", 2, "none")
     calls = _fake_jobs(monkeypatch, fail={broken})
-    a, s, cells, out = _args(tmp_path, "--variants", "horovod,ring", "--workers", "1,2", "--repeats", "1")
-    assert training.run(a, s, cells, out, FakePlace()) == 1
+    plan, out = _args(tmp_path, "--variants", "horovod,ring", "--workers", "1,2", "--repeats", "1")
+    assert training.run(plan, FakePlace()) == 1
     doc = json.load(open(os.path.join(out, "training.json")))
     failed = [r for r in doc["rows"] if r["status"] == "FAILED"]
     assert len(doc["rows"]) == 4 and [(r["variant"], r["workers"], r["error"]) for r in failed] == \
@@ -284,9 +288,9 @@ def test_a_failed_job_is_a_row_the_grid_goes_on_and_resume_runs_it_again(tmp_pat
     calls.clear()
     monkeypatch.setattr(training, "time", training.time)
     _fake_jobs(monkeypatch)
-    a, s, cells, out = training.prepare(["--resume", out, "--variants", "horovod,ring", "--workers", "1,2",
-                                         "--repeats", "1"])
-    assert training.run(a, s, cells, out, FakePlace()) == 0
+    plan, out = _prep(["--resume", out, "--variants", "horovod,ring", "--workers", "1,2",
+                  "--repeats", "1"])
+    assert training.run(plan, FakePlace()) == 0
     rows = json.load(open(os.path.join(out, "training.json")))["rows"]
     assert len(rows) == 4 and all(r["status"] == "OK" for r in rows)
 
@@ -295,9 +299,9 @@ def test_budget_stops_starting_jobs_and_lists_them(tmp_path, monkeypatch, capsys
     calls = _fake_jobs(monkeypatch)
     clock = iter(range(0, 10_000, 100))              # every reading of the clock: 100 s later
     monkeypatch.setattr(training.time, "monotonic", lambda: float(next(clock)))
-    a, s, cells, out = _args(tmp_path, "--variants", "horovod,ring", "--workers", "1,2", "--repeats", "1",
+    plan, out = _args(tmp_path, "--variants", "horovod,ring", "--workers", "1,2", "--repeats", "1",
                              "--budget", "400")
-    assert training.run(a, s, cells, out, FakePlace()) == 0
+    assert training.run(plan, FakePlace()) == 0
     doc = json.load(open(os.path.join(out, "training.json")))
     assert 1 <= len(calls) < 4 and len(doc["rows"]) == len(calls)
     late = [x for x in doc["skipped"] if x["reason"].startswith("not run: over --budget 400s")]
@@ -318,11 +322,13 @@ def test_usage_errors_name_the_flag(tmp_path):
 
 
 def test_quick_and_measure_fill_only_the_flags_not_given():
-    a, s, cells, _ = training.prepare(["--quick"])
+    plan = training.prepare(["--quick"])
+    a, s, cells = plan, plan.settings, plan.cells
     assert [c.key for c in cells] == [("horovod", "cnn", 1, "none"), ("ps-sync", "cnn", 1, "none"),
                                       ("horovod", "cnn", 2, "none"), ("ps-sync", "cnn", 2, "none")]
     assert a.repeats == 1 and (s.image_size, s.steps_per_iter, s.iters) == (16, 3, 2)
-    a, s, cells, _ = training.prepare(["--quick", "--measure", "convergence", "--variants", "ring"])
+    plan = training.prepare(["--quick", "--measure", "convergence", "--variants", "ring"])
+    s, cells = plan.settings, plan.cells
     assert [c.key for c in cells] == [("ring", "mlp", 2, "none")] and s.epochs == 2 and s.measure == "convergence"
 
 
@@ -340,8 +346,8 @@ def test_plots_read_training_json(tmp_path, monkeypatch):
     from hvdkit.bench.report.figures import plot_all
 
     _fake_jobs(monkeypatch)
-    a, s, cells, out = _args(tmp_path, "--variants", "horovod,ring", "--workers", "1,2", "--repeats", "2")
-    training.run(a, s, cells, out, FakePlace())
+    plan, out = _args(tmp_path, "--variants", "horovod,ring", "--workers", "1,2", "--repeats", "2")
+    training.run(plan, FakePlace())
     pngs = plot_all(str(tmp_path), training=os.path.join(out, "training.json"))
     assert [os.path.basename(p) for p in pngs] == ["throughput.png", "step_split.png"]
     assert all(open(p, "rb").read(4) == b"\x89PNG" for p in pngs)
@@ -360,8 +366,8 @@ def test_suite_usage_errors_and_summary_from_training_json(tmp_path, monkeypatch
                    "hvdkit-bench suite: error: --emulated '3:0': write H[:SLOTS][@RATE] with H, SLOTS >= 1, e.g. 3, "
                    "3:2 or 3:2@200mbit"]
     _fake_jobs(monkeypatch)
-    a, s, cells, out = _args(tmp_path, "--variants", "horovod", "--workers", "1,2", "--repeats", "1")
-    training.run(a, s, cells, out, FakePlace())
+    plan, out = _args(tmp_path, "--variants", "horovod", "--workers", "1,2", "--repeats", "1")
+    training.run(plan, FakePlace())
     meta = {"date": "d", "host": "h", "cores": 2, "loadavg": [0, 0, 0], "place": {"kind": "local", "hosts": []}}
     got = suite.summarize(out, meta, [{"step": "training", "status": "OK", "seconds": 1.0}])
     assert got["figures"] == {"scaling efficiency cnn/horovod, 2 workers, straggler none": pytest.approx(1.0)}
@@ -423,8 +429,8 @@ def test_hvdkit_env_settings_are_recorded_shown_and_resume_refuses_a_change(tmp_
     monkeypatch.setenv("HVDKIT_LR", "0.5")
     monkeypatch.setenv("HVDKIT_CLUSTER_HOSTFILE", "/tmp/hosts")
     _fake_jobs(monkeypatch)
-    a, s, cells, out = _args(tmp_path, "--variants", "horovod", "--workers", "1", "--repeats", "1")
-    assert training.run(a, s, cells, out, FakePlace()) == 0
+    plan, out = _args(tmp_path, "--variants", "horovod", "--workers", "1", "--repeats", "1")
+    assert training.run(plan, FakePlace()) == 0
     meta = json.load(open(os.path.join(out, "training.json")))["meta"]
     assert meta["hvdkit_env"] == {"HVDKIT_LR": "0.5"} == meta["measures"]["throughput"]["hvdkit_env"]
     assert "# hvdkit_env: HVDKIT_LR=0.5" in capsys.readouterr().out
@@ -433,10 +439,10 @@ def test_hvdkit_env_settings_are_recorded_shown_and_resume_refuses_a_change(tmp_
 
     monkeypatch.delenv("HVDKIT_LR")
     with pytest.raises(UsageError, match=r"measured with HVDKIT_LR=0\.5, this run has HVDKIT_LR unset; set the same"):
-        a, s, cells, out = training.prepare(["--resume", out, "--variants", "horovod", "--workers", "1"])
-        training.run(a, s, cells, out, FakePlace())
-    a, s, cells, out2 = _args(tmp_path / "b", "--variants", "horovod", "--workers", "1", "--repeats", "1")
-    assert training.run(a, s, cells, out2, FakePlace()) == 0
+        plan, out = _prep(["--resume", out, "--variants", "horovod", "--workers", "1"])
+        training.run(plan, FakePlace())
+    plan, out2 = _args(tmp_path / "b", "--variants", "horovod", "--workers", "1", "--repeats", "1")
+    assert training.run(plan, FakePlace()) == 0
     assert "# hvdkit_env: none" in capsys.readouterr().out
 
 
