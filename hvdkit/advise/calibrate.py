@@ -5,6 +5,10 @@ On a cluster where the formulas' assumptions fail (more ranks than cores, a TCP 
 algorithm that does not reach the link rate) the time of each strategy's allreduce-equivalent,
 measured alone at a few sizes, predicts its share of a training step better than alpha and beta
 from a probe (Hockney 1994: ``t(m) = alpha + m / B`` fitted by least squares).
+
+The fits and the traffic factors that scale them: :mod:`hvdkit.advise.collective_fits`; here, which
+method measures which row (:func:`collective_method`), what a calibration fixed (:class:`Calibration`)
+and the step it prices (:meth:`Calibration.predict`, its terms in :mod:`hvdkit.advise.terms`).
 """
 from __future__ import annotations
 
@@ -12,10 +16,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from hvdkit import costs
-from hvdkit.advise.model import (Prediction, burst_seconds, closed_network_cycle, cpu_share, server_serial_time,
-                                 split_fit)
+from hvdkit.advise.collective_fits import (A2A_METHOD, a2a_fractions, fit_collectives, fit_for, hockney_fit,
+                                           latency_steps, quotas, sizes_at, sizes_beyond, wire_factor)
+from hvdkit.advise.model import Prediction, burst_seconds, cpu_share, split_fit
 from hvdkit.advise.predict import Priced, priced
+from hvdkit.advise.terms import LIMITS, Job, communication, server_cycle, transport, with_copies
 from hvdkit.errors import UsageError
 
 __all__ = ["fit_collectives", "fit_for", "fitted_options", "collective_method", "wire_factor", "latency_steps",
@@ -53,56 +58,6 @@ def _fp16(method: str, wire_fraction: float) -> str:
     return method + ("-fp16" if wire_fraction == 0.5 else "-fp16-push")
 
 
-def fit_collectives(doc: dict, link_Bps: float | None = None, min_bytes: int = 1 << 20) -> dict:
-    """``{(method, ranks): (a_s, b_s_per_byte)}`` from a ``cluster_collectives --json`` document.
-
-    Rows with one rank per host, the default variant, ``bytes >= min_bytes``, at the link rate
-    closest to ``link_Bps`` (bytes/s; None: 1 Gbit/s); a least-squares line per (method, ranks)
-    with at least two sizes; a and b are clipped at 0.
-
-    Raises:
-        ValueError: the document has no ``rows`` (names what is missing).
-    """
-    rows = doc.get("rows") if isinstance(doc, dict) else None
-    if not rows:
-        raise ValueError("a cluster_collectives --json document with rows is needed")
-    rates = sorted({r["rate"] for r in rows if r.get("rate")})
-    want = link_Bps or 1e9 / 8
-    rate = min(rates, key=lambda t: abs(costs.parse_rate(t) / 8 - want)) if rates else None
-    pts: dict = {}
-    for r in rows:
-        if r.get("slots") == 1 and r.get("rate") == rate and r.get("variant", "main") == "main" \
-                and r["bytes"] >= min_bytes and "[" not in r["method"]:
-            pts.setdefault((r["method"], r["ranks"]), []).append((r["bytes"], r["time_us"] / 1e6))
-    out = {}
-    for key, xy in pts.items():
-        x, y = np.array(xy).T
-        if len(set(x)) >= 2:
-            b, a = np.polyfit(x, y, 1)
-            out[key] = (max(0.0, float(a)), max(0.0, float(b)))
-    return out
-
-
-def _bytes_factor(method: str, ranks: int) -> float:
-    """Busiest-link bytes per S of one allreduce-equivalent (the formulas' beta factor)."""
-    k = {"ps": 1, "ps2": 2}.get(method.split("-fp16")[0], 0)
-    if k:
-        return 2 * max(1.0, (ranks - k) / k)
-    return 2 * (ranks - 1) / ranks
-
-
-def fit_for(fits: dict, method: str, ranks: int) -> tuple[float, float] | None:
-    """The fit of ``method`` at ``ranks``; for an unmeasured rank count, the largest measured
-    one's ``a`` and its ``b`` scaled by the formulas' bytes ratio; None when the method is absent."""
-    if (method, ranks) in fits:
-        return fits[(method, ranks)]
-    have = sorted(r for m, r in fits if m == method)
-    if not have:
-        return None
-    a, b = fits[(method, have[-1])]
-    return a, b * _bytes_factor(method, ranks) / _bytes_factor(method, have[-1])
-
-
 def fitted_options(fits: dict, rows, hosts: int) -> tuple:
     """``Options.fitted`` for one rank per host: ``((label, a, b), ...)`` for each of ``rows``
     (:class:`~hvdkit.advise.predict.Priced`) with a measured method (:func:`collective_method`)."""
@@ -118,47 +73,8 @@ def fitted_options(fits: dict, rows, hosts: int) -> tuple:
 # ---------------------------------------------------------------- calibration on micro-measurements
 
 
-def wire_factor(comm: str, workers: int, servers: int | None = None, serial: bool = False) -> float:
-    """Bytes on the busiest link per gradient byte S of one step, from the row's traffic formula in
-    :mod:`hvdkit.costs` (at S = 1 byte, B = 1 byte/s, no latency; docs/performance.md): a ring (flat, or
-    hierarchical at one rank per host), a colocated PS, K dedicated servers (push + pull through the
-    server's link; ``serial``: the replies one worker at a time, pulls overlapping the next pushes). One
-    worker on a ring: 0."""
-    if comm == "ps":
-        return costs.ps_time(1.0, workers, servers or 1, 1.0, serial=serial)
-    if comm == "colocated":
-        return costs.colocated_ps_time(1.0, workers, 1.0)
-    return costs.ring_allreduce_time(1.0, workers, 1.0)
-
-
-def latency_steps(comm: str, workers: int) -> int:
-    """Messages one after another in one step: a ring's 2 (W-1) (reduce-scatter + allgather), a PS's 2
-    (push, pull): the factor of the latency term (Patarasuk & Yuan 2009; :func:`hvdkit.costs.ps_time`)."""
-    return 2 * (workers - 1) if comm in ("ring", "hierarchical") else 2
-
-
-#: the names of :meth:`Calibration.predict`'s terms in a prediction's ``limiting``
-LIMITS = {"compute": "compute", "latency": "latency (per message)", "cpu": "CPU per byte (copies, reduction, polling)",
-          "wire": "NIC bandwidth", "server": "servers (asynchronous requests)",
-          "transport": "MPI's all-to-all transport"}
-
-#: the collectives method whose traffic is a colocated PS's with no PS (every rank to every rank at once),
-#: measured at 3 hosts or more: the transport's all-to-all rate (:attr:`Calibration.a2a_frac`)
-A2A_METHOD = "mpi-a2a"
 #: the CFS period of an emulated host's CPU quota, seconds (hvdkit.cluster.cpu.PERIOD_US)
 CFS_PERIOD_S = 0.01
-
-
-def a2a_fraction(row: dict, place_ring_Bps: float | None) -> float | None:
-    """The all-to-all rate an ``mpi-a2a`` collectives row reached as a share of the ring pattern's probed
-    rate: busbw ``2 (N-1)/N x bytes / time`` (the bytes each rank sends, as a ring's; BytePS's colocated
-    mode, Jiang et al. OSDI 2020) over the row's own probe (``ring_bps``, a cluster-collectives run) or
-    else ``place_ring_Bps`` (bytes/s: the place's ring pattern, else its link); None without either."""
-    ranks, t = int(row["ranks"]), float(row["time_us"]) / 1e6
-    ring = float(row["ring_bps"]) / 8 if row.get("ring_bps") else place_ring_Bps
-    if ranks < 2 or t <= 0 or not ring:
-        return None
-    return 2 * (ranks - 1) / ranks * row["bytes"] / t / ring
 
 
 @dataclass
@@ -338,6 +254,42 @@ class Calibration:
         fit's CPU term, and the sum of one push, at the CPU share of one busy rank on its host; the
         waiting workers sleep: :func:`hvdkit.comm.poll`).
         """
+        job = self._job(model, variant, workers, rate, nbytes, ranks_on_host)
+        if job is None:
+            return None
+        lat, cpu, wire = communication(self, job)
+        compute = job.base / job.share
+        if self.sleeps(rate, job.row, workers, ranks_on_host):
+            # a rank that sleeps while it communicates starts its compute with its period's quota unspent:
+            # a burst at the speed the machine's cores give the workers computing at once (burst_seconds)
+            compute = self.burst(rate, job.base, workers)
+        cpu = with_copies(self, job, lat, cpu, wire)
+        soft = (lat + cpu) * job.share_fit / job.share
+        step = compute + soft + wire
+        terms = {"compute": compute, "latency": lat * job.share_fit / job.share,
+                 "cpu": cpu * job.share_fit / job.share, "wire": wire}
+        excess = transport(self, job, soft, wire)
+        if excess is not None:
+            terms["transport"] = excess
+            step += terms["transport"]
+        if job.row.staleness != 0 and job.comm == "ps":
+            cycle = server_cycle(self, job, step)
+            terms["server"] = max(0.0, cycle - step)
+            step = max(step, cycle)
+        one = self.predict(model, variant, 1, rate, nbytes, batch) if workers > 1 else None
+        worst = max(terms, key=terms.get)
+        return Prediction(strategy=job.row.label, step_s=step, compute_s=compute, comm_s=step - compute,
+                          exposed_s=step - compute, efficiency=(one.step_s if one else step) / step,
+                          samples_per_s=workers * batch / step,
+                          link_bytes=wire_factor(job.comm, workers, job.k) * nbytes,
+                          link="server NIC" if job.comm == "ps" else "NIC", limiting=LIMITS[worst],
+                          hvdkit=job.row.hvdkit, terms=terms, efficiency_kind="scaling")
+
+    def _job(self, model: str, variant: str, workers: int, rate: str, nbytes: float,
+             ranks_on_host: int) -> Job | None:
+        """The configuration :meth:`predict` prices: its row, its base, the collective it reads (measured at
+        its rank count, else the 2-host fit split by :func:`~hvdkit.advise.model.split_fit`) and its CPU
+        shares; None where the calibration lacks the model's one-worker step or the method's collective."""
         if rate not in self.links:
             return None
         try:
@@ -363,7 +315,6 @@ class Calibration:
         wf = row.wire_fraction / scale   # the fit's bytes axis: float32 bytes for an -fp16 method's own fit
         cal_workers = self.hosts - 1 if comm == "ps" else self.hosts
         parts = split_fit(a, b, n, wire_factor(comm, cal_workers, 1) * wf, ln.link_Bps)
-        asynchronous = row.staleness != 0
         # every host sends and receives at once: the probe's rate of the row's pattern where it measured
         # one (a colocated PS: every worker to every shard, the all-to-all pattern; else the ring's)
         pattern_Bps = ln.a2a_Bps if comm == "colocated" and ln.a2a_Bps else ln.ring_Bps
@@ -378,85 +329,9 @@ class Calibration:
             at = self.collective_time(rate, sm, n, ranks)
         if at is not None:
             share_fit = self.share(rate, 1, ranks, row.busy_threads, fit_method, scaled=True)
-            rate_Bps = ln.link_Bps if comm == "ps" else (pattern_Bps or ln.link_Bps)
-            wire = min(at, wire_factor(comm, workers, k, row.serial_replies) * n * wf / rate_Bps)
-            lat = min(at - wire, self.collective_time(rate, fit_method, 0.0, ranks))   # its smallest size's time
-            cpu = at - wire - lat
-        elif comm == "ps":
-            w_eff = 1 if asynchronous else workers
-            wire = parts["wire"] * wire_factor("ps", w_eff, k, row.serial_replies and not asynchronous) \
-                / wire_factor("ps", 1, 1)
-            # the sum runs at reduce_Bps on a full core: in the fit's CPU units (at share_fit), / share_fit
-            cpu = parts["cpu"] + server_serial_time(w_eff - 1, nbytes / k, self.reduce_Bps) / share_fit
-            lat = parts["latency"]
-        elif comm == "ring" and self.points.get((rate, fit_method)):
-            # a ring of W is 2 (W - 1) steps of 2 S / W bytes each way; the measured 2-host ring of x bytes
-            # is 2 steps of x / 2: so (W - 1) x the 2-host time at x = 2 S / W (Patarasuk & Yuan 2009),
-            # read off the measured sizes where the chunk is small (the quota's floor per step)
-            x = 2 * n / workers
-            per = self.collective_time(rate, fit_method, x)
-            w2 = min(per, wf * x / ln.link_Bps)
-            lat_p = min(per - w2, max(0.0, per - b * x))
-            lat, cpu, wire = (workers - 1) * lat_p, (workers - 1) * (per - w2 - lat_p), (workers - 1) * w2 * ring
-        else:
-            wire = parts["wire"] * wire_factor(comm, workers) / wire_factor(comm, cal_workers) * ring
-            cpu = parts["cpu"] * wire_factor(comm, workers) / wire_factor(comm, cal_workers)
-            lat = parts["latency"] * latency_steps(comm, workers) / latency_steps(comm, cal_workers)
-        compute = base / share
-        if self.sleeps(rate, row, workers, ranks_on_host):
-            # a rank that sleeps while it communicates starts its compute with its period's quota unspent:
-            # a burst at the speed the machine's cores give the workers computing at once (burst_seconds)
-            compute = self.burst(rate, base, workers)
-        # the one-worker step's own copies (rows without network at one worker; Calibration.overhead)
-        # (a row with no one-worker cell of its own, e.g. advise's horovod-hier: those of the step whose base it took)
-        floor = self.overhead.get(self.base_key(rate, model, row.label), 0.0) / share if comm != "ps" else 0.0
-        if comm == "ring":
-            # the collective measured alone sums one contiguous buffer; a training step's ring packs the
-            # gradient tensors into one and back (hvdkit's ring) or copies them through the fusion buffer
-            # (Horovod's grouped allreduce), and averages: the one-worker step's copies, added (not a
-            # floor: a ring's collective measured alone already pays its own copies once)
-            cpu += floor * share / share_fit
-        else:   # a colocated PS: its benchmark runs the PS itself (the servers' apply too): a floor
-            cpu = max(cpu, (floor - wire) * share / share_fit - lat)
-        soft = (lat + cpu) * share_fit / share
-        step = compute + soft + wire
-        terms = {"compute": compute, "latency": lat * share_fit / share, "cpu": cpu * share_fit / share, "wire": wire}
-        frac = self.a2a_frac.get(rate)
-        if comm == "colocated" and workers > 2 and frac and at is None:
-            # every rank sends to and receives from every other at once: at most the transport's
-            # measured all-to-all rate (mpi-a2a in benchmarks/reference/fair_hosts/*/collectives_np*.md:
-            # Open MPI's TCP transport, below the rate plain sockets carry in the same pattern)
-            floor = wire_factor("colocated", workers) * n * wf / (frac * (ln.ring_Bps or ln.link_Bps))
-            terms["transport"] = max(0.0, floor - soft - wire)
-            step += terms["transport"]
-        if asynchronous and comm == "ps":
-            # W workers cycle between their own work and the K servers: a closed queueing network
-            # (closed_network_cycle). A request's shard S / K goes in through a server's link and its
-            # weights come out through it: two links the workers' TCP flows share (processor sharing),
-            # each one way's time of the fit's wire term; then the server's one loop (first come,
-            # first served): the transport's copies (the fit's CPU term) and the sum, at the CPU share
-            # of one busy rank on its host (the waiting workers sleep: hvdkit.comm.poll). The rest of
-            # the one-worker step (`step`, at this job's CPU share) is each worker's own. With pushes
-            # and pulls overlapping and only the loop queueing, ps-async came out under the reference
-            # check's cells (benchmarks/reference/advise_check.md)
-            alone = self.share(rate, 1, 1)
-            link = parts["wire"] / 2 / k
-            loop = (parts["cpu"] * share_fit / alone + server_serial_time(1, nbytes, self.reduce_Bps) / alone) / k
-            think = max(0.0, step - 2 * link - loop)
-            cycle = closed_network_cycle(workers, think, shared=(link, link), fcfs=(loop,))   # = step at one worker
-            # and at least the bound: W requests through the busiest station per cycle (the loop's residual
-            # approximation can fall below it where the loop is the bottleneck)
-            cycle = max(cycle, workers * max(link, loop))
-            terms["server"] = max(0.0, cycle - step)
-            step = max(step, cycle)
-        one = self.predict(model, variant, 1, rate, nbytes, batch) if workers > 1 else None
-        worst = max(terms, key=terms.get)
-        return Prediction(strategy=row.label, step_s=step, compute_s=compute, comm_s=step - compute,
-                          exposed_s=step - compute, efficiency=(one.step_s if one else step) / step,
-                          samples_per_s=workers * batch / step, link_bytes=wire_factor(comm, workers, k) * nbytes,
-                          link="server NIC" if comm == "ps" else "NIC", limiting=LIMITS[worst], hvdkit=row.hvdkit,
-                          terms=terms, efficiency_kind="scaling")
-
+        return Job(model=model, row=row, rate=rate, workers=workers, nbytes=nbytes, base=base, comm=comm, k=k,
+                    ranks=ranks, ln=ln, share=share, share_fit=share_fit, n=n, wf=wf, fit_method=fit_method, b=b,
+                    parts=parts, cal_workers=cal_workers, pattern_Bps=pattern_Bps, ring=ring, at=at)
 
 def busy_threads(row, workers: int) -> int:
     """The busy threads of one of ``row``'s ranks at ``workers`` workers: its ``busy_threads``, but 1 at one
@@ -464,14 +339,6 @@ def busy_threads(row, workers: int) -> int:
     to two and hvdkit's one-thread ring's does not (the step split of
     benchmarks/reference/fair_hosts/*/training.md)."""
     return row.busy_threads if workers > 1 else 1
-
-
-def _polyfit(xy) -> tuple[float, float] | None:
-    x, y = np.array(xy).T
-    if len(set(x)) < 2:
-        return None
-    b, a = np.polyfit(x, y, 1)
-    return max(0.0, float(a)), max(0.0, float(b))
 
 
 def calibrate(meas, hosts: int = 2, min_bytes: int = 1 << 20, at_scale: bool = False) -> Calibration:
@@ -487,54 +354,43 @@ def calibrate(meas, hosts: int = 2, min_bytes: int = 1 << 20, at_scale: bool = F
     no one-worker cell takes the model's horovod (else ring) base; a rate without one takes another
     rate's (compute does not depend on the link).
     """
-    fits, used, pts, every = {}, set(), {}, {}
-    for r in meas.collectives:
-        if r.get("hosts") == hosts and r.get("slots", 1) == 1 and r.get("variant", "main") == "main" \
-                and "[" not in r["method"] and r.get("rate") in meas.links:
-            every.setdefault((r["rate"], r["method"]), []).append((r["bytes"], r["time_us"] / 1e6))
-            if r["bytes"] >= min_bytes:
-                pts.setdefault((r["rate"], r["method"], r["ranks"]), []).append((r["bytes"], r["time_us"] / 1e6))
-    quota, squota = {}, {}
-    for r in meas.collectives:
-        if "cpus_per_host" in r and r.get("hosts") == hosts:
-            quota[(r.get("rate"), r["method"])] = r["cpus_per_host"]
-        elif "cpus_per_host" in r:
-            squota[(r.get("rate"), r["method"], r["ranks"])] = r["cpus_per_host"]
-    scale: dict = {}
-    for r in meas.collectives if at_scale else ():
-        if (r.get("hosts") or 0) > hosts and r.get("slots", 1) == 1 and r.get("variant", "main") == "main" \
-                and "[" not in r["method"] and r.get("rate") in meas.links:
-            scale.setdefault((r["rate"], r["method"], r["ranks"]), []).append((r["bytes"], r["time_us"] / 1e6))
-    for (rate, method, ranks), xy in pts.items():
-        fit = _polyfit(xy)
+    every, big = sizes_at(meas.collectives, meas.links, hosts, min_bytes)
+    quota, squota = quotas(meas.collectives, hosts)
+    fits, used = {}, set()
+    for (rate, method, ranks), xy in big.items():
+        fit = hockney_fit(xy)
         if fit:
             fits[(rate, method)] = fit
             used.add(("collectives", rate, method, ranks))
     cal = Calibration(fits, {}, dict(meas.links), used, hosts,
                       fit_quota={k: v for k, v in quota.items() if k in fits},
                       points={k: tuple(sorted(v)) for k, v in every.items() if k in fits})
+    if at_scale:
+        _read_at_scale(cal, sizes_beyond(meas.collectives, meas.links, hosts), squota, min_bytes)
+    # the transport's all-to-all: mpi-a2a at >= 3 hosts, largest size per run
+    cal.a2a_frac, read = a2a_fractions(meas.collectives, meas.links, min_bytes)
+    used.update(("transport", rate, A2A_METHOD, h) for rate, h in read)
+    _read_bases(cal, meas, _one_worker_bases(cal, meas))
+    return cal
+
+
+def _read_at_scale(cal: Calibration, scale: dict, squota: dict, min_bytes: int) -> None:
+    """Into ``cal``: the collectives measured at more hosts (``scale``,
+    :func:`~hvdkit.advise.collective_fits.sizes_beyond`) with a Hockney fit at >= ``min_bytes`` (:attr:`Calibration.scale_points`), and their quotas."""
     for key, xy in sorted(scale.items()):
         big = [(x, y) for x, y in xy if x >= min_bytes]
-        fit = _polyfit(big) if len(big) >= 2 else None
+        fit = hockney_fit(big) if len(big) >= 2 else None
         if fit and key[1] != A2A_METHOD:
             cal.scale_points[key], cal.scale_fits[key] = tuple(sorted(xy)), fit
             if key in squota:
                 cal.scale_quota[key] = squota[key]
-            used.add(("collectives", *key))
-    a2a: dict = {}
-    for r in meas.collectives:   # the transport's all-to-all: mpi-a2a at >= 3 hosts, largest size per run
-        if r["method"] == A2A_METHOD and (r.get("hosts") or 0) >= 3 and r.get("slots", 1) == 1 \
-                and r.get("variant", "main") == "main" and r.get("rate") in meas.links and r["bytes"] >= min_bytes:
-            a2a.setdefault((r["rate"], r["hosts"]), []).append(r)
-    fracs: dict = {}
-    for (rate, h), rs in sorted(a2a.items()):
-        top = max(r["bytes"] for r in rs)
-        ln = meas.links[rate]
-        got = [f for f in (a2a_fraction(r, ln.ring_Bps or ln.link_Bps) for r in rs if r["bytes"] == top) if f]
-        if got:
-            fracs.setdefault(rate, []).extend(got)
-            used.add(("transport", rate, A2A_METHOD, h))
-    cal.a2a_frac = {rate: float(np.median(v)) for rate, v in fracs.items()}
+            cal.used.add(("collectives", *key))
+
+
+def _one_worker_bases(cal: Calibration, meas) -> dict:
+    """``{(rate, model, variant): seconds at one full core}``: each one-worker cell's step less its network
+    (a dedicated PS: the fitted push + pull), or the harness's compute where it split one out (the rest into
+    :attr:`Calibration.overhead`); a cell with no positive base gets a note instead."""
     raw: dict = {}
     for c in meas.cells:
         if c.workers != 1 or c.rate not in meas.links:
@@ -552,7 +408,7 @@ def calibrate(meas, hosts: int = 2, min_bytes: int = 1 << 20, at_scale: bool = F
             (a, b), scale, m = got
             parts = split_fit(a, b, c.gradient_bytes * scale, wire_factor("ps", 1, 1) * row.wire_fraction / scale,
                               meas.links[c.rate].link_Bps)
-            net = (parts["latency"] + parts["cpu"]) * cal.share(c.rate, 1, hosts, row.busy_threads, m) / share \
+            net = (parts["latency"] + parts["cpu"]) * cal.share(c.rate, 1, cal.hosts, row.busy_threads, m) / share \
                 + parts["wire"]
         base = (c.step_ms / 1e3 - net) * share
         if row.comm != "ps" and c.base_ms is not None and 0 < c.base_ms <= c.step_ms:
@@ -561,12 +417,19 @@ def calibrate(meas, hosts: int = 2, min_bytes: int = 1 << 20, at_scale: bool = F
             cal.overhead[(c.rate, c.model, c.variant)] = (c.step_ms - c.base_ms) / 1e3 * share
         if base > 0:
             raw[(c.rate, c.model, c.variant)] = base
-            used.add(("cell", c.model, c.variant, 1, c.rate))
+            cal.used.add(("cell", c.model, c.variant, 1, c.rate))
         else:
-            cal.notes.append(f"{c.rate} {c.model} {c.variant}: the one-worker step ({c.step_ms:.1f} ms) is shorter than "
-                             f"the fitted push + pull of its bytes ({net * 1e3:.1f} ms): the collectives benchmark "
-                             "and the training step disagree; its base is the model's horovod (else ring) base")
-    for c in meas.cells:   # every (rate, model, variant) measured: its own base, else a stand-in
+            cal.notes.append(f"{c.rate} {c.model} {c.variant}: the one-worker step ({c.step_ms:.1f} ms) is shorter "
+                             f"than the fitted push + pull of its bytes ({net * 1e3:.1f} ms): the collectives "
+                             "benchmark and the training step disagree; its base is the model's horovod (else ring) "
+                             "base")
+    return raw
+
+
+def _read_bases(cal: Calibration, meas, raw: dict) -> None:
+    """Into ``cal.base``: every (rate, model, variant) measured, its own base in ``raw``, else a stand-in (the
+    variant's base at another rate, else the model's horovod, else ring, base at this rate)."""
+    for c in meas.cells:
         key = (c.rate, c.model, c.variant)
         if key in raw:
             cal.base[key] = raw[key]
@@ -576,7 +439,6 @@ def calibrate(meas, hosts: int = 2, min_bytes: int = 1 << 20, at_scale: bool = F
         pick = other[0] if other else next((x for x in stand if x), None)
         if pick:
             cal.base[key] = pick
-    return cal
 
 
 def held_out(cal: Calibration, predicted) -> bool:
