@@ -68,13 +68,12 @@ PROJECTION_METHOD = ("hvdkit advise's samples/s on 2x and 4x the hosts that the 
                      "(the median; min and max scaled by the same factor), only where that factor is within "
                      f"1/{AGREEMENT:g}-{AGREEMENT:g}x; efficiency = that over N x the measured 1-worker samples/s")
 
-def advise_variant(variant: str, strategy: str, layout: str, servers: int, wl: Workload,
-                   cl: Cluster) -> Prediction | None:
+def advise_variant(variant: str, wl: Workload, cl: Cluster) -> Prediction | None:
     """The advisor's prediction for one variant, or None where it has no row for it.
 
     Args:
-        variant: the variant label (``"ps-sync:num_servers=2"``); strategy, layout, servers:
-            the cell's (``servers`` = the dedicated server ranks, K).
+        variant: the variant label (``"ps-sync:num_servers=2"``): the row and its options
+            (layout, servers) are read from it.
         wl, cl: from :func:`workload_for` and :func:`cluster_for`.
 
     Asks ``hvdkit.advise.predict.predict_variant(variant, wl, cl, options)``, which prices the
@@ -214,14 +213,6 @@ def workload_for(doc: Mapping, cell: Mapping) -> Workload | None:
     return Workload(model, (int(grads),), compute_s=comp / 1e3, batch=batch)
 
 
-def _servers(cell: Mapping) -> int:
-    if cell.get("servers") is not None:
-        return int(cell["servers"])
-    if cell.get("layout") != "dedicated":
-        return 0
-    return max(0, int(cell.get("ranks") or cell["workers"]) - int(cell["workers"]))
-
-
 def cores_of(doc: Mapping) -> int | None:
     """The cores of the machine the benchmark ran on (``meta.cores``), or None."""
     meta = doc.get("meta") or {}
@@ -265,8 +256,7 @@ def predictions(doc: Mapping, cal=None, link: tuple | None = None) -> list[dict]
         spans = hosts_spanned(place, int(c.get("ranks") or c["workers"])) > 1
         if p is None and wl and (lk or not spans):
             cl = cluster_for(place, int(c["workers"]), cores_of(doc), link=lk)
-            p = advise_variant(c["variant"], c.get("strategy", ""), c.get("layout", ""), _servers(c), wl, cl) \
-                if cl else None
+            p = advise_variant(c["variant"], wl, cl) if cl else None
         out.append({"cell": c, "predicted_sps": p.samples_per_s if p else None,
                     "error": p.samples_per_s / meas - 1 if p else None, "limiting": p.limiting if p else None,
                     "step_ms": p.step_s * 1e3 if p else None,
@@ -335,8 +325,7 @@ def projections(doc: Mapping, preds: Sequence[dict] | None = None, link: tuple |
         wl = workload_for(doc, c)
         for f in FACTORS:
             cl = cluster_for(doc.get("place") or {}, w, cores_of(doc), factor=f, link=lk)
-            q = advise_variant(variant, c.get("strategy", ""), c.get("layout", ""), _servers(c), wl, cl) \
-                if cl and wl else None
+            q = advise_variant(variant, wl, cl) if cl and wl else None
             if q is None:
                 continue
             base = one.get((model, variant, strag))

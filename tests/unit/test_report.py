@@ -127,13 +127,13 @@ def test_cluster_for_fills_hosts_and_takes_the_probed_link():
 def test_advise_variant_asks_predict_variant_by_label(monkeypatch):
     seen = []
     monkeypatch.setattr(advised, "_PREDICT_VARIANT", lambda label, wl, cl, opt: seen.append(label) or label)
-    assert advised.advise_variant("ps-sync:num_servers=2", "ps-sync", "dedicated", 2, None, None) == \
+    assert advised.advise_variant("ps-sync:num_servers=2", None, None) == \
         "ps-sync:num_servers=2"
 
     def refuse(label, *_):
         raise ValueError(f"unknown strategy {label!r}")   # UsageError is a ValueError
     monkeypatch.setattr(advised, "_PREDICT_VARIANT", refuse)
-    assert advised.advise_variant("toy", "toy", "replicas", 0, None, None) is None
+    assert advised.advise_variant("toy", None, None) is None
     assert seen == ["ps-sync:num_servers=2"]
 
 
@@ -153,7 +153,7 @@ def test_predictions_and_calibrated_projection():
     assert q["workers"] == 4 and q["calibration"] == pytest.approx(1500 / p["predicted_sps"])
     assert [pt["workers"] for pt in q["points"]] == [8, 16]
     cl8 = advised.cluster_for(doc["place"], 4, 8, factor=2, link=advised.link_of(doc))
-    raw = advised.advise_variant("horovod", "horovod", "replicas", 0, wl, cl8).samples_per_s
+    raw = advised.advise_variant("horovod", wl, cl8).samples_per_s
     pt = q["points"][0]
     assert pt["samples_per_s"]["median"] == pytest.approx(raw * q["calibration"])
     assert pt["samples_per_s"]["min"] == pytest.approx(raw * 1450 / p["predicted_sps"])
