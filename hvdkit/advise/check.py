@@ -152,7 +152,9 @@ ASSUMPTIONS = ("per-accelerator compute = batch / the one-accelerator images/s t
                "hvdkit.advise.presets': P100 from tf_cnn_benchmarks, V100 fp32 assumed); float32 gradients of "
                "the known models' tensors; a row overlaps fused 64 MiB buckets with the backward pass when its "
                "system does (Horovod, PyTorch DDP, BytePS), else sends after it; NCCL's flat ring over all "
-               "GPUs; TCP latency 30 us, RDMA 5 us; links at their line rate; straggler jitter 2%; BytePS: local "
+               "GPUs; TCP latency 30 us, RDMA 5 us; links at their line rate, but for NCCL's ring over TCP between "
+               "hosts of several GPUs (hvdkit.advise.presets.NCCL_TCP_FRACTION of it); a colocated PS serves from "
+               "every host unless the source names fewer parameter servers; straggler jitter 2%; BytePS: local "
                "aggregation, K = H CPU server hosts, pipelined push/pull. Errors: points of scaling efficiency; "
                "for speed-ups, percent of the published speed-up.")
 #: a pair of published figures of one source and model closer than this (points or percent) has no order
@@ -169,8 +171,12 @@ def _figure(p: dict, wl: Workload, cl: Cluster, eta: float = 1.0):
     subject (efficiency rows: its strategy; speed-up rows: the ``versus`` system) at ``eta`` x their rate."""
     opt = Options(overlap=p["overlap"], ps_local_aggregation=p["aggregate"])
     slow = replace(cl, intra_Bps=cl.intra_Bps * eta, inter_Bps=cl.inter_Bps * eta)
-    # the published system's overlap, whatever hvdkit's row of that name does
-    row = lambda name: replace(priced(name, cl.workers), overlaps=p["overlap"])   # noqa: E731
+    # the published system's overlap (and its parameter servers, where it names them), whatever hvdkit's
+    # row of that name does
+    def row(name):
+        r = priced(name, cl.workers)
+        r = replace(r, overlaps=p["overlap"], overlap_capable=r.overlap_capable or p["overlap"])
+        return replace(r, servers=p["servers"]) if p.get("servers") and name == p["strategy"] else r
     if p["kind"] == "speedup":
         mine, other = predict_variant(row(p["strategy"]), wl, cl, opt), predict_variant(row(p["versus"]), wl, slow, opt)
         return other.step_s / mine.step_s, mine, other
@@ -182,7 +188,10 @@ def _naive(p: dict, wl: Workload, cl: Cluster) -> float:
     """The naive baseline's figure: each step = compute + the busiest link's bytes / its line rate (no
     latency, no overlap, no straggler)."""
     def step(strategy):
-        pr = predict_variant(strategy, wl, cl, Options(jitter_cv=0.0))
+        row = priced(strategy, cl.workers)
+        if p.get("servers") and strategy == p["strategy"]:
+            row = replace(row, servers=p["servers"])
+        pr = predict_variant(row, wl, cl, Options(jitter_cv=0.0))
         rate = cl.inter_Bps if "NIC" in pr.link else cl.intra_Bps
         return wl.compute_s + pr.link_bytes / rate
     if p["kind"] == "speedup":

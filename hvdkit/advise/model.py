@@ -250,18 +250,30 @@ def ps_sync_time(nbytes: float, cl: Cluster, servers: int, aggregate: bool = Fal
     return local + wire + server
 
 
-def colocated_time(nbytes: float, cl: Cluster, aggregate: bool = False) -> float:
+def colocated_time(nbytes: float, cl: Cluster, aggregate: bool = False, servers: int | None = None) -> float:
     """Colocated PS: every host serves S/H: ``2 alpha + 2 (H-1)/H S_h / B_e`` plus the sum and update.
 
     :func:`hvdkit.costs.colocated_ps_time` (BytePS's colocated mode, Jiang et al. OSDI 2020: the same
     bytes per NIC as a ring); gamma: a host sums H shards of S_h/H and applies S/H at ``server_Bps``.
+
+    ``servers``: K < H of the worker hosts also serve a shard of S/K (TensorFlow's Benchmarks page ran
+    fewer parameter servers than instances for some models). A serving host's NIC then takes the other
+    H-1 hosts' S_h/K each in the push and sends them as much in the pull: ``2 alpha + 2 (H-1)/K S_h / B_e``
+    (BytePS's analysis, Jiang et al. OSDI 2020, sec. 3.1: a server link carries the workers' shards),
+    and it sums H shards of S_h/K and applies S/K. None or K >= H: every host serves (K = H).
     """
     sh, local = _local(nbytes, cl, aggregate)
     if cl.hosts == 1:
         return local + (0.0 if aggregate or cl.gpus_per_host == 1 else
                         ring_time(nbytes, cl.gpus_per_host, cl.intra_Bps, cl.intra_latency_s, cl.reduce_Bps))
-    return (local + costs.colocated_ps_time(sh, cl.hosts, cl.inter_Bps, cl.inter_latency_s)
-            + (sh + nbytes / cl.hosts) / cl.server_Bps)
+    if servers is not None and servers < 1:
+        raise ValueError(f"servers={servers} must be >= 1")
+    k = cl.hosts if servers is None or servers >= cl.hosts else servers
+    if k == cl.hosts:
+        return (local + costs.colocated_ps_time(sh, cl.hosts, cl.inter_Bps, cl.inter_latency_s)
+                + (sh + nbytes / cl.hosts) / cl.server_Bps)
+    return (local + 2 * cl.inter_latency_s + 2 * (cl.hosts - 1) / k * sh / cl.inter_Bps
+            + (cl.hosts * sh + nbytes) / k / cl.server_Bps)
 
 
 def overlapped_step(forward_s: float, backward_s: float, tensor_bytes, fusion_bytes: int, comm) -> tuple[float, float, int]:

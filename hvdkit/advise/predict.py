@@ -70,7 +70,8 @@ class Priced:
     Attributes:
         label: the canonical spelling (a variant's label, or an :class:`OwnRow`'s name).
         comm: ``ring`` | ``hierarchical`` | ``ps`` | ``colocated`` | ``byteps``.
-        servers: K dedicated server hosts for ``ps`` (None: one per worker host, K = H).
+        servers: K dedicated server hosts for ``ps`` (None: one per worker host, K = H); for ``colocated``,
+            the K worker hosts that also serve a shard (None: every host, K = H).
         staleness: 0 (lockstep), the SSP bound s, or None (asynchronous, unbounded).
         overlap_capable: its allreduce is a graph op that ``Options.overlap`` may overlap with backward.
         wire_fraction: bytes on the wire / gradient bytes (``compression=fp16``: 0.5; fp16 push, float32 pull: 0.75).
@@ -215,8 +216,8 @@ def predict_variant(variant: str | Variant | OwnRow | Priced, wl: Workload, cl: 
         one = lambda b, c=cl: hierarchical_time(b, c)   # noqa: E731
         link = ("NIC", 2 * (h - 1) / h * s) if h > 1 else ("intra-host link", 2 * (g - 1) / g * s)
     elif row.comm == "colocated":
-        one = lambda b, c=cl: colocated_time(b, c, agg)   # noqa: E731
-        link = ("NIC", 2 * (h - 1) / h * sh)
+        one = lambda b, c=cl: colocated_time(b, c, agg, row.servers)   # noqa: E731
+        link = ("NIC", 2 * (h - 1) / (h if k >= h else k) * sh)
     elif asynchronous:   # a worker's own push + pull; the servers' limit is the rate cap
         one = lambda b, c=cl: costs.ps_time(b * sh / s, 1, 1, c.inter_Bps, c.inter_latency_s)   # noqa: E731
         link = ("server NIC" if h * sh / k > sh else "worker NIC", max(sh, h * sh / k))

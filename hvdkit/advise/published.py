@@ -8,7 +8,8 @@ hardware; ``strategy`` the advise row that stands for the system the source ran;
 sends gradients while the backward pass runs (Horovod's DistributedOptimizer, PyTorch DDP, BytePS), not
 after it (tf_cnn_benchmarks' replicated and distributed_replicated modes); ``aggregate``: a PS host sums its
 accelerators' gradients before pushing; ``images_per_s``: the one-accelerator throughput the source prints
-next to the figure (None: :data:`hvdkit.advise.presets.KNOWN_MODELS`'s for ``gpu``); ``batch``: per accelerator.
+next to the figure (None: :data:`hvdkit.advise.presets.KNOWN_MODELS`'s for ``gpu``); ``batch``: per accelerator;
+``servers`` (where present): the parameter servers the source names where it ran fewer than its hosts.
 
 :data:`SOURCES` declares, per source and before any term of the model was fitted to these rows, which
 sources may calibrate the model (``"calibrate"``) and which are held out (``"held-out"``): a change to the
@@ -20,7 +21,8 @@ __all__ = ["SOURCES", "ROWS", "NCCL_TCP"]
 
 #: key -> title, where it is read, and its role (declared before fitting)
 SOURCES: dict[str, dict] = {
-    "horovod": {"title": "Sergeev & Del Balso 2018 (arXiv:1802.05799) and Horovod's docs/benchmarks.rst",
+    "horovod": {"title": "Sergeev & Del Balso 2018 (arXiv:1802.05799), Horovod's docs/benchmarks.rst and "
+                          "its README's first 16-GPU table",
                 "role": "calibrate"},
     "byteps": {"title": "BytePS README.md and docs/performance.md (Jiang et al., OSDI 2020)", "role": "calibrate"},
     "tf-benchmarks": {"title": "TensorFlow's Benchmarks page (tensorflow/docs_src/performance/benchmarks.md, "
@@ -37,6 +39,10 @@ _HVD_HW = "128 hosts x 4 Pascal GPUs (PCIe), RoCE-capable 25 Gbit/s, NCCL over R
 _TF_HW = "32 hosts x 4 Pascal GPUs (PCIe), 25 Gbit/s, TCP (gRPC)"
 _AWS_HW = ("p2.8xlarge: 8 K80 GPUs per host (PCIe), 10 Gbit/s (the instance's rate as Apache SINGA's "
            "docs/benchmark-train.md states it), TCP (gRPC)")
+_HVD16_HW = ("4 servers x 4 Pascal GPUs (PCIe; 2 GPUs per CPU, dual PCIe root: horovod#979), RoCE-capable "
+             "25 Gbit/s (horovod#20); tf_cnn_benchmarks, batch 64, HOROVOD_GPU_ALLREDUCE=NCCL (horovod#320)")
+_TCP16 = ", NCCL over TCP (NCCL_IB_DISABLE=1, horovod#320)"
+_RDMA16 = ", NCCL over RoCE (NCCL 2.0.5's RoCE support, horovod#20)"
 _DLPERF_HW = "4 hosts x 8 V100-SXM2-16GB (NVLink), InfiniBand 100 Gb/s (4X EDR), NCCL over RDMA"
 
 
@@ -57,6 +63,17 @@ ROWS: list[dict] = [
        "aggregate": False, "cluster": "32x4:pcie,25gbit", "gpu": "p100", "images_per_s": None, "batch": 64,
        "hardware": _TF_HW, "transport": "tcp"}
       for m in ("inception3", "resnet101")),
+    # ---- horovod (calibrate): the README's first 16-GPU table, NCCL over TCP beside NCCL over RoCE
+    *({"source": "horovod", "where": "README.md's 16-GPU table (the one horovod/horovod#44 replaced)",
+       "quoted": f"baseline single-GPU {one}; {how} (allreduce on GPU with NCCL) {v} ({x}x) on 16 GPUs",
+       "model": m, "kind": "efficiency", "published": _eff(16, one, v), "strategy": "horovod", "overlap": True,
+       "aggregate": False, "cluster": f"4x4:pcie,25gbit{'+rdma' if how == 'RDMA Horovod' else ''}", "gpu": "p100",
+       "images_per_s": one, "batch": 64, "hardware": _HVD16_HW + (_RDMA16 if how == "RDMA Horovod" else _TCP16),
+       "transport": "rdma" if how == "RDMA Horovod" else "tcp"}
+      for m, one, vals in (("inception3", 134.4, (("TCP Horovod", 1990.7, 14.8), ("RDMA Horovod", 2022.6, 15.0))),
+                           ("resnet101", 119.4, (("TCP Horovod", 1685.1, 14.1), ("RDMA Horovod", 1746.2, 14.6))),
+                           ("vgg16", 130.9, (("TCP Horovod", 1308.7, 10.0), ("RDMA Horovod", 1787.4, 13.7))))
+      for how, v, x in vals),
     # ---- byteps (calibrate): speed-ups of BytePS over Horovod on the same cluster
     *({"source": "byteps", "where": where, "quoted": f"BytePS outperforms Horovod (NCCL) by {q}% for {name}",
        "model": m, "kind": "speedup", "published": round(1 + q / 100, 4), "strategy": "byteps", "versus": "horovod",
@@ -83,8 +100,9 @@ ROWS: list[dict] = [
        "quoted": f"{name}: 1 GPU {one}, {n} GPUs {v} images/s", "model": m, "kind": "efficiency",
        "published": _eff(n, one, v), "strategy": "ps-sync:ps_colocated=true", "overlap": False, "aggregate": True,
        "cluster": f"{n // 8}x8:pcie,10gbit", "gpu": None, "images_per_s": one, "batch": b,
-       "hardware": _AWS_HW + "; distributed_replicated, parameter servers on the worker instances",
-       "transport": "tcp"}
+       "hardware": _AWS_HW + "; distributed_replicated, parameter servers on the worker instances"
+                   + (f" ({n // 8} instances / {k} parameter servers, as the page states)" if k else ""),
+       "transport": "tcp", "servers": k}
       for m, name, b, tbl, one, vals in (
           ("inception3", "InceptionV3", 64, "", 29.7, ((8, 229), (16, 459), (32, 902), (64, 1783))),
           ("resnet50", "ResNet-50", 64, "", 52.4, ((8, 378), (16, 751), (32, 1388), (64, 2744))),
@@ -92,7 +110,10 @@ ROWS: list[dict] = [
            ((8, 219), (16, 427), (32, 820), (64, 1608))),
           ("resnet50", "ResNet-50", 32, " (Other Results, batch 32)", 48.4,
            ((8, 333), (16, 667), (32, 1180), (64, 2315))))
-      for n, v in vals),
+      for n, v in vals
+      # "Equal numbers of parameter servers and worker servers were used with the following exceptions:
+      # InceptionV3: 8 instances / 6 parameter servers; ResNet-50: (batch size 32) 8 instances / 4 [...]"
+      for k in [(6 if m == "inception3" else 4 if b == 32 else None) if n == 64 else None]),
     # ---- nvidia-dle (held out): TF1 ResNet-50 v1.5 with Horovod inside one DGX
     *({"source": "nvidia-dle", "where": f"Training performance: {box}", "quoted": f"weak scaling {ws}x at {n} GPUs "
        f"({prec}; 1 GPU {one} img/s)", "model": "resnet50", "kind": "efficiency", "published": round(ws / n, 6),
