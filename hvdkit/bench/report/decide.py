@@ -181,6 +181,23 @@ def decide(cells: Sequence[dict], predicted: Mapping[str, float] | None = None,
                     key=lambda c: -c["samples_per_s"]["median"])
     if not ranked:
         raise ValueError("no measured cell to recommend from")
+    best = ranked[0]
+    kind, chosen, headline, reasons = _outcome(ranked, min_rounds)
+    labels = tuple(c["variant"] for c in chosen)
+    if failed_above:
+        w = int(best["workers"])
+        headline += f" (at {w} worker{'s' * (w != 1)} only: {_failed_text(failed_above)})"
+        reasons.append(f"compared at {w} worker{'s' * (w != 1)}, the most at which every variant run there succeeded; "
+                       f"FAILED (cause): {_causes(failed_above)}")
+    reasons += [r for r in (_cell_reason(c, kind, target) for c in chosen) if r]
+    reasons += [r for r in (_first_to_target(ranked, labels, target), _advised(predicted, ranked, labels)) if r]
+    return Decision(model=best["model"], workers=int(best["workers"]), straggler=str(best.get("straggler", "none")),
+                    chosen=labels, ranked=tuple(ranked), headline=headline, reasons=tuple(reasons), kind=kind)
+
+
+def _outcome(ranked: Sequence[dict], min_rounds: int) -> tuple[str, tuple, str, list[str]]:
+    """``(kind, chosen cells, headline, reasons)`` of the rule on ``ranked`` (fastest first): too few rounds,
+    the only variant, a clear fastest, or the variants within the noise."""
     best, rest = ranked[0], ranked[1:]
     tied = [c for c in rest if overlaps(best["samples_per_s"], c["samples_per_s"])]
     chosen = (best, *tied)
@@ -223,45 +240,51 @@ def decide(cells: Sequence[dict], predicted: Mapping[str, float] | None = None,
         if behind:
             reasons.append("clearly slower (no overlap with " + best["variant"] + "): "
                            + ", ".join(f"{c['variant']} {sps(c)}" for c in behind))
-    if failed_above:
-        w = int(best["workers"])
-        headline += f" (at {w} worker{'s' * (w != 1)} only: {_failed_text(failed_above)})"
-        reasons.append(f"compared at {w} worker{'s' * (w != 1)}, the most at which every variant run there succeeded; "
-                       f"FAILED (cause): {_causes(failed_above)}")
-    for c in chosen:
-        bits = []
-        if _median(c, "efficiency") is not None:
-            bits.append(f"scaling efficiency {interval_text(c['efficiency'], 2)}")
-        comm, wait = _share(c, "comm_ms"), _share(c, "wait_ms")
-        if comm is not None:
-            bits.append(f"communication {comm:.0%} and waiting {wait or 0:.0%} of its "
-                        f"{c['step_ms']['median']:.1f} ms step")
-        # figures taken from the convergence cell (sections.decisions) span its rounds, not this cell's
-        conv = f" (over {c['convergence_rounds']} convergence rounds)" if c.get("convergence_rounds") else ""
-        if _median(c, "time_to_target_s") is not None:
-            bits.append(f"time to accuracy {target if target is not None else 'target'}: "
-                        f"{interval_text(c['time_to_target_s'], 1)} s{conv}")
-        if _median(c, "staleness_mean"):
-            bits.append(f"mean staleness {interval_text(c['staleness_mean'], 1)} updates{conv} (asynchronous: a "
-                        "sample moves the model less than in a synchronous step; compare the time to target)")
-        if c.get("n") == 1 and kind != "rounds":
-            bits.append("one round only, so no spread was measured")
-        if bits:
-            reasons.append(f"{c['variant']}: " + "; ".join(bits))
+    return kind, chosen, headline, reasons
+
+
+def _cell_reason(c: dict, kind: str, target: float | None) -> str | None:
+    """The figures of one chosen cell beyond samples/s: scaling efficiency, the step's shares of
+    communication and waiting, the time to ``target`` and the staleness where measured; None: none."""
+    bits = []
+    if _median(c, "efficiency") is not None:
+        bits.append(f"scaling efficiency {interval_text(c['efficiency'], 2)}")
+    comm, wait = _share(c, "comm_ms"), _share(c, "wait_ms")
+    if comm is not None:
+        bits.append(f"communication {comm:.0%} and waiting {wait or 0:.0%} of its "
+                    f"{c['step_ms']['median']:.1f} ms step")
+    # figures taken from the convergence cell (sections.decisions) span its rounds, not this cell's
+    conv = f" (over {c['convergence_rounds']} convergence rounds)" if c.get("convergence_rounds") else ""
+    if _median(c, "time_to_target_s") is not None:
+        bits.append(f"time to accuracy {target if target is not None else 'target'}: "
+                    f"{interval_text(c['time_to_target_s'], 1)} s{conv}")
+    if _median(c, "staleness_mean"):
+        bits.append(f"mean staleness {interval_text(c['staleness_mean'], 1)} updates{conv} (asynchronous: a "
+                    "sample moves the model less than in a synchronous step; compare the time to target)")
+    if c.get("n") == 1 and kind != "rounds":
+        bits.append("one round only, so no spread was measured")
+    return f"{c['variant']}: " + "; ".join(bits) if bits else None
+
+
+def _first_to_target(ranked: Sequence[dict], labels: tuple, target: float | None) -> str | None:
+    """The variant that reached ``target`` first where it is not among the chosen ``labels``; else None."""
     ttt = [c for c in ranked if _median(c, "time_to_target_s") is not None]
-    if len(ttt) >= 2:
-        first = min(ttt, key=lambda c: c["time_to_target_s"]["median"])
-        if first["variant"] not in labels:
-            reasons.append(f"but {first['variant']} reached accuracy {target if target is not None else 'the target'} "
-                           f"first: {interval_text(first['time_to_target_s'], 1)} s: if time to accuracy matters "
-                           "more than samples/s, prefer it")
-    if predicted:
-        known = {k: v for k, v in predicted.items() if v is not None and k in {c["variant"] for c in ranked}}
-        if len(known) >= 2:
-            fastest = max(known, key=known.get)
-            if fastest in labels:
-                reasons.append(f"hvdkit advise also predicts {fastest} fastest of these")
-            else:
-                reasons.append(f"hvdkit advise predicted {fastest} fastest; the measurement disagrees")
-    return Decision(model=best["model"], workers=int(best["workers"]), straggler=str(best.get("straggler", "none")),
-                    chosen=labels, ranked=tuple(ranked), headline=headline, reasons=tuple(reasons), kind=kind)
+    if len(ttt) < 2:
+        return None
+    first = min(ttt, key=lambda c: c["time_to_target_s"]["median"])
+    if first["variant"] in labels:
+        return None
+    return (f"but {first['variant']} reached accuracy {target if target is not None else 'the target'} "
+            f"first: {interval_text(first['time_to_target_s'], 1)} s: if time to accuracy matters "
+            "more than samples/s, prefer it")
+
+
+def _advised(predicted: Mapping[str, float] | None, ranked: Sequence[dict], labels: tuple) -> str | None:
+    """Whether ``hvdkit advise`` predicted the same fastest (of at least two predicted variants); else None."""
+    known = {k: v for k, v in (predicted or {}).items() if v is not None and k in {c["variant"] for c in ranked}}
+    if len(known) < 2:
+        return None
+    fastest = max(known, key=known.get)
+    if fastest in labels:
+        return f"hvdkit advise also predicts {fastest} fastest of these"
+    return f"hvdkit advise predicted {fastest} fastest; the measurement disagrees"
