@@ -68,6 +68,14 @@ def build_parser(prog: str = "hvdkit-launch") -> argparse.ArgumentParser:
                "for new hosts).",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    for add in (_add_ranks_and_hosts, _add_launcher, _add_elastic, _add_placement):
+        add(p)
+    p.add_argument("program", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    return p
+
+
+def _add_ranks_and_hosts(p: argparse.ArgumentParser) -> None:
+    """The ranks and hosts group: -np, -H/--hosts, --hostfile."""
     g = p.add_argument_group("ranks and hosts")
     g.add_argument("-np", "-n", dest="np", type=int, metavar="N",
                    help="number of ranks (processes); required unless --render, --rank-exec or inside a Slurm "
@@ -81,6 +89,10 @@ def build_parser(prog: str = "hvdkit-launch") -> argparse.ArgumentParser:
                        help="hostfile: '[user@]HOST [slots=N] [max_slots=M]' or 'HOST:N' lines, '#' comments, a "
                             "host repeated once per slot; read once and handed to each launcher in the form it "
                             "takes (horovodrun: -H HOST:N,...; mpirun, mpiexec: a clean hostfile in $TMPDIR)")
+
+
+def _add_launcher(p: argparse.ArgumentParser) -> None:
+    """The launcher group: which launcher and MPI, their arguments, the network, restarts, --dry-run."""
     g = p.add_argument_group("launcher")
     g.add_argument("--launcher", choices=(MPI, HOROVODRUN), default=MPI,
                    help="mpi: the installed MPI's own launcher (mpirun or mpiexec); horovodrun: "
@@ -105,6 +117,10 @@ def build_parser(prog: str = "hvdkit-launch") -> argparse.ArgumentParser:
                         "output that cannot be written (74); a stop on SIGUSR1 to the ranks alone (75) is resumed, "
                         "one asked of hvdkit-launch ends it (default 0)")
     g.add_argument("--dry-run", action="store_true", help="print the command instead of running it")
+
+
+def _add_elastic(p: argparse.ArgumentParser) -> None:
+    """The elastic training group: --elastic, --min-np, --max-np, --gloo-timeout."""
     g = p.add_argument_group("elastic training (--strategy horovod --elastic)")
     g.add_argument("--elastic", action="store_true",
                    help="an elastic Horovod job: horovodrun (Gloo) asks a discovery script, written into the job's "
@@ -119,6 +135,10 @@ def build_parser(prog: str = "hvdkit-launch") -> argparse.ArgumentParser:
     g.add_argument("--gloo-timeout", type=int, default=None, metavar="SECONDS",
                    help="--elastic: how long a collective waits for a silent peer before the job re-forms without "
                         f"it (HOROVOD_GLOO_TIMEOUT_SECONDS; default {GLOO_TIMEOUT_S}, Horovod's)")
+
+
+def _add_placement(p: argparse.ArgumentParser) -> None:
+    """The environment, GPU placement and templates groups."""
     g = p.add_argument_group("environment")
     g.add_argument("--env", action="append", default=[], metavar="NAME[=VALUE]",
                    help="also forward NAME (or set NAME=VALUE) on every rank; repeatable. Always "
@@ -141,8 +161,6 @@ def build_parser(prog: str = "hvdkit-launch") -> argparse.ArgumentParser:
                                                                                              else "")
                                                            for name, (_, values) in TEMPLATES.items()))
     g.add_argument("--template", metavar="PATH", help="render this file instead of the template shipped with hvdkit")
-    p.add_argument("program", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
-    return p
 
 
 def _split_program(argv: Sequence[str]) -> tuple[list[str], list[str] | None]:
