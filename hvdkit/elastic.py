@@ -307,13 +307,13 @@ def _run(cfg: Config, w: World, tl) -> dict | None:
     commit_every = strategy.opts.commit_every
     hosts_every = commit_every * -(-HOSTS_EVERY // commit_every)   # at a save: Horovod's re-form syncs the saved state
     # --commit-every 1: the compiled step copies the variables after its update (a call of a function of
-    # its own per step cost 0.5 ms, 5% of a small model's step: benchmarks/figures/cluster_elastic.md);
+    # its own per step cost more: benchmarks/reference/cluster_elastic.md);
     # an epoch's end saves them apart (the batch-norm statistics are averaged after its last step)
     in_step = commit_every == 1 and getattr(strategy, "graph_allreduce", False)
     if in_step:
         strategy.shadow = state.pairs
     # no MPI world to see a peer progress: the step says where its allreduce begins, so that a rank stuck
-    # computing leaves (hvdkit.watchdog); about 0.1 ms a step, so not with --stall-timeout 0
+    # computing leaves (hvdkit.watchdog); a call into Python a step, so not with --stall-timeout 0
     fail = cfg.fail_rank_step
     mark = strategy.marks_collective and (cfg.stall_timeout_s != 0 or bool(fail and fail[2] == "hang-step"))
     if mark:

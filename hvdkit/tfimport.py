@@ -70,8 +70,8 @@ __all__ = ["IMPORT_S", "DEFERRED", "KERAS_CHOICES", "NO_DRIVER_NOISE", "STARTUP_
            "import_tensorflow", "installed_keras", "is_startup_noise", "nvidia_driver_present", "resolve_keras"]
 
 #: seconds the first :func:`import_tensorflow` of this process took (None before it ran): most of a
-#: rank's start-up (1.65-1.82 s alone on a core of this machine kind; 2.4-2.9 s before the collector was
-#: kept out of it and SciPy deferred; results.json ``ranks[].startup``)
+#: rank's start-up, less with the collector kept out of it and SciPy deferred (each run's figure:
+#: results.json ``ranks[].startup``, docs/training.md)
 IMPORT_S: float | None = None
 
 #: TensorFlow 2.18's and 2.21's import-time lines that carry no information for a CPU run (2.21's two

@@ -36,7 +36,7 @@ class ServerLoop:
     without blocking: the server posts its receive when the header comes and goes on with
     the other workers' headers, so the pushes of all workers flow at once and a payload still
     on its way (a slow or failing link) holds up no other worker (tests/parallel/ps_hol_check.py;
-    receiving one payload at a time, the other worker waited the whole 4 s hold). Requests are
+    receiving one payload at a time, the other worker waited the whole hold). Requests are
     handled in the order their payloads complete; a worker has at most one request
     outstanding per shard. In colocated mode a server thread
     runs :meth:`run` (sleeping between checks) while the worker thread of the same process
