@@ -99,7 +99,7 @@ def _release_peers() -> int:
     collective, but its connections to the *other* survivors stay open while Horovod shuts down
     (its shutdown negotiates with every rank), so a survivor waiting on this rank rather than on
     the lost one waited the whole Gloo timeout, or not, by which rank waited on which in the ring
-    (the re-form times: benchmarks/figures/cluster_elastic.md). Ending the connections here makes
+    (the re-form times: benchmarks/reference/cluster_elastic.md). Ending the connections here makes
     every peer's pending receive from this rank fail at once, so each survivor leaves in turn within
     milliseconds. Released: every connected TCP socket but those this process had before Horovod
     started and those to Horovod's rendezvous server (``HOROVOD_GLOO_RENDEZVOUS_ADDR:PORT``).
@@ -145,7 +145,7 @@ def _peer_loss_restores():
 
 
 #: steps between two checks for new hosts, at the least (Horovod's ``State.commit`` checks at every
-#: commit: a collective, as long as a small model's step (benchmarks/figures/cluster_elastic.md); a host
+#: commit: a collective, as long as a small model's step (benchmarks/reference/cluster_elastic.md); a host
 #: added joins at most this many steps later, well inside the seconds its process takes to start)
 HOSTS_EVERY = 50
 
@@ -166,7 +166,7 @@ def _state_class():
         Horovod's own ``TensorFlowKerasState`` calls ``optimizer.variables()``, which Keras 2.11+
         optimizers no longer have (a property), hence this class. The copy stays in TensorFlow: one
         call of a compiled function, not a ``v.numpy()`` per variable (the save's time:
-        benchmarks/figures/cluster_elastic.md); at ``--commit-every 1`` the compiled step makes the
+        benchmarks/reference/cluster_elastic.md); at ``--commit-every 1`` the compiled step makes the
         copy itself (``pairs``, ``ReplicaStrategy.shadow``) and ``save(variables=False)`` saves the
         attributes alone.
         """
@@ -206,7 +206,7 @@ def _state_class():
             """Horovod's ``State.check_host_updates`` (raise ``HostsUpdatedInterrupt`` on every rank
             at once when rank 0 was told of new or removed hosts), its agreement made by one
             allreduce (a sum) of four int64 instead of ``broadcast_object`` (a pickle and two
-            broadcasts; both checks' times: benchmarks/figures/cluster_elastic.md): rank 0's host
+            broadcasts; both checks' times: benchmarks/reference/cluster_elastic.md): rank 0's host
             update, the others' zeros, and in the fourth every rank's stop request (SIGUSR1), so
             any rank's signal sets ``stop_due`` on every rank (:class:`_Stop`)."""
             last = prev = self._last_updated_timestamp

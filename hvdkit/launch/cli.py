@@ -60,7 +60,7 @@ def build_parser(prog: str = "hvdkit-launch") -> argparse.ArgumentParser:
                "MPICH gets -genvlist and none of those Open MPI-only flags. Open MPI launches across "
                "hosts (-H or --hostfile, mpirun or horovodrun) also get --mca coll_tuned_use_dynamic_rules 1 "
                "--mca coll_tuned_allreduce_algorithm 4 (Open MPI's ring allreduce, which Horovod's MPI "
-               "operations use too; measured against the default: benchmarks/figures/cluster_collectives.md) "
+               "operations use too; measured against the default: benchmarks/reference/cluster_collectives.md) "
                "unless --mpi-args or an OMPI_MCA_coll_tuned_* variable sets a coll_tuned parameter.\n"
                "Signals: the job runs as hvdkit-launch's child and ends with it, SIGKILL included (no rank outlives "
                "it); SIGINT, SIGTERM and SIGHUP end the job (status 128+N), SIGUSR1 makes hvdkit.train checkpoint "

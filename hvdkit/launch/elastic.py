@@ -50,7 +50,7 @@ after the last packet it received, and an idle session receives a probe's answer
 a silent host's session ends ``--gloo-timeout`` - 1 to ``--gloo-timeout`` seconds after its link
 went down, by the time the survivors' collectives time out. The job re-forms only once that
 session has ended (Horovod's driver waits for every worker of the old membership to report), so
-this is what bounds the re-form after a link loss (measured: benchmarks/figures/cluster_elastic.md,
+this is what bounds the re-form after a link loss (measured: benchmarks/reference/cluster_elastic.md,
 tests/cluster/elastic_kill.py).
 """
 from __future__ import annotations

@@ -34,7 +34,7 @@ Through Open MPI's ``mpirun`` a restarted job's attempts run with ``--mca odls_b
 (:func:`restart_mpi_args`): when a rank or host is lost, each host's daemon sends SIGTERM to its
 ranks and sleeps that many seconds (1 by default, in full, whether the ranks are gone or not)
 before SIGKILL, and the attempt ends only after it: that second was part of every restart (the
-restart times: benchmarks/figures/cluster_restarts.md, tests/cluster/restart_kill.py).
+restart times: benchmarks/reference/cluster_restarts.md, tests/cluster/restart_kill.py).
 Nothing of hvdkit's needs that second (checkpoints are written atomically) but the trace a
 failed rank 0 writes on SIGTERM (:mod:`hvdkit.timeline`): with ``--timeline`` on the command line
 or ``HVDKIT_TIMELINE`` set, and when the user sets the parameter (``--mpi-args``,
