@@ -81,13 +81,13 @@ from hvdkit import dirlock
 from hvdkit.bench._common import DriverSignal, emit, ending_signals, fmt, format_table, host_meta, load_results, log
 from hvdkit.bench.jobs import Cell, Settings
 from hvdkit.bench.training_doc import (COLUMNS, CONV_COLUMNS, expand_grid, load_done, nothing_measured, row_key,
-                                       schedule, settings_dict, skip_ident, split_fits, summarise, table_cells)
+                                       schedule, settings_dict, skip_ident, split_fits, summarize, table_cells)
 from hvdkit.cliparse import Parser, print_error
 from hvdkit.errors import UsageError
 from hvdkit.results import write_json
 
 __all__ = ["main", "build_parser", "run", "prepare", "plan_of", "Plan", "expand_grid", "schedule", "split_fits",
-           "summarise", "load_done", "nothing_measured", "settings_from_args", "PROG"]
+           "summarize", "load_done", "nothing_measured", "settings_from_args", "PROG"]
 
 PROG = "hvdkit-bench training"
 FILE = "training.json"
@@ -436,7 +436,7 @@ class _Run:
     def write(self) -> list[dict]:
         """Rewrite training.json (atomically) from the rows so far; returns its summary."""
         plan = self.plan
-        summ = summarise(self.other + self.rows, plan.cells)
+        summ = summarize(self.other + self.rows, plan.cells)
         late: dict = {}
         for c, rnd in self.not_started:
             late.setdefault(c.key, {**skip_ident(c), "reason": f"not run: over --budget {plan.budget:.0f}s",

@@ -15,7 +15,7 @@ from hvdkit.bench.jobs import Cell, Settings
 from hvdkit.errors import UsageError
 
 __all__ = ["expand_grid", "split_fits", "schedule", "skip_ident", "row_key", "STATS", "COLUMNS", "CONV_COLUMNS",
-           "summarise", "table_cells", "load_done", "nothing_measured", "settings_dict"]
+           "summarize", "table_cells", "load_done", "nothing_measured", "settings_dict"]
 
 
 def expand_grid(variants: Sequence, models: Sequence[str], workers: Sequence[int],
@@ -124,7 +124,7 @@ def _stat(values: Iterable[Any]) -> dict | None:
     return {"median": float(np.median(v)), "min": min(v), "max": max(v)}
 
 
-def summarise(rows: Sequence[dict], cells: Sequence[Cell] | None = None) -> list[dict]:
+def summarize(rows: Sequence[dict], cells: Sequence[Cell] | None = None) -> list[dict]:
     """One summary per cell (variant, model, workers, straggler, measure) with rows: ``n`` OK rounds,
     ``failed`` rounds, status ``OK`` (no round failed) or ``FAILED``, and {"median", "min", "max"}
     over the OK rounds of every figure of :data:`STATS` (None where no OK round has it), plus

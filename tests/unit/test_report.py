@@ -349,7 +349,7 @@ def _grid(rates: dict, error: str = OOM) -> dict:
     for r in rows:
         if r["status"] != "OK":
             r["error"] = error
-    return {**_doc(), "rows": rows, "summary": mk.summarise(rows), "skipped": []}
+    return {**_doc(), "rows": rows, "summary": mk.summarize(rows), "skipped": []}
 
 
 def _headline(md: str) -> str:

@@ -179,7 +179,7 @@ def test_summary_medians_ranges_efficiency_and_failed_rounds():
     rows = [_row("horovod", 1, r, x) for r, x in enumerate((100.0, 90.0, 110.0))]
     rows += [_row("horovod", 2, r, x) for r, x in enumerate((150.0, 170.0, 160.0))]
     rows += [_row("ring", 2, 0, 100.0), _row("ring", 2, 1, None, status="FAILED")]
-    s = {(x["variant"], x["workers"]): x for x in training.summarise(rows)}
+    s = {(x["variant"], x["workers"]): x for x in training.summarize(rows)}
     one, two = s[("horovod", 1)], s[("horovod", 2)]
     assert one["samples_per_s"] == {"median": 100.0, "min": 90.0, "max": 110.0} and one["n"] == 3
     assert one["efficiency"] == {"median": 1.0, "min": 90 / 110, "max": 110 / 90}
@@ -452,7 +452,7 @@ def test_straggler_cells_scale_against_the_one_worker_cell_without_a_straggler()
     no efficiency); without that baseline, None and a note saying why."""
     rows = [_row("horovod", 1, 0, 100.0), _row("horovod", 2, 0, 120.0, straggler="1:2"),
             _row("horovod", 2, 0, 180.0), _row("ring", 2, 0, 90.0, straggler="1:2")]
-    s = {(x["variant"], x["workers"], x["straggler"]): x for x in training.summarise(rows)}
+    s = {(x["variant"], x["workers"], x["straggler"]): x for x in training.summarize(rows)}
     slow = s[("horovod", 2, "1:2")]
     assert slow["efficiency"]["median"] == pytest.approx(120 / 200) and slow["efficiency_base"] == "1 worker, no straggler"
     assert s[("horovod", 2, "none")]["efficiency"]["median"] == pytest.approx(180 / 200)
