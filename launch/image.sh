@@ -4,7 +4,9 @@
 #   bash launch/image.sh                  # the CPU image on Debian 12: hvdkit:cpu-bookworm (stack tf215)
 #   bash launch/image.sh trixie           # the CPU image on Debian 13: hvdkit:cpu-trixie (Python 3.13)
 #   bash launch/image.sh gpu              # Dockerfile.gpu: hvdkit:gpu (needs its nvidia/cuda base)
-#   bash launch/image.sh --print-engine   # prints the engine and the command prefix it would use, stops
+#   bash launch/image.sh --print-engine [RELEASE]
+#       # makes the base of RELEASE (default bookworm) if missing, prints the line that runs the engine
+#       # here (its last line: e.g. `CONTAINERS_CONF=FILE podman --runtime runc`), stops
 #
 # Steps:
 #   1. the engine: docker where a docker engine answers (`docker info`), else podman.
@@ -27,7 +29,8 @@ die() { echo "[image] ERROR: $*" >&2; exit 1; }
 
 what="${1:-bookworm}"
 case "$what" in
-    bookworm|trixie|--print-engine) release="${what/--print-engine/bookworm}"; dockerfile=Dockerfile
+    bookworm|trixie|--print-engine) release="${what/--print-engine/${2:-bookworm}}"; dockerfile=Dockerfile
+        [[ "$release" == bookworm || "$release" == trixie ]] || die "unknown release '$release': give bookworm or trixie"
         TAG="${TAG:-hvdkit:cpu-$release}" ;;
     gpu) dockerfile=Dockerfile.gpu; TAG="${TAG:-hvdkit:gpu}" ;;
     *) die "unknown image '$what': give bookworm (Debian 12, the default), trixie (Debian 13) or gpu" ;;
@@ -66,7 +69,7 @@ else
     have "$BASE" || timeout 600 "$ENGINE" pull -q "$BASE" >/dev/null 2>&1 \
         || die "$BASE cannot be pulled here (no registry): build $dockerfile where it can (docs/image.md)"
 fi
-say "engine $ENGINE, base $BASE"
+say "engine $ENGINE, base $BASE"   # launch/fresh_check.sh reads the base from this line
 
 # 3. podman's settings on this machine ------------------------------------------------------------
 if [[ "$ENGINE" == podman ]]; then
@@ -87,7 +90,7 @@ if [[ "$ENGINE" == podman ]]; then
         fi
     done
     probe >/dev/null || die "podman cannot run $BASE here even with ${applied[*]}"
-    if ((${#applied[@]})); then say "podman settings for this machine: $(IFS=';'; echo "${applied[*]}" | sed 's/;/; /g')"
+    if ((${#applied[@]})); then joined="$(printf '%s; ' "${applied[@]}")"; say "podman settings for this machine: ${joined%; }"
     else say "podman settings for this machine: none needed"; fi
 fi
 # what a user types to run the image here (tests and docs read this line)

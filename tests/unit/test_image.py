@@ -15,8 +15,10 @@ import re
 import shlex
 import shutil
 import subprocess
+import sys
 
 import pytest
+import yaml
 
 from tests.unit.test_dockerfile import ROOT, _hadolint, _instructions, _read
 
@@ -109,6 +111,29 @@ def test_hadolint_reports_no_errors_on_the_cpu_image():
     assert not bad, "\n".join(f"Dockerfile:{f['line']} {f['code']} {f['level']}: {f['message']}" for f in bad)
 
 
+def test_mpijob_rendered_for_the_cpu_image_runs_what_the_image_holds():
+    """``hvdkit launch --render k8s --set image=...`` names the image in the launcher pod and in every
+    worker pod, and what those pods run is in the CPU image: ``hvdkit-launch`` on its PATH, ``sshd``
+    with its run directory and root's key login; the docs' ``sed`` turns the GPU limit into cores."""
+    image = "registry.example/hvdkit:cpu-bookworm"
+    p = subprocess.run([sys.executable, "-m", "hvdkit.launch", "--render", "k8s", "--set", f"image={image}",
+                        "--set", "workers=2", "--set", "gpus_per_worker=2"],
+                       capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert p.returncode == 0, p.stderr
+    doc = yaml.safe_load(p.stdout.replace("nvidia.com/gpu", "cpu"))   # docs/install.md's sed
+    specs = doc["spec"]["mpiReplicaSpecs"]
+    (launcher,), (worker,) = (specs[r]["template"]["spec"]["containers"] for r in ("Launcher", "Worker"))
+    assert launcher["image"] == worker["image"] == image
+    assert "nvidia.com/gpu" not in json.dumps(doc) and worker["resources"]["limits"] == {"cpu": 2}
+    assert shlex.split(launcher["args"][0])[1] == "hvdkit-launch" and worker["command"][0] == "/usr/sbin/sshd"
+    assert doc["spec"]["sshAuthMountPath"] == "/root/.ssh"
+    final = _stages(_read("Dockerfile"))[-1]
+    env = " ".join(a for i, a in final if i == "ENV")
+    runs = " ".join(a for i, a in final if i == "RUN")
+    assert "PATH=/opt/venv/bin:" in env and "openssh-server" in runs and "mkdir -p /run/sshd" in runs
+    assert "PermitRootLogin prohibit-password" in runs
+
+
 # ---- launch/image.sh on fake engines -------------------------------------------------------------------
 
 FAKE_PODMAN = r"""#!/bin/bash
@@ -192,6 +217,24 @@ def _sh(cmd: str, timeout: float) -> subprocess.CompletedProcess:
     return subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, timeout=timeout)
 
 
+def images_asked_for(request) -> bool:
+    """Whether this pytest run names the ``image`` marker (``-m image``): a plain ``pytest tests``
+    builds no image, whatever the marker's deselection in make test."""
+    markexpr = request.config.getoption("markexpr") or ""
+    return "image" in markexpr and "not image" not in markexpr
+
+
+def engine() -> tuple[list[str], dict[str, str]]:
+    """The engine's command on this machine and the environment it needs (launch/image.sh's
+    ``--print-engine`` line, e.g. ``CONTAINERS_CONF=FILE podman --runtime runc``)."""
+    words = shlex.split(_sh(f"bash {shlex.quote(IMAGE_SH)} --print-engine", 300).stdout.strip().splitlines()[-1])
+    env = dict(os.environ)
+    while words and re.fullmatch(r"[A-Z_]+=.*", words[0]):
+        k, _, v = words.pop(0).partition("=")
+        env[k] = v
+    return words, env
+
+
 @pytest.mark.image
 @pytest.mark.slow
 @pytest.mark.timeout(3700)
@@ -203,8 +246,7 @@ def test_image_builds_and_runs_the_readme_job(tmp_path, request):
     Deselected by default (make test, make test-quick). Run it under the shared lock:
         flock /tmp/hvdkit-heavy.lock .venv/bin/python -m pytest -m image tests/unit/test_image.py
     HVDKIT_IMAGE=trixie for the Debian 13 image."""
-    markexpr = request.config.getoption("markexpr") or ""
-    if "image" not in markexpr or "not image" in markexpr:   # a plain `pytest tests/unit` builds no image
+    if not images_asked_for(request):
         pytest.skip("builds a container image: run it with -m image")
     release = os.environ.get("HVDKIT_IMAGE", "bookworm")
     tag = f"hvdkit:cpu-{release}"
@@ -224,6 +266,7 @@ def test_image_builds_and_runs_the_readme_job(tmp_path, request):
     assert doc["world_size"] == 4 and doc["final"]["weights_identical_across_ranks"] is True
 
     helps = " && ".join(f"hvdkit {sub} --help >/dev/null" for sub in ("", "train", "launch", "bench", "cluster", "advise"))
+    helps += " && command -v hvdkit-launch >/dev/null && /usr/sbin/sshd -t"   # what the MPIJob's pods run
     p = _sh(f"{engine} run --rm {tag} bash -c {shlex.quote(helps + ' && echo helps-ok')}", 300)
     assert p.returncode == 0 and "helps-ok" in p.stdout, p.stdout + p.stderr
 
