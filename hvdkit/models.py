@@ -43,7 +43,7 @@ from typing import Callable
 from hvdkit.errors import UsageError
 
 __all__ = ["MODELS", "build_model", "check_model_name", "keras_of", "keras_refusal", "model_input_shape",
-           "set_random_seed", "tf_keras_version", "tf_variables"]
+           "set_random_seed", "tf_keras_version", "tf_variables", "variable_name"]
 
 #: model -> the sample shape :func:`build_model` built it for (weak: never keeps a model alive)
 _INPUT_SHAPES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
@@ -192,6 +192,22 @@ def tf_variables(variables) -> list:
     horovod#4290) is replaced by its ``.value``, the TensorFlow variable it reads and assigns; every
     other (Keras 2's are ``tf.Variable`` already) is kept."""
     return [v.value if keras_of(v) == 3 else v for v in variables]
+
+
+def variable_name(v, model=None) -> str:
+    """How hvdkit names a variable in its messages and exported weights, under either Keras.
+
+    Keras 2 (and a plain ``tf.Variable``): its ``name``, e.g. ``dense/kernel:0``. Keras 3: its
+    ``path`` (its ``name`` is the last part alone, ``kernel``), without ``model``'s own name in
+    front: Keras 3 puts the model's name first in the paths of a Sequential or subclassed model's
+    variables (``sequential/dense/kernel``) but not in a Functional one's, so relative to the model
+    every kind reads ``dense/kernel`` (a nested model's layers keep its name: ``inner/dense/kernel``).
+    """
+    if keras_of(v) != 3:
+        return v.name
+    path = v.path
+    prefix = f"{model.name}/" if model is not None else None
+    return path[len(prefix):] if prefix and path.startswith(prefix) else path
 
 
 def keras_refusal(name: str, model, run_keras: int) -> str | None:

@@ -257,10 +257,13 @@ def check_room(path: str, needed: int, what: str) -> None:
                           f"{needed:,} ({what}); free space there or choose another --output-dir")
 
 
-def weights_to_arrays(model) -> dict[str, np.ndarray]:
-    """``{"000_dense.kernel_0": array, ...}``: a Keras model's weights in order, npz-safe keys."""
-    return {f"{i:03d}_{w.name.replace('/', '.').replace(':', '_')}": w.numpy()
-            for i, w in enumerate(model.weights)}
+def weights_to_arrays(model, names: Sequence[str] | None = None) -> dict[str, np.ndarray]:
+    """``{"000_dense.kernel_0": array, ...}``: a Keras model's weights in order, npz-safe keys made
+    from ``names`` (one per weight; :func:`hvdkit.models.variable_name`'s, which reads
+    ``000_dense.kernel`` under Keras 3), else from the weights' own ``name``."""
+    names = [w.name for w in model.weights] if names is None else list(names)
+    return {f"{i:03d}_{n.replace('/', '.').replace(':', '_')}": w.numpy()
+            for i, (n, w) in enumerate(zip(names, model.weights))}
 
 
 def versions() -> dict[str, str]:

@@ -30,7 +30,7 @@ from hvdkit.config import Config, warmup_steps
 from hvdkit.mpicheck import installed
 from hvdkit.data import Dataset, batches, epoch_shard, load_dataset
 from hvdkit.errors import OutputError, StopRequested, UsageError
-from hvdkit.models import build_model, check_model_name, tf_variables
+from hvdkit.models import build_model, check_model_name, tf_variables, variable_name
 from hvdkit.precision import loss_scale_for
 from hvdkit.startup import StartupDeadline, phase
 from hvdkit.steps import configure_threads, make_optimizer
@@ -631,7 +631,7 @@ def _end_epoch(strategy, data: Dataset, mc, sums: np.ndarray, train_s: float, fi
 
 def _named_weights(model):
     """(``weight NAME``, array) of every model weight, for :func:`hvdkit.results.first_nonfinite`."""
-    return zip((f"weight {v.name}" for v in model.weights), model.get_weights())
+    return zip((f"weight {variable_name(v, model)}" for v in model.weights), model.get_weights())
 
 
 def _diverged(cfg: Config, w: World, model, step: int, epoch: int, what: str, kept: tuple[str, str] | None,
@@ -762,7 +762,7 @@ def finish(loop: Loop, history: list, out_dir: str, extra: dict | None = None) -
     R.write_json(os.path.join(out_dir, "results.json"), result)
     R.write_csv(os.path.join(out_dir, "epochs.csv"), history)
     if cfg.export_weights:
-        R.save_npz(cfg.export_weights, R.weights_to_arrays(model))
+        R.save_npz(cfg.export_weights, R.weights_to_arrays(model, [variable_name(v, model) for v in model.weights]))
     log0(f"final eval_accuracy {result['final']['eval_accuracy']:.4f}  eval_loss {result['final']['eval_loss']:.4f}  "
          f"throughput {result['throughput']['samples_per_s'] or 0:.0f} samples/s  "
          f"weights identical on {len(ranks)} ranks: {'yes' if identical else 'NO'}")

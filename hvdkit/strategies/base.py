@@ -141,7 +141,7 @@ from hvdkit.comm import World
 from hvdkit.compression import COMPRESSIONS
 from hvdkit.config import Config, Option, at_least, option_values
 from hvdkit.errors import UsageError
-from hvdkit.models import tf_variables
+from hvdkit.models import tf_variables, variable_name
 from hvdkit.steps import eval_fn, evaluate, make_fused_step, make_step_functions, straggle
 from hvdkit.timing import StepTimer
 
@@ -199,15 +199,16 @@ def check_model_arrays(arrays: Sequence[np.ndarray], model) -> None:
     Raises:
         UsageError: ``--resume: ...`` naming the first weight that differs and how.
     """
+    names = [variable_name(v, model) for v in model.weights]
     weights = tf_variables(model.weights)
     if len(arrays) != len(weights):
         raise UsageError(f"--resume: the checkpoint holds {len(arrays)} model weight arrays, this run's model has "
                          f"{len(weights)}; resume with the model that wrote it")
-    for i, (a, v) in enumerate(zip(arrays, weights)):
+    for i, (a, v, name) in enumerate(zip(arrays, weights, names)):
         mine = np.dtype(v.dtype.as_numpy_dtype)
         same_dtype = a.dtype == mine or a.dtype.kind != "f" or mine.kind != "f"  # bfloat16 is stored as raw bytes
         if tuple(a.shape) != tuple(v.shape) or not same_dtype:
-            raise UsageError(f"--resume: the checkpoint's model differs from this run's: weight {i} ({v.name}) is "
+            raise UsageError(f"--resume: the checkpoint's model differs from this run's: weight {i} ({name}) is "
                              f"{tuple(a.shape)} {a.dtype} in the checkpoint, {tuple(v.shape)} {mine} here; resume "
                              f"with the model that wrote it")
 

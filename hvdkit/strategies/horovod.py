@@ -39,7 +39,7 @@ from hvdkit.comm import World, agree
 from hvdkit.compression import FP16_MAX, sum_headroom, wire_itemsize
 from hvdkit.config import Option, at_least
 from hvdkit.errors import UsageError
-from hvdkit.models import tf_variables
+from hvdkit.models import tf_variables, variable_name
 from hvdkit.startup import phase
 from hvdkit.strategies.base import COMPRESSION, ReplicaStrategy
 from hvdkit.timeline import horovod_timeline_path
@@ -135,8 +135,10 @@ class HorovodStrategy(ReplicaStrategy):
             SystemExit: status 2 on every rank, after ``hvdkit: error: ...`` from rank 0.
         """
         optimizer.build(model.trainable_variables)
-        bad = [v for v in tf_variables([*model.variables, *optimizer.variables]) if v.dtype.name not in HOROVOD_DTYPES]
-        err = UsageError(f"--strategy horovod: variable {bad[0].name} is {bad[0].dtype.name}, which Horovod "
+        every = [*model.variables, *optimizer.variables]
+        bad = [(variable_name(v, model), t.dtype.name) for v, t in zip(every, tf_variables(every))
+               if t.dtype.name not in HOROVOD_DTYPES]
+        err = UsageError(f"--strategy horovod: variable {bad[0][0]} is {bad[0][1]}, which Horovod "
                          f"0.28 cannot allreduce or broadcast; use --strategy ring (it carries bfloat16), or "
                          "float16/float32 variables") if bad else None
         if self.opts.elastic:  # no collective before hvd.elastic.run: its sync broadcasts rank 0's state
