@@ -16,8 +16,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from hvdkit.advise.collective_fits import (A2A_METHOD, a2a_fractions, fit_collectives, fit_for, hockney_fit,
-                                           latency_steps, quotas, sizes_at, sizes_beyond, wire_factor)
+from hvdkit.advise.collective_fits import (A2A_METHOD, a2a_fractions, fit_collectives, fit_for, float32_method,
+                                           hockney_fit, latency_steps, method_with, one_server_method, quotas,
+                                           sizes_at, sizes_beyond, wire_factor)
 from hvdkit.advise.model import Prediction, burst_seconds, cpu_share, split_fit
 from hvdkit.advise.predict import Priced, priced
 from hvdkit.advise.terms import LIMITS, Job, communication, server_cycle, transport, with_copies
@@ -31,31 +32,25 @@ def collective_method(row, hosts: int) -> tuple[str | None, int]:
     """(the ``cluster_collectives`` method measuring ``row``'s step communication alone, its ranks)
     for one rank per host (the only calibrated case), from the row's facts (:class:`~hvdkit.advise.predict.Priced`).
 
-    The collectives benchmark names its methods: a ring by the strategy that runs it (``horovod``,
-    ``ring``; Horovod's hierarchical allreduce is its flat ring at one rank per host), ``ps`` / ``ps2``
-    for K = 1 / 2 dedicated servers (H + K ranks), ``ps-colocated``; ``-fp16`` after a method when
-    the row sends float16 (``compression=fp16``; ``ps-fp16-push`` when only the push is). Other rows
-    (BytePS, K > 2): (None, ranks), the formulas stand.
+    The collectives benchmark spells a method as the strategy variant it measures
+    (:mod:`hvdkit.collectives.names`): a ring by the strategy that runs it (``horovod``, ``ring``;
+    Horovod's hierarchical allreduce is its flat ring at one rank per host), ``ps-sync`` /
+    ``ps-sync:num_servers=2`` for K = 1 / 2 dedicated servers (H + K ranks), ``ps-sync:ps_colocated=true``;
+    ``compression=fp16`` when the row sends float16 (and ``ps_pull=float32`` when only the push is).
+    Other rows (BytePS, K > 2): (None, ranks), the formulas stand.
     """
-    label = row.label.partition(":")[0]
-    if row.comm == "hierarchical":
-        method = "horovod"
-    elif row.comm == "ring":
-        method = label
+    if row.comm in ("hierarchical", "ring"):
+        method = "horovod" if row.comm == "hierarchical" else row.label.partition(":")[0]
     elif row.comm == "colocated":
-        method = "ps-colocated"
+        method = "ps-sync:ps_colocated=true"
     elif row.comm == "ps" and row.servers in (1, 2):
-        return (_fp16("ps" if row.servers == 1 else "ps2", row.wire_fraction), hosts + row.servers)
+        method = "ps-sync" if row.servers == 1 else "ps-sync:num_servers=2"
+        hosts += row.servers
     else:
         return None, hosts
-    return _fp16(method, row.wire_fraction), hosts
-
-
-def _fp16(method: str, wire_fraction: float) -> str:
-    """``method`` with the ``-fp16`` suffix of the collectives benchmark's compressed rows."""
-    if wire_fraction == 1.0:
-        return method
-    return method + ("-fp16" if wire_fraction == 0.5 else "-fp16-push")
+    if row.wire_fraction != 1.0:
+        method = method_with(method, compression="fp16", ps_pull=None if row.wire_fraction == 0.5 else "float32")
+    return method, hosts
 
 
 def fitted_options(fits: dict, rows, hosts: int) -> tuple:
@@ -181,13 +176,13 @@ class Calibration:
         """``(method, bytes scale)`` of the collective measured at scale (:attr:`scale_points`) that ``row``
         (:class:`~hvdkit.advise.predict.Priced`) reads with ``workers`` workers at ``rate``: its own method at
         its rank count (W; a dedicated PS W + K), else the float32 method on ``wire_fraction`` of the bytes
-        (an ``-fp16`` row); None where it reads the 2-host calibration: one worker, more than one rank per
+        (a ``compression=fp16`` row); None where it reads the 2-host calibration: one worker, more than one rank per
         host (the collectives ran one per host), an asynchronous row (its queueing network reads the 2-host
         fit), ``ps_replies=serial`` (the benchmark's servers reply concurrently), or nothing measured."""
         method, ranks = collective_method(row, workers)
         if method is None or workers <= 1 or ranks_on_host != 1 or row.staleness != 0 or row.serial_replies:
             return None
-        for m, scale in ((method, 1.0), (method.split("-fp16")[0], row.wire_fraction)):
+        for m, scale in ((method, 1.0), (float32_method(method), row.wire_fraction)):
             if (rate, m, ranks) in self.scale_points:
                 return m, scale
         return None
@@ -217,10 +212,11 @@ class Calibration:
 
     def _fit(self, rate: str, method: str, wire_fraction: float) -> tuple[tuple[float, float], float, str] | None:
         """(the fit for ``method``, the gradient bytes scale it applies to, the method fitted): the method's own fit, else
-        (``ps2``) the one-server fit, else (``-fp16``) the float32 method's on ``wire_fraction`` of the bytes."""
-        for m, scale in ((method, 1.0), (method.replace("ps2", "ps"), 1.0),
-                         (method.split("-fp16")[0], wire_fraction), (method.split("-fp16")[0].replace("ps2", "ps"),
-                                                                     wire_fraction)):
+        (two servers) the one-server fit, else (``compression=fp16``) the float32 method's on ``wire_fraction``
+        of the bytes."""
+        f32 = float32_method(method)
+        for m, scale in ((method, 1.0), (one_server_method(method), 1.0), (f32, wire_fraction),
+                         (one_server_method(f32), wire_fraction)):
             if (rate, m) in self.fits:
                 return self.fits[(rate, m)], scale, m
         return None
@@ -312,7 +308,7 @@ class Calibration:
         share = self.share(rate, ranks_on_host, ranks, t)
         share_fit = self.share(rate, 1, self.hosts, row.busy_threads, fit_method)
         n = nbytes * scale
-        wf = row.wire_fraction / scale   # the fit's bytes axis: float32 bytes for an -fp16 method's own fit
+        wf = row.wire_fraction / scale   # the fit's bytes axis: float32 bytes for a compressed method's own fit
         cal_workers = self.hosts - 1 if comm == "ps" else self.hosts
         parts = split_fit(a, b, n, wire_factor(comm, cal_workers, 1) * wf, ln.link_Bps)
         # every host sends and receives at once: the probe's rate of the row's pattern where it measured
@@ -402,7 +398,7 @@ def _one_worker_bases(cal: Calibration, meas) -> dict:
         net = 0.0
         share = cal.share(c.rate, max(1, -(-c.ranks // (c.hosts or c.ranks))), c.ranks, busy_threads(row, 1))
         if row.comm == "ps":   # less the push + pull, as predict() prices them for one worker at this share
-            got = cal._fit(c.rate, collective_method(row, 1)[0] or "ps", row.wire_fraction)
+            got = cal._fit(c.rate, collective_method(row, 1)[0] or "ps-sync", row.wire_fraction)
             if got is None:
                 continue
             (a, b), scale, m = got

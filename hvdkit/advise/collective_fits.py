@@ -10,9 +10,11 @@ from __future__ import annotations
 import numpy as np
 
 from hvdkit import costs
+from hvdkit.collectives.names import canonical
 
-__all__ = ["fit_collectives", "fit_for", "hockney_fit", "wire_factor", "latency_steps", "A2A_METHOD", "a2a_fraction",
-           "sizes_at", "sizes_beyond", "quotas", "a2a_fractions"]
+__all__ = ["fit_collectives", "fit_for", "method_with", "float32_method", "one_server_method", "dedicated_servers",
+           "hockney_fit", "wire_factor", "latency_steps", "A2A_METHOD", "a2a_fraction", "sizes_at", "sizes_beyond",
+           "quotas", "a2a_fractions"]
 
 
 def hockney_fit(xy) -> tuple[float, float] | None:
@@ -45,7 +47,7 @@ def fit_collectives(doc: dict, link_Bps: float | None = None, min_bytes: int = 1
     for r in rows:
         if r.get("slots") == 1 and r.get("rate") == rate and r.get("variant", "main") == "main" \
                 and r["bytes"] >= min_bytes and "[" not in r["method"]:
-            pts.setdefault((r["method"], r["ranks"]), []).append((r["bytes"], r["time_us"] / 1e6))
+            pts.setdefault((canonical(r["method"]), r["ranks"]), []).append((r["bytes"], r["time_us"] / 1e6))
     out = {}
     for key, xy in pts.items():
         fit = hockney_fit(xy)
@@ -54,9 +56,52 @@ def fit_collectives(doc: dict, link_Bps: float | None = None, min_bytes: int = 1
     return out
 
 
+def _variant(method: str):
+    """The strategy variant a method is spelt as (:mod:`hvdkit.collectives.names`), or None (a baseline)."""
+    from hvdkit.strategies import STRATEGIES
+    from hvdkit.strategies.variants import parse_variant
+
+    return parse_variant(method) if method.partition(":")[0] in STRATEGIES else None
+
+
+def _replaced(method: str, **changes) -> str | None:
+    """The label of ``method``'s variant with some options changed (a value of None: the option's
+    default; options the row does not have are ignored), or None: ``method`` is no strategy's."""
+    from hvdkit.strategies.variants import Variant, parse_variant
+
+    v = _variant(method)
+    if v is None:
+        return None
+    defaults = {o.name: o.default for o in v.cls.options}
+    opts = {**v.opts, **{k: defaults[k] if x is None else x for k, x in changes.items() if k in defaults}}
+    return parse_variant(Variant(v.name, opts).label).label
+
+
+def method_with(method: str, **opts) -> str:
+    """``method`` with some of its variant's options changed (None: the default), in its one spelling;
+    a method that is no strategy's with the options appended as given."""
+    return _replaced(method, **opts) or method + ":" + ",".join(f"{k}={x}" for k, x in opts.items() if x is not None)
+
+
+def float32_method(method: str) -> str:
+    """The float32 method a ``compression=fp16`` method compresses (itself when it sends float32)."""
+    return _replaced(method, compression=None, ps_pull=None) or method
+
+
+def one_server_method(method: str) -> str:
+    """A dedicated PS method at one server (``ps-sync:num_servers=2`` -> ``ps-sync``); others as given."""
+    return _replaced(method, num_servers=None) or method
+
+
+def dedicated_servers(method: str) -> int:
+    """K, the dedicated server ranks of a PS method (0: a colocated PS, a ring, a baseline)."""
+    v = _variant(method)
+    return v.servers(1) if v is not None and v.layout == "dedicated" else 0
+
+
 def _bytes_factor(method: str, ranks: int) -> float:
     """Busiest-link bytes per S of one allreduce-equivalent (the formulas' beta factor)."""
-    k = {"ps": 1, "ps2": 2}.get(method.split("-fp16")[0], 0)
+    k = dedicated_servers(method)
     if k:
         return 2 * max(1.0, (ranks - k) / k)
     return 2 * (ranks - 1) / ranks

@@ -25,6 +25,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Sequence
 
+from hvdkit.collectives.names import canonical
 from hvdkit.errors import UsageError
 from hvdkit.results import read_json
 from hvdkit.strategies.variants import parse_variant
@@ -164,7 +165,8 @@ def _new_training(doc: dict, rate: str) -> list[Cell]:
 
 
 def _collective_rows(doc: dict, rate: str | None, path: str) -> list[dict]:
-    """Rows of either collectives format, with ``ranks``, ``hosts``, ``slots``, ``rate``, ``variant``."""
+    """Rows of either collectives format, with ``ranks``, ``hosts``, ``slots``, ``rate``, ``variant``; every
+    ``method`` in today's spelling (:func:`hvdkit.collectives.names.canonical`: a retired name read)."""
     rows = doc.get("rows")
     if not isinstance(rows, list):
         raise UsageError(f"{path}: no rows: not the JSON of a collectives benchmark")
@@ -173,13 +175,13 @@ def _collective_rows(doc: dict, rate: str | None, path: str) -> list[dict]:
         n = int(meta["world_size"])
         hosts = len({r[1] for r in meta.get("ranks") or []}) or n
         label = (meta.get("launch") or {}).get("label")
-        return [{"method": r["method"], "ranks": n, "hosts": hosts, "slots": max(1, n // hosts), "rate": rate,
-                 "variant": label or "main", "bytes": int(r["bytes"]), "time_us": float(r["time_us"])}
+        return [{"method": canonical(r["method"]), "ranks": n, "hosts": hosts, "slots": max(1, n // hosts),
+                 "rate": rate, "variant": label or "main", "bytes": int(r["bytes"]), "time_us": float(r["time_us"])}
                 for r in rows if "[" not in r["method"] or not label]
     quota = _quota_of(meta)
-    return [{**r, "hosts": r.get("hosts") or r["ranks"] // max(1, r.get("slots", 1)),
-             "variant": r.get("variant", "main"), **({} if quota is _UNKNOWN or "cpus_per_host" in r
-                                                      else {"cpus_per_host": quota})} for r in rows]
+    return [{**r, "method": canonical(r["method"]),
+             "hosts": r.get("hosts") or r["ranks"] // max(1, r.get("slots", 1)), "variant": r.get("variant", "main"),
+             **({} if quota is _UNKNOWN or "cpus_per_host" in r else {"cpus_per_host": quota})} for r in rows]
 
 
 _UNKNOWN = object()
