@@ -12,14 +12,15 @@ the same order, so the collective ones line up):
 * ``predict(S, B, alpha)``: the alpha-beta time of one operation (:mod:`hvdkit.costs`), or
   None where no network is involved.
 
-The ``-fp16`` rows (``--compression fp16``, :mod:`hvdkit.compression`) reduce the same float32
-buffer with float16 on the wire, exactly as the strategies do: ``ring-fp16``
-(:class:`~hvdkit.collectives.compressed.Fp16RingAllreduce`), ``horovod-fp16``
+The ``compression=fp16`` rows (``--compression fp16``, :mod:`hvdkit.compression`) reduce the same
+float32 buffer with float16 on the wire, exactly as the strategies do: ``ring:compression=fp16``
+(:class:`~hvdkit.collectives.compressed.Fp16RingAllreduce`), ``horovod:compression=fp16``
 (:func:`~hvdkit.strategies.horovod.fp16_grouped_allreduce`: scales agreed by a Max allreduce, then
-Horovod's ``Compression.fp16``), ``ps-fp16`` / ``ps-colocated-fp16`` (push and pull float16) and
-``ps-fp16-push`` (push float16, pull float32). Their busbw is computed from the *float32* bytes,
-so it is the busbw-equivalent (original bytes / time) to compare with the uncompressed rows;
-their prediction is the uncompressed one for the bytes that travel (``wire_fraction`` of S).
+Horovod's ``Compression.fp16``), ``ps-sync:compression=fp16`` and its colocated form (push and pull
+float16) and ``ps-sync:compression=fp16,ps_pull=float32`` (push float16, pull float32). Their busbw
+is computed from the *float32* bytes, so it is the busbw-equivalent (original bytes / time) to
+compare with the uncompressed rows; their prediction is the uncompressed one for the bytes that
+travel (``wire_fraction`` of S).
 
 The benchmark's own barriers and reductions go through a world: :class:`MPIWorld` (an
 mpi4py communicator) or, under ``horovodrun --gloo`` where there is no MPI world,
@@ -47,7 +48,7 @@ class _LazyMPI:
 
 MPI = _LazyMPI()
 
-__all__ = ["METHODS", "COMPRESSED", "OPT_IN", "data", "MPIWorld", "HorovodWorld"]
+__all__ = ["METHODS", "COMPRESSED", "OPT_IN", "ratio_pairs", "data", "MPIWorld", "HorovodWorld"]
 
 
 def data(rank: int, n: int) -> np.ndarray:
@@ -55,7 +56,29 @@ def data(rank: int, n: int) -> np.ndarray:
     return ((rank + 1) * (np.arange(n) % 7 + 1)).astype(np.float32)
 
 
+_MIB = 1 << 20
+
+
+def _at_least_1mib(nbytes: int) -> bool:
+    return nbytes >= _MIB
+
+
+def _below_256kib(nbytes: int) -> bool:
+    return nbytes < 256 << 10
+
+
+def _any_size(nbytes: int) -> bool:
+    return True
+
+
 class _Method:
+    #: the row's name: the strategy variant whose communication it measures
+    #: (:mod:`hvdkit.collectives.names`), or a baseline's own name
+    name = ""
+    #: the time ratios with this row as numerator: (denominator, sizes, label); the compressed
+    #: rows' gains over their float32 row are added by :func:`ratio_pairs`
+    ratios: tuple = ()
+    opt_in = False         # left out of the default set (``--methods`` names it)
     factor = "allreduce"   # busbw factor: "allreduce" or "copy"
     tolerance = 0.0        # relative tolerance of the correctness check (0: exact)
     servers = 0            # dedicated server ranks needed besides the workers
@@ -93,16 +116,22 @@ class _Method:
 
 
 class Mpi(_Method):
+    name = "mpi"
+
     def run(self):
         self.comm.Allreduce(self.send, self.recv, op=MPI.SUM)
 
 
 class MpiPickle(_Method):
+    name = "mpi-pickle"
+
     def run(self):
         self.recv = self.comm.allreduce(self.send, op=MPI.SUM)
 
 
 class Horovod(_Method):
+    name = "horovod"
+    ratios = (("mpi", _any_size, "Horovod / MPI Allreduce time"),)
     needs_mpi = False
 
     def __init__(self, comm, rank, size):
@@ -135,6 +164,9 @@ class Horovod(_Method):
 
 class HorovodFp16(Horovod):
     """``hvd.Compression.fp16`` after a power-of-two scale agreed by every rank (headroom: the power of two >= N)."""
+    name = "horovod:compression=fp16"
+    ratios = ()
+    opt_in = True
 
     tolerance = 1e-3
     wire_fraction = 0.5
@@ -146,6 +178,8 @@ class HorovodFp16(Horovod):
 
 
 class Ring(_Method):
+    name = "ring"
+    ratios = (("mpi", _at_least_1mib, "hvdkit ring / MPI Allreduce time, >= 1 MiB"),)
     ring_class = "RingAllreduce"
     wait = "auto"   # as the ring strategy waits by default
 
@@ -162,12 +196,18 @@ class Ring(_Method):
 class RingSpin(Ring):
     """The same ring, each step waiting in MPI's ``Waitall`` (Open MPI busy-polls) whatever the
     host's cores (:class:`~hvdkit.collectives.ring.RingAllreduce`'s ``wait``; ``ring``: ``auto``)."""
+    name = "ring:ring_wait=spin"
+    opt_in = True
+    ratios = ()
 
     wait = "spin"
 
 
 class RingFp16(Ring):
     """float16 messages (scaled per chunk), float32 sums on the receiving rank."""
+    name = "ring:compression=fp16"
+    ratios = ()
+    opt_in = True
 
     ring_class = "Fp16RingAllreduce"
     tolerance = 1e-3
@@ -248,30 +288,45 @@ class _PS(_Method):
 
 
 class PS(_PS):
+    name = "ps-sync"
     servers = 1
 
 
 class PS2(_PS):
+    name = "ps-sync:num_servers=2"
+    ratios = (("ps-sync", _at_least_1mib, "PS with 2 servers / with 1 server time, >= 1 MiB"),)
     servers = 2
 
 
 class PSColocated(_PS):
+    name = "ps-sync:ps_colocated=true"
+    ratios = (("mpi", _at_least_1mib, "colocated PS / MPI Allreduce time, >= 1 MiB"),
+              ("horovod", _below_256kib, "colocated PS / Horovod time, < 256 KiB"))
     servers = 0
 
 
 class PSFp16(PS):
     """Push and pull float16 (the ps-* default with ``--compression fp16``)."""
+    name = "ps-sync:compression=fp16"
+    ratios = ()
+    opt_in = True
 
     compression, pull, tolerance, wire_fraction = "fp16", "fp16", 1e-3, 0.5
 
 
 class PSFp16Push(PS):
     """Push float16, pull float32 (``--ps-pull float32``)."""
+    name = "ps-sync:compression=fp16,ps_pull=float32"
+    ratios = ()
+    opt_in = True
 
     compression, pull, tolerance, wire_fraction = "fp16", "float32", 1e-3, 0.75
 
 
 class PSColocatedFp16(PSColocated):
+    name = "ps-sync:compression=fp16,ps_colocated=true"
+    ratios = ()
+    opt_in = True
     compression, pull, tolerance, wire_fraction = "fp16", "fp16", 1e-3, 0.5
 
 
@@ -281,9 +336,10 @@ class MpiAlltoall(_Method):
     chunk of its buffer and receives its own chunk from all of them at once (``Isend``/``Irecv``
     to every peer, one ``Waitall``: the push), sums them, then sends its summed chunk to every
     other rank and receives theirs the same way (the pull). The bytes, peers and pattern of
-    ps-colocated (every rank a worker and a shard; BytePS's colocated mode, Jiang et al. OSDI
+    the colocated PS (every rank a worker and a shard; BytePS's colocated mode, Jiang et al. OSDI
     2020), so the two side by side separate the pattern over MPI from the PS's protocol,
     threads and polling. An allreduce: the result is the sum, checked exactly."""
+    name = "mpi-a2a"
 
     def prepare(self, n):
         super().prepare(n)
@@ -317,6 +373,7 @@ class MpiAlltoall(_Method):
 
 
 class Memcpy(_Method):
+    name = "memcpy"
     factor = "copy"
     needs_mpi = False
 
@@ -404,11 +461,25 @@ class HorovodWorld(MPIWorld):
         super().__init__(None, HorovodComm(hvd))
 
 
-#: name -> class, in the table's order
-METHODS = {"mpi": Mpi, "mpi-pickle": MpiPickle, "horovod": Horovod, "ring": Ring, "ring-spin": RingSpin, "ps": PS,
-           "ps2": PS2, "ps-colocated": PSColocated, "mpi-a2a": MpiAlltoall, "memcpy": Memcpy, "horovod-fp16": HorovodFp16,
-           "ring-fp16": RingFp16, "ps-fp16": PSFp16, "ps-fp16-push": PSFp16Push, "ps-colocated-fp16": PSColocatedFp16}
+def ratio_pairs(methods) -> list[tuple]:
+    """(numerator, denominator, sizes, label) of every ratio between rows of ``methods`` (name ->
+    row): each row's own :attr:`_Method.ratios`, then each compressed row against its float32 row
+    (uncompressed / compressed time = the gain in busbw-equivalent, >= 1 MiB)."""
+    from hvdkit.advise.collective_fits import float32_method
+
+    out = [(m, d, sizes, label) for m, c in methods.items() for d, sizes, label in c.ratios]
+    for m, c in methods.items():
+        if c.wire_fraction != 1.0:
+            f32 = float32_method(m)
+            what = "fp16 push only" if c.wire_fraction != 0.5 else "fp16's busbw gain"
+            out.append((f32, m, _at_least_1mib, f"{f32} / {m} time ({what}), >= 1 MiB"))
+    return out
+
+
+#: name -> row, in the table's order: every row names itself (:attr:`_Method.name`)
+METHODS = {c.name: c for c in (Mpi, MpiPickle, Horovod, Ring, RingSpin, PS, PS2, PSColocated, MpiAlltoall, Memcpy,
+                               HorovodFp16, RingFp16, PSFp16, PSFp16Push, PSColocatedFp16)}
 #: the compressed rows, left out of the default set (``--methods`` names them)
-COMPRESSED = ("horovod-fp16", "ring-fp16", "ps-fp16", "ps-fp16-push", "ps-colocated-fp16")
+COMPRESSED = tuple(n for n, c in METHODS.items() if c.wire_fraction != 1.0)
 #: every row left out of the default set: the compressed ones and the ring's busy-polled baseline
-OPT_IN = (*COMPRESSED, "ring-spin")
+OPT_IN = tuple(n for n, c in METHODS.items() if c.opt_in)

@@ -3,9 +3,13 @@ and the compression gains :mod:`hvdkit.bench.cluster_collectives` reports. :func
 and :func:`cluster_blocks` are the same figures as markdown tables (``hvdkit-bench figures``)."""
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 
+from hvdkit.bench._collective_methods import METHODS, ratio_pairs
 from hvdkit.bench._common import paired_ratio_ci
+from hvdkit.collectives.names import canonical_doc
 
 __all__ = ["PAIRS", "header", "format_row", "ratios", "compression_gains", "print_gains", "collectives_blocks",
            "cluster_blocks"]
@@ -66,16 +70,9 @@ def format_row(row: dict, link: dict | None, w: list[int]) -> str:
     return "  " + " ".join(cells + [f"{row['wrong']:>{w[-1]}}"])
 
 
-#: (numerator, denominator, sizes, label): the time ratios the project's targets are stated in
-PAIRS = [("ps-colocated", "mpi", lambda b: b >= 1 << 20, "colocated PS / MPI Allreduce time, >= 1 MiB"),
-         ("ps-colocated", "horovod", lambda b: b < 256 << 10, "colocated PS / Horovod time, < 256 KiB"),
-         ("ring", "mpi", lambda b: b >= 1 << 20, "hvdkit ring / MPI Allreduce time, >= 1 MiB"),
-         ("horovod", "mpi", lambda b: True, "Horovod / MPI Allreduce time"),
-         ("ps2", "ps", lambda b: b >= 1 << 20, "PS with 2 servers / with 1 server time, >= 1 MiB"),
-         # --compression fp16: uncompressed / compressed time = the gain in busbw-equivalent
-         *((m, f"{m}-fp16", lambda b: b >= 1 << 20, f"{m} / {m}-fp16 time (fp16's busbw gain), >= 1 MiB")
-           for m in ("ring", "horovod", "ps", "ps-colocated")),
-         ("ps", "ps-fp16-push", lambda b: b >= 1 << 20, "ps / ps-fp16-push time (fp16 push only), >= 1 MiB")]
+#: (numerator, denominator, sizes, label): the time ratios the project's targets are stated in, each
+#: asked of its row (:func:`hvdkit.bench._collective_methods.ratio_pairs`)
+PAIRS = ratio_pairs(METHODS)
 
 
 def ratios(times: dict, lab) -> dict:
@@ -106,21 +103,25 @@ def ratios(times: dict, lab) -> dict:
 
 def compression_gains(rows: list[dict], min_bytes: int = 4 << 20) -> list[dict]:
     """The busbw-equivalent gain of ``--compression fp16``: per (config, rate, bytes >= ``min_bytes``,
-    float32 method M), rows ``M-fp16`` and ``ps-fp16-push`` against M (``ps`` for the latter) from
-    the same launches, round i against round i (interleaved, so one ran right after the other).
+    float32 method M), its ``compression=fp16`` rows against M
+    (:func:`~hvdkit.advise.collective_fits.float32_method`: ``ps-sync:compression=fp16`` and
+    ``ps-sync:compression=fp16,ps_pull=float32`` against ``ps-sync``) from the same launches,
+    round i against round i (interleaved, so one ran right after the other).
 
     Returns:
         dicts (config, rate, bytes, method, compressed, rounds, gain, gain_p25, gain_p75,
-        ratio_of_medians): ``gain`` is the median over rounds of time(M) / time(M-fp16), i.e.
-        busbw-equivalent(M-fp16) / busbw(M); p25/p75 its interquartile range.
+        ratio_of_medians): ``gain`` is the median over rounds of time(M) / time(compressed), i.e.
+        busbw-equivalent(compressed) / busbw(M); p25/p75 its interquartile range.
     """
+    from hvdkit.advise.collective_fits import float32_method
+
     by = {(r["config"], r["rate"], r["launch"], r["method"], r["bytes"]): r for r in rows}
     pairs: dict[tuple, list] = {}
     for (cfg, rate, launch, m, nbytes), r in by.items():
         base, _, label = m.partition("[")
-        if nbytes < min_bytes or not (base.endswith("-fp16") or base.endswith("-fp16-push")):
+        ref = float32_method(base)
+        if nbytes < min_bytes or ref == base:
             continue
-        ref = base[:-len("-fp16")] if base.endswith("-fp16") else base[:-len("-fp16-push")]
         other = by.get((cfg, rate, launch, ref + ("[" + label if label else ""), nbytes))
         if other is None or not r.get("rounds_us") or not other.get("rounds_us"):
             continue
@@ -145,8 +146,8 @@ def print_gains(gains: list[dict]) -> None:
         return
     print("# --compression fp16: busbw-equivalent gain = time(float32) / time(fp16), per round; median [IQR]")
     for g in gains:
-        print(f"  {g['config']:<6} {g['rate'] or '-':<8} {g['bytes'] >> 20:>4} MiB  {g['compressed']:<22} vs "
-              f"{g['method']:<16} {g['gain']:.2f}x [{g['gain_p25']:.2f}, {g['gain_p75']:.2f}]  "
+        print(f"  {g['config']:<6} {g['rate'] or '-':<8} {g['bytes'] >> 20:>4} MiB  {g['compressed']:<42} vs "
+              f"{g['method']:<26} {g['gain']:.2f}x [{g['gain_p25']:.2f}, {g['gain_p75']:.2f}]  "
               f"(ratio of medians {g['ratio_of_medians']:.2f}, {g['rounds']} rounds)")
 
 
@@ -175,6 +176,7 @@ def collectives_blocks(doc: dict) -> list:
     from hvdkit.bench.report.document import Table
     from hvdkit.bench.report.figures import human_bytes
 
+    doc = canonical_doc(copy.deepcopy(doc))   # a run's retired method names in today's spelling
     rows = doc.get("rows") or []
     methods = list(dict.fromkeys(r["method"] for r in rows))
     by = {(r["method"], r["bytes"]): r for r in rows}
@@ -222,6 +224,7 @@ def cluster_blocks(doc: dict) -> list:
     from hvdkit.bench.report.document import Heading, Table
     from hvdkit.bench.report.figures import human_bytes
 
+    doc = canonical_doc(copy.deepcopy(doc))   # a run's retired method names in today's spelling
     rows = [r for r in doc.get("rows") or [] if r["bytes"] >= 1 << 20]
     out: list = []
     for cfg, rate in dict.fromkeys((r["config"], r["rate"]) for r in rows):

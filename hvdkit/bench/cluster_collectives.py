@@ -27,14 +27,15 @@ hard ``--timeout``. Variants (``--variants``):
 
 ==============  =====================================================================
 main            hvdkit-launch's launch (across hosts: Open MPI's ring allreduce); methods
-                mpi, horovod, ring, ps, ps2 (>= 3 ranks), ps-colocated, mpi-a2a (>= 3 ranks)
-                (or ``--methods``)
+                mpi, horovod, ring, ps-sync, ps-sync:num_servers=2 (>= 3 ranks),
+                ps-sync:ps_colocated=true, mpi-a2a (>= 3 ranks) (or ``--methods``; the
+                methods' names: :mod:`hvdkit.bench.collectives`)
 ompi-ring       Open MPI's ring allreduce forced: ``--mca coll_tuned_use_dynamic_rules 1
                 --mca coll_tuned_allreduce_algorithm 4``; methods mpi, horovod
 ompi-segring    Open MPI's segmented ring (algorithm 5, 1 MiB segments); methods mpi, horovod
 yield           ompi-ring plus ``--mca mpi_yield_when_idle 1`` (waiting ranks call sched_yield
                 instead of only polling: the emulated hosts share this machine's cores);
-                methods mpi, horovod, ring, ps-colocated, mpi-a2a
+                methods mpi, horovod, ring, ps-sync:ps_colocated=true, mpi-a2a
 ompi-default    the same methods with ``--mca coll_tuned_use_dynamic_rules 0`` (a
                 baseline for ompi-ring even when hvdkit-launch's defaults are on)
 hvd-fusion      Horovod with ring forced and ``HOROVOD_FUSION_THRESHOLD=0`` and
@@ -42,17 +43,18 @@ hvd-fusion      Horovod with ring forced and ``HOROVOD_FUSION_THRESHOLD=0`` and
 gloo            ``horovodrun --gloo``, run inside h1 (its rendezvous server must be on the
                 hosts' interface, eth0); method horovod; emulated places only. Fails so far
                 on the emulator (a rank's Gloo pair connects to 127.0.0.1)
-fp16            the default launch; ``--compression fp16`` against float32: methods ring,
-                ring-fp16, horovod, horovod-fp16, ps, ps-fp16, ps-fp16-push, ps-colocated,
-                ps-colocated-fp16 (rows as in main, interleaved round by round)
+fp16            the default launch; ``--compression fp16`` against float32: ring, horovod,
+                ps-sync and ps-sync:ps_colocated=true, each also with compression=fp16, and
+                ps-sync:compression=fp16,ps_pull=float32 (rows as in main, interleaved round
+                by round)
 fp16-yield      the same methods under the yield variant's launch (rows ``METHOD[yield]``)
 one-link        ``--mca btl_tcp_links 1``: Open MPI's default of one TCP connection per pair of ranks
                 (a baseline for main, where hvdkit-launch gives two); methods mpi, horovod, ring,
-                ps-colocated
+                ps-sync:ps_colocated=true
 ==============  =====================================================================
 
 ``compression`` in the JSON (and a table on stdout): per config, rate, size >= 4 MiB and pair
-(float32 method, its ``-fp16`` row from the same launch), the gain in busbw-equivalent
+(float32 method, its ``compression=fp16`` row from the same launch), the gain in busbw-equivalent
 (float32 bytes / time): median and IQR of the per-round ratios (round i of both ran one after
 the other) and the ratio of the median times (:func:`hvdkit.bench._collective_report.compression_gains`).
 
@@ -88,13 +90,16 @@ import numpy as np
 from hvdkit.bench._collective_report import compression_gains, print_gains
 from hvdkit.bench._common import host_meta, launch, log
 from hvdkit.cliparse import Parser, print_error
+from hvdkit.collectives.names import canonical_doc
 from hvdkit.errors import UsageError
 from hvdkit.results import write_json
 
 __all__ = ["VARIANTS", "main", "build_parser", "parse_configs", "sweep", "merge_rows", "summarize", "plot"]
 
 _RING = ("--mca", "coll_tuned_use_dynamic_rules", "1", "--mca", "coll_tuned_allreduce_algorithm", "4")
-_FP16 = "ring,ring-fp16,horovod,horovod-fp16,ps,ps-fp16,ps-fp16-push,ps-colocated,ps-colocated-fp16"
+_COLOCATED = "ps-sync:ps_colocated=true"
+_FP16 = ("ring,ring:compression=fp16,horovod,horovod:compression=fp16,ps-sync,ps-sync:compression=fp16,"
+         f"ps-sync:compression=fp16,ps_pull=float32,{_COLOCATED},ps-sync:compression=fp16,ps_colocated=true")
 #: variant -> (label, launcher, extra mpirun args, methods ("" = the main set), extra env)
 VARIANTS = {
     "main": ("", "mpi", (), "", {}),
@@ -102,7 +107,7 @@ VARIANTS = {
     "ompi-segring": ("ompi-segring", "mpi", ("--mca", "coll_tuned_use_dynamic_rules", "1", "--mca",
                      "coll_tuned_allreduce_algorithm", "5", "--mca", "coll_tuned_allreduce_algorithm_segmentsize",
                      "1048576"), "mpi,horovod", {}),
-    "yield": ("yield", "mpi", (*_RING, "--mca", "mpi_yield_when_idle", "1"), "mpi,horovod,ring,ps-colocated,mpi-a2a",
+    "yield": ("yield", "mpi", (*_RING, "--mca", "mpi_yield_when_idle", "1"), f"mpi,horovod,ring,{_COLOCATED},mpi-a2a",
               {}),
     "ompi-default": ("ompi-default", "mpi", ("--mca", "coll_tuned_use_dynamic_rules", "0"), "mpi,horovod", {}),
     "hvd-fusion": ("hvd-fusion", "mpi", _RING, "horovod",
@@ -110,7 +115,7 @@ VARIANTS = {
     "gloo": ("gloo", "horovodrun-gloo", (), "horovod", {}),
     "fp16": ("", "mpi", (), _FP16, {}),
     "fp16-yield": ("yield", "mpi", (*_RING, "--mca", "mpi_yield_when_idle", "1"), _FP16, {}),
-    "one-link": ("one-link", "mpi", ("--mca", "btl_tcp_links", "1"), "mpi,horovod,ring,ps-colocated", {}),
+    "one-link": ("one-link", "mpi", ("--mca", "btl_tcp_links", "1"), f"mpi,horovod,ring,{_COLOCATED}", {}),
 }
 DEFAULT_CONFIGS, DEFAULT_RATES = "2x1,3x1,4x1,2x2", "200mbit,1gbit"
 CSV_FIELDS = ("config", "hosts", "slots", "ranks", "rate", "link_Bps", "launch", "variant", "method", "bytes",
@@ -149,7 +154,8 @@ def build_parser(prog: str = "python -m hvdkit.bench.cluster_collectives") -> ar
     p.add_argument("--repeats", type=int, default=1,
                    help="alternate the variants' launches this many times (default 1)")
     p.add_argument("--methods", default="",
-                   help="methods of the main launch (default mpi,horovod,ring,ps,ps2,ps-colocated)")
+                   help="methods of the main launch (default mpi,horovod,ring,ps-sync,ps-sync:num_servers=2,"
+                        "ps-sync:ps_colocated=true,mpi-a2a; the last two at 3 ranks or more)")
     p.add_argument("--mpi-args", default="", help="extra mpirun arguments for every launch, one quoted string "
                                                   "(e.g. --mpi-args='--mca mpi_yield_when_idle 1')")
     p.add_argument("--min-bytes", default="64K", help="smallest message (default 64K)")
@@ -172,8 +178,8 @@ def _main_methods(ranks: int, given: str) -> str:
     if given:
         return given
     # mpi-a2a at 3 ranks or more: at 2 its exchange is a ring's
-    return ",".join(["mpi", "horovod", "ring", "ps"] + (["ps2"] if ranks >= 3 else []) + ["ps-colocated"]
-                    + (["mpi-a2a"] if ranks >= 3 else []))
+    return "mpi,horovod,ring,ps-sync" + (",ps-sync:num_servers=2" if ranks >= 3 else "") + f",{_COLOCATED}" \
+        + (",mpi-a2a" if ranks >= 3 else "")
 
 
 def _command(variant: str, place, bench_args: list[str], extra: tuple = ()) -> list[str]:
@@ -488,7 +494,7 @@ def _merged(paths: list[str]) -> tuple[dict, list, list]:
     docs = []
     for p in paths:
         with open(p) as fh:
-            docs.append(json.load(fh))
+            docs.append(canonical_doc(json.load(fh)))   # a run's retired method names in today's spelling
         if not isinstance(docs[-1], dict) or "launches" not in docs[-1] or "rows" not in docs[-1]:
             raise ValueError(f"--merge {p}: not a cluster_collectives.json (no launches and rows; one launch's "
                              "NAME.json is not mergeable): give the cluster_collectives.json of each run")

@@ -6,38 +6,46 @@
     mpirun -np 3 --mca coll_tuned_use_dynamic_rules 1 --mca coll_tuned_allreduce_algorithm 4 \\
         python -m hvdkit.bench.collectives --methods mpi --label ring          # rows "mpi[ring]"
     horovodrun --gloo -np 3 python -m hvdkit.bench.collectives --methods horovod --label gloo
-    hvdkit-bench collectives -np 2 -- --methods mpi,ring,ps-colocated
+    hvdkit-bench collectives -np 2 -- --methods mpi,ring,ps-sync:ps_colocated=true
     hvdkit-bench collectives -np 8 --hostfile hosts -- --min-bytes 64K --json /shared/c.json   # across hosts
     hvdkit-bench collectives -np 3 --emulated 3@1gbit -- --min-bytes 64K     # emulated; its probed link predicts
 
 Methods (rows of :data:`~hvdkit.bench._collective_methods.METHODS`), each reducing the same
-float32 buffer of S bytes per rank:
+float32 buffer of S bytes per rank. A method that measures a strategy's communication is spelt as
+that strategy's variant (:mod:`hvdkit.collectives.names`; in a ``--methods`` list an
+``option=value`` continues the method before it, as in ``--variants``); the names used before
+(``ps``, ``ps2``, ``ps-colocated``, ``ring-spin``, ``*-fp16``, ``ps-fp16-push``) are still taken,
+with a note naming the new spelling:
 
-==============  =============================================================================
-mpi             ``comm.Allreduce`` on NumPy buffers: the raw MPI reference
-mpi-pickle      ``comm.allreduce`` on the array object (pickled, the convenient slow path)
-horovod         ``hvd.allreduce(op=Sum)`` on an eager tensor (Horovod's background cycle)
-ring            :class:`hvdkit.collectives.ring.RingAllreduce` (reduce-scatter + allgather, N-1 steps each)
-ring-spin       the same ring, each step waiting in MPI's ``Waitall`` (busy-polled) wherever it runs
-                (``ring`` waits as the strategy does: it sleeps where a rank has less than a core)
-ps, ps2         push + pull through K = 1 or 2 dedicated server ranks (the last K ranks, one
-                contiguous 1/K of the buffer each; the others are workers), synchronous, the
-                SGD update (lr = 1) applied on the servers
-ps-colocated    push + pull through N shard servers, one thread per rank (BytePS-style),
-                synchronous, update applied; per rank the bytes of a ring (docs/performance.md)
-mpi-a2a         ps-colocated's traffic in plain mpi4py: each rank sums its 1/N chunk from every
-                rank (``Isend``/``Irecv`` to all peers at once), then sends it to all: the pattern
-                without the PS's protocol and threads
-memcpy          ``np.copyto`` of S bytes on each rank alone: the physical limit of one host
-horovod-fp16,   ``--compression fp16`` (:mod:`hvdkit.compression`): the same reductions with float16
-ring-fp16,      on the wire (scaled by powers of two), as the strategies run them; ps-fp16-push
-ps-fp16,        pushes float16 and pulls float32. busbw from the float32 bytes: the
-ps-fp16-push,   busbw-equivalent (original bytes / time). Results checked to 1e-3 relative.
-ps-colocated-
-fp16
-==============  =============================================================================
+=============================  ===============================================================
+mpi                            ``comm.Allreduce`` on NumPy buffers: the raw MPI reference
+mpi-pickle                     ``comm.allreduce`` on the array object (pickled, the slow path)
+horovod                        ``hvd.allreduce(op=Sum)`` on an eager tensor (Horovod's cycle)
+ring                           :class:`hvdkit.collectives.ring.RingAllreduce` (reduce-scatter
+                               + allgather, N-1 steps each)
+ring:ring_wait=spin            the same ring, each step waiting in MPI's ``Waitall``
+                               (busy-polled) wherever it runs (``ring`` waits as the strategy
+                               does: it sleeps where a rank has less than a core)
+ps-sync,                       push + pull through K = 1 or 2 dedicated server ranks (the last
+ps-sync:num_servers=2          K ranks, one contiguous 1/K of the buffer each; the others are
+                               workers), synchronous, the SGD update (lr = 1) on the servers
+ps-sync:ps_colocated=true      push + pull through N shard servers, one thread per rank
+                               (BytePS-style), synchronous, update applied; per rank the bytes
+                               of a ring (docs/performance.md)
+mpi-a2a                        the colocated PS's traffic in plain mpi4py: each rank sums its
+                               1/N chunk from every rank (``Isend``/``Irecv`` to all peers at
+                               once), then sends it to all: the pattern without the PS
+memcpy                         ``np.copyto`` of S bytes on each rank alone: one host's limit
+...:compression=fp16           ``--compression fp16`` (:mod:`hvdkit.compression`) of horovod,
+(horovod, ring, ps-sync,       ring, ps-sync and the colocated PS: the same reductions with
+ps-sync:ps_colocated=true),    float16 on the wire (scaled by powers of two), as the strategies
+ps-sync:compression=fp16,      run them; ``ps_pull=float32`` pushes float16 and pulls float32.
+ps_pull=float32                busbw from the float32 bytes: the busbw-equivalent (original
+                               bytes / time). Results checked to 1e-3 relative.
+=============================  ===============================================================
 
-The default is every uncompressed method this world can run (ps needs 2 ranks, ps2 3). Under
+The default is every uncompressed method this world can run (ps-sync needs 2 ranks,
+ps-sync:num_servers=2 3). Under
 ``horovodrun --gloo`` (MPI sees one rank, Horovod several) only horovod and memcpy run and
 the benchmark's barriers and reductions go through Horovod; under ``mpirun``,
 ``HOROVOD_CPU_OPERATIONS=gloo`` crashes Horovod 0.28.1, so Gloo needs that launch.
@@ -78,8 +86,8 @@ writes it: ``1gbit``, ``200mbit``) with ``--link-latency SECONDS`` (alpha, defau
 ``--cluster-json PATH``, a JSON object whose top-level ``link_Bps`` is the link's measured
 rate in *bytes* per second and ``rtt_s`` its measured round trip in seconds (alpha =
 rtt_s / 2), as ``hvdkit-cluster probe`` writes. Columns then: ``pred`` (the predicted time:
-a ring for mpi, mpi-pickle, horovod and ring, :func:`~hvdkit.costs.ps_time` for ps and ps2,
-:func:`~hvdkit.costs.colocated_ps_time` for ps-colocated and mpi-a2a), ``pbusbw`` (the busbw that time
+a ring for mpi, mpi-pickle, horovod and ring, :func:`~hvdkit.costs.ps_time` for the dedicated PS,
+:func:`~hvdkit.costs.colocated_ps_time` for the colocated PS and mpi-a2a), ``pbusbw`` (the busbw that time
 gives) and ``link%`` (measured busbw / link rate x 100). Without a link (one host) those
 columns are absent.
 
@@ -172,8 +180,9 @@ def build_parser(prog: str = "mpirun -np N python -m hvdkit.bench.collectives") 
                         "hvdkit's ring), auto (default): spin where each rank of a host has a core, else poll, so "
                         "a rank under a CPU quota does not spend it between operations")
     g = p.add_argument_group("what and where")
-    g.add_argument("--methods", default="", help=f"comma-separated subset of {', '.join(METHODS)} "
-                                                 "(default: every method this world can run)")
+    g.add_argument("--methods", default="", help=f"comma-separated, of: {'; '.join(METHODS)} (a strategy's method "
+                                                 "spelt as its variant; the retired names ps, ps2, ps-colocated, "
+                                                 "...-fp16 still taken; default: every method this world can run)")
     g.add_argument("--label", default="", help="name this launch: rows become METHOD[LABEL] (e.g. --label gloo "
                                                "-> horovod[gloo]), so tables of several launches can be merged")
     g.add_argument("--json", metavar="FILE", help="also write the table and metadata as JSON")
@@ -222,11 +231,47 @@ def _link(a) -> dict | None:
     return None
 
 
-def _check_args(a, size: int, mpi: bool) -> str | None:
-    names = a.methods.split(",")
+def method_names(text: str) -> tuple[list[str], list[str]]:
+    """The methods a ``--methods`` list names, each in its one spelling, and a note per retired name.
+
+    A comma-separated list with the variants' continuation rule (a token with ``=`` and no ``:``
+    continues the previous method: ``ps-sync:compression=fp16,ps_pull=float32``,
+    :func:`hvdkit.strategies.variants.split_variants`); a method that measures a strategy is spelt as
+    its variant (any spelling of that variant: ``ps-sync:num_servers=1`` is ``ps-sync``), a retired name
+    (:func:`hvdkit.collectives.names.retired`, e.g. ``ps2``) is taken with a note naming the new
+    spelling; an unknown name is kept as given (:func:`_check_args` refuses it).
+
+    Returns:
+        (names, each once, in order; notes, one line per retired name given).
+    """
+    from hvdkit.collectives.names import retired
+    from hvdkit.strategies import STRATEGIES
+    from hvdkit.strategies.variants import parse_variant, split_variants
+
+    names, notes = [], []
+    try:
+        given = split_variants(text)
+    except UsageError:
+        given = [t for t in text.split(",") if t.strip()]
+    for m in (t.strip() for t in given):
+        if retired(m):
+            notes.append(f"method {m!r} is now spelt {retired(m)!r} (as the strategy variant it measures)")
+            m = retired(m)
+        elif m not in METHODS and m.partition(":")[0].strip() in STRATEGIES:
+            try:
+                m = parse_variant(m).label
+            except UsageError:
+                pass
+        names.append(m)
+    return list(dict.fromkeys(names)), notes
+
+
+def _check_args(a, names: list[str], size: int, mpi: bool) -> str | None:
+    """The one error line of these flags and methods (``names``: :func:`method_names` of ``--methods``)
+    on this world, or None."""
     unknown = [m for m in names if m not in METHODS]
     if unknown:
-        return f"unknown method(s) {unknown}; choose from {', '.join(METHODS)}"
+        return f"unknown method(s) {unknown}; choose from {'; '.join(METHODS)}"
     if a.min_bytes < 4 or a.max_bytes < a.min_bytes:
         return f"need 4 <= --min-bytes ({a.min_bytes}) <= --max-bytes ({a.max_bytes})"
     if a.step <= 1 or a.iters < 1 or a.warmup < 0:
@@ -271,7 +316,14 @@ def main(argv=None, prog: str = "mpirun -np N python -m hvdkit.bench.collectives
         return print_error(prog, e) if rank == 0 else 2
     if not a.methods:
         a.methods = ",".join(default_methods(size, world.comm is not None))
-    err = _check_args(a, size, world.comm is not None)   # the same verdict on every rank
+    names, notes = method_names(a.methods)   # parsed once: the check, the rows and the record take these
+    a.methods = ",".join(names)   # recorded in today's spelling
+    if a.inject_error:   # the method it names, in its one spelling
+        a.inject_error = (method_names(a.inject_error)[0] or [a.inject_error])[0]
+    if rank == 0:
+        for note in notes:
+            print(f"hvdkit.bench.collectives: note: {note}", file=sys.stderr, flush=True)
+    err = _check_args(a, names, size, world.comm is not None)   # the same verdict on every rank
     link = None
     if not err:   # rank 0 reads the cluster JSON (it may exist on rank 0's host only) and tells the others
         mine = None
@@ -292,7 +344,6 @@ def main(argv=None, prog: str = "mpirun -np N python -m hvdkit.bench.collectives
             world.wait = one_wait(world.allgather(auto_wait(world.comm)))
         else:
             world.wait = a.harness_wait
-    names = a.methods.split(",")
     lab = (lambda m: f"{m}[{a.label}]") if a.label else (lambda m: m)
     methods = {m: METHODS[m](world.comm, rank, size) for m in names}
     for m in methods.values():

@@ -58,6 +58,7 @@ import numpy as np
 from hvdkit import dirlock
 from hvdkit.bench._common import DriverSignal, ending_signals, fmt, host_meta, launch, log
 from hvdkit.cliparse import Parser, print_error
+from hvdkit.collectives.names import canonical_doc
 from hvdkit.errors import UsageError
 from hvdkit.results import write_json
 
@@ -191,28 +192,31 @@ def _collectives_once(out: str, name: str, place, np_: int, args: list[str], tim
 def _collectives_apart(out: str, name: str, place, np_: int, args: list[str],
                        timeout: float) -> tuple[float, str | None]:
     """One launch per method (``--methods`` of ``args``, else every default one), each into
-    ``runs/<name>/<method>.json``, merged into ``<name>.json`` (:func:`~hvdkit.bench.collectives.merge_apart`)
-    and their tables into ``<name>.txt``: (seconds in all, None, or the first failure)."""
-    from hvdkit.bench.collectives import build_parser, default_methods, merge_apart
+    ``runs/<name>/<method>.json`` (the method as a file name, as training's job directories:
+    ``ps-sync_num_servers-2.json``), merged into ``<name>.json``
+    (:func:`~hvdkit.bench.collectives.merge_apart`) and their tables into ``<name>.txt``: (seconds in
+    all, None, or the first failure)."""
+    from hvdkit.bench.collectives import build_parser, default_methods, merge_apart, method_names
 
     given = build_parser().parse_known_args(args)[0].methods   # --methods X or --methods=X, the last one
-    methods = list(dict.fromkeys(m for m in given.split(",") if m)) or default_methods(np_)
+    methods = method_names(given)[0] or default_methods(np_)
     runs = os.path.join(out, "runs", name)
     os.makedirs(runs, exist_ok=True)
     docs, tables, seconds = [], [], 0.0
     for i, m in enumerate(methods):
         log(f"suite: {name}: method {i + 1}/{len(methods)} {m} (a launch of its own)")
-        jpath = os.path.join(runs, m + ".json")
+        stem = m.replace(":", "_").replace(",", "_").replace("=", "-")   # a file name, as training's job dirs
+        jpath = os.path.join(runs, stem + ".json")
         cmd = place.command(np_, [sys.executable, "-m", "hvdkit.bench.collectives", *args, "--methods", m,
                                   "--json", jpath])   # the last --methods wins
-        job = launch(cmd, timeout, os.path.join(runs, m + ".log"))
+        job = launch(cmd, timeout, os.path.join(runs, stem + ".log"))
         seconds += job.seconds
         doc = _load(jpath) if job.ok else None
         if doc is None:
             return seconds, f"method {m}: " + (job.why() if not job.ok else f"missing {jpath}")
         docs.append(doc)
-        _stdout_table(runs, m)
-        with open(os.path.join(runs, m + ".txt")) as fh:
+        _stdout_table(runs, stem)
+        with open(os.path.join(runs, stem + ".txt")) as fh:
             tables.append(fh.read())
     write_json(os.path.join(out, name + ".json"), merge_apart(docs))
     with open(os.path.join(out, name + ".txt"), "w") as fh:
@@ -414,7 +418,7 @@ def summarize(out: str, meta: dict, steps: list[dict]) -> dict:
         lines.append(f"| {name} | {fmt(value, digits)} | {src} |")
 
     for f in sorted(x for x in os.listdir(out) if x.startswith("collectives_np") and x.endswith(".json")):
-        c = _load(os.path.join(out, f))
+        c = canonical_doc(_load(os.path.join(out, f)))   # retired method names in today's spelling
         if not c:
             continue
         n = c.get("meta", {}).get("world_size", "?")

@@ -21,7 +21,7 @@ def test_driver_two_hosts_merged_json_csv(shared_dir):
 
     out = os.path.join(shared_dir, "cc")
     cmd = [sys.executable, "-m", "hvdkit.bench.cluster_collectives", "--configs", "2x1", "--rates", "1gbit",
-           "--variants", "main,ompi-ring", "--methods", "mpi,ring,ps-colocated", "--min-bytes", "64K",
+           "--variants", "main,ompi-ring", "--methods", "mpi,ring,ps-sync:ps_colocated=true", "--min-bytes", "64K",
            "--max-bytes", "256K", "--iters", "2", "--warmup", "1", "--probe-seconds", "0.3", "--timeout", "60",
            "--out-dir", out]
     # env given explicitly: with env=None the child would inherit the C environment, where test modules
@@ -36,7 +36,7 @@ def test_driver_two_hosts_merged_json_csv(shared_dir):
     assert doc["ok"] is True
     assert [(x["variant"], x["status"]) for x in doc["launches"]] == [("main", "OK"), ("ompi-ring", "OK")]
     assert all(x["place"] == "--emulated 2:1@1gbit" for x in doc["launches"]), doc["launches"]
-    want = {(m, b) for m in ("mpi", "ring", "ps-colocated", "mpi[ompi-ring]", "horovod[ompi-ring]")
+    want = {(m, b) for m in ("mpi", "ring", "ps-sync:ps_colocated=true", "mpi[ompi-ring]", "horovod[ompi-ring]")
             for b in (64 << 10, 256 << 10)}
     assert {(x["method"], x["bytes"]) for x in doc["rows"]} == want
     for x in doc["rows"]:

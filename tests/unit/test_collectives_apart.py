@@ -36,7 +36,8 @@ def test_merge_keeps_every_run_rows_and_says_how_it_was_measured():
 
 def test_default_methods_follow_the_world_size():
     two, three = collectives.default_methods(2), collectives.default_methods(3)
-    assert "ring" in two and "ps" in two and "ps2" not in two and "ps2" in three
+    ps2 = "ps-sync:num_servers=2"
+    assert "ring" in two and "ps-sync" in two and ps2 not in two and ps2 in three
     assert not set(collectives.default_methods(2, mpi=False)) - {"horovod", "memcpy"}
 
 

@@ -16,6 +16,7 @@ the same variant's cells without one, in a line style of its own (:func:`conditi
 """
 from __future__ import annotations
 
+import copy
 import io
 import json
 import os
@@ -25,6 +26,8 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+
+from hvdkit.collectives.names import canonical_doc  # noqa: E402
 
 __all__ = ["DPI", "plt", "colors", "human_bytes", "save_figure", "png_bytes", "busbw_axes", "scaling_figure",
            "split_figure", "accuracy_figure", "staleness_figure", "busbw_figure", "condition_style", "plot_all",
@@ -135,7 +138,7 @@ def _errbar(ax, xs, stats, color, label, **kw):
 def scaling_figure(summary: Sequence[Mapping], projections: Sequence[Mapping] = ()):
     """Per model (columns): samples/s (top) and scaling efficiency (bottom) vs workers, median
     with min-max bars per variant and straggler condition (a straggler cell's efficiency is
-    against the variant's 1-worker cell without one, :func:`hvdkit.bench.training.summarise`); the
+    against the variant's 1-worker cell without one, :func:`hvdkit.bench.training.summarize`); the
     calibrated projections (``advised.projections``) dashed with open markers. None when no cell
     was measured.
 
@@ -312,7 +315,8 @@ def plot_all(out_dir: str, collectives: Sequence[str | Mapping] = (), training: 
 
     figs = []
     if collectives:
-        figs.append(("busbw.png", busbw_figure([_load(c) for c in collectives])))
+        # a run's retired method names in today's spelling (a given document left as it is)
+        figs.append(("busbw.png", busbw_figure([canonical_doc(copy.deepcopy(_load(c))) for c in collectives])))
     if training:
         d = _load(training)
         summ = [s for s in d.get("summary", []) if measure_of(s) == "throughput"]

@@ -8,6 +8,7 @@ from typing import Mapping, Sequence
 from hvdkit.advise import training as advised
 from hvdkit.bench.report import sections
 from hvdkit.cells import measure_of, primary_measure
+from hvdkit.collectives.names import canonical_doc
 from hvdkit.bench.report.document import Document, Figure, Paragraph
 from hvdkit.errors import UsageError
 from hvdkit.results import atomic_write, read_json
@@ -37,7 +38,7 @@ def load_inputs(out_dir: str) -> tuple[dict, list[tuple[str, dict]]]:
         raise UsageError(f"{path} has no {' or '.join(missing)} list: not the JSON of hvdkit-bench training")
     colls = []
     for p in sorted(glob.glob(os.path.join(out_dir, "collectives*.json"))):
-        d = read_json(p)
+        d = canonical_doc(read_json(p))   # a run's retired method names in today's spelling
         if isinstance(d.get("rows"), list):
             colls.append((os.path.basename(p), d))
     return training, colls
