@@ -28,22 +28,22 @@ lr = 1:
 Every rank gathers every rank's failures and the CRC-32 of the weights each holds at the
 end (workers: the pulled weights; a dedicated server: its shard), so all ranks reach the
 same verdict: each prints ``ps_check rank R/N: OK (A arrangements)`` or ``... FAILED``
-with the failures per rank; the exit status is 0 only when every rank passed. An
+(:mod:`tests.parallel.verdict`, at any rank count: rank 0 lists every rank's failures and
+the job's verdict); the exit status is 0 only when every rank passed. An
 exception on any rank ends the whole job (``run_guarded``: MPI_Abort), never a hang.
 """
 from __future__ import annotations
 
-import sys
 import zlib
 
 import numpy as np
 from mpi4py import MPI
 
-from hvdkit.comm import run_guarded
 from hvdkit.errors import ProtocolError
 from hvdkit.strategies.ps import rules
 from hvdkit.strategies.ps.group import PSGroup
 from hvdkit.strategies.ps.protocol import Layout
+from tests.parallel.verdict import script
 
 N = 25 * 1024 * 1024  # 100 MiB of float32
 
@@ -124,25 +124,18 @@ def check(comm: MPI.Comm, name: str, servers: list[int], workers: list[int]) -> 
     return fail, crc
 
 
-def main() -> int:
-    comm = MPI.COMM_WORLD
-    rank, size = comm.Get_rank(), comm.Get_size()
-    failures: list[str] = []
-    todo = arrangements(size)
+def check_all(w) -> tuple[list[str], str]:
+    """Every arrangement of :func:`arrangements` on the world ``w``: (this rank's failures, the detail)."""
+    comm, failures = w.comm, []
+    todo = arrangements(w.size)
     for name, servers, workers in todo:
         fail, crc = check(comm, name, servers, workers)
         crcs = comm.allgather(crc)                          # tiny metadata: every rank sees every rank's
         if len(set(crcs)) != 1:
             fail.append(f"{name}: final weights differ across ranks (CRC-32 per rank {[hex(c) for c in crcs]})")
         failures += fail
-    for f in failures:
-        print(f"ps_check rank {rank}/{size} FAIL {f}", flush=True)
-    verdicts = comm.allgather(len(failures))                # every rank reaches the same verdict
-    ok = not any(verdicts)
-    print(f"ps_check rank {rank}/{size}: OK ({len(todo)} arrangements)" if ok else
-          f"ps_check rank {rank}/{size}: FAILED (failures per rank {verdicts})", flush=True)
-    return 0 if ok else 1
+    return failures, f"{len(todo)} arrangements"
 
 
 if __name__ == "__main__":
-    sys.exit(run_guarded(main))
+    script("ps_check", check_all, min_ranks=1)

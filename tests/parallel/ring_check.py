@@ -6,10 +6,10 @@ Correctness: for float32, float64 and int64, lengths 0, 1, 3, N-1, N, N+1, 1001 
 with and without fusion buckets, in place and out of place, sum and average, and
 a list of arrays of varied shapes: every rank compares its ring result with
 ``comm.Allreduce`` (float tolerance; exact for integers) and with rank 0's result
-(bitwise: every chunk is summed on one rank and copied). Each rank prints
-``ring_check rank R/N OK (C cases)`` or its failures; the verdicts are gathered and
-rank 0 prints ``ring_check: ALL OK on N ranks`` or ``ring_check: FAILED``; the exit
-status is 0 only when every rank passed.
+(bitwise: every chunk is summed on one rank and copied). The verdict, at any rank count
+(:mod:`tests.parallel.verdict`): each rank prints ``ring_check rank R/N: OK (C cases)`` or
+``FAILED``, rank 0 every rank's failures and ``ring_check: ALL OK on N ranks`` or
+``ring_check: FAILED``; the exit status is 0 only when every rank passed.
 
 Timing ring against ``Allreduce`` is a benchmark, not a test:
 ``mpirun -np 2 python -m hvdkit.bench.collectives --methods mpi,ring``.
@@ -17,13 +17,13 @@ Timing ring against ``Allreduce`` is a benchmark, not a test:
 from __future__ import annotations
 
 import argparse
-import sys
 
 import numpy as np
 from mpi4py import MPI
 
 from hvdkit.collectives.compressed import Fp16RingAllreduce
 from hvdkit.collectives.ring import RingAllreduce
+from tests.parallel.verdict import script
 
 
 def _cases(n: int):
@@ -134,23 +134,16 @@ def check(comm: MPI.Comm) -> tuple[list[str], int]:
     return failures, count
 
 
-def main() -> int:
+def check_world(w) -> tuple[list[str], str]:
+    """:func:`check` on the world ``w``: (this rank's failures, the cases run)."""
+    failures, count = check(w.comm)
+    return failures, f"{count} cases"
+
+
+def main() -> None:
     argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()  # --help only
-    comm = MPI.COMM_WORLD
-    rank, n = comm.Get_rank(), comm.Get_size()
-    failures, count = check(comm)
-    if failures:
-        for f in failures:
-            print(f"ring_check rank {rank}/{n} FAIL {f}", flush=True)
-    else:
-        print(f"ring_check rank {rank}/{n} OK ({count} cases)", flush=True)
-    verdicts = comm.allgather(len(failures))  # tiny metadata: every rank reaches the same verdict
-    ok = not any(verdicts)
-    if rank == 0:
-        print(f"ring_check: ALL OK on {n} ranks" if ok else f"ring_check: FAILED (failures per rank {verdicts})",
-              flush=True)
-    return 0 if ok else 1
+    script("ring_check", check_world, min_ranks=1)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -16,7 +16,7 @@ def _run_check(n):
     r = launch(mpirun_cmd(n, CHECK), timeout=120)
     assert r.returncode == 0, r.output
     for rank in range(n):
-        assert f"ring_check rank {rank}/{n} OK" in r.stdout, f"rank {rank} did not pass:\n{r.output}"
+        assert f"ring_check rank {rank}/{n}: OK" in r.stdout, f"rank {rank} did not pass:\n{r.output}"
     assert f"ring_check: ALL OK on {n} ranks" in r.stdout, r.output
     assert "FAIL" not in r.stdout
 
