@@ -96,9 +96,9 @@ def test_tf_multiworker_across_two_hosts(hosts2, shared_dir):
 
 @pytest.mark.parametrize("hosts2", ["same"], indirect=True)
 def test_tf_ps_across_two_hosts(hosts2, shared_dir):
-    """tf-ps on h1:2,h2:1: chief and ps on h1, the worker on h2, by address; trains."""
+    """tf-ps on h1:2,h2:1: chief and ps on h1, the worker on h2, by address; trains (Keras 2: tf-ps's only)."""
     out = os.path.join(shared_dir, "tfps")
-    r = launch(_train(3, "h1:2,h2:1", "--strategy", "tf-ps", *SGD_20, "--output-dir", out),
+    r = launch(_train(3, "h1:2,h2:1", "--strategy", "tf-ps", "--keras", "2", *SGD_20, "--output-dir", out),
                timeout=180, env=hosts2.env)
     assert r.returncode == 0, r.output[-3000:]
     res = load_results(out)

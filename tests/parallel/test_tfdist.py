@@ -102,8 +102,9 @@ def test_tf_multiworker_batch_norm_model_exports_without_hanging(tmp_path):
     assert any("moving_mean" in k for k in arrays)
 
 
-#: tf-ps's run of :func:`tf_ps_run`: the linear model (the resume test's), 2 epochs
-TF_PS = ["--strategy", "tf-ps", "--model", "linear", "--no-tensorboard"]
+#: tf-ps's run of :func:`tf_ps_run`: the linear model (the resume test's), 2 epochs. ``--keras 2``: tf-ps trains
+#: Keras 2 models only (TensorFlow's ParameterServerStrategy has no Keras 3 support); on tf215 it is the one Keras
+TF_PS = ["--strategy", "tf-ps", "--keras", "2", "--model", "linear", "--no-tensorboard"]
 
 
 @pytest.fixture(scope="module")
@@ -131,7 +132,7 @@ def test_tf_ps_3_ranks_trains(tf_ps_run):
 
 @pytest.mark.slow   # 3 ranks (11 s); tf-ps trains in the quick tier in tests/parallel/test_gradients.py
 def test_tf_ps_chief_failure_ends_every_rank(tmp_path):
-    r = train(3, "--strategy", "tf-ps", "--fail-at", "0:3", "--output-dir", str(tmp_path / "run"), timeout=120)
+    r = train(3, "--strategy", "tf-ps", "--keras", "2", "--fail-at", "0:3", "--output-dir", str(tmp_path / "run"), timeout=120)
     assert r.returncode != 0
     assert "hvdkit: FAILED on rank 0/3" in r.output and "injected failure at step 3" in r.output
     assert r.seconds < 90, f"took {r.seconds:.0f}s (serving ranks must not outlive the chief)"
