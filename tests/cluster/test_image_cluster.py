@@ -1,4 +1,4 @@
-"""Two containers of the CPU image as two hosts: ``hvdkit launch -H c1:2,c2:2`` run in one of them
+"""Two containers of the CPU image as two hosts: ``hvdkit launch -np 4 -H c1:2,c2:2`` run in one of them
 trains across both, with identical weights on every rank.
 
 Each container runs with the network of an emulated host (``--network ns:/run/netns/hvdc-hI``, the
@@ -98,7 +98,7 @@ def test_two_containers_train_as_two_hosts(request):
 
 
 def _train_across(eng, env, hosts, names, tag, keys, shared) -> tuple[str, dict]:
-    """Start one container per emulated host (sshd on :data:`PORT`), then ``hvdkit launch -H c1:2,c2:2``
+    """Start one container per emulated host (sshd on :data:`PORT`), then ``hvdkit launch -np 4 -H c1:2,c2:2``
     in the first; returns the launch's output and the run's results.json."""
     add_hosts = [a for i, h in enumerate(hosts, 1) for a in ("--add-host", f"c{i}:{h['address']}")]
     for i, (h, name) in enumerate(zip(hosts, names), 1):
@@ -115,7 +115,7 @@ def _train_across(eng, env, hosts, names, tag, keys, shared) -> tuple[str, dict]
         time.sleep(0.5)
     else:
         pytest.fail(f"c1 cannot ssh to c2 after 30 s: {p.stdout + p.stderr}")
-    p = _run([*exec1, "hvdkit", "launch", "-H", "c1:2,c2:2", "--", *SGD_20,
+    p = _run([*exec1, "hvdkit", "launch", "-np", "4", "-H", "c1:2,c2:2", "--", *SGD_20,
               "--output-dir", "/opt/hvdkit/runs/across"], 900, check=False, env=env)
     out = p.stdout + p.stderr
     assert p.returncode == 0, out[-4000:]
