@@ -158,11 +158,38 @@ def run_job(cmd: Sequence[str], env: dict[str, str], capture_stderr: bool = Fals
         raise
     if guard:
         guard.watch(p.pid)   # a session leader: its pid is the session's id
-    out = Outcome(0)
-    held: list[str] = []   # horovodrun's traceback after a stop passed to the ranks, until its cause shows
+    job = _Supervised(p, forward, grace_s)
+    old = {s: signal.signal(s, job.on_signal) for s in forward}
+    reader = None
+    if capture_stderr:
+        reader = threading.Thread(target=job.pump, daemon=True)
+        reader.start()
+    try:
+        rc = p.wait()
+        if reader is not None:
+            reader.join(timeout=5)
+    finally:
+        if guard:   # before the handlers go: a signal meanwhile still reaches the job's leftovers
+            guard.finish()
+        for s, h in old.items():
+            signal.signal(s, h)
+    return job.ended(rc, memory)
 
-    def pump():
-        for line in p.stderr:
+
+class _Supervised:
+    """A running job of :func:`run_job`: its stderr pump, the handler of the signals of ``forward``, and
+    the outcome once its MPI launcher ``p`` ended."""
+
+    def __init__(self, p: subprocess.Popen, forward: dict, grace_s: float):
+        self.p, self.forward, self.grace_s = p, forward, grace_s
+        self.out = Outcome(0)
+        self.held: list[str] = []   # horovodrun's traceback after a stop passed to the ranks, until its cause shows
+
+    def pump(self) -> None:
+        """Pass the job's stderr through, keeping its last 200 lines; hold horovodrun's traceback after a
+        stop passed to the ranks (shown at once if a rank's line follows it)."""
+        out, held = self.out, self.held
+        for line in self.p.stderr:
             out.lines.append(line)
             del out.lines[:-200]
             if held and line.startswith("["):   # a rank's line: what was held was not horovodrun's last words
@@ -174,74 +201,78 @@ def run_job(cmd: Sequence[str], env: dict[str, str], capture_stderr: bool = Fals
             sys.stderr.write(line)
             sys.stderr.flush()
 
-    def kill_session():
-        if p.poll() is None:
+    def kill_session(self) -> None:
+        if self.p.poll() is None:
             try:
-                os.killpg(p.pid, signal.SIGKILL)
+                os.killpg(self.p.pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
 
-    def on_signal(signum, _frame):
-        if forward[signum] is None:
+    def on_signal(self, signum, _frame) -> None:
+        """Pass ``signum`` on as ``forward`` says: not at all, to a callable, to the session's mpirun, or to
+        the launcher (an ending signal: to its whole session, killed :attr:`grace_s` seconds later)."""
+        if self.forward[signum] is None:
             print(f"hvdkit-launch: {signal.Signals(signum).name} is not passed on to this job", file=sys.stderr,
                   flush=True)
+        elif callable(self.forward[signum]):   # e.g. to an elastic job's ranks, host by host
+            self._to_ranks(signum)
+        elif self.forward[signum] == MPIRUN:
+            self._to_mpirun(signum)
+        else:
+            self._to_launcher(signum)
+
+    def _to_ranks(self, signum) -> None:
+        self.out.signals.append(signum)
+        self.out.to_ranks.add(signum)
+        try:
+            self.forward[signum](signum)
+        except Exception as e:   # noqa: BLE001 - a signal must never end the launcher
+            print(f"hvdkit-launch: {signal.Signals(signum).name} not passed on: {e}", file=sys.stderr, flush=True)
+
+    def _to_mpirun(self, signum) -> None:
+        pids = session_mpirun(self.p.pid)
+        if not pids:
+            print(f"hvdkit-launch: {signal.Signals(signum).name} not passed on: horovodrun has not started "
+                  f"mpirun yet", file=sys.stderr, flush=True)
             return
-        if callable(forward[signum]):   # e.g. to an elastic job's ranks, host by host
-            out.signals.append(signum)
-            out.to_ranks.add(signum)
+        self.out.signals.append(signum)
+        for pid in pids:
             try:
-                forward[signum](signum)
-            except Exception as e:   # noqa: BLE001 - a signal must never end the launcher
-                print(f"hvdkit-launch: {signal.Signals(signum).name} not passed on: {e}", file=sys.stderr, flush=True)
-            return
-        if forward[signum] == MPIRUN:
-            pids = session_mpirun(p.pid)
-            if not pids:
-                print(f"hvdkit-launch: {signal.Signals(signum).name} not passed on: horovodrun has not started "
-                      f"mpirun yet", file=sys.stderr, flush=True)
-                return
-            out.signals.append(signum)
-            for pid in pids:
-                try:
-                    os.kill(pid, signum)
-                except (ProcessLookupError, PermissionError):
-                    pass
-            return
+                os.kill(pid, signum)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    def _to_launcher(self, signum) -> None:
+        out = self.out
         out.signals.append(signum)
         try:   # an ending signal to the whole session: horovodrun runs mpirun under a shell that does not exec it
-            os.killpg(p.pid, forward[signum]) if signum in ENDING else p.send_signal(forward[signum])
+            if signum in ENDING:
+                os.killpg(self.p.pid, self.forward[signum])
+            else:
+                self.p.send_signal(self.forward[signum])
         except (ProcessLookupError, PermissionError):
             pass
         if signum in ENDING and len([s for s in out.signals if s in ENDING]) == 1:
-            t = threading.Timer(grace_s, kill_session)
+            t = threading.Timer(self.grace_s, self.kill_session)
             t.daemon = True
             t.start()
 
-    old = {s: signal.signal(s, on_signal) for s in forward}
-    reader = None
-    if capture_stderr:
-        reader = threading.Thread(target=pump, daemon=True)
-        reader.start()
-    try:
-        rc = p.wait()
-        if reader is not None:
-            reader.join(timeout=5)
-    finally:
-        if guard:   # before the handlers go: a signal meanwhile still reaches the job's leftovers
-            guard.finish()
-        for s, h in old.items():
-            signal.signal(s, h)
-    out.status = rc if rc >= 0 else 128 - rc
-    if out.status == MPI_LOST_HOST:
-        out.status = EXIT_FAILURE
-    stopped = out.to_ranks and rc != 0 and _last(out.lines) == _STOPPED
-    if stopped:
-        out.status = EXIT_STOPPED   # every rank stopped at a checkpoint; horovodrun's elastic mode calls that a failure
-    if held and not stopped:   # another failure: its traceback is shown
-        sys.stderr.writelines(held)
-        sys.stderr.flush()
-    if out.status != 0:
-        out.oom = memory.cause()
-        if out.oom:
-            print(f"hvdkit-launch: {out.oom}", file=sys.stderr, flush=True)
-    return out
+    def ended(self, rc: int, memory: oom.Watch) -> Outcome:
+        """The outcome of the launcher's status ``rc`` (see the module); the held traceback shown unless the
+        job stopped at a checkpoint, and the OOM killer's line where it ended ranks of a failed job."""
+        out = self.out
+        out.status = rc if rc >= 0 else 128 - rc
+        if out.status == MPI_LOST_HOST:
+            out.status = EXIT_FAILURE
+        stopped = out.to_ranks and rc != 0 and _last(out.lines) == _STOPPED
+        if stopped:
+            # every rank stopped at a checkpoint; horovodrun's elastic mode calls that a failure
+            out.status = EXIT_STOPPED
+        if self.held and not stopped:   # another failure: its traceback is shown
+            sys.stderr.writelines(self.held)
+            sys.stderr.flush()
+        if out.status != 0:
+            out.oom = memory.cause()
+            if out.oom:
+                print(f"hvdkit-launch: {out.oom}", file=sys.stderr, flush=True)
+        return out
