@@ -76,6 +76,29 @@ def build_parser(prog: str = "hvdkit-bench timeline-cost") -> argparse.ArgumentP
 def main(argv: list[str] | None = None, prog: str = "hvdkit-bench timeline-cost") -> int:
     """Run the benchmark on every rank of the MPI job; rank 0 prints the table. Returns the exit status.
     ``prog``: the command as typed."""
+    parsed = _parse(argv, prog)
+    if isinstance(parsed, int):
+        return parsed
+    a, variants = parsed
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    from hvdkit.tfimport import import_tensorflow
+
+    tf = import_tensorflow()   # as the trainer imports it
+
+    from hvdkit.comm import world
+
+    steps_s, by_block = _record_steps(a)
+    w = world()
+    rows = _measure(a, variants, tf, w, steps_s, by_block)
+    if not w.is_rank0:
+        return 0
+    _report(a, w, rows)
+    print("OK")
+    return 0
+
+
+def _parse(argv: list[str] | None, prog: str):
+    """``(args, variants)``, or the exit status of bad usage (the error printed once, by rank 0)."""
     from hvdkit.cliparse import print_error
     from hvdkit.errors import UsageError
     from hvdkit.mpistart import launcher_rank
@@ -95,20 +118,12 @@ def main(argv: list[str] | None = None, prog: str = "hvdkit-bench timeline-cost"
         print("hvdkit: error: --rounds and --block must be >= 1 and --steps >= 3 (with --interleave steps, "
               ">= 2 x --block + 2)", file=sys.stderr)
         return 2
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    from hvdkit.tfimport import import_tensorflow
+    return a, variants
 
-    tf = import_tensorflow()   # as the trainer imports it
 
-    from hvdkit import results as R
-    from hvdkit.bench._common import host_meta, quartiles
-    from hvdkit.comm import run_guarded, world
-    from hvdkit.config import parse_config
-    from hvdkit.strategies import extra_fields, strategy_defaults, summaries
-    from hvdkit.trainer import run
-
-    import numpy as np
-
+def _record_steps(a) -> tuple[list[float], dict[bool, list[float]]]:
+    """Make every step timer of this process record its step seconds: ``(this rank's step seconds in the
+    current run, {recording: step seconds} by --interleave steps' blocks)``, filled as the runs train."""
     from hvdkit import timing
 
     steps_s: list[float] = []   # this rank's step seconds in the current run
@@ -134,7 +149,19 @@ def main(argv: list[str] | None = None, prog: str = "hvdkit-bench timeline-cost"
             self.step, self.on = step, (step // a.block) % 2 == 0
 
         Timeline.in_window, Timeline.set_step = in_blocks, set_step
-    w = world()
+    return steps_s, by_block
+
+
+def _measure(a, variants, tf, w, steps_s: list[float], by_block: dict) -> dict:
+    """Train every round of every strategy (off and on, or traced in blocks) on every rank; rank 0's
+    ``{strategy: {"off", "on", "mean_off", "mean_on": [seconds per round]}}`` (the others': empty lists)."""
+    from hvdkit.comm import run_guarded
+    from hvdkit.config import parse_config
+    from hvdkit.strategies import extra_fields, strategy_defaults, summaries
+    from hvdkit.trainer import run
+
+    import numpy as np
+
     strategies = [v.label for v in variants]
     train_args = {v.label: v.train_args() for v in variants}
     work = w.comm.bcast(tempfile.mkdtemp(prefix="hvdkit-tlcost-") if w.is_rank0 else None, root=0)
@@ -172,8 +199,14 @@ def main(argv: list[str] | None = None, prog: str = "hvdkit-bench timeline-cost"
                     rows[s]["mean_" + mode].append(res["timing"]["step_s"])
         if w.is_rank0:
             print(f"# round {i + 1}/{a.rounds} done", file=sys.stderr, flush=True)
-    if not w.is_rank0:
-        return 0
+    return rows
+
+
+def _report(a, w, rows: dict) -> None:
+    """Rank 0: the table on stdout (``#`` metadata, header, units, a row per strategy) and ``--json``."""
+    from hvdkit import results as R
+    from hvdkit.bench._common import host_meta, quartiles
+
     meta = host_meta()
     how = "ABBA pairs of runs" if a.interleave == "runs" else f"blocks of {a.block} steps inside each run"
     print(f"# hvdkit-bench timeline-cost: world size {w.size}, model {a.model}, {a.steps} steps per run, "
@@ -201,8 +234,6 @@ def main(argv: list[str] | None = None, prog: str = "hvdkit-bench timeline-cost"
                                 "mean_step_s_on": r["mean_on"]}
     if a.json:
         R.write_json(a.json, out)
-    print("OK")
-    return 0
 
 
 if __name__ == "__main__":
