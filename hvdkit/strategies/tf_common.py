@@ -55,7 +55,9 @@ def make_tf_step(strategy, model, optimizer, processes: int):
 
     local = max(1, strategy.num_replicas_in_sync // processes)
     variables = model.trainable_variables
-    keras3 = keras_of(optimizer) == 3   # no skip_gradients_aggregation: Keras 3 always all-reduces in a replica
+    keras3 = keras_of(optimizer) == 3
+    if keras3:
+        _summed_already(optimizer)
 
     def replica_fn(x, y):
         i = tf.distribute.get_replica_context().replica_id_in_sync_group % local
@@ -70,13 +72,10 @@ def make_tf_step(strategy, model, optimizer, processes: int):
         # Sum over replicas, one all-reduce per gradient dtype: tf.distribute packs a batch of
         # tensors into one concat, which fails on mixed float32/float64/float16 gradients.
         # None gradients (variables the loss does not reach) are skipped, as Keras skips them;
-        # IndexedSlices (Embedding) are all-reduced sparse by tf.distribute (summed).
+        # IndexedSlices (Embedding) are all-reduced sparse by tf.distribute (gathered rows), each
+        # repeated row summed into one before a Keras 3 optimizer applies it (_unique_rows).
         ctx = tf.distribute.get_replica_context()
         pairs = [(g, v) for g, v in zip(grads, variables) if g is not None]
-        if keras3:   # Keras 3's optimizer sums the replicas' gradients itself (one all-reduce of them all)
-            optimizer.apply_gradients(pairs)
-            correct = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, 1), ys), tf.int32))
-            return tf.reduce_sum(losses), correct
         by_dtype: dict = {}
         for k, (g, _) in enumerate(pairs):
             by_dtype.setdefault(g.dtype, []).append(k)
@@ -84,7 +83,10 @@ def make_tf_step(strategy, model, optimizer, processes: int):
         for idx in by_dtype.values():
             for k, r in zip(idx, ctx.all_reduce(tf.distribute.ReduceOp.SUM, [pairs[k][0] for k in idx])):
                 summed[k] = r
-        optimizer.apply_gradients(zip(summed, [v for _, v in pairs]), skip_gradients_aggregation=True)
+        if keras3:   # the optimizer's own all-reduce is a no-op (_summed_already)
+            optimizer.apply_gradients(zip([_unique_rows(g) for g in summed], [v for _, v in pairs]))
+        else:
+            optimizer.apply_gradients(zip(summed, [v for _, v in pairs]), skip_gradients_aggregation=True)
         correct = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, 1), ys), tf.int32))
         return tf.reduce_sum(losses), correct
 
@@ -96,6 +98,43 @@ def make_tf_step(strategy, model, optimizer, processes: int):
 
     return graph_function(step, model, [tf.TensorSpec((None, *model_input_shape(model)), tf.float32),   # any model
                                         tf.TensorSpec((None,), tf.int64)])
+
+
+def _summed_already(optimizer) -> None:
+    """Make a Keras 3 optimizer apply the gradients it is given as they are, in a replica context too.
+
+    Keras 3's TensorFlow optimizer has no ``skip_gradients_aggregation``: its ``apply_gradients``
+    always sums the gradients over the replicas itself first (``_all_reduce_sum_gradients``: one
+    ``all_reduce`` of every gradient, which tf.distribute packs into one concat, so a model with
+    float32 and float64 variables fails under MultiWorkerMirroredStrategy). :func:`make_tf_step`
+    sums them itself, one all-reduce per dtype, so this optimizer's sum is replaced by the identity.
+
+    Raises:
+        RuntimeError: this Keras's optimizer has no such step (it changed: a second sum would
+            double every gradient silently).
+    """
+    if not callable(getattr(optimizer, "_all_reduce_sum_gradients", None)):
+        raise RuntimeError(f"{type(optimizer).__name__} of this Keras has no _all_reduce_sum_gradients: hvdkit cannot "
+                           "stop it summing the replicas' gradients a second time; use --keras 2")
+    optimizer._all_reduce_sum_gradients = list   # (gradient, variable) pairs, unchanged
+
+
+def _unique_rows(g):
+    """``g`` with each of its rows once: an ``IndexedSlices`` (an Embedding's gradient) whose repeated
+    indices are summed into one row; any other gradient as it is.
+
+    Rows repeat when a token occurs twice in a batch, and when the all-reduce gathers the replicas'
+    rows. Keras 2's optimizer sums them itself before applying (``_deduplicate_sparse_grad``); Keras
+    3's applies the ``IndexedSlices`` as given, and its element-wise ops act on each repeat, so Adam
+    squares the parts of a row rather than their sum: a smaller second moment and a larger step
+    than the same gradient made dense (what ``--strategy horovod`` applies).
+    """
+    import tensorflow as tf
+
+    if not isinstance(g, tf.IndexedSlices):
+        return g
+    rows, at = tf.unique(g.indices)
+    return tf.IndexedSlices(tf.math.unsorted_segment_sum(g.values, at, tf.shape(rows)[0]), rows, g.dense_shape)
 
 
 @contextlib.contextmanager

@@ -47,6 +47,7 @@ import os
 
 from hvdkit.errors import UsageError
 from hvdkit.startup import phase
+from hvdkit.strategies.base import average_statistics
 from hvdkit.strategies.tf_common import TFDistribute, local_gpus, on_write_scope, tf_addresses
 
 __all__ = ["TFMirroredStrategy", "TFCentralStorageStrategy", "TFMultiWorkerStrategy"]
@@ -179,6 +180,15 @@ class TFMultiWorkerStrategy(TFDistribute):
     def setup(self, model, optimizer) -> None:
         super().setup(model, optimizer)
         phase(f"TensorFlow's first collective with the workers at {_others(self.cluster['worker'], self.world.rank)}")
+
+    def epoch_end(self, final: bool):
+        """Average the model's float non-trainable variables (batch-norm moving statistics) over the
+        workers (:func:`~hvdkit.strategies.base.average_statistics`), as the replica rows do; returns
+        ``metrics_comm``. Keras 2 creates them synced on read, made synced on write by
+        :func:`on_write_scope`, so they are equal already; Keras 3 creates them with no aggregation:
+        each worker updates its own copy from its own batches, and reads it locally."""
+        average_statistics(self.model, self.metrics_comm)
+        return self.metrics_comm
 
     def _describe(self):
         return {**super()._describe(), "cluster": self.cluster, "communication": self.implementation.name,
