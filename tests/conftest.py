@@ -211,15 +211,21 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.xfail(reason=f"Keras 3 (tf221): {why}", strict=True))
 
 
-def _keras3_known_failures() -> list[tuple[str, str]]:
-    """(node id prefix, reason) of the tests known to fail under Keras 3 (tests/keras3_known_failures.txt),
-    where this venv's Keras is 3 (the tf221 stack); [] elsewhere. Read from the installed distribution's
-    version, without importing TensorFlow."""
+def keras_major() -> int:
+    """The major version of the installed ``keras`` distribution: 3 on the tf221 stack, 2 on tf215 (where
+    ``tf.keras`` is that Keras 2; 0 without one): the Keras a run uses unless given ``--keras 2``. Read
+    without importing TensorFlow."""
     from importlib.metadata import PackageNotFoundError, version
     try:
-        if int(version("keras").split(".")[0]) < 3:
-            return []
+        return int(version("keras").split(".")[0])
     except (PackageNotFoundError, ValueError):
+        return 0
+
+
+def _keras3_known_failures() -> list[tuple[str, str]]:
+    """(node id prefix, reason) of the tests known to fail under Keras 3 (tests/keras3_known_failures.txt),
+    where this venv's Keras is 3 (the tf221 stack); [] elsewhere."""
+    if keras_major() < 3:
         return []
     known = []
     with open(os.path.join(os.path.dirname(__file__), "keras3_known_failures.txt")) as fh:

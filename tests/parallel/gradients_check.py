@@ -71,9 +71,20 @@ def ids_of(rank: int, round_: str) -> list[int]:
     return [0, rank + 1] if round_ == "A" else [3, 3, rank + 4]
 
 
+def _dtype(v):
+    """A variable's ``tf.DType``: Keras 2's ``dtype`` is one, Keras 3's a string (``"float64"``)."""
+    import tensorflow as tf
+
+    return tf.as_dtype(v.dtype)
+
+
+def _np_dtype(v) -> np.dtype:
+    return np.dtype(_dtype(v).as_numpy_dtype)
+
+
 def _base(v) -> float:
     """The gradient value of a dense variable (times rank + 1)."""
-    return {"float64": 1.0 + TINY, "float16": 0.1, "bfloat16": 0.1}.get(v.dtype.name, 0.25)
+    return {"float64": 1.0 + TINY, "float16": 0.1, "bfloat16": 0.1}.get(_dtype(v).name, 0.25)
 
 
 def rank_values(model, rank: int, round_: str) -> list[np.ndarray]:
@@ -84,7 +95,7 @@ def rank_values(model, rank: int, round_: str) -> list[np.ndarray]:
         table[i] += 1
     out = [table]
     for v in model.trainable_variables[1:-1]:
-        f = np.dtype(v.dtype.as_numpy_dtype).type
+        f = _np_dtype(v).type
         out.append(np.full(v.shape, f(_base(v)) * f(rank + 1), f))
     return out + [np.zeros((), np.float32)]
 
@@ -119,12 +130,14 @@ def expected_average(model, n: int, round_: str, dtype=None) -> list[np.ndarray]
 
 
 def compare(label: str, got: list, want: list, model, failures: list[str], exact_dtype: bool = True) -> None:
+    from hvdkit.models import variable_name
+
     for v, g, e in zip(model.trainable_variables, got, want):
-        g = np.asarray(g)
+        g, name = np.asarray(g), variable_name(v, model)
         if exact_dtype and g.dtype != e.dtype:
-            failures.append(f"{label}: {v.name} came back {g.dtype}, expected {e.dtype}")
+            failures.append(f"{label}: {name} came back {g.dtype}, expected {e.dtype}")
         elif not np.array_equal(g.astype(np.float64), e.astype(np.float64)):
-            failures.append(f"{label}: {v.name} = {g.reshape(-1)[:6].tolist()}..., expected "
+            failures.append(f"{label}: {name} = {g.reshape(-1)[:6].tolist()}..., expected "
                             f"{e.reshape(-1)[:6].tolist()}...")
 
 
@@ -188,7 +201,7 @@ def check(w) -> list[str]:
 
     # 3. the parameter server, colocated on every rank, synchronous, SGD lr 1 from zero weights
     model = build()
-    model.set_weights([np.zeros(v.shape, v.dtype.as_numpy_dtype) for v in model.weights])
+    model.set_weights([np.zeros(v.shape, _np_dtype(v)) for v in model.weights])
     model.get_layer("temperature").t.assign(1.0)
     ps = PSSync(config("--strategy", "ps-sync", "--ps-colocated"), w)
     ps.setup(model, make_optimizer(ps.cfg, 1))
@@ -200,7 +213,7 @@ def check(w) -> list[str]:
         ps.push_pull(raw_gradients(model, rank, rnd))
         for t, g in zip(total, expected_average(model, n, rnd, np.float64)):  # the servers average in float64
             t -= g
-        want = [t.astype(v.dtype.as_numpy_dtype) for t, v in zip(total, model.trainable_variables)]
+        want = [t.astype(_np_dtype(v)) for t, v in zip(total, model.trainable_variables)]
         want[-1] = np.float32(1.0)                                       # the temperature never moves
         got = [v.numpy() for v in model.trainable_variables]
         compare(f"ps-sync round {rnd}", got, want, model, failures)
@@ -241,7 +254,7 @@ def half_precision(w, config, failures: list[str]) -> None:
         model = tf.keras.Sequential([tf.keras.Input((2,)), L.Dense(2, dtype="float16", name="d16")])
         s = cls(config("--strategy", name), w)
         s.setup(model, make_optimizer(s.cfg, 1))
-        got = [g.numpy() for g in s.allreduce([tf.fill(v.shape, tf.constant(40000.0, v.dtype))
+        got = [g.numpy() for g in s.allreduce([tf.fill(v.shape, tf.constant(40000.0, _dtype(v)))
                                                for v in model.trainable_variables])]
         for v, g in zip(model.trainable_variables, got):
             if g.dtype != np.float16 or not np.all(g == np.float16(40000.0)):

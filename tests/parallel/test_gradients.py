@@ -15,6 +15,11 @@
 The runs that succeed train in one 3-rank job (``shared_job``: ``tests/parallel/train_many.py``,
 each run on the first N ranks with its own output directory), but tf-multiworker and tf-ps,
 which need a process of their own; the refusals are real launches.
+
+Exported weights and messages name variables as :func:`hvdkit.models.variable_name` does:
+``dense64/kernel:0`` (key ``dense64.kernel_0``) under Keras 2, ``dense64/kernel`` under Keras 3
+(:func:`_key`). tf-ps, which TensorFlow supports with Keras 2 only, trains with ``--keras 2`` where
+Keras 3 is installed (its refusal without it: tests/parallel/test_keras3.py).
 """
 import os
 
@@ -22,7 +27,7 @@ import numpy as np
 import pytest
 
 from hvdkit.results import load_npz
-from tests.conftest import ROOT, launch, load_results, mpirun_cmd, train, train_many
+from tests.conftest import ROOT, keras_major, launch, load_results, mpirun_cmd, train, train_many
 from tests.models_for_tests import token_data
 
 pytestmark = pytest.mark.parallel
@@ -42,6 +47,14 @@ LIKE_HOROVOD = {"ring": 0.0, "ps-sync": 1e-5, "tf-multiworker": 1e-5}
 #: the strategies that need a process of their own (a TF cluster: once per process); the others
 #: train in one job of ``tests/parallel/train_many.py`` (:func:`shared_job`)
 OWN_LAUNCH = ("tf-multiworker", "tf-ps")
+#: the Keras each run uses: the installed one, but tf-ps (ParameterServerStrategy has no Keras 3 support)
+KERAS = {s: 2 if s == "tf-ps" else keras_major() for s in RUNS}
+
+
+def _key(name: str, keras: int) -> str:
+    """The exported key (after its ``NNN_`` index) of variable ``name`` (``dense64/kernel``) under Keras
+    ``keras``: Keras 2 names it ``dense64/kernel:0``, Keras 3 ``dense64/kernel``."""
+    return name.replace("/", ".") + ("_0" if keras < 3 else "")
 
 
 @pytest.fixture(scope="module")
@@ -51,6 +64,8 @@ def tokens(tmp_path_factory):
 
 def _kinds_args(strategy, tokens, out_dir):
     n, extra = RUNS[strategy]
+    if KERAS[strategy] < keras_major():
+        extra = (*extra, "--keras", "2")
     return n, ["--strategy", strategy, *KINDS, *extra, "--dataset", f"npz:{tokens}", "--output-dir",
                str(out_dir / strategy), "--export-weights", str(out_dir / f"{strategy}.npz")]
 
@@ -113,9 +128,10 @@ def test_every_strategy_trains_sparse_float64_and_unreached_variables(strategy, 
     assert final["weights_identical_across_ranks"], res["ranks"]
     assert final["eval_accuracy"] >= 0.6, final                      # 4 classes: chance is 0.25
     by_name = {k.split("_", 1)[1]: v for k, v in w.items()}        # "003_logits.kernel_0" -> "logits.kernel_0"
-    assert by_name["temperature.t_0"] == np.float32(1.0), "a variable without gradient moved"
-    assert by_name["temperature.t_0"].dtype == np.float32
-    for name in ("dense64.kernel_0", "dense64.bias_0"):
+    t = _key("temperature/t", KERAS[strategy])
+    assert by_name[t] == np.float32(1.0), "a variable without gradient moved"
+    assert by_name[t].dtype == np.float32
+    for name in (_key("dense64/kernel", KERAS[strategy]), _key("dense64/bias", KERAS[strategy])):
         a = by_name[name]
         assert a.dtype == np.float64, (name, a.dtype)
         assert not np.array_equal(a.astype(np.float32).astype(np.float64), a), f"{name} holds float32 values only"
@@ -126,10 +142,13 @@ def test_every_strategy_trains_sparse_float64_and_unreached_variables(strategy, 
             np.testing.assert_allclose(a, ref[k], rtol=0, atol=LIKE_HOROVOD[strategy], err_msg=k)
 
 
-HALF = {"dense16.kernel_0": "float16", "dense16.bias_0": "float16", "densebf16.kernel_0": "bfloat16",
-        "densebf16.bias_0": "bfloat16", "logits.kernel_0": "float32", "logits.bias_0": "float32"}
-HALF_INSIDE = {"dense64units.kernel_0": "float32", "dense64units.bias_0": "float32", "dense16.kernel_0": "float16",
-               "dense16.bias_0": "float16", "logits.kernel_0": "float32", "logits.bias_0": "float32"}
+_K = keras_major()   # the half-precision runs' Keras
+HALF = {_key(k, _K): v for k, v in {"dense16/kernel": "float16", "dense16/bias": "float16",
+                                    "densebf16/kernel": "bfloat16", "densebf16/bias": "bfloat16",
+                                    "logits/kernel": "float32", "logits/bias": "float32"}.items()}
+HALF_INSIDE = {_key(k, _K): v for k, v in {"dense64units/kernel": "float32", "dense64units/bias": "float32",
+                                           "dense16/kernel": "float16", "dense16/bias": "float16",
+                                           "logits/kernel": "float32", "logits/bias": "float32"}.items()}
 
 
 #: (strategy, ranks, extra flags, model, exported dtypes, a dtype the checkpoint keeps): trained in shared_job
@@ -153,8 +172,8 @@ def test_half_precision_variables_keep_their_dtype(strategy, n, extra, model, dt
 
 
 @pytest.mark.parametrize("strategy,message", [
-    ("horovod", "hvdkit: error: --strategy horovod: variable densebf16/kernel:0 is bfloat16, which Horovod 0.28 "
-                "cannot allreduce or broadcast"),
+    ("horovod", f"hvdkit: error: --strategy horovod: variable densebf16/kernel{':0' if _K < 3 else ''} is bfloat16, "
+                "which Horovod 0.28 cannot allreduce or broadcast"),     # hvdkit.models.variable_name
     pytest.param("model-parallel", "hvdkit: error: --strategy model-parallel sends float32 activations; the input of "
                  "stage 1 ", marks=pytest.mark.slow),
 ])
