@@ -209,6 +209,13 @@ def _loss_correct_grads(model, x, y, scale=None):
     gradients are those of ``scale x mean loss``, each divided by ``scale`` in its own dtype
     (Keras's ``get_scaled_loss`` / ``get_unscaled_gradients``); the loss returned is unscaled.
     """
+    tape, loss, loss_sum, correct = _forward(model, x, y, scale)
+    return loss_sum, correct, _unscaled(tape.gradient(loss, model.trainable_variables), scale)
+
+
+def _forward(model, x, y, scale=None):
+    """(the tape, the loss to differentiate: the MEAN loss, x ``scale`` when given; the summed
+    cross-entropy; correct predictions) of one batch's forward pass."""
     import tensorflow as tf
 
     with tf.GradientTape() as tape:
@@ -217,11 +224,17 @@ def _loss_correct_grads(model, x, y, scale=None):
         loss = tf.reduce_mean(losses)
         if scale is not None:
             loss = loss * tf.cast(scale, loss.dtype)
-    grads = tape.gradient(loss, model.trainable_variables)
-    if scale is not None:
-        grads = [g if g is None else g / tf.cast(scale, g.dtype) for g in grads]
     correct = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, 1), y), tf.int32))
-    return tf.reduce_sum(losses), correct, grads
+    return tape, loss, tf.reduce_sum(losses), correct
+
+
+def _unscaled(grads, scale=None):
+    """Each gradient divided by ``scale`` in its own dtype (None: as they are; a None gradient stays None)."""
+    import tensorflow as tf
+
+    if scale is None:
+        return list(grads)
+    return [g if g is None else g / tf.cast(scale, g.dtype) for g in grads]
 
 
 def all_finite(grads):
@@ -324,7 +337,8 @@ def _marker(mark):
     return run
 
 
-def make_fused_step(model, optimizer, allreduce, loss_scaling: bool = False, shadow=(), mark=None):
+def make_fused_step(model, optimizer, allreduce, loss_scaling: bool = False, shadow=(), mark=None,
+                    tape_reduce=None):
     """One compiled step: gradients (:func:`dense_gradients`), ``allreduce(grads)`` (a graph op), update.
 
     The communication time is measured inside the graph: ``tf.timestamp()`` ops ordered by
@@ -356,10 +370,34 @@ def make_fused_step(model, optimizer, allreduce, loss_scaling: bool = False, sha
     and before the allreduce begins: :func:`hvdkit.watchdog.collective_begins` under ``--elastic``,
     so that a rank stuck in its own computation is told from one waiting in the allreduce for a
     peer. It costs one call into Python per step, about 0.1 ms here (docs/fault-tolerance.md).
+
+    ``tape_reduce`` (instead of ``allreduce``; not with ``mark`` or ``shadow``): the gradients are
+    reduced inside the tape's gradient call, as Horovod's ``DistributedGradientTape`` does:
+    ``tape_reduce(tape, loss, variables) -> (local, reduced)``, ``reduced`` one gradient per
+    variable (a tensor or None; unscaled here), each reduction an op that waits only for its own
+    gradient, so it starts while the backward pass goes on; ``local`` the gradients those
+    reductions wait for. ``comm_seconds`` is then from the last of ``local`` to the last reduced
+    gradient: the communication the backward pass did not hide.
     """
     import tensorflow as tf
 
     variables = model.trainable_variables
+    if tape_reduce is not None:
+        if mark is not None or shadow:
+            raise ValueError("make_fused_step: tape_reduce takes no mark and no shadow")
+
+        def step_as_ready(x, y, scale=None):
+            tape, loss, loss_sum, correct = _forward(model, x, y, scale)
+            local, reduced = tape_reduce(tape, loss, variables)
+            reduced = dense_gradients(_unscaled(reduced, scale), variables)
+            with tf.control_dependencies(local):
+                t0 = tf.timestamp()           # every local gradient exists
+            with tf.control_dependencies([*reduced, t0]):
+                t1 = tf.timestamp()           # every reduced one too
+            finite = _apply(optimizer, reduced, variables, loss_scaling)
+            return loss_sum, correct, t1 - t0, t0, finite
+
+        return graph_function(step_as_ready, model, _signature(model, loss_scaling))
 
     def step_of(x, y, scale=None):
         loss_sum, correct, grads = _loss_correct_grads(model, x, y, scale)

@@ -506,8 +506,10 @@ class ReplicaStrategy(Strategy):
     A row of this family overrides :meth:`allreduce` (and, if it needs to, :meth:`broadcast`).
     A row whose allreduce is a TensorFlow op (``graph_allreduce = True``, Horovod) runs the
     whole step as one compiled function, as Horovod's own examples do, and takes the
-    communication time from timestamps inside the graph; the others (hvdkit's mpi4py ring)
-    run gradients and update as two compiled functions around an eager allreduce.
+    communication time from timestamps inside the graph; such a row may instead reduce each
+    gradient inside the tape's gradient call, as soon as the backward pass has it
+    (:meth:`tape_reduce`: Horovod's ``DistributedGradientTape``). The others (hvdkit's mpi4py
+    ring) run gradients and update as two compiled functions around an eager allreduce.
     """
 
     graph_allreduce: ClassVar[bool] = False
@@ -531,7 +533,8 @@ class ReplicaStrategy(Strategy):
         scaled = self.loss_scale is not None
         self._grads_fn, self._apply_fn = make_step_functions(self.model, self.optimizer, scaled)
         self._fused = make_fused_step(self.model, self.optimizer, self.allreduce, scaled, self.shadow,
-                                      mark=self.collective_mark if self.marks_collective else None) \
+                                      mark=self.collective_mark if self.marks_collective else None,
+                                      tape_reduce=self.tape_reduce()) \
             if self.graph_allreduce else None
         self._fused_ran = False   # the next call traces it
 
@@ -539,6 +542,13 @@ class ReplicaStrategy(Strategy):
     def step_marks_collective(self) -> bool:   # noqa: D102 - Strategy's
         return self._fused is not None and self._fused_ran and self.marks_collective and \
             self.collective_mark is not None
+
+    def tape_reduce(self):
+        """A ``graph_allreduce`` row that reduces each gradient as soon as the backward pass has it
+        returns ``tape_reduce(tape, loss, variables) -> (local, reduced)`` for
+        :func:`hvdkit.steps.make_fused_step`; None (the default): one :meth:`allreduce` of every
+        gradient after the backward pass. Local."""
+        return None
 
     @abc.abstractmethod
     def allreduce(self, grads: Sequence) -> list:

@@ -2,18 +2,26 @@
 
 Horovod is initialised on mpi4py's ``COMM_WORLD`` so both agree on ranks
 (``hvd.init(comm=MPI.COMM_WORLD)``). Each step is one compiled function, as in Horovod's
-own TF2 examples: local gradients (compute), one ``hvd.grouped_allreduce(op=Average)``
-over all gradient tensors, which Horovod fuses into buffers of
-``HOROVOD_FUSION_THRESHOLD`` bytes (comm, timed by ``tf.timestamp`` ops inside the graph),
-then the same optimizer update on every rank (compute). Rank 0's model and optimizer
-state are broadcast at start.
+own TF2 examples: the tape is wrapped in ``hvd.DistributedGradientTape(sparse_as_dense=True)``,
+so each gradient's allreduce (``op=Average``) is an op of its own that starts as soon as the
+backward pass has that gradient; Horovod's background thread fuses whatever is ready into
+buffers of ``HOROVOD_FUSION_THRESHOLD`` bytes while the backward pass goes on. Then the same
+optimizer update on every rank. The step's comm time (``tf.timestamp`` ops inside the graph)
+is the communication the backward pass did not hide: from the last local gradient to the last
+reduced one. Rank 0's model and optimizer state are broadcast at start.
+
+``--grouped`` (the variant ``horovod:grouped=true``): one ``hvd.grouped_allreduce`` of every
+gradient after the whole backward pass instead (no overlap); comm is then the whole allreduce.
+``--elastic`` always steps this way: its watchdog marks the one point where the collective
+begins, and its in-step commit copies the weights after it.
 
 Gradients that are not one dense float32 tensor per variable (:func:`hvdkit.steps.dense_gradients`):
 a ``None`` gradient is reduced as zeros; an ``IndexedSlices`` one (an Embedding) is made dense
 before the allreduce, duplicate rows summed (Horovod's ``sparse_as_dense=True``; Horovod's
 default would allgather values and indices, whose bytes grow with N); float64 and float16
-gradients keep their dtype (one grouped allreduce per dtype; float16 ones scaled by a power of two agreed
-by every rank, as with ``--compression fp16`` below, so that Horovod's float16 sum cannot overflow). Horovod 0.28 has no bfloat16
+gradients keep their dtype (``--grouped``: one grouped allreduce per dtype; float16 ones scaled by a power of two
+agreed by every rank, as with ``--compression fp16`` below, so that Horovod's float16 sum cannot overflow; without
+it, Horovod's tape leaves those to hvdkit, each reduced as soon as it exists). Horovod 0.28 has no bfloat16
 (neither allreduce nor broadcast): a model with a bfloat16 variable is refused at set-up.
 
 Bytes per step per rank: a ring allreduce of the S bytes of gradients (docs/performance.md,
@@ -56,6 +64,11 @@ COMMIT_EVERY = Option("commit_every", int, 10, "--elastic: commit the training s
                       "and at each epoch end; a failure repeats at most STEPS steps", "elastic training",
                       metavar="STEPS", check=at_least(1))
 
+#: ``--grouped``: today's one grouped allreduce after the backward pass, kept to be compared with the tape
+GROUPED = Option("grouped", bool, False, "horovod: one grouped allreduce of every gradient after the whole "
+                 "backward pass, instead of DistributedGradientTape's allreduce of each gradient as soon as it "
+                 "exists (overlapped with the backward pass, fused by Horovod)", "horovod")
+
 
 def elastic_launch() -> bool:
     """True in a process started by an elastic ``horovodrun`` (``HOROVOD_ELASTIC=1``)."""
@@ -88,10 +101,10 @@ class HorovodStrategy(ReplicaStrategy):
 
     name = "horovod"
     summary = "Horovod ring allreduce of gradients (NCCL on GPU, MPI/Gloo on CPU), synchronous"
-    graph_allreduce = True  # one compiled step: gradients, grouped allreduce, update
+    graph_allreduce = True  # one compiled step: gradients and their allreduces, update
     marks_collective = True  # the compiled step can mark where its allreduce begins (hvdkit.watchdog, --elastic)
     busy_threads = 2  # + Horovod's background thread: it negotiates every cycle and busy-polls MPI while peers lag
-    options = (COMPRESSION, ELASTIC, COMMIT_EVERY)
+    options = (COMPRESSION, GROUPED, ELASTIC, COMMIT_EVERY)
 
     @classmethod
     def check(cls, cfg, world) -> None:
@@ -157,6 +170,55 @@ class HorovodStrategy(ReplicaStrategy):
         return {"horovod_local_rank": h.local_rank(), "horovod_local_size": h.local_size(),
                 "horovod_cross_rank": h.cross_rank(), "horovod_cross_size": h.cross_size()}
 
+    def tape_reduce(self):
+        """Horovod's ``DistributedGradientTape`` (module docstring), or None under ``--grouped`` and
+        ``--elastic``. Local."""
+        return None if self.opts.grouped or self.opts.elastic else self._tape_reduce
+
+    def _tape_reduce(self, tape, loss, variables):
+        """``(local, reduced)`` of :func:`hvdkit.steps.make_fused_step`'s ``tape_reduce``.
+
+        ``hvd.DistributedGradientTape(tape, sparse_as_dense=True)`` over the ``tf.Variable`` behind
+        each variable (:func:`hvdkit.models.tf_variables`: Keras 3's too) averages every float32 and
+        float64 gradient, one allreduce per gradient. The gradients that must be scaled before
+        Horovod sums them in float16 (float16 ones; float32/float64 ones under ``--compression fp16``)
+        are registered as local sources, which Horovod's tape returns unreduced: each then goes through
+        :func:`fp16_grouped_allreduce` alone, as soon as it exists (the same scale per tensor as the
+        grouped form). ``local`` is every gradient before its allreduce (read where Horovod's tape hands
+        them to its allreduce), for the step's comm time."""
+        import tensorflow as tf
+
+        hvd = self.hvd
+        sources = tf_variables(variables)
+        fp16 = self.opts.compression == "fp16"
+        mine = [v.dtype.name == "float16" or (fp16 and v.dtype.name in ("float32", "float64")) for v in sources]
+        dtape = hvd.DistributedGradientTape(tape, sparse_as_dense=True, op=hvd.Average,
+                                            scale_local_gradients=False)
+        for v, own in zip(sources, mine):
+            if own:
+                dtape.register_local_source(v)
+        local = []
+        horovods = dtape._allreduce_grads   # Horovod 0.28's hook: the gradients before their allreduce
+
+        def seen(grads, *args):
+            local.extend(g for g in grads if g is not None)
+            return horovods(grads, *args)
+
+        dtape._allreduce_grads = seen
+        grads = dtape.gradient(loss, sources)
+        out = []
+        for g, v, own in zip(grads, sources, mine):
+            if own and g is not None:
+                g = tf.convert_to_tensor(g)                              # IndexedSlices: duplicate rows summed
+                local.append(g)
+                if g.dtype == tf.float16:
+                    g = tf.cast(fp16_grouped_allreduce(hvd, [tf.cast(g, tf.float32)], average=True)[0], tf.float16)
+                else:
+                    g = fp16_grouped_allreduce(hvd, [g], average=True)[0]
+            out.append(g)
+        local = [g.values if isinstance(g, tf.IndexedSlices) else g for g in local]
+        return local, out
+
     def allreduce(self, grads):
         """Average dense ``grads`` with one ``grouped_allreduce`` per dtype (a group must share one
         dtype); float64 and float16 gradients keep theirs. Returns them in order.
@@ -188,8 +250,9 @@ class HorovodStrategy(ReplicaStrategy):
         return out
 
     def report(self) -> dict:
-        """``{"horovod": {...}}``: compression, gradient and wire bytes, and the ring's bytes per step
-        per rank for them (a formula: Horovod does not count its bytes). Local."""
+        """``{"horovod": {...}}``: compression, gradient and wire bytes, how the step allreduces
+        (``DistributedGradientTape`` or ``grouped``), and the ring's bytes per step per rank for them
+        (a formula: Horovod does not count its bytes). Local."""
         n = self.world.size
         comp = self.opts.compression
         variables = tf_variables(self.model.trainable_variables)
@@ -198,6 +261,7 @@ class HorovodStrategy(ReplicaStrategy):
         scales = 8 * sum(1 for v in variables
                          if (comp == "fp16" and v.dtype.size > 2) or v.dtype.name == "float16")
         return {"horovod": {"compression": comp, "gradient_bytes": grad, "wire_bytes": wire,
+                            "allreduce": "grouped" if self.tape_reduce() is None else "DistributedGradientTape",
                             "bytes_per_step_per_rank_formula": ring_bytes_per_rank(wire + scales, n),
                             "formula": "2 (N-1)/N x S, S = wire_bytes (gradient_bytes, or 2 bytes per float32/"
                                        "float64 element with --compression fp16, plus the 8-byte scale of each "
