@@ -2,10 +2,9 @@
 trained under Keras 3 (tf221's default) and under tf_keras (``--keras 2``), at the same seed, epochs and
 ranks, reach the same accuracy within one point, and each run ends with identical weights on its ranks.
 
-The two Keras draw different initial weights from the same seed (Keras 3's seeded initializers use
-their own random ops, tf_keras's TensorFlow's stateless ones), so the losses differ epoch by epoch;
-the initializers, epsilon and optimizer arithmetic are the same (glorot_uniform kernels, zero biases,
-SGD with momentum), so the accuracy they reach does not. Skipped where Keras 3 is not installed (tf215).
+Both start from bit-identical initial weights (the registry draws them from the seed the same way
+under either Keras), the same data order and the same optimizer; only each Keras's own arithmetic
+differs. Skipped where Keras 3 is not installed (tf215).
 """
 import pytest
 
