@@ -15,6 +15,9 @@ seed), the per-rank batch shape, the loss (mean sparse softmax cross-entropy on 
 the optimizer (SGD with momentum 0.9, lr x workers), TensorFlow's thread pools
 (:func:`hvdkit.steps.configure_threads`, the function the trainer calls) and TensorFlow's import
 (:func:`hvdkit.tfimport.import_tensorflow`: the garbage collector kept out of it, its objects frozen).
+``--as-example`` keeps neither, as a user of Horovod's example runs it: TensorFlow imported plainly
+and, at ``--threads 0``, left at its own thread pools (the bare loop of ``hvdkit-bench peer``,
+:mod:`hvdkit.bench.peer`).
 
 What the bare loop does not do (and the harness does, which is the overhead measured):
 per-step batch slicing from the dataset, timestamps around the allreduce inside its one
@@ -59,8 +62,11 @@ def build_parser(prog: str = "mpirun -np N python -m hvdkit.bench.bare_horovod")
     p.add_argument("--num-groups", type=int, default=0,
                    help="DistributedGradientTape(num_groups=...): 0 = one allreduce per gradient tensor, "
                         "Horovod's default and its benchmark's; 1 = one grouped allreduce of all (as hvdkit's "
-                        "horovod strategy does)")
+                        "horovod --grouped does)")
     p.add_argument("--inter-threads", type=int, default=0, help="inter-op threads (0: the hvdkit rule)")
+    p.add_argument("--as-example", action="store_true",
+                   help="as Horovod's example runs: TensorFlow imported plainly and, at --threads 0, its own "
+                        "thread pools (hvdkit's rule not applied); the peer benchmark's bare loop")
     p.add_argument("--json", metavar="FILE", help="write every iteration's seconds as JSON (rank 0)")
     return p
 
@@ -85,17 +91,22 @@ def main(argv: list[str] | None = None, prog: str = "mpirun -np N python -m hvdk
 
     from hvdkit.tfimport import import_tensorflow
 
-    tf = import_tensorflow()   # as the trainer imports it, so that the two compare like for like
+    if a.as_example:   # as a user of Horovod's example runs it: nothing of hvdkit's around TensorFlow
+        import tensorflow as tf
+    else:
+        tf = import_tensorflow()   # as the trainer imports it, so that the two compare like for like
     import horovod.tensorflow as hvd
 
-    from hvdkit.models import build_model
+    from hvdkit.models import build_model, tf_variables
     from hvdkit.results import write_json
     from hvdkit.steps import configure_threads  # the trainer's thread rule, the same function
 
     comm = MPI.COMM_WORLD
     hvd.init(comm=comm)                                            # distributed: Horovod on MPI's world (or
     #                                                                horovodrun --gloo's: MPI sees one rank each)
-    if comm.Get_size() == hvd.size():
+    if a.as_example and not a.threads:   # TensorFlow's own pools, as the example leaves them
+        intra = inter = 0                # 0/0: TensorFlow chooses (about one thread per core each)
+    elif comm.Get_size() == hvd.size():
         local = comm.Split_type(MPI.COMM_TYPE_SHARED)
         intra, inter = configure_threads(a.threads, local.Get_rank(), local.Get_size())
     else:   # horovodrun --gloo: this host's ranks as Horovod counts them
@@ -117,11 +128,11 @@ def main(argv: list[str] | None = None, prog: str = "mpirun -np N python -m hvdk
             logits = model(data, training=True)                    # (batch, classes)
             loss = tf.reduce_mean(tf.keras.losses.sparse_categorical_crossentropy(target, logits, from_logits=True))
         tape = hvd.DistributedGradientTape(tape, num_groups=a.num_groups)  # distributed: allreduce the gradients
-        grads = tape.gradient(loss, model.trainable_variables)
-        opt.apply_gradients(zip(grads, model.trainable_variables))
+        grads = tape.gradient(loss, tf_variables(model.trainable_variables))  # Keras 3: the tf.Variables
+        opt.apply_gradients(zip(grads, model.trainable_variables))         # (horovod#4290), else as they are
         if first_batch:                                            # distributed: start from rank 0's state
-            hvd.broadcast_variables(model.variables, root_rank=0)
-            hvd.broadcast_variables(opt.variables, root_rank=0)
+            hvd.broadcast_variables(tf_variables(model.variables), root_rank=0)
+            hvd.broadcast_variables(tf_variables(opt.variables), root_rank=0)
         return loss
 
     step(tf.constant(True)).numpy()
@@ -157,7 +168,8 @@ def main(argv: list[str] | None = None, prog: str = "mpirun -np N python -m hvdk
                                 "horovod": {"mpi_enabled": bool(hvd.mpi_enabled()), "gloo_enabled": bool(hvd.gloo_enabled())},
                                 "model": a.model, "image_size": a.image_size, "num_classes": a.num_classes,
                                 "batch_size": a.batch_size, "ranks": hvd.size(), "steps_per_iter": a.steps_per_iter,
-                                "threads": [intra, inter], "num_groups": a.num_groups, "iter_seconds": slowest.tolist(),
+                                "threads": [intra, inter], "as_example": a.as_example, "num_groups": a.num_groups,
+                                "iter_seconds": slowest.tolist(),
                                 "step_s": (slowest / a.steps_per_iter).tolist(), "samples_per_s": rates.tolist()})
     return 0
 

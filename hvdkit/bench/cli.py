@@ -8,6 +8,7 @@
     hvdkit-bench suite [ARGS]                      # python -m hvdkit.bench.suite ARGS (= benchmarks/run_suite.sh)
     hvdkit-bench report DIR                        # report.md + report.html of DIR/training.json (python -m hvdkit.bench.report)
     hvdkit-bench figures [--check] [DIR]           # benchmarks/reference/**/<stem>.md from each <stem>.json
+    hvdkit-bench peer [ARGS]                       # python -m hvdkit.bench.peer ARGS: rows beside bare library loops
 
 PLACE is where the job runs (:mod:`hvdkit.bench.places`): nothing for this host, ``--hosts h1:4,h2:4``,
 ``--hostfile FILE``, ``--slurm`` or ``--emulated H[:SLOTS][@RATE]``, ``--ssh-timeout SECONDS``; across
@@ -34,12 +35,12 @@ COMMANDS = {"training": "hvdkit.bench.training",
             "timeline-cost": "hvdkit.bench.timeline_cost",
             "suite": "hvdkit.bench.suite", "collectives": "hvdkit.bench.collectives",
             "cluster-collectives": "hvdkit.bench.cluster_collectives", "advise-check": "hvdkit.advise.check",
-            "report": "hvdkit.bench.report.cli", "figures": "hvdkit.bench.figures"}
+            "report": "hvdkit.bench.report.cli", "figures": "hvdkit.bench.figures", "peer": "hvdkit.bench.peer"}
 #: the benchmarks that run under mpirun: ``hvdkit-bench NAME`` takes ``-np N`` and a place besides their flags
 MPI_COMMANDS = ("collectives", "timeline-cost")
 
 _USAGE = ("usage: hvdkit-bench {collectives,training,plots,plot-timeline,timeline-cost,suite,"
-          "cluster-collectives,advise-check,report,figures} [args]\n"
+          "cluster-collectives,advise-check,report,figures,peer} [args]\n"
           "  collectives [-np N] [PLACE] [--] [ARGS]  bandwidth of every allreduce method under mpirun -np N (default 2);\n"
           "                                   PLACE: --hosts H:S,... | --hostfile F | --slurm | --emulated H[:S][@RATE]\n"
           "  training [ARGS]                  strategy variants x workers x models x stragglers, on this host or\n"
@@ -54,6 +55,8 @@ _USAGE = ("usage: hvdkit-bench {collectives,training,plots,plot-timeline,timelin
           "  advise-check [ARGS]              hvdkit advise's predictions vs the measured and published figures\n"
           "  report DIR                       the decision report (report.md, report.html) of DIR/training.json\n"
           "  figures [--check] [DIR]          every measurement table DIR/**/<stem>.md from its <stem>.json\n"
+          "  peer [ARGS]                      each hvdkit row beside a bare loop of its library, interleaved:\n"
+          "                                   the ratio of samples/s, median [min-max] over rounds\n"
           "hvdkit-bench NAME --help lists NAME's flags.")
 
 

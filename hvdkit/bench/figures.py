@@ -194,6 +194,8 @@ GENERATORS = [
               _cmd_timeline_cost, _lazy("hvdkit.bench.timeline_cost", "blocks")),
     Generator("cluster_probe", lambda d: "probe" in d and "spec" in d, "The emulated cluster's probed links",
               _cmd_probe, _lazy(_TABLES, "probe_blocks")),
+    Generator("peer", lambda d: _bench(d) == "peer", "Each hvdkit row beside a bare loop of its library",
+              _lazy("hvdkit.bench.peer", "caption"), _lazy("hvdkit.bench.peer", "blocks")),
     Generator("horovod_transport", lambda d: _bench(d) == "horovod_transport",
               "Horovod over MPI and over Gloo on the same hosts", _cmd_horovod_transport,
               _lazy("hvdkit.bench.horovod_transport", "blocks")),
