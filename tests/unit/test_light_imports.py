@@ -34,7 +34,7 @@ def test_advise_and_the_registry_import_neither_mpi4py_nor_tensorflow(code):
                                    ["--model", "linear", "--output-dir", "README.md"]],
                          ids=["model", "strategy-check", "output-dir"])
 def test_bad_input_is_refused_before_tensorflow_is_imported(flags):
-    """Set-up's first checks (names, the strategy's own check, the data, every output path: trainer._inputs)
+    """Set-up's first checks (names, the strategy's own check, the data, every output path: run_setup._inputs)
     end a run with status 2 before TensorFlow is imported (about 3 CPU s on every rank of every such job)."""
     code = (f"from hvdkit.train import main\ntry:\n    main({flags!r})\nexcept SystemExit as e:\n"
             f"    assert e.code == 2, e.code\nelse:\n    raise AssertionError('no error')")
