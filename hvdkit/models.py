@@ -43,7 +43,7 @@ from typing import Callable
 from hvdkit.errors import UsageError
 
 __all__ = ["MODELS", "build_model", "check_model_name", "keras_of", "keras_refusal", "model_input_shape",
-           "set_random_seed", "tf_keras_version", "tf_variables", "variable_name"]
+           "restore_optimizer", "set_random_seed", "tf_keras_version", "tf_variables", "variable_name"]
 
 #: model -> the sample shape :func:`build_model` built it for (weak: never keeps a model alive)
 _INPUT_SHAPES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
@@ -192,6 +192,20 @@ def tf_variables(variables) -> list:
     horovod#4290) is replaced by its ``.value``, the TensorFlow variable it reads and assigns; every
     other (Keras 2's are ``tf.Variable`` already) is kept."""
     return [v.value if keras_of(v) == 3 else v for v in variables]
+
+
+def restore_optimizer(optimizer, arrays) -> None:
+    """Assign a checkpoint's optimizer state to ``optimizer``: ``arrays`` holds one array per
+    ``optimizer.variables``, in order (the shapes and dtypes this optimizer wrote).
+
+    Keras 3 keeps the learning rate in ``optimizer.variables`` (Keras 2 does not); that one is left as
+    this run made it, so that a resumed run trains at its own ``--lr`` (and warmup), as under Keras 2,
+    and not at the rate of the run that wrote the checkpoint.
+    """
+    rate = getattr(optimizer, "_learning_rate", None)
+    for v, a in zip(optimizer.variables, arrays):
+        if v is not rate:
+            v.assign(a)
 
 
 def variable_name(v, model=None) -> str:

@@ -141,7 +141,7 @@ from hvdkit.comm import World
 from hvdkit.compression import COMPRESSIONS
 from hvdkit.config import Config, Option, at_least, option_values
 from hvdkit.errors import UsageError
-from hvdkit.models import tf_variables, variable_name
+from hvdkit.models import restore_optimizer, tf_variables, variable_name
 from hvdkit.steps import eval_fn, evaluate, make_fused_step, make_step_functions, straggle
 from hvdkit.timing import StepTimer
 
@@ -495,8 +495,7 @@ class Strategy(abc.ABC):
         """Restore :meth:`state` (the arrays are identical on every rank)."""
         n = len(self.model.get_weights())
         self.model.set_weights([arrays[f"model/{i}"] for i in range(n)])
-        for i, v in enumerate(self.optimizer.variables):
-            v.assign(arrays[f"optimizer/{i}"])
+        restore_optimizer(self.optimizer, [arrays[f"optimizer/{i}"] for i in range(len(self.optimizer.variables))])
         self.load_loss_scale(arrays)
 
 

@@ -48,7 +48,7 @@ import numpy as np
 
 from hvdkit.config import Option, at_least, option_values
 from hvdkit.errors import UsageError
-from hvdkit.models import tf_variables
+from hvdkit.models import restore_optimizer, tf_variables
 from hvdkit.steps import dense_gradients, graph_function, straggle
 from hvdkit.strategies.base import Strategy
 from hvdkit.strategies.model_parallel.plan import boundary_shapes, plan_stages, stage_bytes_per_step
@@ -378,8 +378,7 @@ class ModelParallelStrategy(Strategy):
         agree(err, self.world)
         n = len(self.model.get_weights())
         self.model.set_weights([arrays[f"model/{i}"] for i in range(n)])
-        for k, v in zip(keys, self.optimizer.variables):
-            v.assign(arrays[k])
+        restore_optimizer(self.optimizer, [arrays[k] for k in keys])
         self._dirty = False
 
     # -- results -------------------------------------------------------------------------
