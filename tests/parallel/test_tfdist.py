@@ -86,7 +86,8 @@ def test_tf_multiworker_equals_horovod_after_20_sgd_steps(tmp_path, horovod_sgd_
 
 
 def test_tf_multiworker_batch_norm_model_exports_without_hanging(tmp_path):
-    """Batch-norm statistics are synced on write, so rank 0's export reads them locally."""
+    """Rank 0's export reads the batch-norm statistics locally: Keras 2 syncs them on write, and under
+    Keras 3 (created without aggregation) the row averages them over the workers at each epoch's end."""
     (tmp_path / "bn_model.py").write_text(
         "import tensorflow as tf\n"
         "def bn(input_shape, num_classes):\n"
