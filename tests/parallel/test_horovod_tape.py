@@ -51,6 +51,12 @@ def test_the_tape_trains_as_the_grouped_allreduce_does(tape_job, compression):
         np.testing.assert_allclose(tape[k], grouped[k], rtol=1e-5, atol=1e-6, err_msg=k)
 
 
+def _job_logs(d) -> str:
+    """The last lines of every job's log under ``d``: what a failed job printed, for the assertion."""
+    return "".join(f"\n== {p}\n" + "\n".join(p.read_text(errors="replace").splitlines()[-15:])
+                   for p in sorted(d.glob("*/job.log")))
+
+
 def test_the_peer_benchmark_runs_a_tiny_case_and_writes_its_table(tmp_path):
     """``hvdkit bench peer``: one round of the horovod row and the bare loop; the JSON holds one ratio per
     row and the table beside it is the one ``hvdkit bench figures`` generates (no timing asserted)."""
@@ -59,8 +65,8 @@ def test_the_peer_benchmark_runs_a_tiny_case_and_writes_its_table(tmp_path):
     cmd = [sys.executable, "-m", "hvdkit.bench", "peer", "--rows", "horovod", "--model", "mlp", "--rounds", "1",
            "--steps-per-iter", "3", "--iters", "1", "--batch-size", "8", "--timeout", "150",
            "--out-dir", str(tmp_path / "jobs"), "--json", str(out)]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=400, cwd=ROOT)
-    assert r.returncode == 0, r.stdout + r.stderr
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=400, cwd=ROOT, stdin=subprocess.DEVNULL)
+    assert r.returncode == 0, r.stdout + r.stderr + _job_logs(tmp_path / "jobs")
     doc = json.loads(out.read_text())
     row = doc["rows"]["horovod"]
     assert len(row["ratio"]) == 1 and row["ratio"][0] > 0 and not doc["errors"]
