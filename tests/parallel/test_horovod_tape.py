@@ -1,6 +1,7 @@
 """The horovod row as Horovod's users run it (DistributedGradientTape), its grouped variant, and the
 peer benchmark that compares the row with a bare Horovod loop."""
 import json
+import os
 import subprocess
 import sys
 
@@ -65,7 +66,11 @@ def test_the_peer_benchmark_runs_a_tiny_case_and_writes_its_table(tmp_path):
     cmd = [sys.executable, "-m", "hvdkit.bench", "peer", "--rows", "horovod", "--model", "mlp", "--rounds", "1",
            "--steps-per-iter", "3", "--iters", "1", "--batch-size", "8", "--timeout", "150",
            "--out-dir", str(tmp_path / "jobs"), "--json", str(out)]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=400, cwd=ROOT, stdin=subprocess.DEVNULL)
+    # env: os.environ as Python holds it; the process's own C environment gains an Open MPI singleton's
+    # variables (OMPI_MCA_ess=singleton, PMIX_*) once a test in this pytest process imported mpi4py, and an
+    # mpirun started under those exits 1 at once, printing nothing
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=400, cwd=ROOT, stdin=subprocess.DEVNULL,
+                       env=dict(os.environ))
     assert r.returncode == 0, r.stdout + r.stderr + _job_logs(tmp_path / "jobs")
     doc = json.loads(out.read_text())
     row = doc["rows"]["horovod"]
