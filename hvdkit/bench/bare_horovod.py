@@ -71,39 +71,23 @@ def build_parser(prog: str = "mpirun -np N python -m hvdkit.bench.bare_horovod")
     return p
 
 
-def main(argv: list[str] | None = None, prog: str = "mpirun -np N python -m hvdkit.bench.bare_horovod") -> int:
-    """Run the loop on every rank of ``MPI.COMM_WORLD``; returns the exit status (0; 2 on bad flags,
-    one line from rank 0)."""
-    from hvdkit.cliparse import print_error
+def _parse(argv: list[str] | None, prog: str) -> argparse.Namespace:
+    """The flags; raises UsageError naming the first bad one."""
     from hvdkit.errors import UsageError
-    from hvdkit.mpistart import launcher_rank
 
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    try:
-        a = build_parser(prog).parse_args(argv)
-        for name in ("image_size", "num_classes", "batch_size", "steps_per_iter", "iters"):
-            if getattr(a, name) < 1:
-                raise UsageError(f"--{name.replace('_', '-')}={getattr(a, name)} must be >= 1")
-    except UsageError as e:   # the same on every rank: printed once
-        return print_error(prog, e) if (launcher_rank(os.environ) or (0, 1))[0] == 0 else 2
+    a = build_parser(prog).parse_args(argv)
+    for name in ("image_size", "num_classes", "batch_size", "steps_per_iter", "iters"):
+        if getattr(a, name) < 1:
+            raise UsageError(f"--{name.replace('_', '-')}={getattr(a, name)} must be >= 1")
+    return a
+
+
+def _threads(a: argparse.Namespace, tf, hvd, comm) -> tuple[int, int]:
+    """Size TensorFlow's thread pools (before any op runs); returns (intra, inter), 0 where TensorFlow chooses."""
     from mpi4py import MPI
-    import numpy as np
 
-    from hvdkit.tfimport import import_tensorflow
-
-    if a.as_example:   # as a user of Horovod's example runs it: nothing of hvdkit's around TensorFlow
-        import tensorflow as tf
-    else:
-        tf = import_tensorflow()   # as the trainer imports it, so that the two compare like for like
-    import horovod.tensorflow as hvd
-
-    from hvdkit.models import build_model, tf_variables
-    from hvdkit.results import write_json
     from hvdkit.steps import configure_threads  # the trainer's thread rule, the same function
 
-    comm = MPI.COMM_WORLD
-    hvd.init(comm=comm)                                            # distributed: Horovod on MPI's world (or
-    #                                                                horovodrun --gloo's: MPI sees one rank each)
     if a.as_example and not a.threads:   # TensorFlow's own pools, as the example leaves them
         intra = inter = 0                # 0/0: TensorFlow chooses (about one thread per core each)
     elif comm.Get_size() == hvd.size():
@@ -114,6 +98,14 @@ def main(argv: list[str] | None = None, prog: str = "mpirun -np N python -m hvdk
     if a.inter_threads:
         tf.config.threading.set_inter_op_parallelism_threads(a.inter_threads)
         inter = a.inter_threads
+    return intra, inter
+
+
+def _make_step(a: argparse.Namespace, tf, hvd):
+    """The model, its optimizer, this rank's fixed batch and the compiled step ``step(first_batch) -> loss``."""
+    import numpy as np
+
+    from hvdkit.models import build_model, tf_variables
 
     shape = (a.image_size, a.image_size, 3)
     model = build_model(a.model, shape, a.num_classes, seed=a.seed)
@@ -135,7 +127,13 @@ def main(argv: list[str] | None = None, prog: str = "mpirun -np N python -m hvdk
             hvd.broadcast_variables(tf_variables(opt.variables), root_rank=0)
         return loss
 
-    step(tf.constant(True)).numpy()
+    return step
+
+
+def _time(a: argparse.Namespace, tf, hvd, comm, step):
+    """The warm-up, then every timed iteration's seconds, the slowest rank's (float64 array, one per iteration)."""
+    import numpy as np
+    from mpi4py import MPI
 
     def iteration() -> float:
         t0 = time.perf_counter()
@@ -153,24 +151,65 @@ def main(argv: list[str] | None = None, prog: str = "mpirun -np N python -m hvdk
         comm.Allreduce(mine, slowest, op=MPI.MAX)
     else:   # horovodrun --gloo: the slowest rank's through Horovod itself
         slowest = hvd.allreduce(tf.constant(mine), op=hvd.Max).numpy()
-    samples = a.steps_per_iter * a.batch_size * hvd.size()
+    return slowest
+
+
+def _report(a: argparse.Namespace, argv: list[str] | None, hvd, threads: tuple[int, int], slowest) -> None:
+    """Rank 0: the table on stdout and, with ``--json``, the document (module docstring)."""
+    import numpy as np
+
+    from hvdkit.results import write_json
+
+    intra, inter = threads
+    rates = a.steps_per_iter * a.batch_size * hvd.size() / slowest
+    print(f"# bare Horovod loop: model {a.model}  {hvd.size()} ranks  batch {a.batch_size}/rank  "
+          f"threads {intra}/{inter}  num_groups {a.num_groups}  {a.iters} x {a.steps_per_iter} steps")
+    for i, (s, r) in enumerate(zip(slowest, rates)):
+        print(f"iter {i}  {s:.4f} s  {s / a.steps_per_iter * 1e3:.2f} ms/step  {r:.1f} samples/s")
+    step_ms = np.median(slowest) / a.steps_per_iter * 1e3
+    print(f"samples/s {rates.mean():.1f} +- {1.96 * rates.std():.1f}  step {step_ms:.2f} ms (median)")
+    if a.json:
+        write_json(a.json, {"benchmark": "bare_horovod", "argv": sys.argv[1:] if argv is None else list(argv),
+                            "date": time.strftime("%Y-%m-%dT%H:%M:%S"), "host": socket.gethostname(),
+                            "horovod": {"mpi_enabled": bool(hvd.mpi_enabled()), "gloo_enabled": bool(hvd.gloo_enabled())},
+                            "model": a.model, "image_size": a.image_size, "num_classes": a.num_classes,
+                            "batch_size": a.batch_size, "ranks": hvd.size(), "steps_per_iter": a.steps_per_iter,
+                            "threads": [intra, inter], "as_example": a.as_example, "num_groups": a.num_groups,
+                            "iter_seconds": slowest.tolist(),
+                            "step_s": (slowest / a.steps_per_iter).tolist(), "samples_per_s": rates.tolist()})
+
+
+def main(argv: list[str] | None = None, prog: str = "mpirun -np N python -m hvdkit.bench.bare_horovod") -> int:
+    """Run the loop on every rank of ``MPI.COMM_WORLD``; returns the exit status (0; 2 on bad flags,
+    one line from rank 0)."""
+    from hvdkit.cliparse import print_error
+    from hvdkit.errors import UsageError
+    from hvdkit.mpistart import launcher_rank
+
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    try:
+        a = _parse(argv, prog)
+    except UsageError as e:   # the same on every rank: printed once
+        return print_error(prog, e) if (launcher_rank(os.environ) or (0, 1))[0] == 0 else 2
+    from mpi4py import MPI
+
+    from hvdkit.tfimport import import_tensorflow
+
+    if a.as_example:   # as a user of Horovod's example runs it: nothing of hvdkit's around TensorFlow
+        import tensorflow as tf
+    else:
+        tf = import_tensorflow()   # as the trainer imports it, so that the two compare like for like
+    import horovod.tensorflow as hvd
+
+    comm = MPI.COMM_WORLD
+    hvd.init(comm=comm)                                            # distributed: Horovod on MPI's world (or
+    #                                                                horovodrun --gloo's: MPI sees one rank each)
+    threads = _threads(a, tf, hvd, comm)
+    step = _make_step(a, tf, hvd)
+    step(tf.constant(True)).numpy()                                # distributed: the broadcast from rank 0
+    slowest = _time(a, tf, hvd, comm, step)
     if hvd.rank() == 0:
-        rates = samples / slowest
-        print(f"# bare Horovod loop: model {a.model}  {hvd.size()} ranks  batch {a.batch_size}/rank  "
-              f"threads {intra}/{inter}  num_groups {a.num_groups}  {a.iters} x {a.steps_per_iter} steps")
-        for i, (s, r) in enumerate(zip(slowest, rates)):
-            print(f"iter {i}  {s:.4f} s  {s / a.steps_per_iter * 1e3:.2f} ms/step  {r:.1f} samples/s")
-        step_ms = np.median(slowest) / a.steps_per_iter * 1e3
-        print(f"samples/s {rates.mean():.1f} +- {1.96 * rates.std():.1f}  step {step_ms:.2f} ms (median)")
-        if a.json:
-            write_json(a.json, {"benchmark": "bare_horovod", "argv": sys.argv[1:] if argv is None else list(argv),
-                                "date": time.strftime("%Y-%m-%dT%H:%M:%S"), "host": socket.gethostname(),
-                                "horovod": {"mpi_enabled": bool(hvd.mpi_enabled()), "gloo_enabled": bool(hvd.gloo_enabled())},
-                                "model": a.model, "image_size": a.image_size, "num_classes": a.num_classes,
-                                "batch_size": a.batch_size, "ranks": hvd.size(), "steps_per_iter": a.steps_per_iter,
-                                "threads": [intra, inter], "as_example": a.as_example, "num_groups": a.num_groups,
-                                "iter_seconds": slowest.tolist(),
-                                "step_s": (slowest / a.steps_per_iter).tolist(), "samples_per_s": rates.tolist()})
+        _report(a, argv, hvd, threads, slowest)
     return 0
 
 

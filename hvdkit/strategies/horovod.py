@@ -49,7 +49,8 @@ from hvdkit.config import Option, at_least
 from hvdkit.errors import UsageError
 from hvdkit.models import tf_variables, variable_name
 from hvdkit.startup import phase
-from hvdkit.strategies.base import COMPRESSION, ReplicaStrategy
+from hvdkit.strategies.base import COMPRESSION
+from hvdkit.strategies.replica import ReplicaStrategy
 from hvdkit.timeline import horovod_timeline_path
 
 __all__ = ["HorovodStrategy", "HorovodComm", "horovod_world", "broadcast_variables", "init_horovod", "elastic_launch",

@@ -11,7 +11,7 @@ to tensors and every rank applies the same optimizer update (compute). At start,
 model and optimizer state are broadcast with mpi4py ``Bcast`` on numpy buffers (as bytes:
 float16 and bfloat16 have no MPI datatype). After every epoch the float non-trainable variables
 (batch-norm moving statistics) are averaged over the ranks
-(:func:`hvdkit.strategies.base.average_statistics`, as for every replica row), so every rank
+(:func:`hvdkit.strategies.replica.average_statistics`, as for every replica row), so every rank
 ends with identical weights.
 
 All messages travel on a communicator duplicated from the world (``comm.Dup()``).
@@ -52,7 +52,8 @@ from hvdkit.collectives.ring import WAITS, RingAllreduce, bucket_bounds, flatten
 from hvdkit.compression import wire_itemsize
 from hvdkit.models import tf_variables
 from hvdkit.steps import dense_gradients
-from hvdkit.strategies.base import COMPRESSION, ReplicaStrategy
+from hvdkit.strategies.base import COMPRESSION
+from hvdkit.strategies.replica import ReplicaStrategy
 
 __all__ = ["RingStrategy", "DEFAULT_FUSION_BYTES"]
 

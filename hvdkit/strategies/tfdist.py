@@ -47,7 +47,7 @@ import os
 
 from hvdkit.errors import UsageError
 from hvdkit.startup import phase
-from hvdkit.strategies.base import average_statistics
+from hvdkit.strategies.replica import average_statistics
 from hvdkit.strategies.tf_common import TFDistribute, local_gpus, on_write_scope, tf_addresses
 
 __all__ = ["TFMirroredStrategy", "TFCentralStorageStrategy", "TFMultiWorkerStrategy"]
@@ -183,7 +183,7 @@ class TFMultiWorkerStrategy(TFDistribute):
 
     def epoch_end(self, final: bool):
         """Average the model's float non-trainable variables (batch-norm moving statistics) over the
-        workers (:func:`~hvdkit.strategies.base.average_statistics`), as the replica rows do; returns
+        workers (:func:`~hvdkit.strategies.replica.average_statistics`), as the replica rows do; returns
         ``metrics_comm``. Keras 2 creates them synced on read, made synced on write by
         :func:`on_write_scope`, so they are equal already; Keras 3 creates them with no aggregation:
         each worker updates its own copy from its own batches, and reads it locally."""

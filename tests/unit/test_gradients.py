@@ -272,7 +272,7 @@ def test_the_step_marks_compute_only_once_traced_since_the_last_rebuild():
     from hvdkit.comm import World
     from hvdkit.config import Config
     from hvdkit.models import build_model
-    from hvdkit.strategies.base import ReplicaStrategy
+    from hvdkit.strategies.replica import ReplicaStrategy
     from hvdkit.timing import StepTimer
 
     class Local(ReplicaStrategy):   # Horovod's row's facts, an allreduce of one process

@@ -62,13 +62,14 @@ from hvdkit.config import Option, above, at_least, option_values
 from hvdkit.errors import UsageError
 from hvdkit.models import tf_variables
 from hvdkit.steps import dense_gradients, make_step_functions, straggle
-from hvdkit.strategies.base import COMPRESSION, NUM_SERVERS, Strategy, average_statistics
+from hvdkit.strategies.base import COMPRESSION, NUM_SERVERS, Strategy
 from hvdkit.strategies.ps import rules
 from hvdkit.strategies.ps.group import PSGroup
 from hvdkit.strategies.ps.protocol import Layout
 from hvdkit.strategies.ps.server import REPLIES
 from hvdkit.strategies.ps.shard import resplit_states
 from hvdkit.strategies.ps.worker import PSClient
+from hvdkit.strategies.replica import average_statistics
 
 __all__ = ["PSStrategy", "PSSync", "PSAsync", "PSSSP", "PSDCASGD", "PS_FIELDS"]
 
