@@ -21,22 +21,32 @@ from hvdkit.bench import jobs
 from hvdkit.bench._common import launch, log
 from hvdkit.bench.jobs import Cell, Settings
 
-__all__ = ["measure_overhead", "bare_command"]
+__all__ = ["measure_overhead", "bare_command", "run_bare", "BARE_HOROVOD"]
+
+#: the module of the bare Horovod loop
+BARE_HOROVOD = "hvdkit.bench.bare_horovod"
 
 
-def bare_command(place, ranks: int, model: str, s: Settings, json_path: str) -> list[str]:
-    """The command of the bare Horovod loop on ``ranks`` ranks of ``place``, the settings of the
-    throughput jobs (image size, classes, batch, K, iterations, seed, threads)."""
+def bare_command(place, ranks: int, model: str, s: Settings, json_path: str, as_example: bool = False,
+                 module: str = BARE_HOROVOD) -> list[str]:
+    """The command of the bare Horovod loop (:mod:`hvdkit.bench.bare_horovod`) on ``ranks`` ranks of
+    ``place``, the settings of the throughput jobs (image size, classes, batch, K, iterations, seed,
+    threads), one warm-up iteration, its JSON to ``json_path``. ``as_example``: ``--as-example``, as a
+    user of Horovod's example runs it (the peer benchmark's loop); ``module``: a bare loop with the
+    same flags."""
     args = ["--model", model, "--image-size", str(s.image_size), "--num-classes", str(s.num_classes),
             "--batch-size", str(s.batch_size), "--steps-per-iter", str(s.steps_per_iter), "--iters", str(s.iters),
             "--warmup-iters", "1", "--seed", str(s.seed), "--threads", str(s.threads), "--json", json_path]
-    return place.command(ranks, [sys.executable, "-m", "hvdkit.bench.bare_horovod", *args])
+    return place.command(ranks, [sys.executable, "-m", module, *(["--as-example"] if as_example else []), *args])
 
 
-def _bare(place, ranks: int, model: str, s: Settings, d: str, timeout: float) -> tuple[float | None, str | None]:
+def run_bare(place, ranks: int, model: str, s: Settings, d: str, timeout: float, as_example: bool = False,
+             module: str = BARE_HOROVOD) -> tuple[float | None, str | None]:
+    """One job of :func:`bare_command` in directory ``d`` (its ``bare.json`` and ``job.log``): (the median
+    over its timed iterations of the slowest rank's step seconds, None), or (None, the cause)."""
     path = os.path.join(d, "bare.json")
     os.makedirs(d, exist_ok=True)
-    job = launch(bare_command(place, ranks, model, s, path), timeout, os.path.join(d, "job.log"))
+    job = launch(bare_command(place, ranks, model, s, path, as_example, module), timeout, os.path.join(d, "job.log"))
     if not job.ok:
         return None, job.why()
     try:
@@ -60,7 +70,7 @@ def measure_overhead(place, s: Settings, model: str, ranks: int, rounds: int, ou
         for who in (("bare", "hvdkit") if rnd % 2 == 0 else ("hvdkit", "bare")):
             d = os.path.join(out_root, f"overhead-r{rnd}-{who}")
             if who == "bare":
-                step, err = _bare(place, ranks, model, s, d, timeout)
+                step, err = run_bare(place, ranks, model, s, d, timeout)
                 bare.append(step)
             else:
                 row = jobs.run_job(place, cell, rnd, s, d, timeout=timeout)

@@ -29,7 +29,6 @@ Output: a table on stdout; ``--json FILE`` the measurement, and its table beside
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -97,31 +96,11 @@ def _check(a) -> list:
     return rows
 
 
-def _bare_step(place, a, name: str, d: str) -> tuple[float | None, str | None]:
-    """(median step seconds, None) of one bare-loop job, or (None, the cause)."""
-    from hvdkit.bench._common import launch
-
-    os.makedirs(d, exist_ok=True)
-    path = os.path.join(d, "bare.json")
-    args = ["--as-example", "--model", a.model, "--image-size", str(a.image_size), "--num-classes",
-            str(a.num_classes), "--batch-size", str(a.batch_size), "--steps-per-iter", str(a.steps_per_iter),
-            "--iters", str(a.iters), "--warmup-iters", "1", "--seed", str(a.seed), "--threads", str(a.threads),
-            "--json", path]
-    job = launch(place.command(a.ranks, [sys.executable, "-m", BARE_LOOPS[name], *args]), a.timeout,
-                 os.path.join(d, "job.log"))
-    if not job.ok:
-        return None, job.why()
-    try:
-        with open(path) as fh:
-            return float(statistics.median(json.load(fh)["step_s"])), None
-    except (OSError, ValueError, KeyError) as e:
-        return None, f"bare.json: {e}"
-
-
 def measure(place, a, rows: list, out_root: str, log=print) -> dict[str, Any]:
     """Run ``a.rounds`` interleaved rounds of every row and its library's bare loop on ``place``;
     returns the document (module docstring: the definitions it records)."""
     from hvdkit.bench import jobs
+    from hvdkit.bench.overhead import run_bare
 
     s = jobs.Settings(measure="throughput", image_size=a.image_size, num_classes=a.num_classes,
                       batch_size=a.batch_size, steps_per_iter=a.steps_per_iter, iters=a.iters,
@@ -138,7 +117,8 @@ def measure(place, a, rows: list, out_root: str, log=print) -> dict[str, Any]:
                 row = jobs.run_job(place, jobs.Cell(what, a.model, a.ranks), rnd, s, d, timeout=a.timeout)
                 step, err = (row["step_ms"] / 1e3, None) if row["status"] == "OK" else (None, row["error"])
             else:
-                step, err = _bare_step(place, a, what, d)
+                step, err = run_bare(place, a.ranks, a.model, s, d, a.timeout, as_example=True,
+                                     module=BARE_LOOPS[what])
             steps[key].append(step)
             if err:
                 errors.append(f"{key} round {rnd}: {err}")

@@ -40,3 +40,40 @@ def test_the_table_gives_each_row_its_ratio_with_its_spread_and_the_target():
     assert "| horovod | 3 | 11.00 [10.00-12.00] | 10.00 [10.00-10.00] | 0.909 [0.833-1.000] | no |" in md
     assert "| horovod:grouped=true | 2 | 10.00 [10.00-10.00] | 10.00 [10.00-10.00] | 1.000 [1.000-1.000] | yes |" in md
     assert "horovod:grouped=true round 0: exit status 1" in md
+
+
+def test_the_bare_side_is_the_overhead_pairs_command_as_horovods_example(tmp_path, monkeypatch):
+    # one command line of the bare loop (hvdkit.bench.overhead.bare_command) for both benchmarks: peer's
+    # adds --as-example and otherwise passes the same settings the overhead pair does
+    import argparse
+
+    from hvdkit.bench import _common, jobs, overhead
+    from hvdkit.strategies.variants import parse_variant
+
+    ran = []
+
+    def fake_launch(cmd, timeout, log_path=None):
+        ran.append(list(cmd))
+        path = cmd[cmd.index("--json") + 1]
+        with open(path, "w") as fh:
+            fh.write('{"step_s": [0.01, 0.03, 0.02]}')
+        return _common.Job(list(cmd), 0, 0.1, "")
+
+    monkeypatch.setattr(overhead, "launch", fake_launch)
+    monkeypatch.setattr(jobs, "run_job", lambda *a, **k: {"status": "OK", "step_ms": 20.0})
+
+    class Place:
+        def command(self, ranks, program, **kw):
+            return ["mpirun", "-np", str(ranks), *program]
+
+    a = argparse.Namespace(model="mlp", ranks=2, batch_size=8, image_size=16, num_classes=10, steps_per_iter=3,
+                           iters=2, rounds=1, threads=0, seed=5, timeout=9.0)
+    doc = peer.measure(Place(), a, [parse_variant("horovod")], str(tmp_path), log=lambda *_: None)
+    assert doc["rows"]["horovod"]["bare_step_ms"] == [20.0] and doc["rows"]["horovod"]["ratio"] == [1.0]
+    s = jobs.Settings(measure="throughput", image_size=16, num_classes=10, batch_size=8, steps_per_iter=3, iters=2,
+                      threads=0, seed=5)
+    (cmd,) = ran
+    path = cmd[cmd.index("--json") + 1]
+    assert cmd == overhead.bare_command(Place(), 2, "mlp", s, path, as_example=True)
+    assert cmd[cmd.index("hvdkit.bench.bare_horovod") + 1] == "--as-example"
+    assert "--as-example" not in overhead.bare_command(Place(), 2, "mlp", s, path)
