@@ -20,7 +20,7 @@ from hvdkit.advise.collective_fits import (A2A_METHOD, a2a_fractions, fit_collec
                                            hockney_fit, latency_steps, method_with, one_server_method, quotas,
                                            sizes_at, sizes_beyond, wire_factor)
 from hvdkit.advise.model import Prediction, burst_seconds, cpu_share, split_fit
-from hvdkit.advise.predict import Priced, priced
+from hvdkit.advise.predict import COMPUTE_ROWS, Priced, priced
 from hvdkit.advise.terms import LIMITS, Job, communication, server_cycle, transport, with_copies
 from hvdkit.errors import UsageError
 
@@ -161,10 +161,10 @@ class Calibration:
         return burst_seconds(cpu_s, min(1.0, ln.cores / workers), ln.cpus_per_host, CFS_PERIOD_S)
 
     def base_key(self, rate: str, model: str, label: str) -> tuple | None:
-        """The key of :meth:`base_of`'s base: ``(rate, model, label)``, else the model's horovod (else
-        ring) one at ``rate``, else None."""
-        return next((key for key in ((rate, model, label), (rate, model, "horovod"), (rate, model, "ring"))
-                     if key in self.base), None)
+        """The key of :meth:`base_of`'s base: ``(rate, model, label)``, else the model's horovod one at
+        ``rate`` (:data:`~hvdkit.advise.predict.COMPUTE_ROWS`, either form), else its ring one, else None."""
+        return next((key for key in ((rate, model, v) for v in (label, *COMPUTE_ROWS, "ring")) if key in self.base),
+                    None)
 
     def base_of(self, rate: str, model: str, label: str) -> float | None:
         """The one-worker base of ``label`` (seconds at one full core): its own, else the model's
@@ -431,7 +431,7 @@ def _read_bases(cal: Calibration, meas, raw: dict) -> None:
             cal.base[key] = raw[key]
             continue
         other = [v for (r, m, lab), v in sorted(raw.items()) if m == c.model and lab == c.variant]
-        stand = [raw.get((c.rate, c.model, s)) for s in ("horovod", "ring")]
+        stand = [raw.get((c.rate, c.model, s)) for s in (*COMPUTE_ROWS, "ring")]
         pick = other[0] if other else next((x for x in stand if x), None)
         if pick:
             cal.base[key] = pick

@@ -31,8 +31,9 @@ inputs that JSON records are read again (benchmarks/reference/index.md lists the
    ``t = a + b x bytes`` of the same collective measured alone by ``cluster_collectives``
    (one rank per host, the default variant, sizes >= 1 MiB; a rank count it did not
    measure takes the largest measured one's ``a`` and its ``b`` scaled by the formula's bytes
-   ratio). Both use the 1-worker Horovod step as the compute and stretch it by workers / cores
-   when more ranks than cores share the machine (hvdkit's rows: no overlap). Reported: the
+   ratio). Both use the 1-worker Horovod step (either form) as the compute and stretch it by
+   workers / cores when more ranks than cores share the machine; each row overlaps as it runs
+   (:func:`hvdkit.advise.predict.overlaps_backward`). Reported: the
    median absolute relative error, and per (model, workers) whether the predicted order of the
    strategies equals the measured one.
 2. Published (:data:`PUBLISHED`): the Horovod paper's 512-GPU scaling efficiencies and BytePS's
@@ -53,7 +54,7 @@ from hvdkit.advise import measured
 from hvdkit.advise.calibrate import collective_method, fit_collectives, fit_for
 from hvdkit.advise.measured import variant_of
 from hvdkit.advise.model import Cluster, Options, Workload
-from hvdkit.advise.predict import predict_variant, priced
+from hvdkit.advise.predict import COMPUTE_ROWS, predict_variant, priced
 from hvdkit.advise import heldout
 from hvdkit.cliparse import Parser, print_error
 from hvdkit.errors import UsageError
@@ -93,11 +94,12 @@ def measured_comparison(training: dict, fits: dict) -> tuple[list[dict], dict]:
     cores = int(meta.get("cores") or 0) or None
     rows = []
     for (model, label, w), s in sorted(summ.items()):
-        if (model, "horovod", 1) not in summ:
+        one = next((summ[(model, v, 1)] for v in COMPUTE_ROWS if (model, v, 1) in summ), None)   # the compute
+        if one is None:
             continue
         row = priced(label, w)
         method, ranks = collective_method(row, w)
-        wl = Workload(model, (int(s["gradient_bytes"]),), compute_s=summ[(model, "horovod", 1)]["step_ms"] / 1e3,
+        wl = Workload(model, (int(s["gradient_bytes"]),), compute_s=one["step_ms"] / 1e3,
                       batch=meta["batch_size"])
         cl = Cluster(hosts=w, gpus_per_host=1, intra_Bps=presets.INTRA["shm"][0], inter_Bps=s["link_Bps"],
                      intra_latency_s=presets.INTRA["shm"][1], inter_latency_s=meta["rtt_s"] / 2,

@@ -39,7 +39,7 @@ import time
 from hvdkit import costs
 from hvdkit.advise import presets
 from hvdkit.advise.model import Cluster, Options, Workload
-from hvdkit.advise.predict import default_rows, parse_rows, predict, recommend
+from hvdkit.advise.predict import COMPUTE_ROWS, default_rows, parse_rows, predict, recommend
 from hvdkit.cliparse import Parser
 from hvdkit.errors import UsageError
 
@@ -90,8 +90,8 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     g.add_argument("--servers", "--staleness", action=_Gone, help=argparse.SUPPRESS)
     g.add_argument("--overlap", action="store_true",
                    help="overlap fused buckets with the backward pass on every row that can (Horovod's "
-                        "DistributedOptimizer does); default: the overlap each row does itself (its strategy's "
-                        "overlaps_backward)")
+                        "DistributedOptimizer does); default: the overlap each row does itself at its options (horovod "
+                        "does, horovod:grouped=true does not)")
     g.add_argument("--jitter", type=float, default=Options.jitter_cv,
                    help="coefficient of variation of a worker's step time (straggler term, default 0.02)")
     g.add_argument("--calibrate", metavar="DIR|JSON",
@@ -159,7 +159,8 @@ def dir_compute_cell(a, measured):
     if measured is None or a.measure or a.compute_ms or a.images_per_s:
         return None
     ones = sorted((c for c in measured.cells if c.model == a.model and c.workers == 1),
-                  key=lambda c: (c.variant != "horovod", c.step_ms))
+                  key=lambda c: (COMPUTE_ROWS.index(c.variant) if c.variant in COMPUTE_ROWS else len(COMPUTE_ROWS),
+                                 c.step_ms))
     return ones[0] if ones else None
 
 

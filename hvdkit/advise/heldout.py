@@ -17,7 +17,7 @@ from typing import Sequence
 from hvdkit import costs
 from hvdkit.advise.calibrate import Calibration, calibrate, held_out
 from hvdkit.advise.measured import Cell, Measured
-from hvdkit.advise.predict import priced
+from hvdkit.advise.predict import COMPUTE_ROWS, priced
 from hvdkit.strategies.variants import parse_variant
 
 __all__ = ["split", "baseline_step", "validate", "summary", "markdown", "HELD_OUT_MIN_WORKERS"]
@@ -35,10 +35,11 @@ def split(meas: Measured, min_workers: int = HELD_OUT_MIN_WORKERS, hosts: int = 
 
 
 def _compute_s(meas: Measured, model: str, rate: str) -> float | None:
-    """The naive compute: the model's 1-worker horovod step (at ``rate``, else any), else its fastest 1-worker step."""
+    """The naive compute: the model's 1-worker horovod step (:data:`~hvdkit.advise.predict.COMPUTE_ROWS`, the
+    first form measured; at ``rate``, else any), else its fastest 1-worker step."""
     ones = [c for c in meas.cells if c.model == model and c.workers == 1]
-    for pick in ([c for c in ones if c.variant == "horovod" and c.rate == rate], [c for c in ones if c.variant == "horovod"],
-                 ones):
+    hvd = next(([c for c in ones if c.variant == v] for v in COMPUTE_ROWS if any(c.variant == v for c in ones)), [])
+    for pick in ([c for c in hvd if c.rate == rate], hvd, ones):
         if pick:
             return min(c.step_ms for c in pick) / 1e3
     return None

@@ -16,8 +16,10 @@ formula docs/performance.md writes for its strategy):
 * communication: the collective or push/pull of the strategy, alpha (per message) + beta
   (bytes / bandwidth on the busiest link) + gamma (bytes / reduction speed);
 * overlap: with ``overlap`` the gradients go out in fusion buckets while the backward pass still
-  runs (:func:`overlapped_step`); otherwise (hvdkit's rows: one grouped allreduce or one push
-  after the backward pass) all communication is exposed;
+  runs (:func:`overlapped_step`); a row that does so itself (``horovod``'s DistributedGradientTape:
+  :func:`hvdkit.advise.predict.overlaps_backward`) is priced so without it; otherwise (one grouped
+  allreduce or one push after the backward pass: ``horovod:grouped=true``, the ring, the PS) all
+  communication is exposed;
 * straggler and barrier: a synchronous step waits for the slowest of W workers
   (:func:`straggler_factor`); SSP with staleness s amortises the wait over s + 1 clocks;
   asynchronous PS waits for nobody, its throughput is bounded by the servers
@@ -120,10 +122,12 @@ class Options:
     ``num_servers`` or ``staleness``, are in the variant: :mod:`hvdkit.strategies.variants`).
 
     Attributes:
-        fusion_bytes: fusion threshold (Horovod's HOROVOD_FUSION_THRESHOLD, 64 MiB) of the rows without
-            a ``fusion_bytes`` option of their own (``ring:fusion_bytes=B`` sets the ring's).
-        overlap: communicate fused buckets during the backward pass (Horovod's DistributedOptimizer
-            in a TF1 graph); hvdkit's rows send after the backward pass, so False by default.
+        fusion_bytes: fusion threshold (Horovod's HOROVOD_FUSION_THRESHOLD: 64 MiB, its default before
+            0.21 and the published systems'; 128 MiB since) of the rows without a ``fusion_bytes`` option
+            of their own (``ring:fusion_bytes=B`` sets the ring's).
+        overlap: communicate fused buckets during the backward pass on every row whose allreduce is a
+            graph op (Horovod's DistributedOptimizer, DistributedGradientTape); False: each row as it
+            runs (:func:`hvdkit.advise.predict.overlaps_backward`).
         jitter_cv: coefficient of variation of one worker's step compute time (the straggler term).
         ps_local_aggregation: sum the G gradients of a host before pushing (BytePS); hvdkit's PS
             pushes every worker's gradient (False).
@@ -284,7 +288,11 @@ def overlapped_step(forward_s: float, backward_s: float, tensor_bytes, fusion_by
     backward pass (assumed: each tensor takes ``backward_s / n``); whenever the network is free,
     every ready tensor not yet sent goes out in one bucket of at most ``fusion_bytes`` (0: no cap);
     a bucket of b bytes takes ``comm(b)`` seconds and buckets go one after another. The step ends
-    when the last bucket and the backward pass have both finished.
+    when the last bucket and the backward pass have both finished. This is what Horovod's
+    DistributedGradientTape does in a compiled step (one allreduce op per gradient, fused by the
+    background thread from what is ready); left out: the wait for its next cycle (HOROVOD_CYCLE_TIME,
+    1 ms since Horovod 0.21) before a bucket goes, and, on CPU ranks, the cores the reduction takes
+    from the backward pass.
 
     Args:
         forward_s, backward_s: seconds, >= 0.

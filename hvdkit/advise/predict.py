@@ -7,7 +7,8 @@ or one of advise's own rows, :data:`OWN_ROWS`, for systems hvdkit does not run a
 name: its traffic formula (:mod:`hvdkit.costs`: a ring, K dedicated servers, colocated shards),
 whether its workers step together (``lockstep``) and how stale a gradient may be
 (``staleness_bound``), its dedicated servers (``servers``), whether its allreduce is a graph op
-that could overlap the backward pass (``graph_allreduce``), and a ``compression`` option (fp16 on
+that could overlap the backward pass (``graph_allreduce``) and whether it does at its options
+(:func:`overlaps_backward`), and a ``compression`` option (fp16 on
 the wire: half the bytes; a ps pull in float32: 3/4). It splits the communication seconds into
 latency, reduction and bandwidth terms and adds compute, overlap and the straggler wait.
 
@@ -29,8 +30,8 @@ from hvdkit.errors import UsageError
 from hvdkit.strategies import STRATEGIES
 from hvdkit.strategies.variants import Variant, parse_variant, parse_variants
 
-__all__ = ["OWN_ROWS", "OwnRow", "Priced", "priced", "parse_rows", "default_rows", "predict_variant", "predict",
-           "recommend"]
+__all__ = ["OWN_ROWS", "OwnRow", "Priced", "priced", "overlaps_backward", "parse_rows", "default_rows",
+           "predict_variant", "predict", "recommend", "COMPUTE_ROWS"]
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,11 @@ OWN_ROWS: dict[str, OwnRow] = {r.name: r for r in (
            "overlapped with backward", "byteps", False),
 )}
 
+#: the variants whose one-worker step stands for a model's compute (and for the one-worker base of a row
+#: measured without one), first found first: Horovod's row in its DistributedGradientTape form, then in its
+#: one-group form (``--grouped``; the form every horovod row of a grid measured before the tape ran)
+COMPUTE_ROWS = ("horovod", "horovod:grouped=true")
+
 #: the traffic formulas (:mod:`hvdkit.costs`) advise can price, and the model function of each
 _COMM = {"ring_allreduce_time": "ring", "ps_time": "ps", "colocated_ps_time": "colocated"}
 
@@ -84,9 +90,10 @@ class Priced:
         spins: its ranks busy-poll while they wait, even with less than a core (Horovod's background
             thread; hvdkit's ring with ``ring_wait=spin``); else they sleep there under a quota
             (:meth:`hvdkit.advise.calibrate.Calibration.sleeps`).
-        overlaps: the row itself sends fused buckets while the backward pass runs (its class's
-            ``overlaps_backward``, as Horovod's DistributedGradientTape does): an ``overlap_capable`` row is
-            then priced overlapped without ``Options.overlap``, which forces the overlap on every such row.
+        overlaps: the row itself, at its options, sends fused buckets while the backward pass runs
+            (:func:`overlaps_backward`: ``horovod``'s DistributedGradientTape, not ``horovod:grouped=true``):
+            an ``overlap_capable`` row is then priced overlapped without ``Options.overlap``, which forces
+            the overlap on every such row.
     """
     label: str
     comm: str
@@ -100,6 +107,14 @@ class Priced:
     serial_replies: bool = False
     spins: bool = False
     overlaps: bool = False
+
+
+def overlaps_backward(cls: type, opts=None) -> bool:
+    """Whether strategy row ``cls`` with options ``opts`` (None: its defaults) sends its gradients while
+    the backward pass still runs: the row's ``overlaps_backward_for(opts)`` where it has one (a fact that
+    depends on the options), else its ``overlaps_backward`` class attribute, else False."""
+    fact = getattr(cls, "overlaps_backward_for", None)
+    return bool(fact(opts) if fact is not None else getattr(cls, "overlaps_backward", False))
 
 
 def _refuse(text: str, why: str) -> NoReturn:
@@ -120,7 +135,7 @@ def priced(row: str | Variant | OwnRow, workers: int = 1) -> Priced:
         hier = row.comm == "hierarchical"
         return Priced(row.name, row.comm, None, 0, hier, hvdkit=row.runnable,
                       busy_threads=STRATEGIES["horovod"].busy_threads if hier else 1, spins=hier,
-                      overlaps=hier and bool(getattr(STRATEGIES["horovod"], "overlaps_backward", False)))
+                      overlaps=hier and overlaps_backward(STRATEGIES["horovod"]))
     if isinstance(row, str) and row.partition(":")[0].strip() not in STRATEGIES:
         name = row.partition(":")[0].strip()
         if name in OWN_ROWS:
@@ -138,7 +153,7 @@ def priced(row: str | Variant | OwnRow, workers: int = 1) -> Priced:
                   fusion_bytes=v.opts.get("fusion_bytes"), busy_threads=int(getattr(v.cls, "busy_threads", 1)),
                   serial_replies=v.opts.get("ps_replies") == "serial",
                   spins=int(getattr(v.cls, "busy_threads", 1)) > 1 or v.opts.get("ring_wait") == "spin",
-                  overlaps=bool(getattr(v.cls, "overlaps_backward", False)))
+                  overlaps=overlaps_backward(v.cls, v.opts))
 
 
 def parse_rows(text: str) -> list[Priced]:

@@ -106,6 +106,21 @@ class HorovodStrategy(ReplicaStrategy):
     marks_collective = True  # the compiled step can mark where its allreduce begins (hvdkit.watchdog, --elastic)
     busy_threads = 2  # + Horovod's background thread: it negotiates every cycle and busy-polls MPI while peers lag
     options = (COMPRESSION, GROUPED, ELASTIC, COMMIT_EVERY)
+    #: at the default options the gradients' allreduces run while the backward pass goes on
+    #: (DistributedGradientTape, module docstring); the advisor prices that overlap (:meth:`overlaps_backward_for`)
+    overlaps_backward = True
+
+    @classmethod
+    def overlaps_backward_for(cls, opts=None) -> bool:
+        """Whether a step with options ``opts`` sends gradients while its backward pass still runs:
+        :attr:`overlaps_backward` unless ``grouped`` or ``elastic`` (both one grouped allreduce after
+        the whole backward pass). Local, no TensorFlow.
+
+        Raises:
+            UsageError: a value of ``opts`` its option refuses.
+        """
+        o = cls._opts(opts)
+        return bool(cls.overlaps_backward) and not (o.grouped or o.elastic)
 
     @classmethod
     def check(cls, cfg, world) -> None:

@@ -157,3 +157,20 @@ def test_a_comparison_predicted_as_a_tie_is_not_ordered_right():
     assert check._pairs(rows, "predicted") == (1, 0)
     rows[1]["predicted"] = 0.96
     assert check._pairs(rows, "predicted") == (1, 1)
+
+
+def test_horovod_overlaps_as_its_tape_does_and_its_grouped_form_does_not():
+    """``horovod`` steps with DistributedGradientTape (each allreduce while the backward pass goes on): priced
+    overlapped by default; ``horovod:grouped=true`` and ``horovod:elastic=true`` (one grouped allreduce after
+    the backward pass) are not, unless --overlap forces it."""
+    from hvdkit.advise.model import Options
+    from hvdkit.advise.predict import predict_variant, priced
+    for text in ("horovod", "horovod:compression=fp16", "horovod-hier"):
+        assert priced(text).overlaps, text
+    for text in ("horovod:grouped=true", "horovod:elastic=true", "ring", "ps-sync", "tf-multiworker"):
+        assert not priced(text).overlaps, text
+    wl = check._workload(published.ROWS[2])                       # VGG-16, a communication-heavy model
+    cl = presets.parse_cluster("16x4:pcie,10gbit")
+    tape, grouped = (predict_variant(v, wl, cl).step_s for v in ("horovod", "horovod:grouped=true"))
+    assert tape < grouped
+    assert tape == predict_variant("horovod:grouped=true", wl, cl, Options(overlap=True)).step_s
