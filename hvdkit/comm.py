@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import socket
 import sys
 import time
@@ -334,11 +335,37 @@ def poll(test, deadline: float | None, what: str, yield_s: float = YIELD_S) -> N
 _TAG = 0x7FD1  # MPI tag of the set-up exchange (never used on a training path)
 
 
-def free_port() -> int:
-    """A TCP port that was free on this host a moment ago (bind to port 0, read it, close).
+def _ephemeral_range(path: str = "/proc/sys/net/ipv4/ip_local_port_range") -> tuple[int, int]:
+    """The kernel's ephemeral port range (the ports ``bind(0)`` and outgoing connections take):
+    Linux's setting, else IANA's dynamic range 49152-65535."""
+    try:
+        with open(path) as fh:
+            low, high = (int(x) for x in fh.read().split())
+        return low, high
+    except (OSError, ValueError):
+        return 49152, 65535
 
-    Another process may take it before TensorFlow binds it; the window is milliseconds.
+
+def free_port(tries: int = 64) -> int:
+    """A TCP port that was free on this host a moment ago, for a server TensorFlow binds later.
+
+    Drawn at random below the kernel's ephemeral range (:func:`_ephemeral_range`, from 10000): a
+    port there is never handed to an outgoing connection or a ``bind(0)``, so the many sockets other
+    jobs on a busy host open cannot take it between this check and TensorFlow's bind, which a port
+    from ``bind(0)`` (itself ephemeral) risks. Falls back to ``bind(0)`` when ``tries`` random ports
+    are all taken or the range below is empty. Another process that binds the same fixed port in
+    the window (milliseconds) still wins it; TensorFlow then says ``Address already in use``.
     """
+    low = _ephemeral_range()[0]
+    for _ in range(tries if low > 10000 else 0):
+        port = random.SystemRandom().randrange(10000, low)
+        with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind(("", port))
+            except OSError:
+                continue
+            return port
     with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         s.bind(("", 0))

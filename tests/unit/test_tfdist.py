@@ -51,3 +51,26 @@ def test_tf_ps_refuses_a_world_without_room_for_a_worker(size, k):
 def test_exchange_and_free_port_at_world_size_1():
     assert exchange(MPI.COMM_SELF, ("h", 1)) == [("h", 1)]
     assert 0 < free_port() < 65536
+
+
+def test_free_port_lies_below_the_ephemeral_range_and_is_free(monkeypatch):
+    # a port from bind(0) is ephemeral: any socket another job opens may take it before TensorFlow binds
+    import socket
+
+    import hvdkit.comm as comm
+    low = comm._ephemeral_range()[0]
+    for _ in range(20):
+        port = free_port()
+        assert (10000 <= port < low) if low > 10000 else 0 < port < 65536
+        with socket.socket() as s:   # free: it binds again at once
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind(("", port))
+    monkeypatch.setattr(comm, "_ephemeral_range", lambda: (1024, 65535))   # nothing below: bind(0)
+    assert 0 < free_port() < 65536
+
+
+def test_ephemeral_range_reads_the_kernels_setting(tmp_path):
+    import hvdkit.comm as comm
+    (tmp_path / "r").write_text("40000\t50000\n")
+    assert comm._ephemeral_range(str(tmp_path / "r")) == (40000, 50000)
+    assert comm._ephemeral_range(str(tmp_path / "missing")) == (49152, 65535)
