@@ -56,7 +56,7 @@ one-link        ``--mca btl_tcp_links 1``: Open MPI's default of one TCP connect
 ``compression`` in the JSON (and a table on stdout): per config, rate, size >= 4 MiB and pair
 (float32 method, its ``compression=fp16`` row from the same launch), the gain in busbw-equivalent
 (float32 bytes / time): median and IQR of the per-round ratios (round i of both ran one after
-the other) and the ratio of the median times (:func:`hvdkit.bench._collective_report.compression_gains`).
+the other) and the ratio of the median times (:func:`hvdkit.bench.report.collective_tables.compression_gains`).
 
 Rows become ``METHOD[LABEL]`` (the variant's label; none for main). Outputs in ``--out-dir``
 (default ``results/cluster-<YYYY-MM-DD-HHMMSS>``): one ``<config>_<rate>_<variant>_<i>.json``
@@ -87,14 +87,14 @@ from datetime import datetime
 
 import numpy as np
 
-from hvdkit.bench._collective_report import compression_gains, print_gains
+from hvdkit.bench.report.collective_tables import compression_gains, print_gains, print_summary
 from hvdkit.bench._common import host_meta, launch, log
 from hvdkit.cliparse import Parser, print_error
 from hvdkit.collectives.names import canonical_doc
 from hvdkit.errors import UsageError
 from hvdkit.results import write_json
 
-__all__ = ["VARIANTS", "main", "build_parser", "parse_configs", "sweep", "merge_rows", "summarize", "plot"]
+__all__ = ["VARIANTS", "main", "build_parser", "parse_configs", "sweep", "merge_rows", "summarize"]
 
 _RING = ("--mca", "coll_tuned_use_dynamic_rules", "1", "--mca", "coll_tuned_allreduce_algorithm", "4")
 _COLOCATED = "ps-sync:ps_colocated=true"
@@ -363,61 +363,12 @@ def summarize(rows: list[dict], min_bytes: int = 4 << 20) -> list[dict]:
     return out
 
 
-def _print_summary(summary: list[dict], min_bytes: int) -> None:
-    print(f"# per config, rate, method: median over sizes >= {min_bytes >> 20} MiB and launches [min, max]")
-    a2a = any(d.get("a2a_frac") is not None for d in summary)
-    print(f"# {'config':<6} {'rate':<8} {'method':<22} {'n':>3}  {'busbw/link':<22} {'busbw/ring pattern':<22} "
-          + (f"{'busbw/all-to-all':<22} " if a2a else "") + f"{'time/predicted':<22}")
-    f = (lambda d, k: "-" if d.get(k) is None else f"{d[k]:.3f} [{d[k + '_min']:.3f}, {d[k + '_max']:.3f}]")
-    for d in summary:
-        print(f"  {d['config']:<6} {d['rate'] or '-':<8} {d['method']:<22} {d['n']:>3}  {f(d, 'link_frac'):<22} "
-              f"{f(d, 'ring_frac'):<22} " + (f"{f(d, 'a2a_frac'):<22} " if a2a else "") + f"{f(d, 'vs_pred'):<22}")
-
-
 def _write_csv(path: str, rows: list[dict]) -> None:
     with open(path, "w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=CSV_FIELDS, extrasaction="ignore")
         w.writeheader()
         for r in rows:
             w.writerow({k: ("" if r.get(k) is None else r.get(k)) for k in CSV_FIELDS})
-
-
-def plot(rows: list[dict], out: str) -> list[str]:
-    """``busbw_<config>_<rate>.png`` per (config, rate): busbw (GB/s) vs size per method
-    (median over repeated launches), log-log, the probed link dashed. Returns the paths."""
-    from hvdkit.bench.report.figures import colors as _colors, human_bytes as _human_bytes, plt, save_figure as _save
-
-    paths = []
-    for cfg, rate in dict.fromkeys((r["config"], r["rate"]) for r in rows):
-        sub = [r for r in rows if (r["config"], r["rate"]) == (cfg, rate) and r.get("busbw_GBps")]
-        if not sub:
-            continue
-        fig, ax = plt.subplots(figsize=(7.0, 4.8))
-        base = (lambda m: m.split("[")[0])   # colour: the method; line style: the launch variant
-        colors = _colors([base(r["method"]) for r in sub])
-        labels = list(dict.fromkeys(m.partition("[")[2] for m in (r["method"] for r in sub)))
-        styles = ["-", "--", ":", "-.", (0, (5, 1)), (0, (1, 3))]
-        for m in dict.fromkeys(r["method"] for r in sub):
-            sizes = sorted({r["bytes"] for r in sub if r["method"] == m})
-            ys = [float(np.median([r["busbw_GBps"] for r in sub if r["method"] == m and r["bytes"] == b]))
-                  for b in sizes]
-            ax.plot(sizes, ys, marker="o", ms=3, label=m, color=colors[base(m)],
-                    ls=styles[labels.index(m.partition("[")[2]) % len(styles)])
-        link = sub[0].get("link_Bps")
-        if link:
-            ax.axhline(link / 1e9, ls="--", color="grey", lw=1, label=f"probed link {link * 8 / 1e9:.2f} Gbit/s")
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ticks = sorted({r["bytes"] for r in sub})
-        ax.set_xticks(ticks)
-        ax.set_xticklabels([_human_bytes(t) for t in ticks], rotation=45, fontsize=7)
-        ax.set_xlabel("message size per rank")
-        ax.set_ylabel("busbw (GB/s)")
-        ax.set_title(f"{cfg} (hosts x ranks) on {rate or 'the hosts'} links")
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=7, ncol=2)
-        paths.append(_save(fig, os.path.join(out, f"busbw_{cfg}_{rate or 'hosts'}.png")))
-    return paths
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m hvdkit.bench.cluster_collectives") -> int:
@@ -508,14 +459,16 @@ def _merged(paths: list[str]) -> tuple[dict, list, list]:
 def _finish(out: str, meta: dict, launches: list, rows: list, no_plot: bool) -> int:
     ok = bool(launches) and all(x["status"] == "OK" for x in launches) and all(r["wrong"] == 0 for r in rows)
     summary = summarize(rows)
-    _print_summary(summary, 4 << 20)
+    print_summary(summary, 4 << 20)
     gains = compression_gains(rows)
     print_gains(gains)
     write_json(os.path.join(out, "cluster_collectives.json"), {"meta": meta, "launches": launches, "rows": rows,
                                                                "summary": summary, "compression": gains, "ok": ok})
     _write_csv(os.path.join(out, "cluster_collectives.csv"), rows)
     if not no_plot and rows:
-        for p in plot(rows, out):
+        from hvdkit.bench.report.figures import plot_cluster   # matplotlib: only when drawing
+
+        for p in plot_cluster(rows, out):
             log(f"cluster_collectives: wrote {p}")
     log(f"cluster_collectives: {len(launches)} launches, {len(rows)} rows -> {out}")
     print("OK" if ok else "FAILED")

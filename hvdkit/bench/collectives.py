@@ -119,7 +119,7 @@ from hvdkit import costs
 from hvdkit.cliparse import Parser, print_error
 from hvdkit.errors import UsageError
 from hvdkit.bench._collective_methods import METHODS, OPT_IN, HorovodWorld, MPIWorld
-from hvdkit.bench._collective_report import format_row, header, ratios as ratio_table
+from hvdkit.bench.report.collective_tables import format_row, header, ratios as ratio_table
 from hvdkit.bench._common import boot_id, quartiles
 
 __all__ = ["METHODS", "main", "parse_size", "build_parser", "default_methods", "merge_apart"]

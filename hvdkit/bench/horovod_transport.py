@@ -9,7 +9,7 @@ alternated transport by transport: ``hvdkit train --strategy horovod`` through `
 (horovodrun's Gloo: the only launch where hvdkit's trainer runs Horovod over Gloo), each model in
 turn, into ``OUT/train-{mpi,gloo}-MODEL-rR/``; then ``hvdkit.bench.collectives --methods horovod``
 under ``hvdkit launch`` and under ``horovodrun --gloo`` into ``OUT/coll-{mpi,gloo}-rR.json``. This
-module reads them back into one document (``--json``) whose table :mod:`hvdkit.bench.figures` writes:
+module reads them back into one document (``--json``) whose table :mod:`hvdkit.bench.report.reference` writes:
 per model the training step (ms) and samples/s of each transport, median [min-max] over the
 launches, and the ratio of the medians; per size the allreduce's time and busbw over the ring
 pattern's probed rate (``OUT/cluster.json``, the cluster's probe).

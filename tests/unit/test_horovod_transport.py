@@ -47,15 +47,15 @@ def test_collect_reads_every_launch(tmp_path):
 
 
 def test_the_table_gives_each_transport_its_spread_and_the_ratio(tmp_path):
-    from hvdkit.bench import figures
+    from hvdkit.bench.report import reference
 
     doc = ht.collect(str(_out(tmp_path)))
-    text = figures.render("horovod_transport.json", doc)
+    text = reference.render("horovod_transport.json", doc)
     # cnn: MPI 115.0 [110.0-120.0], Gloo 45.0 [40.0-50.0], the ratio of the medians 2.56
     assert "115.0 [110.0-120.0]" in text and "45.0 [40.0-50.0]" in text and "| 2.56 |" in text
     # 16 MiB: Gloo's busbw 2 x 3/4 x 16 MiB / 0.18 s = 0.140 GB/s over the ring pattern's 0.12 GB/s: 1.17
     assert "| 16 MiB | 4 |" in text and "1.17" in text
-    assert figures.generator_for(doc).name == "horovod_transport"
+    assert reference.generator_for(doc).name == "horovod_transport"
 
 
 def test_an_empty_directory_is_one_clear_error(tmp_path, capsys):
@@ -65,12 +65,12 @@ def test_an_empty_directory_is_one_clear_error(tmp_path, capsys):
 
 
 def test_a_model_only_one_transport_measured_is_shown_not_dropped(tmp_path):
-    from hvdkit.bench import figures
+    from hvdkit.bench.report import reference
 
     out = _out(tmp_path)
     _train(out / "train-mpi-mlp-wide-r1", 0.7, 0.1, 180)          # its Gloo launch failed: no results.json
     (out / "train-gloo-mlp-wide-r1").mkdir()
-    text = figures.render("horovod_transport.json", ht.collect(str(out)))
+    text = reference.render("horovod_transport.json", ht.collect(str(out)))
     row = next(ln for ln in text.splitlines() if ln.startswith("| mlp-wide |"))
     assert "700.0 [700.0-700.0]" in row and row.count("| - |") >= 3 and row.rstrip().endswith("| 1 / 0 |"), row
     assert "| 2 / 2 |" in text                                    # cnn: both transports, 2 launches each

@@ -2,7 +2,7 @@
 import pytest
 
 from hvdkit.bench import cli, peer
-from hvdkit.bench.figures import generator_for, render
+from hvdkit.bench.report.reference import generator_for, render
 
 
 @pytest.mark.parametrize("args,words", [

@@ -70,7 +70,7 @@ def test_cluster_collectives_rows_carry_the_share():
 def test_cluster_collectives_summary_says_whether_the_cpu_quota_bound_it():
     """Each rank's CPU during its rounds (hvdkit.bench.collectives' ``cpu``) over its host's quota,
     summarised per method over ranks and rows, and shown in the report's summary."""
-    from hvdkit.bench._collective_report import cluster_blocks
+    from hvdkit.bench.report.collective_tables import cluster_blocks
     from hvdkit.bench.cluster_collectives import merge_rows, summarize
     from hvdkit.bench.report.document import Document
 

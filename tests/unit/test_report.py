@@ -302,7 +302,7 @@ def _with_straggler(doc: dict) -> dict:
 
 
 def test_plot_all_writes_every_suite_png_from_the_report_figures(tmp_path):
-    from hvdkit.bench import plots
+    from hvdkit.bench.report import plots
     from hvdkit.bench.report import figures
 
     (tmp_path / "t.json").write_text(json.dumps(_with_straggler(_doc())))

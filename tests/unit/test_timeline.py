@@ -211,7 +211,7 @@ def _trace_of_two_ranks():
 def test_plot_timeline(tmp_path):
     """Shares per step sum to 1 (other = the rest of the step); a server row gets its busy share;
     the PNG is written; bad input is one line and status 2."""
-    from hvdkit.bench.plot_timeline import main, phase_shares
+    from hvdkit.bench.report.timeline import main, phase_shares
 
     doc = _trace_of_two_ranks()
     sh = phase_shares(doc)

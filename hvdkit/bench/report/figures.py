@@ -3,7 +3,8 @@
 The one home of the pictures of the JSON files: the decision report embeds them
 (:mod:`hvdkit.bench.report.writer`, ``report-*.png``), :func:`plot_all` writes them as the
 suite's PNG files (``busbw.png``, ``throughput.png``, ``step_split.png``, ``accuracy.png``,
-``staleness.png``; also ``hvdkit-bench plots``, :mod:`hvdkit.bench.plots`).
+``staleness.png``; also ``hvdkit-bench plots``, :mod:`hvdkit.bench.report.plots`), and
+:func:`plot_cluster` the cluster collectives' ``busbw_<config>_<rate>.png``.
 
 Helpers: :func:`colors` (one tab10 colour per key, stable in order of first appearance),
 :func:`human_bytes`, :func:`save_figure` (a PNG file), :func:`png_bytes` (the PNG in memory),
@@ -31,7 +32,7 @@ from hvdkit.collectives.names import canonical_doc  # noqa: E402
 
 __all__ = ["DPI", "plt", "colors", "human_bytes", "save_figure", "png_bytes", "busbw_axes", "scaling_figure",
            "split_figure", "accuracy_figure", "staleness_figure", "busbw_figure", "condition_style", "plot_all",
-           "PHASES", "PNG_NAMES"]
+           "PHASES", "PNG_NAMES", "plot_cluster"]
 
 DPI = 110
 #: (summary key, legend label, colour) of the step-time split, bottom to top
@@ -324,3 +325,42 @@ def plot_all(out_dir: str, collectives: Sequence[str | Mapping] = (), training: 
                  ("accuracy.png", accuracy_figure(d.get("rows", []), d.get("target_accuracy"))),
                  ("staleness.png", staleness_figure(d.get("summary", [])))]
     return [save_figure(fig, os.path.join(out_dir, name)) for name, fig in figs if fig is not None]
+
+
+def plot_cluster(rows: Sequence[Mapping], out: str) -> list[str]:
+    """``busbw_<config>_<rate>.png`` per (config, rate): busbw (GB/s) vs size per method
+    (median over repeated launches), log-log, the probed link dashed, of
+    :mod:`hvdkit.bench.cluster_collectives`' rows. Returns the paths."""
+    import numpy as np
+
+    paths = []
+    for cfg, rate in dict.fromkeys((r["config"], r["rate"]) for r in rows):
+        sub = [r for r in rows if (r["config"], r["rate"]) == (cfg, rate) and r.get("busbw_GBps")]
+        if not sub:
+            continue
+        fig, ax = plt.subplots(figsize=(7.0, 4.8))
+        base = (lambda m: m.split("[")[0])   # colour: the method; line style: the launch variant
+        palette = colors([base(r["method"]) for r in sub])
+        labels = list(dict.fromkeys(m.partition("[")[2] for m in (r["method"] for r in sub)))
+        styles = ["-", "--", ":", "-.", (0, (5, 1)), (0, (1, 3))]
+        for m in dict.fromkeys(r["method"] for r in sub):
+            sizes = sorted({r["bytes"] for r in sub if r["method"] == m})
+            ys = [float(np.median([r["busbw_GBps"] for r in sub if r["method"] == m and r["bytes"] == b]))
+                  for b in sizes]
+            ax.plot(sizes, ys, marker="o", ms=3, label=m, color=palette[base(m)],
+                    ls=styles[labels.index(m.partition("[")[2]) % len(styles)])
+        link = sub[0].get("link_Bps")
+        if link:
+            ax.axhline(link / 1e9, ls="--", color="grey", lw=1, label=f"probed link {link * 8 / 1e9:.2f} Gbit/s")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ticks = sorted({r["bytes"] for r in sub})
+        ax.set_xticks(ticks)
+        ax.set_xticklabels([human_bytes(t) for t in ticks], rotation=45, fontsize=7)
+        ax.set_xlabel("message size per rank")
+        ax.set_ylabel("busbw (GB/s)")
+        ax.set_title(f"{cfg} (hosts x ranks) on {rate or 'the hosts'} links")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7, ncol=2)
+        paths.append(save_figure(fig, os.path.join(out, f"busbw_{cfg}_{rate or 'hosts'}.png")))
+    return paths

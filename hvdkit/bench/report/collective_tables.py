@@ -1,5 +1,5 @@
 """What :mod:`hvdkit.bench.collectives` prints: its header and rows, and the ratios with their intervals;
-and the compression gains :mod:`hvdkit.bench.cluster_collectives` reports. :func:`collectives_blocks`
+and the summary and compression gains :mod:`hvdkit.bench.cluster_collectives` prints. :func:`collectives_blocks`
 and :func:`cluster_blocks` are the same figures as markdown tables (``hvdkit-bench figures``)."""
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from hvdkit.bench._collective_methods import METHODS, ratio_pairs
 from hvdkit.bench._common import paired_ratio_ci
 from hvdkit.collectives.names import canonical_doc
 
-__all__ = ["PAIRS", "header", "format_row", "ratios", "compression_gains", "print_gains", "collectives_blocks",
-           "cluster_blocks"]
+__all__ = ["PAIRS", "header", "format_row", "ratios", "compression_gains", "print_gains", "print_summary",
+           "collectives_blocks", "cluster_blocks"]
 
 
 def header(out, meta: dict, hosts: list, link: dict | None, w: int) -> list[int]:
@@ -149,6 +149,19 @@ def print_gains(gains: list[dict]) -> None:
         print(f"  {g['config']:<6} {g['rate'] or '-':<8} {g['bytes'] >> 20:>4} MiB  {g['compressed']:<42} vs "
               f"{g['method']:<26} {g['gain']:.2f}x [{g['gain_p25']:.2f}, {g['gain_p75']:.2f}]  "
               f"(ratio of medians {g['ratio_of_medians']:.2f}, {g['rounds']} rounds)")
+
+
+def print_summary(summary: list[dict], min_bytes: int) -> None:
+    """Print :func:`hvdkit.bench.cluster_collectives.summarize`'s summary as a table, the median over sizes
+    >= ``min_bytes`` and launches [min, max] per config, rate and method."""
+    print(f"# per config, rate, method: median over sizes >= {min_bytes >> 20} MiB and launches [min, max]")
+    a2a = any(d.get("a2a_frac") is not None for d in summary)
+    print(f"# {'config':<6} {'rate':<8} {'method':<22} {'n':>3}  {'busbw/link':<22} {'busbw/ring pattern':<22} "
+          + (f"{'busbw/all-to-all':<22} " if a2a else "") + f"{'time/predicted':<22}")
+    f = (lambda d, k: "-" if d.get(k) is None else f"{d[k]:.3f} [{d[k + '_min']:.3f}, {d[k + '_max']:.3f}]")
+    for d in summary:
+        print(f"  {d['config']:<6} {d['rate'] or '-':<8} {d['method']:<22} {d['n']:>3}  {f(d, 'link_frac'):<22} "
+              f"{f(d, 'ring_frac'):<22} " + (f"{f(d, 'a2a_frac'):<22} " if a2a else "") + f"{f(d, 'vs_pred'):<22}")
 
 
 def _iqr_text(med: float | None, lo: float | None, hi: float | None, spec: str) -> str:

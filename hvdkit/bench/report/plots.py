@@ -3,7 +3,7 @@
 The pictures themselves are drawn by :mod:`hvdkit.bench.report.figures`, the one home of every
 benchmark plot; this module only reads the files and names the PNGs::
 
-    python -m hvdkit.bench.plots --collectives c2.json c4.json --training DIR/training.json --out-dir DIR
+    python -m hvdkit.bench.report.plots --collectives c2.json c4.json --training DIR/training.json --out-dir DIR
 
 Writes ``busbw.png`` (busbw vs message size per method, one panel per collectives JSON),
 ``throughput.png`` (samples/s and scaling efficiency vs workers), ``step_split.png`` (the

@@ -1,7 +1,7 @@
 """Markdown tables of the measurements whose benchmark has no table of its own in :mod:`hvdkit.bench`.
 
 Each function takes one committed JSON document (``benchmarks/reference/*.json``) and returns
-:mod:`hvdkit.bench.report.document` blocks; :mod:`hvdkit.bench.figures` adds the caption and
+:mod:`hvdkit.bench.report.document` blocks; :mod:`hvdkit.bench.report.reference` adds the caption and
 writes them. Here: the training benchmark (through the decision report's sections), the recovery
 measurements of ``tests/cluster/elastic_kill.py`` and ``tests/cluster/restart_kill.py`` (which live
 with the cluster tests, outside the package),
