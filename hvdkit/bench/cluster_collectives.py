@@ -333,13 +333,15 @@ def _one_place(a, config: str | None, rate: str | None, flags: argparse.Namespac
 
 
 def summarize(rows: list[dict], min_bytes: int = 4 << 20) -> list[dict]:
-    """Per (config, rate, method): the median over sizes >= ``min_bytes`` (and over repeated
-    launches) of busbw / probed link (``link_frac``), of busbw / probed ring-pattern rate
-    (``ring_frac``), of busbw / probed all-to-all rate (``a2a_frac``) and of measured / predicted time (``vs_pred``; the alpha-beta model of
-    :mod:`hvdkit.costs`), with their min and max over those rows; over those rows' ranks, whether the
-    CPU share bounds them: ``cpu_quota`` (the CPU cores a rank's process used during its rounds /
-    its host's quota, ``cpus_per_host``: near 1, the CPU share is the bound). Returns a list of dicts
-    (config, rate, method, n, then K, K_min, K_max for K in link_frac, ring_frac, a2a_frac, vs_pred, cpu_quota);
+    """cluster_collectives.json's ``summary``: as every benchmark's ``summarize``, the document's rows
+    grouped, each figure's median with its min and max. Per (config, rate, method): the median over
+    sizes >= ``min_bytes`` (and over repeated launches) of busbw / probed link (``link_frac``), of
+    busbw / probed ring-pattern rate (``ring_frac``), of busbw / probed all-to-all rate (``a2a_frac``)
+    and of measured / predicted time (``vs_pred``; the alpha-beta model of :mod:`hvdkit.costs`), with
+    their min and max over those rows; over those rows' ranks, whether the CPU share bounds them:
+    ``cpu_quota`` (the CPU cores a rank's process used during its rounds / its host's quota,
+    ``cpus_per_host``: near 1, the CPU share is the bound). Returns a list of dicts (config, rate,
+    method, n, then K, K_min, K_max for K in link_frac, ring_frac, a2a_frac, vs_pred, cpu_quota);
     None where a value is missing (no quota: no cpu_quota)."""
     groups: dict[tuple, list[dict]] = {}
     for r in rows:

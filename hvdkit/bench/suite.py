@@ -62,7 +62,7 @@ from hvdkit.collectives.names import canonical_doc
 from hvdkit.errors import UsageError
 from hvdkit.results import write_json
 
-__all__ = ["main", "build_parser", "summarize", "default_nps", "STEPS"]
+__all__ = ["main", "build_parser", "key_figures", "default_nps", "STEPS"]
 
 PROG = "hvdkit-bench suite"
 STEPS = ("collectives", "training", "convergence", "report")
@@ -359,7 +359,7 @@ def _run(a, out: str, place, nps: list[int], skip: set[str], plans: dict, argv: 
                         "files": []})
     meta["loadavg_after"] = host_meta()["loadavg"]
     meta["seconds"] = round(s.elapsed(), 1)
-    summary = summarize(out, meta, s.steps)
+    summary = key_figures(out, meta, s.steps)
     with open(os.path.join(out, "summary.md"), "w") as fh:
         fh.write(summary["markdown"])
     measured = [st for st in s.steps if st["step"] not in ("report", "plots")]
@@ -394,8 +394,8 @@ def _load(path: str) -> Any:
         return None
 
 
-def summarize(out: str, meta: dict, steps: list[dict]) -> dict:
-    """The key figures of whatever the suite produced in ``out``, as figures and markdown.
+def key_figures(out: str, meta: dict, steps: list[dict]) -> dict:
+    """The key figures of whatever the suite produced in ``out``, as figures and markdown (summary.md).
 
     Returns:
         ``{"figures": {name: value}, "markdown": str}``; a figure whose inputs are

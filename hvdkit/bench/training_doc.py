@@ -125,10 +125,12 @@ def _stat(values: Iterable[Any]) -> dict | None:
 
 
 def summarize(rows: Sequence[dict], cells: Sequence[Cell] | None = None) -> list[dict]:
-    """One summary per cell (variant, model, workers, straggler, measure) with rows: ``n`` OK rounds,
-    ``failed`` rounds, status ``OK`` (no round failed) or ``FAILED``, and {"median", "min", "max"}
-    over the OK rounds of every figure of :data:`STATS` (None where no OK round has it), plus
-    ``efficiency`` (module docstring). Ordered as ``cells`` (then first appearance)."""
+    """training.json's ``summary``: as every benchmark's ``summarize``, the document's rows grouped, each
+    figure's median with its min and max. One entry per cell (variant, model, workers, straggler,
+    measure) with rows: ``n`` OK rounds, ``failed`` rounds, status ``OK`` (no round failed) or
+    ``FAILED``, and {"median", "min", "max"} over the OK rounds of every figure of :data:`STATS`
+    (None where no OK round has it), plus ``efficiency`` (module docstring). Ordered as ``cells``
+    (then first appearance)."""
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
         groups.setdefault((r.get("measure", "throughput"), r["variant"], r["model"], r["workers"], r["straggler"]),

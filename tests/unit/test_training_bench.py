@@ -369,7 +369,7 @@ def test_suite_usage_errors_and_summary_from_training_json(tmp_path, monkeypatch
     plan, out = _args(tmp_path, "--variants", "horovod", "--workers", "1,2", "--repeats", "1")
     training.run(plan, FakePlace())
     meta = {"date": "d", "host": "h", "cores": 2, "loadavg": [0, 0, 0], "place": {"kind": "local", "hosts": []}}
-    got = suite.summarize(out, meta, [{"step": "training", "status": "OK", "seconds": 1.0}])
+    got = suite.key_figures(out, meta, [{"step": "training", "status": "OK", "seconds": 1.0}])
     assert got["figures"] == {"scaling efficiency cnn/horovod, 2 workers, straggler none": pytest.approx(1.0)}
     assert "| training | OK | 1 |" in got["markdown"]
 
