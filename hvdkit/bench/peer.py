@@ -1,12 +1,16 @@
 """``hvdkit-bench peer``: each hvdkit row beside a bare loop of the same library, as its users write it.
 
     hvdkit-bench peer                                          # horovod, horovod:grouped=true; mlp, 2 ranks
+    hvdkit-bench peer --rows tf-multiworker                    # beside TensorFlow's own loop
     hvdkit-bench peer --model cnn --rounds 5 --json benchmarks/reference/peer_horovod.json
 
 The bare loop of Horovod is :mod:`hvdkit.bench.bare_horovod` ``--as-example``, the pattern of
 Horovod's ``examples/tensorflow2/tensorflow2_synthetic_benchmark.py``: a constant synthetic batch,
 one compiled step with ``hvd.DistributedGradientTape``, variables broadcast after the first step,
-TensorFlow imported plainly and (``--threads 0``) left at its own thread pools. The hvdkit side is
+TensorFlow imported plainly and (``--threads 0``) left at its own thread pools. The bare loop of
+TensorFlow's MultiWorkerMirroredStrategy is :mod:`hvdkit.bench.bare_tfmw` ``--as-example``, the custom
+training loop of TensorFlow's multi-worker guide (``strategy.run`` in one ``tf.function``, as the
+tf-multiworker row steps), on the same constant input. The hvdkit side is
 ``hvdkit train --strategy ROW --dataset synthetic`` as the training benchmark runs it
 (:mod:`hvdkit.bench.jobs`). Both get the same model (:func:`hvdkit.models.build_model`, same seed),
 batch per rank, ranks, K steps per timed epoch (iteration), timed epochs after one warm-up, and
@@ -41,9 +45,10 @@ __all__ = ["main", "build_parser", "measure", "blocks", "BARE_LOOPS", "TARGET"]
 PROG = "hvdkit-bench peer"
 
 #: the bare loop of each library a row runs on (the row's strategy name -> the loop's module)
-BARE_LOOPS = {"horovod": "hvdkit.bench.bare_horovod"}
+BARE_LOOPS = {"horovod": "hvdkit.bench.bare_horovod", "tf-multiworker": "hvdkit.bench.bare_tfmw"}
 
-#: the ratio a row should reach against its library's bare loop (issue 54: ">= 0.97x for horovod")
+#: the ratio a row should reach against its library's bare loop (issue 54: ">= 0.97x for horovod and
+#: tf-multiworker")
 TARGET = 0.97
 
 
