@@ -42,8 +42,9 @@ from hvdkit.launch.supervise import ENDING
 from hvdkit.lifecycle import preexec_die_with_parent
 from hvdkit.results import make_writable_dir
 
-__all__ = ["Job", "DriverSignal", "ending_signals", "mpirun_cmd", "cluster_mpirun_cmd", "launch", "load_results", "quartiles", "paired_ratio_ci", "format_table",
-           "parse_table", "host_meta", "boot_id", "meta_lines", "emit", "fmt", "log", "check_outputs"]
+__all__ = ["Job", "DriverSignal", "ending_signals", "mpirun_cmd", "cluster_mpirun_cmd", "launch", "job_env", "outside_mpi",
+           "load_results", "quartiles", "paired_ratio_ci", "format_table", "parse_table", "host_meta", "boot_id",
+           "meta_lines", "emit", "fmt", "log", "check_outputs"]
 
 
 def log(*parts: object) -> None:
@@ -176,12 +177,38 @@ def mpirun_cmd(np_: int, module: str, args: Sequence[str] = (), mpirun_args: Seq
     return local_command(np_, [sys.executable, "-m", module, *args], mpi_args=mpirun_args)
 
 
-def _env() -> dict[str, str]:
-    """The jobs' environment: this one, with this interpreter's bin/ first on PATH."""
-    e = dict(os.environ)
+#: variables that make a process an MPI process of its own, which Open MPI and PMIx set: an Open MPI singleton
+#: (a process that imported mpi4py without a launcher) sets them in its C environment (``os.environ`` does not
+#: show them; a child it starts inherits them), a launcher in each rank's. They say who the process is and
+#: where its PMIx server listens. An ``mpirun`` started under them exits 1 at once: under a singleton's
+#: without a word (``OMPI_MCA_ess=singleton`` does it alone), under a rank's "does not support recursive calls".
+#: A user's tuning (``OMPI_MCA_btl``, ``PMIX_MCA_gds``, ``OMPI_ALLOW_RUN_AS_ROOT``) is none of them.
+MPI_PROCESS_NAMES = frozenset({"OMPI_MCA_ess", "OMPI_MCA_pmix", "OMPI_APP_CTX_NUM_PROCS", "OMPI_NUM_APP_CTX",
+                               "OMPI_FIRST_RANKS", "OMPI_UNIVERSE_SIZE", "OMPI_ARGV", "OMPI_COMMAND",
+                               "OMPI_FILE_LOCATION", "ORTE_SCHIZO_DETECTION"})
+#: prefixes of such variables (:data:`MPI_PROCESS_NAMES`); ``PMIX_MCA_*`` (PMIx's tuning) excepted
+MPI_PROCESS_PREFIXES = ("OMPI_COMM_WORLD_", "OMPI_MCA_orte_", "OMPI_MCA_ess_base_", "PMIX_")
+
+
+def outside_mpi(environ: Mapping[str, str]) -> dict[str, str]:
+    """``environ`` without what made its process an MPI process of its own (:data:`MPI_PROCESS_NAMES`,
+    :data:`MPI_PROCESS_PREFIXES`): the environment to start an MPI launcher in. Pure."""
+    return {k: v for k, v in environ.items()
+            if not (k in MPI_PROCESS_NAMES or (k.startswith(MPI_PROCESS_PREFIXES) and not k.startswith("PMIX_MCA_")))}
+
+
+def job_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """The environment of a job started from a process whose environment is ``environ``: :func:`outside_mpi`
+    of it, ``TF_CPP_MIN_LOG_LEVEL=2`` unless set, and this interpreter's bin/ first on PATH. Pure."""
+    e = outside_mpi(environ)
     e.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     e["PATH"] = os.path.dirname(sys.executable) + os.pathsep + e.get("PATH", "")
     return e
+
+
+def _env() -> dict[str, str]:
+    """The jobs' environment: this one (:func:`job_env`)."""
+    return job_env(os.environ)
 
 
 def _end_group(p: subprocess.Popen) -> None:
@@ -206,9 +233,9 @@ def launch(cmd: Sequence[str], timeout: float, log_path: str | None = None) -> J
     If the caller dies (SIGKILL too), the MPI launcher gets SIGTERM (its parent-death signal) and
     the job's reaper ends every process of its session (:mod:`hvdkit.launch.reaper`). The combined output is
     also written to ``log_path`` when given. The job runs in
-    this process's working directory and environment (plus ``TF_CPP_MIN_LOG_LEVEL=2`` unless
-    set, and this interpreter's bin/ first on PATH), so its ranks import the same hvdkit and
-    relative paths mean the same to the job as to the driver.
+    this process's working directory and environment (:func:`job_env`: plus ``TF_CPP_MIN_LOG_LEVEL=2``
+    unless set, this interpreter's bin/ first on PATH, less an MPI singleton's or rank's own variables),
+    so its ranks import the same hvdkit and relative paths mean the same to the job as to the driver.
 
     Returns:
         A :class:`Job`; ``returncode`` is None when the timeout killed it.

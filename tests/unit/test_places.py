@@ -396,7 +396,7 @@ def test_the_suite_sbatch_template_renders_and_runs_the_suite_on_the_allocation(
 def test_collectives_run_across_the_hosts_given(fake_net, monkeypatch):
     from hvdkit.bench import cli
     ran = []
-    monkeypatch.setattr(cli.subprocess, "call", lambda cmd: ran.append(cmd) or 0)
+    monkeypatch.setattr(cli.subprocess, "call", lambda cmd, **kw: ran.append(cmd) or 0)
     assert cli.main(["collectives", "-np", "4", "--hosts", "h1:2,h2:2", "--", "--methods", "mpi,ring"]) == 0
     cmd = ran[0]
     assert cmd[1:5] == ["-np", "4", "-H", "h1:2,h2:2"] and "btl_tcp_if_include" in cmd
@@ -413,7 +413,7 @@ def test_collectives_run_across_the_hosts_given(fake_net, monkeypatch):
 ])
 def test_collectives_bad_place_is_one_line_status_2(fake_net, monkeypatch, capsys, argv, match):
     from hvdkit.bench import cli
-    monkeypatch.setattr(cli.subprocess, "call", lambda cmd: pytest.fail("a job ran"))
+    monkeypatch.setattr(cli.subprocess, "call", lambda cmd, **kw: pytest.fail("a job ran"))
     assert cli.main(["collectives", *argv]) == 2
     err = capsys.readouterr().err.strip()
     assert re.search(match, err) and len(err.splitlines()) == 1, err
