@@ -25,9 +25,9 @@ pytestmark = pytest.mark.parallel
 #: epochs: an orphan would train past any wait of the test)
 FLAGS = ["--epochs", "3", "--no-tensorboard", "--seed", "0"]
 #: a line of the job header; horovodrun prefixes each line with ``[1,0]<stdout>:`` (mpirun's --tag-output) or
-#: ``[0]<stdout>:`` (Gloo)
-RANK_PID = re.compile(r"(?:\[[\d,]+\]<stdout>:)?#\s+rank\s+(\d+)\s.*pid (\d+)")
-OUTPUT = re.compile(r"(?:\[[\d,]+\]<stdout>:)?# output")
+#: ``[0]<stdout>:`` (Gloo); Open MPI 5's (Debian 13) puts a space after the colon
+RANK_PID = re.compile(r"(?:\[[\d,]+\]<stdout>: ?)?#\s+rank\s+(\d+)\s.*pid (\d+)")
+OUTPUT = re.compile(r"(?:\[[\d,]+\]<stdout>: ?)?# output")
 
 
 class Job:
@@ -39,7 +39,9 @@ class Job:
         self.p = subprocess.Popen([os.path.join(VENV_BIN, "hvdkit-launch"), *ranks, *args], stdout=subprocess.PIPE,
                                   stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT, start_new_session=True)
         self.out, self.err = [], []
-        self.readers = [threading.Thread(target=lambda f, into: into.extend(f), args=(f, into), daemon=True)
+        # Open MPI 5's prterun writes a NUL byte to stderr as it exits, before the launcher's own last line
+        self.readers = [threading.Thread(target=lambda f, into: into.extend(ln.lstrip("\0") for ln in f), args=(f, into),
+                                         daemon=True)
                         for f, into in ((self.p.stdout, self.out), (self.p.stderr, self.err))]
         for t in self.readers:
             t.start()
