@@ -57,28 +57,64 @@ def _quota_v1(d: str) -> float | None:
     return q / p if q > 0 and p > 0 else None
 
 
-def cgroup_cpu_limit(proc_cgroup: str = "/proc/self/cgroup", root: str = "/sys/fs/cgroup") -> float | None:
+def _mount_roots(mountinfo: str) -> dict[str, str]:
+    """Mount point -> the part of its hierarchy mounted there (mountinfo's 4th field, proc(5)), for
+    every cgroup and cgroup2 mount; ``{}`` where ``mountinfo`` cannot be read."""
+    roots = {}
+    for line in (_read(mountinfo) or "").splitlines():
+        head, sep, tail = line.partition(" - ")
+        fields = head.split()
+        if sep and len(fields) >= 5 and tail.split()[:1] in (["cgroup"], ["cgroup2"]):
+            unescape = lambda f: f.replace("\\040", " ")   # noqa: E731  (mountinfo escapes a space)
+            roots[unescape(fields[4])] = unescape(fields[3])
+    return roots
+
+
+def _within(rel: str, mounted: str) -> str:
+    """``rel`` (a path of ``/proc/self/cgroup``, from its hierarchy's root) as seen below a mount of
+    the part ``mounted``: a container on cgroup v1 (no cgroup namespace) mounts its own group,
+    ``/docker/ID``, at ``/sys/fs/cgroup/cpu`` while its processes' paths still start with it."""
+    if mounted in ("", "/"):
+        return rel
+    if rel == mounted or rel.startswith(mounted.rstrip("/") + "/"):
+        return rel[len(mounted.rstrip("/")):] or "/"
+    return rel
+
+
+def cgroup_cpu_limit(proc_cgroup: str = "/proc/self/cgroup", root: str = "/sys/fs/cgroup",
+                     mountinfo: str = "/proc/self/mountinfo") -> float | None:
     """Cores this process's cgroups let it use (the smallest CFS quota over its cgroup and their
     ancestors, v2 and v1 both read), or None where no quota is set or none can be read.
+
+    A hierarchy mounted from a part of it (mountinfo's root field, as a container on cgroup v1
+    sees its own group) is read below that part: the container's own quota, at the mount's top,
+    and its groups'; the ancestors above it are not visible and not read.
 
     Args:
         proc_cgroup: the process's cgroup list (``/proc/self/cgroup``; tests give a file).
         root: where the cgroup file systems are mounted (``/sys/fs/cgroup``).
+        mountinfo: the process's mount list (``/proc/self/mountinfo``; tests give a file).
     """
     text = _read(proc_cgroup)
     if not text:
         return None
+    mounts = _mount_roots(mountinfo)
     limits = []
+
+    def read(base: str, rel: str, quota) -> None:
+        rel = _within(rel, mounts.get(os.path.realpath(base), mounts.get(base, "/")))
+        limits.extend(q for q in (quota(base + a) for a in _ancestors(rel)) if q is not None)
+
     for line in text.splitlines():
         _, controllers, rel = (line.split(":", 2) + ["", ""])[:3]
         if controllers == "":   # cgroup v2: one hierarchy at root (or root/unified beside v1)
             for base in (root, os.path.join(root, "unified")):
-                limits += [q for q in (_quota_v2(base + a) for a in _ancestors(rel)) if q is not None]
+                read(base, rel, _quota_v2)
         elif "cpu" in controllers.split(","):
             for name in _V1_DIRS:
                 base = os.path.join(root, name)
                 if os.path.isdir(base):
-                    limits += [q for q in (_quota_v1(base + a) for a in _ancestors(rel)) if q is not None]
+                    read(base, rel, _quota_v1)
                     break
     return min(limits) if limits else None
 

@@ -295,8 +295,11 @@ def mount_script(root: str = ROOT, mountinfo: str = "/proc/self/mountinfo") -> s
     processes can (:mod:`hvdkit.cpus`: hvdkit's ring chooses how to wait from it). Run inside that
     namespace before ``exec``, these commands restore the machine's view: a ``tmpfs`` at ``root``
     where the machine has one there, then every ``cgroup`` (v1, with its controllers or
-    ``name=``) and ``cgroup2`` mount below it. Mounts of a part of a hierarchy (a container's
-    view; mountinfo's root field not ``/``) are left out. ``""`` where nothing is found.
+    ``name=``) and ``cgroup2`` mount below it. A mount of a part of a hierarchy (a container's
+    view: mountinfo's root field ``/libpod_parent/libpod-ID``, ``/docker/ID``) is repeated as a
+    mount of the hierarchy, since a fresh ``mount -t cgroup`` shows the whole hierarchy (or, in a
+    cgroup namespace, the namespace's root): the same root ``/proc/self/cgroup`` names paths from,
+    so :mod:`hvdkit.cpus` finds the group. ``""`` where nothing is found.
 
     Raises:
         OSError: ``mountinfo`` cannot be read.
@@ -307,7 +310,7 @@ def mount_script(root: str = ROOT, mountinfo: str = "/proc/self/mountinfo") -> s
     for head, tail in lines:
         fields, (fstype, _, opts) = head.split(), (tail.split() + ["", "", ""])[:3]
         subtree, point = _unescape(fields[3]), _unescape(fields[4])
-        if subtree != "/" or not (point == root or point.startswith(root.rstrip("/") + "/")):
+        if not (point == root or point.startswith(root.rstrip("/") + "/")) or (subtree != "/" and fstype == "tmpfs"):
             continue
         keep = ",".join(o for o in opts.split(",") if o not in ("rw", "ro"))
         flag = f" -o {shlex.quote(keep)}" if keep else ""

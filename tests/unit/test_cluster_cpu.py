@@ -177,7 +177,7 @@ _PART = "30 23 0:26 /kubepods/pod1 /sys/fs/cgroup ro,nosuid - cgroup2 cgroup2 rw
               " && mkdir -p /sys/fs/cgroup/systemd && mount -t cgroup -o name=systemd cgroup /sys/fs/cgroup/systemd"
               " && mkdir -p /sys/fs/cgroup/unified && mount -t cgroup2 cgroup2 /sys/fs/cgroup/unified"),
     (_V2, "mount -t cgroup2 -o nsdelegate,memory_recursiveprot cgroup2 /sys/fs/cgroup"),
-    (_PART, ""),        # a part of a hierarchy is not the machine's view: nothing to repeat
+    (_PART, "mount -t cgroup2 cgroup2 /sys/fs/cgroup"),   # a container's part: a fresh mount shows /proc/self/cgroup's root
     ("31 23 0:28 / /sys/fs/cgroup rw shared:4 master:1 - cgroup2 cgroup2 rw\n",   # optional fields
      "mount -t cgroup2 cgroup2 /sys/fs/cgroup"),
     ("31 23 0:28 / /sys/fs/cgroup/my\\040cpu rw - cgroup cgroup rw,cpu\n",          # an escaped space

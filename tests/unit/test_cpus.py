@@ -79,3 +79,17 @@ def test_poll_without_a_yield_phase_goes_from_spinning_to_sleeping(monkeypatch):
     clock["t"] = 0.0
     with pytest.raises(TimeoutError, match="^late$"):
         C.poll(done_at(1.0), 0.01, "late", yield_s=C.SPIN_S)
+
+
+def test_a_containers_own_group_mounted_as_the_hierarchys_top(tmp_path):
+    # podman/docker on cgroup v1, no cgroup namespace: /proc/self/cgroup names the full path, while
+    # /sys/fs/cgroup/cpu holds only the container's group (mountinfo's root field)
+    cg, fs = _tree(tmp_path, "ctr", "4:cpu,cpuacct:/libpod_parent/libpod-ab12/hvdc-h1\n0::/\n", {
+        "cpu,cpuacct/cpu.cfs_quota_us": "150000", "cpu,cpuacct/cpu.cfs_period_us": "100000",   # the container's --cpus
+        "cpu,cpuacct/hvdc-h1/cpu.cfs_quota_us": "5000", "cpu,cpuacct/hvdc-h1/cpu.cfs_period_us": "10000"})
+    info = tmp_path / "mountinfo"
+    info.write_text(f"40 31 0:33 /libpod_parent/libpod-ab12 {fs}/cpu,cpuacct rw,nosuid - cgroup cgroup rw,cpu,cpuacct\n")
+    assert cgroup_cpu_limit(cg, fs, str(info)) == pytest.approx(0.5)
+    assert cgroup_cpu_limit(cg, fs, str(tmp_path / "none")) == pytest.approx(1.5)   # as a whole hierarchy: the group unseen
+    (tmp_path / "ctr" / "cgroup").write_text("4:cpu,cpuacct:/libpod_parent/libpod-ab12\n")
+    assert cgroup_cpu_limit(cg, fs, str(info)) == pytest.approx(1.5)   # the container's own quota
