@@ -66,7 +66,8 @@ _MODULE_COMMANDS = {"hvdkit.train": "train", "hvdkit.launch": "launch", "hvdkit.
                     "hvdkit.cluster.cli": "cluster", "hvdkit.advise": "advise", "hvdkit.advise.cli": "advise"}
 #: ``python -m MODULE`` forms with a parser of their own that are no subcommand's (the ``bench`` rows'
 #: modules are added by :func:`_module_parser`); internal ones are left out of :func:`leaf_parsers`
-_OTHER_MODULES = {"hvdkit.bench.bare_horovod": False, "hvdkit.examples.estimator_linear": False,
+_OTHER_MODULES = {"hvdkit.bench.bare_horovod": False, "hvdkit.bench.bare_tfmw": False,
+                  "hvdkit.examples.estimator_linear": False,
                   "hvdkit.cluster.probe": True}
 
 

@@ -439,7 +439,7 @@ def _resolve(path: str, json_path: str) -> str:
 
 def render_recorded(json_path: str, doc: dict | None = None) -> tuple[str, dict]:
     """:func:`render` of the inputs a committed check's JSON names (``inputs``, ``transport``,
-    ``at_scale``), the document keeping its ``reference`` block (:mod:`hvdkit.bench.figures` indexes
+    ``at_scale``), the document keeping its ``reference`` block (:mod:`hvdkit.bench.report.reference` indexes
     it); ``doc``: the parsed JSON (read from ``json_path`` when None).
 
     Raises:
@@ -486,7 +486,7 @@ def render(dirs: list[str], training_path: str, collectives_path: str, calibrati
     """``(markdown, document)``: the tables (held out, in sample, published) and the ``--json``
     document, from ``dirs`` (suite/training directories; ``transport``, ``at_scale``: the ``transport`` and
     ``scale`` of :func:`hvdkit.advise.measured.load`)
-    or, without them, the two files. Runs nothing; :mod:`hvdkit.bench.figures` regenerates advise_check.md
+    or, without them, the two files. Runs nothing; :mod:`hvdkit.bench.report.reference` regenerates advise_check.md
     through it.
 
     Raises:

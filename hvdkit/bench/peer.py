@@ -27,7 +27,7 @@ The hvdkit side also pays what a user of ``hvdkit train`` pays (per-step batch s
 loss and accuracy read back every step, epoch-end reductions); nothing of it is subtracted.
 
 Output: a table on stdout; ``--json FILE`` the measurement, and its table beside it (``FILE`` with
-``.md``: :mod:`hvdkit.bench.figures` renders it from the JSON). Exit status: 0 when every job ran,
+``.md``: :mod:`hvdkit.bench.report.reference` renders it from the JSON). Exit status: 0 when every job ran,
 1 when one failed (its round has no ratio), 2 on bad flags (one line).
 """
 from __future__ import annotations
@@ -177,7 +177,7 @@ def blocks(doc: dict) -> list:
 
 def caption(doc: dict) -> str:
     """``hvdkit-bench peer FLAGS``, DATE on HOST: the command and place of a document."""
-    from hvdkit.bench.figures import _where
+    from hvdkit.bench.report.reference import _where
     return f"`{doc['meta']['command']}`, {_where(doc['meta'])}"
 
 
@@ -217,7 +217,7 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
     ok = not doc["errors"]
     print("OK" if ok else "FAILED: " + "; ".join(doc["errors"]))
     if a.json:
-        from hvdkit.bench.figures import render, table_path
+        from hvdkit.bench.report.reference import render, table_path
         write_json(a.json, doc)
         atomic_write(table_path(a.json), render(a.json, doc).encode())
     return 0 if ok else 1

@@ -99,7 +99,7 @@ def test_leaf_parsers_cover_every_benchmark_and_cluster_subcommand_as_hvdkit_nam
     leaves = leaf_parsers()
     cluster = next(a for a in build_parser()._actions if a.choices and "up" in a.choices).choices
     want = {"train", "launch", "advise", "cluster", *(f"bench {b}" for b in BENCH), *(f"cluster {c}" for c in cluster),
-            "hvdkit.bench.bare_horovod", "hvdkit.examples.estimator_linear"}
+            "hvdkit.bench.bare_horovod", "hvdkit.bench.bare_tfmw", "hvdkit.examples.estimator_linear"}
     assert set(leaves) == want
     for key, p in leaves.items():
         if not key.startswith("hvdkit."):
