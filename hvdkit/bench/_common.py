@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import pwd
 import signal
 import socket
 import subprocess
@@ -199,9 +200,16 @@ def outside_mpi(environ: Mapping[str, str]) -> dict[str, str]:
 
 def job_env(environ: Mapping[str, str]) -> dict[str, str]:
     """The environment of a job started from a process whose environment is ``environ``: :func:`outside_mpi`
-    of it, ``TF_CPP_MIN_LOG_LEVEL=2`` unless set, and this interpreter's bin/ first on PATH. Pure."""
+    of it, ``TF_CPP_MIN_LOG_LEVEL=2`` unless set, ``HOME`` (this user's, from the password database) unless
+    set, and this interpreter's bin/ first on PATH. Pure but for that look-up.
+
+    Open MPI 5's ``mpirun`` refuses to start without ``HOME`` ("Unable to get the user home directory",
+    "Failed initializing opal: -1"), where Open MPI 4's starts: a driver run with a bare environment
+    (``env -i``, a service, a test harness) would see every job fail at once."""
     e = outside_mpi(environ)
     e.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    if "HOME" not in e:
+        e["HOME"] = pwd.getpwuid(os.getuid()).pw_dir
     e["PATH"] = os.path.dirname(sys.executable) + os.pathsep + e.get("PATH", "")
     return e
 

@@ -35,6 +35,14 @@ def test_a_singletons_and_a_ranks_variables_are_dropped_and_the_users_kept():
     assert e["TF_CPP_MIN_LOG_LEVEL"] == "2" and job_env({"TF_CPP_MIN_LOG_LEVEL": "0"})["TF_CPP_MIN_LOG_LEVEL"] == "0"
 
 
+def test_a_job_without_home_gets_this_users_from_the_password_database():
+    # Open MPI 5's mpirun exits 1 without HOME ("Failed initializing opal: -1"); a HOME given is kept
+    import pwd
+
+    assert job_env({"PATH": "/usr/bin"})["HOME"] == pwd.getpwuid(os.getuid()).pw_dir
+    assert job_env({"HOME": "/elsewhere"})["HOME"] == "/elsewhere"
+
+
 def test_a_job_does_not_see_them(tmp_path, monkeypatch):
     for k, v in {**SINGLETON, **USER}.items():
         if k != "PATH":
