@@ -187,9 +187,15 @@ class _Supervised:
 
     def pump(self) -> None:
         """Pass the job's stderr through, keeping its last 200 lines; hold horovodrun's traceback after a
-        stop passed to the ranks (shown at once if a rank's line follows it)."""
+        stop passed to the ranks (shown at once if a rank's line follows it). NUL characters are dropped:
+        Open MPI 5's launcher writes one at its exit, which glued itself to the launcher's next line
+        and made terminals, logs and ``grep`` see binary."""
         out, held = self.out, self.held
         for line in self.p.stderr:
+            if "\0" in line:
+                line = line.replace("\0", "")
+                if not line:
+                    continue
             out.lines.append(line)
             del out.lines[:-200]
             if held and line.startswith("["):   # a rank's line: what was held was not horovodrun's last words

@@ -268,6 +268,15 @@ def test_a_sigkilled_launcher_takes_a_tree_like_horovodruns_with_it():
         p.kill() if p.poll() is None else None
 
 
+def test_the_nul_open_mpi_5s_launcher_writes_at_its_exit_is_not_passed_on(capfd):
+    from hvdkit.launch.supervise import run_job
+
+    out = run_job(["/bin/sh", "-c", r"printf 'one\n\000' >&2; printf 't\000wo\n' >&2"], dict(os.environ),
+                  capture_stderr=True)
+    assert out.status == 0 and out.lines == ["one\n", "two\n"], out.lines
+    assert capfd.readouterr().err == "one\ntwo\n"
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the reaper reads /proc (Linux)")
 def test_a_job_that_ends_leaving_a_process_running_has_it_ended_and_the_reaper_exits(capfd):
     from hvdkit.launch.supervise import run_job
