@@ -38,7 +38,9 @@ Signals to ``hvdkit-launch`` (:data:`FORWARD`):
 The launcher's status is the job's; after an ending signal, 128 + that signal's number. Open MPI's
 mpirun ends with its own error code's low byte when it loses a host's daemon (205:
 ``ORTE_ERR_COMM_FAILURE``, -51, after ``ORTE has lost communication with a remote daemon``); that is
-a failed rank's status 1 here (:data:`MPI_LOST_HOST`). A job whose ranks the kernel's OOM killer ended
+a failed rank's status 1 here (:data:`MPI_LOST_HOST`). Open MPI 5's ``prterun`` prints "PRTE has lost
+communication with a remote daemon" and ends the job, but exits 0; where its stderr is kept (a
+``--max-restarts`` job), that line makes the status 1 too. A job whose ranks the kernel's OOM killer ended
 gets one more line naming it (:mod:`hvdkit.launch.oom`): ``hvdkit-launch: out of memory: ...``.
 """
 from __future__ import annotations
@@ -55,7 +57,7 @@ from hvdkit.errors import EXIT_FAILURE, EXIT_STOPPED
 from hvdkit.launch import oom, reaper
 from hvdkit.lifecycle import preexec_die_with_parent
 
-__all__ = ["FORWARD", "FORWARD_VIA_MPIRUN", "MPIRUN", "ENDING", "GRACE_S", "MPI_LOST_HOST", "Outcome",
+__all__ = ["FORWARD", "FORWARD_VIA_MPIRUN", "MPIRUN", "ENDING", "GRACE_S", "MPI_LOST_HOST", "PRTE_LOST_HOST", "Outcome",
            "run_job", "session_mpirun"]
 
 #: signal received -> signal sent to the MPI launcher
@@ -68,6 +70,8 @@ FORWARD_VIA_MPIRUN = {**FORWARD, signal.SIGUSR1: MPIRUN, signal.SIGUSR2: MPIRUN}
 #: mpirun's status after it lost a host's daemon (Open MPI's ORTE_ERR_COMM_FAILURE, -51, as a byte):
 #: reported as EXIT_FAILURE, the documented status of a lost host (docs/fault-tolerance.md)
 MPI_LOST_HOST = 205
+#: Open MPI 5's line when it ends a job over a lost host (its ``prterun`` then exits 0)
+PRTE_LOST_HOST = "PRTE has lost communication with a remote daemon"
 #: the names an MPI launcher's process has (``/proc/PID/stat``'s comm)
 _MPIRUN_NAMES = frozenset({"mpirun", "mpiexec", "orterun", "prterun", "mpiexec.hydra"})
 #: horovodrun's elastic mode, when its first rank to end did so with the stop status: its traceback's
@@ -268,7 +272,7 @@ class _Supervised:
         job stopped at a checkpoint, and the OOM killer's line where it ended ranks of a failed job."""
         out = self.out
         out.status = rc if rc >= 0 else 128 - rc
-        if out.status == MPI_LOST_HOST:
+        if out.status == MPI_LOST_HOST or (out.status == 0 and any(PRTE_LOST_HOST in ln for ln in out.lines)):
             out.status = EXIT_FAILURE
         stopped = out.to_ranks and rc != 0 and _last(out.lines) == _STOPPED
         if stopped:

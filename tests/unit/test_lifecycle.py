@@ -268,6 +268,18 @@ def test_a_sigkilled_launcher_takes_a_tree_like_horovodruns_with_it():
         p.kill() if p.poll() is None else None
 
 
+def test_open_mpi_5s_lost_host_ends_with_status_1_though_its_launcher_exits_0(capfd):
+    # prterun 5.0.x exits 0 after ending a job over a lost host; Open MPI 4's mpirun exits 205
+    from hvdkit.launch.supervise import run_job
+
+    lost = "printf -- '---\\nPRTE has lost communication with a remote daemon.\\n' >&2"
+    assert run_job(["/bin/sh", "-c", lost], dict(os.environ), capture_stderr=True).status == 1
+    assert run_job(["/bin/sh", "-c", lost + "; exit 7"], dict(os.environ), capture_stderr=True).status == 7
+    assert run_job(["/bin/sh", "-c", "echo fine >&2"], dict(os.environ), capture_stderr=True).status == 0
+    assert run_job(["/bin/sh", "-c", "exit 205"], dict(os.environ), capture_stderr=True).status == 1
+    capfd.readouterr()
+
+
 def test_the_nul_open_mpi_5s_launcher_writes_at_its_exit_is_not_passed_on(capfd):
     from hvdkit.launch.supervise import run_job
 
