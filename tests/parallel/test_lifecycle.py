@@ -144,7 +144,7 @@ def test_sigusr1_under_horovodrun_reaches_its_mpirun_and_the_launcher_says_75(tm
     job = Job("--launcher", "horovodrun", "--", *FLAGS, "--straggler", "1:20", "--output-dir", str(out),
               ranks=("-np", "2"))
     _stop_with_sigusr1(job)
-    stopped = re.findall(r"^(?:\[[\d,]+\]<stderr>:)?hvdkit: stopped on SIGUSR1 after (?:step (\d+) \(in epoch 1\)|"
+    stopped = re.findall(r"^(?:\[[\d,]+\]<stderr>: ?)?hvdkit: stopped on SIGUSR1 after (?:step (\d+) \(in epoch 1\)|"
                          rf"epoch 1 \(step (\d+)\)); its checkpoint: {out}/checkpoint.npz", "".join(job.err), re.M)
     assert len(stopped) == 1, job.text[-3000:]
     assert load_meta(str(out / "checkpoint.npz"))["global_step"] == int(stopped[0][0] or stopped[0][1])
