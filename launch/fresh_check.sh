@@ -72,13 +72,13 @@ t=$SECONDS
 make train 2>&1 | while IFS= read -r l; do   # the install's end, timed
     [[ "$l" == "[install] ready"* ]] && echo "$((SECONDS - t))" >/tmp/ready_s; printf '%s\n' "$l"; done | tee /tmp/train.log
 rc=${PIPESTATUS[0]}
-grep -q "weights identical on 4 ranks: yes" /tmp/train.log && same=yes || same=no
-say "make train: status $rc in $((SECONDS - t)) s from nothing (the install $(cat /tmp/ready_s 2>/dev/null || echo ?) s of it; $(grep -o 'stack [a-z0-9]*' /tmp/train.log | head -1)); weights identical on 4 ranks: $same"
+grep -aq "weights identical on 4 ranks: yes" /tmp/train.log && same=yes || same=no
+say "make train: status $rc in $((SECONDS - t)) s from nothing (the install $(cat /tmp/ready_s 2>/dev/null || echo ?) s of it; $(grep -ao 'stack [a-z0-9]*' /tmp/train.log | head -1)); weights identical on 4 ranks: $same"
 [[ $rc -eq 0 && $same == yes ]] || exit 1
 [[ -n "$TESTS" ]] || exit 0
 t=$SECONDS
 $TESTS 2>&1 | tee /tmp/test.log; rc=${PIPESTATUS[0]}
-say "$TESTS: status $rc in $((SECONDS - t)) s: $(grep -E '^=+ .*(passed|failed).* =+$' /tmp/test.log | tr -d '=' | sed 's/^ *//;s/ *$//' | paste -sd';' -)"
+say "$TESTS: status $rc in $((SECONDS - t)) s: $(grep -aE '^=+ .*(passed|failed).* =+$' /tmp/test.log | tr -d '=' | sed 's/^ *//;s/ *$//' | paste -sd';' -)"
 exit "$rc"
 EOF
 )
