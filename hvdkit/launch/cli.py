@@ -24,8 +24,8 @@ from hvdkit.launch.command import (FORWARD_NAMES, FORWARD_PREFIXES, LaunchSpec, 
                                    multi_host_mpi_args, plan_command)
 from hvdkit.launch.fabrics import skip_cm_args
 from hvdkit.launch.hosts import hosts_arg, total_slots
-from hvdkit.launch.mpi import (HOROVODRUN, MPI, MPICH, OPENMPI, detect_mpi, foreign_launcher, local_cores,
-                               mpi4py_library)
+from hvdkit.launch.mpi import (HOROVODRUN, MPI, MPICH, OPENMPI, detect_mpi, foreign_launcher,
+                               launcher_open_mpi_major, local_cores, mpi4py_library)
 from hvdkit.launch.rankexec import rank_exec_env
 from hvdkit.launch.restart import RESTART_ENV, restart_mpi_args, run_once, run_with_restarts
 from hvdkit.launch.supervise import FORWARD, FORWARD_VIA_MPIRUN, run_job
@@ -284,7 +284,8 @@ def main(argv: Sequence[str] | None = None, prog: str = "hvdkit-launch") -> int:
             _exec(build(list(spec.program)), dict(os.environ), dry_run=True, check_only=True)
             return run_with_restarts(build, spec.program, ns.max_restarts, dict(os.environ),
                                      runner=lambda cmd, env: run_once(cmd, env, fwd))
-        return _exec(build(list(spec.program)), dict(os.environ), ns.dry_run, forward=fwd)
+        return _exec(build(list(spec.program)), dict(os.environ), ns.dry_run, forward=fwd,
+                     capture_stderr=_reads_stderr(ns, mpi, spec.binary or "mpirun"))
     except UsageError as e:
         return print_error(prog, e)
 
@@ -386,10 +387,18 @@ def _horovodrun() -> str:
     return beside if os.path.exists(beside) else "horovodrun"
 
 
+def _reads_stderr(ns, mpi: str, binary: str) -> bool:
+    """Whether the job's stderr is read through: Open MPI 5's ``prterun`` exits 0 after ending a job over
+    a lost host, and only its line tells (:mod:`hvdkit.launch.supervise`); Open MPI 4's ``mpirun``, which
+    exits 205 then, keeps this process's stderr as its own."""
+    return not ns.dry_run and ns.launcher == MPI and mpi == OPENMPI and (launcher_open_mpi_major(binary) or 0) >= 5
+
+
 def _exec(cmd: list[str], env: dict[str, str], dry_run: bool, check_only: bool = False,
-          replace_self: bool = False, forward=FORWARD) -> int:
+          replace_self: bool = False, forward=FORWARD, capture_stderr: bool = False) -> int:
     """Print (``dry_run``), check (``check_only``: the program exists), replace this process with
-    (``replace_self``: the ``--rank-exec`` wrapper) or run supervised ``cmd``; returns its status."""
+    (``replace_self``: the ``--rank-exec`` wrapper) or run supervised ``cmd`` (its stderr read through
+    when ``capture_stderr``); returns its status."""
     if dry_run and not check_only:
         print(shlex.join(cmd), flush=True)
         return 0
@@ -402,7 +411,7 @@ def _exec(cmd: list[str], env: dict[str, str], dry_run: bool, check_only: bool =
     sys.stdout.flush()
     sys.stderr.flush()
     if not replace_self:
-        out = run_job([exe, *cmd[1:]], env, forward=forward)
+        out = run_job([exe, *cmd[1:]], env, forward=forward, capture_stderr=capture_stderr)
         return 128 + out.ended_by if out.ended_by else out.status
     os.execvpe(exe, cmd, env)
     return 1  # not reached

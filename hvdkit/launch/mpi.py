@@ -22,7 +22,7 @@ from hvdkit.errors import UsageError
 from hvdkit.mpicheck import MPICH, OPENMPI, library_name, mpi_family
 
 __all__ = ["OPENMPI", "MPICH", "HOROVODRUN", "MPI", "parse_mpi_version", "detect_mpi", "mpi4py_library",
-           "foreign_launcher", "local_cores"]
+           "foreign_launcher", "local_cores", "open_mpi_major", "launcher_open_mpi_major"]
 
 #: each flavour's name, and its launchers' names beyond ``mpirun``/``mpiexec`` (Debian's alternatives)
 _FLAVOURS = {OPENMPI: ("Open MPI", ("mpirun.openmpi", "mpiexec.openmpi")),
@@ -48,6 +48,32 @@ def parse_mpi_version(text: str) -> str:
         return family
     first = text.strip().splitlines()[0] if text.strip() else "(no output)"
     raise ValueError(f"cannot tell the MPI from {first!r}; pass --mpi openmpi or --mpi mpich")
+
+
+def open_mpi_major(text: str) -> int | None:
+    """The major version of Open MPI named in the output of its ``mpirun --version``
+    (``mpirun (Open MPI) 5.0.7``: 5); None for another MPI's text or none. Pure.
+
+    Open MPI 5 runs its jobs through PRRTE's ``prterun``, whose behaviour differs where hvdkit
+    depends on it (:mod:`hvdkit.launch.supervise`: the status after a lost host)."""
+    m = re.search(r"\(Open MPI\) (\d+)\.", text) or re.search(r"\bOpen MPI v?(\d+)\.\d", text)
+    return int(m.group(1)) if m else None
+
+
+_MAJORS: dict[str, int | None] = {}
+
+
+def launcher_open_mpi_major(binary: str, run: Callable[[list[str]], str] | None = None) -> int | None:
+    """:func:`open_mpi_major` of ``binary --version``, asked once per binary in this process; None when
+    it does not answer in 20 s or is not Open MPI's. ``run(argv) -> output`` (tests inject one)."""
+    if binary not in _MAJORS:
+        try:
+            text = run([binary, "--version"]) if run else subprocess.run(
+                [binary, "--version"], capture_output=True, text=True, timeout=20).stdout
+        except (OSError, subprocess.SubprocessError):
+            text = ""
+        _MAJORS[binary] = open_mpi_major(text)
+    return _MAJORS[binary]
 
 
 def mpi4py_library(python: str | None = None, run: Callable[[list[str]], str] | None = None) -> str | None:

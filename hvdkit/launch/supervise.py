@@ -40,7 +40,8 @@ mpirun ends with its own error code's low byte when it loses a host's daemon (20
 ``ORTE_ERR_COMM_FAILURE``, -51, after ``ORTE has lost communication with a remote daemon``); that is
 a failed rank's status 1 here (:data:`MPI_LOST_HOST`). Open MPI 5's ``prterun`` prints "PRTE has lost
 communication with a remote daemon" and ends the job, but exits 0; where its stderr is kept (a
-``--max-restarts`` job), that line makes the status 1 too. A job whose ranks the kernel's OOM killer ended
+``--max-restarts`` job; every job of Open MPI 5's, :mod:`hvdkit.launch.cli`), that line makes the
+status 1 too. A job whose ranks the kernel's OOM killer ended
 gets one more line naming it (:mod:`hvdkit.launch.oom`): ``hvdkit-launch: out of memory: ...``.
 """
 from __future__ import annotations

@@ -212,6 +212,21 @@ def test_parse_mpi_version():
         L.parse_mpi_version("LAM 7.1.4\n")
 
 
+def test_open_mpi_major_tells_open_mpi_5_from_4_and_asks_each_launcher_once():
+    from hvdkit.launch.mpi import launcher_open_mpi_major, open_mpi_major
+
+    assert open_mpi_major(OMPI_VERSION) == 4
+    assert open_mpi_major("mpirun (Open MPI) 5.0.7\n\nReport bugs to https://www.open-mpi.org/community/help/\n") == 5
+    assert open_mpi_major("Open MPI v5.0.7, package: Debian OpenMPI, ident: 5.0.7") == 5   # MPI.Get_library_version
+    assert open_mpi_major(MPICH_VERSION) is None and open_mpi_major("") is None
+    asked = []
+    fake = f"/nonexistent/mpirun-{os.getpid()}"
+    for _ in range(2):
+        assert launcher_open_mpi_major(fake, run=lambda argv: asked.append(argv) or "mpirun (Open MPI) 5.0.7\n") == 5
+    assert asked == [[fake, "--version"]]
+    assert launcher_open_mpi_major(fake + "-missing") is None   # no such launcher: not Open MPI 5
+
+
 def test_detect_mpi_with_injected_output():
     assert L.detect_mpi("/opt/mpich/bin/mpiexec", run=lambda argv: MPICH_VERSION) == ("mpich", "/opt/mpich/bin/mpiexec")
     assert L.detect_mpi("/x/mpirun", run=lambda argv: OMPI_VERSION) == ("openmpi", "/x/mpirun")
