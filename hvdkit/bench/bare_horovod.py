@@ -40,7 +40,7 @@ import socket
 import sys
 import time
 
-__all__ = ["main", "build_parser"]
+__all__ = ["main", "build_parser", "check_sizes", "report"]
 
 
 def build_parser(prog: str = "mpirun -np N python -m hvdkit.bench.bare_horovod") -> argparse.ArgumentParser:
@@ -73,13 +73,23 @@ def build_parser(prog: str = "mpirun -np N python -m hvdkit.bench.bare_horovod")
 
 def _parse(argv: list[str] | None, prog: str) -> argparse.Namespace:
     """The flags; raises UsageError naming the first bad one."""
+    a = build_parser(prog).parse_args(argv)
+    check_sizes(a)
+    return a
+
+
+def check_sizes(a: argparse.Namespace) -> None:
+    """The checks of the flags every bare loop shares (--image-size, --num-classes, --batch-size,
+    --steps-per-iter, --iters: each >= 1).
+
+    Raises:
+        UsageError: naming the first flag below 1.
+    """
     from hvdkit.errors import UsageError
 
-    a = build_parser(prog).parse_args(argv)
     for name in ("image_size", "num_classes", "batch_size", "steps_per_iter", "iters"):
         if getattr(a, name) < 1:
             raise UsageError(f"--{name.replace('_', '-')}={getattr(a, name)} must be >= 1")
-    return a
 
 
 def _threads(a: argparse.Namespace, tf, hvd, comm) -> tuple[int, int]:
@@ -156,25 +166,39 @@ def _time(a: argparse.Namespace, tf, hvd, comm, step):
 
 def _report(a: argparse.Namespace, argv: list[str] | None, hvd, threads: tuple[int, int], slowest) -> None:
     """Rank 0: the table on stdout and, with ``--json``, the document (module docstring)."""
+    report(a, argv, f"# bare Horovod loop: model {a.model}  {hvd.size()} ranks  batch {a.batch_size}/rank  "
+                    f"threads {threads[0]}/{threads[1]}  num_groups {a.num_groups}  {a.iters} x {a.steps_per_iter} steps",
+           hvd.size(), threads, slowest, "bare_horovod",
+           {"horovod": {"mpi_enabled": bool(hvd.mpi_enabled()), "gloo_enabled": bool(hvd.gloo_enabled())},
+            "num_groups": a.num_groups})
+
+
+def report(a: argparse.Namespace, argv: list[str] | None, title: str, ranks: int, threads: tuple[int, int],
+           slowest, benchmark: str, extra: dict) -> None:
+    """What every bare loop prints on rank 0 and writes with ``--json``: ``title``, a line per timed
+    iteration (seconds, ms/step, samples/s), then the mean samples/s +- 1.96 sd and the median step.
+
+    Args:
+        slowest: float64 array, one per timed iteration: the slowest rank's seconds for
+            ``a.steps_per_iter`` steps. ranks: the ranks (global batch = ``a.batch_size`` x ranks).
+        benchmark: the document's ``benchmark`` name; extra: the loop's own fields of the document.
+    """
     import numpy as np
 
     from hvdkit.results import write_json
 
-    intra, inter = threads
-    rates = a.steps_per_iter * a.batch_size * hvd.size() / slowest
-    print(f"# bare Horovod loop: model {a.model}  {hvd.size()} ranks  batch {a.batch_size}/rank  "
-          f"threads {intra}/{inter}  num_groups {a.num_groups}  {a.iters} x {a.steps_per_iter} steps")
+    rates = a.steps_per_iter * a.batch_size * ranks / slowest
+    print(title)
     for i, (s, r) in enumerate(zip(slowest, rates)):
         print(f"iter {i}  {s:.4f} s  {s / a.steps_per_iter * 1e3:.2f} ms/step  {r:.1f} samples/s")
     step_ms = np.median(slowest) / a.steps_per_iter * 1e3
     print(f"samples/s {rates.mean():.1f} +- {1.96 * rates.std():.1f}  step {step_ms:.2f} ms (median)")
     if a.json:
-        write_json(a.json, {"benchmark": "bare_horovod", "argv": sys.argv[1:] if argv is None else list(argv),
-                            "date": time.strftime("%Y-%m-%dT%H:%M:%S"), "host": socket.gethostname(),
-                            "horovod": {"mpi_enabled": bool(hvd.mpi_enabled()), "gloo_enabled": bool(hvd.gloo_enabled())},
+        write_json(a.json, {"benchmark": benchmark, "argv": sys.argv[1:] if argv is None else list(argv),
+                            "date": time.strftime("%Y-%m-%dT%H:%M:%S"), "host": socket.gethostname(), **extra,
                             "model": a.model, "image_size": a.image_size, "num_classes": a.num_classes,
-                            "batch_size": a.batch_size, "ranks": hvd.size(), "steps_per_iter": a.steps_per_iter,
-                            "threads": [intra, inter], "as_example": a.as_example, "num_groups": a.num_groups,
+                            "batch_size": a.batch_size, "ranks": ranks, "steps_per_iter": a.steps_per_iter,
+                            "threads": list(threads), "as_example": a.as_example,
                             "iter_seconds": slowest.tolist(),
                             "step_s": (slowest / a.steps_per_iter).tolist(), "samples_per_s": rates.tolist()})
 

@@ -32,9 +32,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import sys
 import time
+
+from hvdkit.bench.bare_horovod import check_sizes, report
 
 __all__ = ["main", "build_parser", "tf_config"]
 
@@ -72,9 +73,7 @@ def _parse(argv: list[str] | None, prog: str) -> argparse.Namespace:
     from hvdkit.errors import UsageError
 
     a = build_parser(prog).parse_args(argv)
-    for name in ("image_size", "num_classes", "batch_size", "steps_per_iter", "iters"):
-        if getattr(a, name) < 1:
-            raise UsageError(f"--{name.replace('_', '-')}={getattr(a, name)} must be >= 1")
+    check_sizes(a)
     if a.warmup_iters < 0 or a.threads < 0 or a.timeout <= 0:
         raise UsageError("--warmup-iters and --threads must be >= 0 and --timeout > 0")
     return a
@@ -168,27 +167,9 @@ def _time(a: argparse.Namespace, comm, step):
 def _report(a: argparse.Namespace, argv: list[str] | None, workers: int, threads: tuple[int, int], slowest,
             strategy) -> None:
     """Rank 0: the table on stdout and, with ``--json``, the document (module docstring)."""
-    import numpy as np
-
-    from hvdkit.results import write_json
-
-    intra, inter = threads
-    rates = a.steps_per_iter * a.batch_size * workers / slowest
-    print(f"# bare MultiWorkerMirroredStrategy loop: model {a.model}  {workers} workers  batch {a.batch_size}/rank  "
-          f"threads {intra}/{inter}  {a.iters} x {a.steps_per_iter} steps")
-    for i, (s, r) in enumerate(zip(slowest, rates)):
-        print(f"iter {i}  {s:.4f} s  {s / a.steps_per_iter * 1e3:.2f} ms/step  {r:.1f} samples/s")
-    step_ms = np.median(slowest) / a.steps_per_iter * 1e3
-    print(f"samples/s {rates.mean():.1f} +- {1.96 * rates.std():.1f}  step {step_ms:.2f} ms (median)")
-    if a.json:
-        write_json(a.json, {"benchmark": "bare_tfmw", "argv": sys.argv[1:] if argv is None else list(argv),
-                            "date": time.strftime("%Y-%m-%dT%H:%M:%S"), "host": socket.gethostname(),
-                            "replicas": int(strategy.num_replicas_in_sync),
-                            "model": a.model, "image_size": a.image_size, "num_classes": a.num_classes,
-                            "batch_size": a.batch_size, "ranks": workers, "steps_per_iter": a.steps_per_iter,
-                            "threads": [intra, inter], "as_example": a.as_example,
-                            "iter_seconds": slowest.tolist(),
-                            "step_s": (slowest / a.steps_per_iter).tolist(), "samples_per_s": rates.tolist()})
+    report(a, argv, f"# bare MultiWorkerMirroredStrategy loop: model {a.model}  {workers} workers  batch "
+                    f"{a.batch_size}/rank  threads {threads[0]}/{threads[1]}  {a.iters} x {a.steps_per_iter} steps",
+           workers, threads, slowest, "bare_tfmw", {"replicas": int(strategy.num_replicas_in_sync)})
 
 
 def main(argv: list[str] | None = None, prog: str = PROG) -> int:
