@@ -40,7 +40,7 @@ import socket
 import sys
 import time
 
-__all__ = ["main", "build_parser", "check_sizes", "report"]
+__all__ = ["main", "build_parser", "add_shared_flags", "check_sizes", "report"]
 
 
 def build_parser(prog: str = "mpirun -np N python -m hvdkit.bench.bare_horovod") -> argparse.ArgumentParser:
@@ -49,16 +49,7 @@ def build_parser(prog: str = "mpirun -np N python -m hvdkit.bench.bare_horovod")
 
     p = Parser(prog=prog,
                description="Bare Horovod TF2 synthetic-data loop (Horovod's benchmark pattern).")
-    p.add_argument("--model", default="cnn", help="a model of hvdkit.models (default cnn)")
-    p.add_argument("--image-size", type=int, default=32, help="images are SIZE x SIZE x 3 (default 32)")
-    p.add_argument("--num-classes", type=int, default=10, help="logits per sample (default 10)")
-    p.add_argument("--batch-size", type=int, default=32, help="samples per rank per step (default 32)")
-    p.add_argument("--steps-per-iter", type=int, default=10, help="steps per timed iteration (default 10)")
-    p.add_argument("--iters", type=int, default=5, help="timed iterations (default 5)")
-    p.add_argument("--warmup-iters", type=int, default=1, help="untimed iterations first (default 1)")
-    p.add_argument("--lr", type=float, default=0.02, help="learning rate at one rank, x ranks (default 0.02)")
-    p.add_argument("--seed", type=int, default=0, help="weights seed (default 0)")
-    p.add_argument("--threads", type=int, default=0, help="intra-op threads (0: cores / ranks on the host)")
+    add_shared_flags(p)
     p.add_argument("--num-groups", type=int, default=0,
                    help="DistributedGradientTape(num_groups=...): 0 = one allreduce per gradient tensor, "
                         "Horovod's default and its benchmark's; 1 = one grouped allreduce of all (as hvdkit's "
@@ -69,6 +60,22 @@ def build_parser(prog: str = "mpirun -np N python -m hvdkit.bench.bare_horovod")
                         "thread pools (hvdkit's rule not applied); the peer benchmark's bare loop")
     p.add_argument("--json", metavar="FILE", help="write every iteration's seconds as JSON (rank 0)")
     return p
+
+
+def add_shared_flags(p: argparse.ArgumentParser) -> None:
+    """The flags every bare loop takes, as :func:`hvdkit.bench.overhead.bare_command` passes them:
+    --model, --image-size, --num-classes, --batch-size, --steps-per-iter, --iters, --warmup-iters,
+    --lr, --seed, --threads."""
+    p.add_argument("--model", default="cnn", help="a model of hvdkit.models (default cnn)")
+    p.add_argument("--image-size", type=int, default=32, help="images are SIZE x SIZE x 3 (default 32)")
+    p.add_argument("--num-classes", type=int, default=10, help="logits per sample (default 10)")
+    p.add_argument("--batch-size", type=int, default=32, help="samples per rank per step (default 32)")
+    p.add_argument("--steps-per-iter", type=int, default=10, help="steps per timed iteration (default 10)")
+    p.add_argument("--iters", type=int, default=5, help="timed iterations (default 5)")
+    p.add_argument("--warmup-iters", type=int, default=1, help="untimed iterations first (default 1)")
+    p.add_argument("--lr", type=float, default=0.02, help="learning rate at one rank, x ranks (default 0.02)")
+    p.add_argument("--seed", type=int, default=0, help="weights seed (default 0)")
+    p.add_argument("--threads", type=int, default=0, help="intra-op threads (0: cores / ranks on the host)")
 
 
 def _parse(argv: list[str] | None, prog: str) -> argparse.Namespace:

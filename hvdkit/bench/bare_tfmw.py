@@ -35,7 +35,7 @@ import os
 import sys
 import time
 
-from hvdkit.bench.bare_horovod import check_sizes, report
+from hvdkit.bench.bare_horovod import add_shared_flags, check_sizes, report
 
 __all__ = ["main", "build_parser", "tf_config"]
 
@@ -49,16 +49,7 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
 
     p = Parser(prog=prog, description="Bare MultiWorkerMirroredStrategy loop (TensorFlow's custom training loop "
                                       "guide), constant synthetic input.")
-    p.add_argument("--model", default="cnn", help="a model of hvdkit.models (default cnn)")
-    p.add_argument("--image-size", type=int, default=32, help="images are SIZE x SIZE x 3 (default 32)")
-    p.add_argument("--num-classes", type=int, default=10, help="logits per sample (default 10)")
-    p.add_argument("--batch-size", type=int, default=32, help="samples per rank per step (default 32)")
-    p.add_argument("--steps-per-iter", type=int, default=10, help="steps per timed iteration (default 10)")
-    p.add_argument("--iters", type=int, default=5, help="timed iterations (default 5)")
-    p.add_argument("--warmup-iters", type=int, default=1, help="untimed iterations first (default 1)")
-    p.add_argument("--lr", type=float, default=0.02, help="learning rate at one rank, x ranks (default 0.02)")
-    p.add_argument("--seed", type=int, default=0, help="weights seed (default 0)")
-    p.add_argument("--threads", type=int, default=0, help="intra-op threads (0: cores / ranks on the host)")
+    add_shared_flags(p)
     p.add_argument("--as-example", action="store_true",
                    help="as TensorFlow's guide runs: TensorFlow imported plainly and, at --threads 0, its own "
                         "thread pools (hvdkit's rule not applied); the peer benchmark's bare loop")
