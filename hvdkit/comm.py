@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import re
 import socket
 import sys
 import time
@@ -38,8 +39,9 @@ from hvdkit.lifecycle import stop_signal
 if TYPE_CHECKING:   # mpi4py.MPI is imported where it is used: importing it starts MPI (MPI_Init)
     from mpi4py import MPI
 
-__all__ = ["World", "world", "set_world", "log0", "agree", "agree_alone", "run_guarded", "poll", "exchange", "free_port",
-           "bcast_arrays", "StopFlag", "EXIT_USAGE", "EXIT_FAILURE", "EXIT_ENVIRONMENT", "EXIT_STOPPED"]
+__all__ = ["World", "world", "open_mpi_major", "host_identity", "shared_name", "set_world", "log0", "agree",
+           "agree_alone", "run_guarded", "poll", "exchange", "free_port", "bcast_arrays", "StopFlag", "EXIT_USAGE",
+           "EXIT_FAILURE", "EXIT_ENVIRONMENT", "EXIT_STOPPED"]
 
 # The exit statuses (defined in hvdkit.errors, which the launcher reads without MPI; the table is there):
 # EXIT_FAILURE 1 a rank failed during the run (MPI_Abort errorcode); EXIT_USAGE 2 bad input: flags, model,
@@ -63,7 +65,9 @@ class World:
             report one name).
         node: index of this host among the job's hosts, 0 <= node < nodes, decided by MPI's
             shared-memory split (``MPI_COMM_TYPE_SHARED``), not by names; hosts are numbered
-            in the order of their lowest rank.
+            in the order of their lowest rank. Open MPI 5's split goes by names (PRRTE takes
+            hosts by name), so under it :func:`world` first refuses two hosts of one name
+            (:func:`shared_name`, status 2).
         nodes: number of hosts the job runs on.
     """
 
@@ -97,6 +101,8 @@ def world(comm: MPI.Comm | None = None) -> World:
     from mpi4py import MPI   # here, not at import: importing mpi4py.MPI starts MPI (MPI_Init)
 
     comm = comm or MPI.COMM_WORLD
+    if comm is MPI.COMM_WORLD and comm.Get_size() > 1 and open_mpi_major(MPI.Get_library_version()) >= 5:
+        _refuse_shared_names(comm)   # before the split, which such hosts make fail or hang
     local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
     leader = local.allreduce(comm.Get_rank(), op=MPI.MIN)   # lowest rank on this host names it
     leaders = sorted(set(comm.allgather(leader)))
@@ -106,6 +112,63 @@ def world(comm: MPI.Comm | None = None) -> World:
     if comm is MPI.COMM_WORLD:
         _WORLD = w
     return w
+
+
+def open_mpi_major(library: str) -> int:
+    """The major version of the Open MPI that ``library`` (``MPI.Get_library_version()``) names,
+    ``Open MPI v5.0.7, package: ...``: 5; 0 for another MPI (pure). The launcher reads its
+    ``mpirun --version`` instead (:func:`hvdkit.launch.mpi.open_mpi_major`)."""
+    m = re.match(r"\s*Open MPI v(\d+)\.", library)
+    return int(m.group(1)) if m else 0
+
+
+def host_identity() -> str:
+    """What tells this host from another one when their names agree: Linux's boot id (drawn at each
+    boot: differs between machines and VMs) and this process's network namespace (differs between
+    containers and emulated hosts, which share one kernel and so one boot id), ``BOOT/NETNS``; ``""``
+    where ``/proc`` has neither. Every rank that one Open MPI daemon starts on a host shares both."""
+    parts = []
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            parts.append(f.read().strip())
+        parts.append(str(os.stat("/proc/self/ns/net").st_ino))
+    except OSError:
+        return ""
+    return "/".join(parts)
+
+
+def shared_name(rows: list[tuple[str, str]]) -> str | None:
+    """The one line (without ``hvdkit: error:``) saying that two ranks run on different hosts that
+    report one name, or None when no two do; pure.
+
+    Args:
+        rows: ``(hostname, host_identity())`` of every rank, by rank. An empty identity (no
+            ``/proc``) is never compared.
+    """
+    first: dict[str, tuple[int, str]] = {}   # hostname -> (rank, identity) of its first rank
+    for rank, (name, ident) in enumerate(rows):
+        if not ident:
+            continue
+        seen = first.setdefault(name, (rank, ident))
+        if seen[1] != ident:
+            return (f"ranks {seen[0]} and {rank} run on two different hosts that are both named {name!r}; "
+                    "Open MPI 5 (PRRTE) takes hosts by name and would join them into one, where MPI's "
+                    "shared-memory split fails or hangs: give each host a hostname of its own "
+                    "(hostnamectl set-hostname NAME on a VM, --hostname NAME for a container)")
+    return None
+
+
+def _refuse_shared_names(comm: MPI.Comm) -> None:
+    """End the job (status 2, one line from rank 0) when :func:`shared_name` finds two hosts of one
+    name. Point to point (:func:`exchange`), not a collective: a collective may split the communicator
+    by host itself (Open MPI 5's hierarchical ``coll/han``), which is what fails on such hosts."""
+    rows = exchange(comm, (socket.gethostname(), host_identity()), timeout=60.0)
+    message = shared_name(rows)
+    if message is None:
+        return
+    if comm.Get_rank() == 0:
+        print(f"hvdkit: error: {message}", file=sys.stderr, flush=True)
+    raise SystemExit(EXIT_USAGE)
 
 
 def set_world(w: World) -> None:

@@ -57,7 +57,8 @@ import numpy as np
 
 from hvdkit.errors import EXIT_USAGE
 
-__all__ = ["Launcher", "launcher", "mpi_family", "library_name", "world_mismatch", "start_mpi", "check_world",
+__all__ = ["Launcher", "launcher", "mpi_family", "library_name", "world_mismatch", "merged_host", "start_mpi",
+           "check_world",
            "installed", "installation_mismatch", "check_installation", "OPENMPI", "MPICH"]
 
 #: MPI families (the flags of their launchers differ; :mod:`hvdkit.launch.mpi` builds them)
@@ -166,6 +167,21 @@ def world_mismatch(environ: Mapping[str, str], size: int | None, library: str) -
     return f"{started}, but MPI ({lib}) did not join them: {seen}; {fix}"
 
 
+def merged_host(environ: Mapping[str, str], host: str) -> str | None:
+    """The one line (without ``hvdkit: error:``) saying that Open MPI's launcher took several hosts for
+    one, or None; pure. Open MPI 5 (PRRTE) takes hosts by name: on two hosts both named ``host`` it
+    can give a process a local rank at or above its local size (``OMPI_COMM_WORLD_LOCAL_RANK`` >=
+    ``OMPI_COMM_WORLD_LOCAL_SIZE``), on which ``MPI_Init`` fails ("num local peers"). The check
+    that needs every rank, :func:`hvdkit.comm.shared_name`, runs after ``MPI_Init``."""
+    rank, size = _int(environ, "OMPI_COMM_WORLD_LOCAL_RANK"), _int(environ, "OMPI_COMM_WORLD_LOCAL_SIZE")
+    if rank is None or size is None or rank < size:
+        return None
+    return (f"Open MPI's launcher made this process local rank {rank} of {size} on the host named {host!r}: it "
+            "took two hosts for one, as Open MPI 5 (PRRTE) does with hosts that share a name, and MPI_Init would "
+            "fail: give each host a hostname of its own (hostnamectl set-hostname NAME on a VM, --hostname NAME "
+            "for a container)")
+
+
 def _refuse(message: str, environ: Mapping[str, str]) -> None:
     got = launcher(environ)
     if got is None or got.rank in (0, None):   # every process is alone: the launcher's rank 0 speaks
@@ -196,6 +212,11 @@ def start_mpi(environ: Mapping[str, str]) -> None:
     message = world_mismatch(environ, None, MPI.Get_library_version())
     if message is not None:
         _refuse(message, environ)
+    merged = merged_host(environ, platform.node())
+    if merged is not None:   # only this host's processes know: the first one past the local size speaks
+        if _int(environ, "OMPI_COMM_WORLD_LOCAL_RANK") == _int(environ, "OMPI_COMM_WORLD_LOCAL_SIZE"):
+            print(f"hvdkit: error: {merged}", file=sys.stderr, flush=True)
+        raise SystemExit(EXIT_USAGE)
     if mpi4py.rc.threads:
         MPI.Init_thread(getattr(MPI, f"THREAD_{str(mpi4py.rc.thread_level).upper()}", MPI.THREAD_MULTIPLE))
     else:
