@@ -101,7 +101,7 @@ def world(comm: MPI.Comm | None = None) -> World:
     from mpi4py import MPI   # here, not at import: importing mpi4py.MPI starts MPI (MPI_Init)
 
     comm = comm or MPI.COMM_WORLD
-    if comm is MPI.COMM_WORLD and comm.Get_size() > 1 and open_mpi_major(MPI.Get_library_version()) >= 5:
+    if comm is MPI.COMM_WORLD and comm.Get_size() > 1 and (open_mpi_major(MPI.Get_library_version()) or 0) >= 5:
         _refuse_shared_names(comm)   # before the split, which such hosts make fail or hang
     local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
     leader = local.allreduce(comm.Get_rank(), op=MPI.MIN)   # lowest rank on this host names it
@@ -114,12 +114,16 @@ def world(comm: MPI.Comm | None = None) -> World:
     return w
 
 
-def open_mpi_major(library: str) -> int:
-    """The major version of the Open MPI that ``library`` (``MPI.Get_library_version()``) names,
-    ``Open MPI v5.0.7, package: ...``: 5; 0 for another MPI (pure). The launcher reads its
-    ``mpirun --version`` instead (:func:`hvdkit.launch.mpi.open_mpi_major`)."""
-    m = re.match(r"\s*Open MPI v(\d+)\.", library)
-    return int(m.group(1)) if m else 0
+def open_mpi_major(text: str) -> int | None:
+    """The major version of the Open MPI that ``text`` names, or None for another MPI's text or none
+    (pure). Reads both forms: ``MPI.Get_library_version()`` (``Open MPI v5.0.7, package: ...``) and
+    ``mpirun --version`` (``mpirun (Open MPI) 5.0.7``): 5. The one parser of both; the launcher
+    asks its ``mpirun`` (:func:`hvdkit.launch.mpi.launcher_open_mpi_major`).
+
+    Open MPI 5 runs its jobs through PRRTE, whose behaviour differs where hvdkit depends on it:
+    same-named hosts (:func:`world`) and the status after a lost host (:mod:`hvdkit.launch.supervise`)."""
+    m = re.search(r"\(Open MPI\) (\d+)\.", text) or re.search(r"\bOpen MPI v?(\d+)\.\d", text)
+    return int(m.group(1)) if m else None
 
 
 def host_identity() -> str:

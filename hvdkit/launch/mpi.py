@@ -18,6 +18,7 @@ import subprocess
 import sys
 from typing import Callable
 
+from hvdkit.comm import open_mpi_major
 from hvdkit.errors import UsageError
 from hvdkit.mpicheck import MPICH, OPENMPI, library_name, mpi_family
 
@@ -48,16 +49,6 @@ def parse_mpi_version(text: str) -> str:
         return family
     first = text.strip().splitlines()[0] if text.strip() else "(no output)"
     raise ValueError(f"cannot tell the MPI from {first!r}; pass --mpi openmpi or --mpi mpich")
-
-
-def open_mpi_major(text: str) -> int | None:
-    """The major version of Open MPI named in the output of its ``mpirun --version``
-    (``mpirun (Open MPI) 5.0.7``: 5); None for another MPI's text or none. Pure.
-
-    Open MPI 5 runs its jobs through PRRTE's ``prterun``, whose behaviour differs where hvdkit
-    depends on it (:mod:`hvdkit.launch.supervise`: the status after a lost host)."""
-    m = re.search(r"\(Open MPI\) (\d+)\.", text) or re.search(r"\bOpen MPI v?(\d+)\.\d", text)
-    return int(m.group(1)) if m else None
 
 
 _MAJORS: dict[str, int | None] = {}

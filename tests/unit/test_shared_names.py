@@ -37,8 +37,8 @@ def test_a_rank_without_an_identity_is_not_compared():
 @pytest.mark.parametrize("library, major", [
     ("Open MPI v5.0.7, package: Debian OpenMPI, ident: 5.0.7, repo rev: v5.0.7, Feb 14, 2025\x00", 5),
     ("Open MPI v4.1.4, package: Debian OpenMPI, ident: 4.1.4, repo rev: v4.1.4, May 26, 2022\x00", 4),
-    ("MPICH Version:      4.0.2\nMPICH Release date: Thu Apr  7 12:34:45 CDT 2022\n", 0),
-    ("Intel(R) MPI Library 2021.10 for Linux* OS\n", 0),
+    ("MPICH Version:      4.0.2\nMPICH Release date: Thu Apr  7 12:34:45 CDT 2022\n", None),
+    ("Intel(R) MPI Library 2021.10 for Linux* OS\n", None),
 ])
 def test_the_open_mpi_major_is_read_from_the_library_version(library, major):
     assert C.open_mpi_major(library) == major
