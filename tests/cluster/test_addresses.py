@@ -46,7 +46,7 @@ MPI_OFF_ETH1 = ("--mca", "btl_tcp_if_exclude", "lo,eth1", "--mca", "oob_tcp_if_e
 @functools.cache
 def _refused_by_name() -> bool:
     """Whether the ranks' MPI is Open MPI 5 or later, under which hvdkit refuses hosts of one name."""
-    return open_mpi_major(mpi4py_library() or "") >= 5
+    return (open_mpi_major(mpi4py_library() or "") or 0) >= 5
 
 
 def _check_refused(r) -> None:
