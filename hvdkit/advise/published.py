@@ -33,6 +33,10 @@ SOURCES: dict[str, dict] = {
                         "reports/dlperf_benchmark_test_report_v1.md, Aug 2020)", "role": "held-out"},
     "dell": {"title": "Dell EMC Ready Solutions for AI: Deep Learning with NVIDIA, Reference Guide v1.0 "
                       "(sec. 2.6 Network; sec. 3, Figure 9 text)", "role": "held-out"},
+    # declared held out before any prediction of its rows was computed
+    "eth-cscs": {"title": "ETH Zurich / CSCS distributed TensorFlow report (e-bug/distributed-tensorflow-benchmarks "
+                          "report/source/benchmarks.tex, tests of August 2017, tf_cnn_benchmarks on TensorFlow 1.1)",
+                 "role": "held-out"},
 }
 
 _HVD_HW = "128 hosts x 4 Pascal GPUs (PCIe), RoCE-capable 25 Gbit/s, NCCL over RDMA"
@@ -148,6 +152,18 @@ ROWS: list[dict] = [
        "hardware": "8 PowerEdge C4140 x 4 V100-PCIe, 100 Gb/s EDR InfiniBand; the framework's own synchronous "
                    "data parallelism (its collective is not named in the text read)", "transport": "rdma"}
       for fw, sp in (("MXNet", 29.4), ("TensorFlow", 22.0), ("Caffe2", 26.5))),
+    # ---- eth-cscs (held out): InceptionV3 on 1 to 16 p2.8xlarge, distributed_replicated, synthetic data; each
+    # GPU count's best number of parameter servers (the table's "Num PSs"), run on the worker instances
+    *({"source": "eth-cscs", "where": "sec. Results, Distributed training on Amazon p2.8xlarge, Table \"Parameters "
+                                      "achieving peak performance on p2.8xlarge systems\" (Real Data FALSE)",
+       "quoted": f"InceptionV3: 1 GPU 30.55, {n} GPUs {v} images/s ({k} PSs)", "model": "inception3",
+       "kind": "efficiency", "published": _eff(n, 30.55, v), "strategy": "ps-sync:ps_colocated=true", "overlap": False,
+       "aggregate": True, "cluster": f"{max(1, n // 8)}x{min(n, 8)}:pcie,10gbit", "gpu": None, "images_per_s": 30.55,
+       "batch": 64, "hardware": _AWS_HW + f"; distributed_replicated, {k} parameter server(s) on the worker instances "
+                                         "(the workers of a host aggregate before pushing, as the report states)",
+       "transport": "tcp", "servers": k if k < max(1, n // 8) else None}
+      for k, n, v in ((1, 2, 58.38), (1, 4, 116.34), (1, 8, 230.75), (1, 16, 448.57), (3, 32, 863.72),
+                      (8, 64, 1731.31), (16, 128, 3333.20))),
 ]
 
 #: What NCCL's TCP socket transport moved between hosts of several GPUs, against the NIC's line rate:
