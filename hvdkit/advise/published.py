@@ -37,6 +37,10 @@ SOURCES: dict[str, dict] = {
     "eth-cscs": {"title": "ETH Zurich / CSCS distributed TensorFlow report (e-bug/distributed-tensorflow-benchmarks "
                           "report/source/benchmarks.tex, tests of August 2017, tf_cnn_benchmarks on TensorFlow 1.1)",
                  "role": "held-out"},
+    # declared held out before any prediction of its rows was computed
+    "paddle-perf": {"title": "PaddlePaddle/Perf ResNet50V1.5/README.md (Paddle ResNet50V1.5 performance test, "
+                             "sec. 5.2: NGC TensorFlow 1.15, NGC PyTorch and NGC MXNet on the same hosts)",
+                    "role": "held-out"},
 }
 
 _HVD_HW = "128 hosts x 4 Pascal GPUs (PCIe), RoCE-capable 25 Gbit/s, NCCL over RDMA"
@@ -164,6 +168,27 @@ ROWS: list[dict] = [
        "transport": "tcp", "servers": k if k < max(1, n // 8) else None}
       for k, n, v in ((1, 2, 58.38), (1, 4, 116.34), (1, 8, 230.75), (1, 16, 448.57), (3, 32, 863.72),
                       (8, 64, 1731.31), (16, 128, 3333.20))),
+    # ---- paddle-perf (held out): ResNet-50 v1.5 in NVIDIA's DeepLearningExamples (DALI on, XLA on for TF), 1 and 8
+    # GPUs in one host, 32 in four; the systems whose collective the report or the system's example names
+    # (Horovod in NGC TensorFlow and MXNet, DistributedDataParallel in NGC PyTorch), each at one batch for all counts;
+    # Paddle's own rows are left out: the report does not say how its collective sends the gradients
+    *({"source": "paddle-perf", "where": f"sec. 5.2 (comparison with other frameworks), {prec} table",
+       "quoted": f"{fw}: GPU=1 {one}, GPU={n} {v} images/sec (batch {b})", "model": "resnet50", "kind": "efficiency",
+       "published": _eff(n, one, v), "strategy": "horovod", "overlap": True, "aggregate": False,
+       "cluster": f"{n // 8}x8:nvlink,100gbit+rdma", "gpu": None, "images_per_s": one, "batch": b,
+       "hardware": ("1 host of 8 V100-SXM2-32GB (NVLink), Xeon Gold 6148" if n == 8 else
+                    "4 hosts of 8 V100-SXM2-32GB (NVLink), Xeon Gold 6271C, InfiniBand 100 Gb/sec (the 1-GPU figure "
+                    "from the single-host machine)") + f"; {how}, {prec}", "transport": "rdma" if n > 8 else "none"}
+      for prec, fw, how, one, b, vals in (
+          ("FP32", "NGC TensorFlow 1.15", "DeepLearningExamples, Horovod", 408.70, 128, ((8, 3132.27), (32, 11622.9))),
+          ("FP32", "NGC PyTorch", "DeepLearningExamples, DistributedDataParallel", 358.30, 128,
+           ((8, 2768.51), (32, 10393.2))),
+          ("FP32", "NGC MXNet", "DeepLearningExamples, Horovod", 360.73, 96, ((8, 2955.30),)),
+          ("AMP", "NGC TensorFlow 1.15", "DeepLearningExamples, Horovod", 1100.88, 128, ((8, 8434.95), (32, 27528.0))),
+          ("AMP", "NGC PyTorch", "DeepLearningExamples, DistributedDataParallel", 752.39, 128,
+           ((8, 5587.61), (32, 17940.7))),
+          ("AMP", "NGC MXNet", "DeepLearningExamples, Horovod", 1277.3, 128, ((8, 9449.3),)))
+      for n, v in vals),
 ]
 
 #: What NCCL's TCP socket transport moved between hosts of several GPUs, against the NIC's line rate:
