@@ -61,7 +61,7 @@ from hvdkit.errors import UsageError
 from hvdkit.results import write_json
 
 __all__ = ["main", "build_parser", "render", "measured_points", "measured_comparison", "published_comparison",
-           "variant_of", "PUBLISHED"]
+           "published_by_source", "variant_of", "PUBLISHED"]
 
 PROG = "python -m hvdkit.advise.check"
 #: the reference set's check (held out on fair hosts, and published), relative to a checkout's root
@@ -281,6 +281,23 @@ def published_summary(rows: list[dict]) -> dict:
     return out
 
 
+def published_by_source(rows: list[dict]) -> dict:
+    """Per source: its role, whether it was ``unseen`` (:data:`hvdkit.advise.published.SOURCES`), its rows,
+    and for the model and the naive baseline the median and max |error| (points for efficiencies,
+    percent for speed-ups, together) and the comparisons ordered right (:func:`_pairs`)."""
+    out = {}
+    for key, src in published.SOURCES.items():
+        mine = [r for r in rows if r["source"] == key]
+        d = {"role": src["role"], "unseen": bool(src.get("unseen")), "rows": len(mine)}
+        for who, col, err in (("model", "predicted", "error"), ("baseline", "baseline", "baseline_error")):
+            e = [abs(r[err]) for r in mine]
+            total, right = _pairs(mine, col)
+            d[who] = {"median_abs_error": statistics.median(e) if e else None, "max_abs_error": max(e) if e else None,
+                      "comparisons": total, "ordered_right": right}
+        out[key] = d
+    return out
+
+
 def _pct(x):
     return "-" if x is None else f"{x * 100:+.0f}%"
 
@@ -331,16 +348,29 @@ def markdown_published(pub: list[dict]) -> str:
            "| sources | rows | who | efficiency median \\|err\\| | max | speed-up median \\|err\\| | max | "
            "comparisons ordered right |",
            "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: |"]
-    for role in ("held-out", "calibrate"):
-        s = summ[role]
+    unseen = published_summary([r for r in pub if published.SOURCES[r["source"]].get("unseen")])["held-out"]
+    for role, s in (("held-out", summ["held-out"]), ("held-out, unseen only", unseen),
+                    ("calibrate", summ["calibrate"])):
+        if not s["rows"]:
+            continue
         for who in ("model", "baseline"):
             d = s[who]
             out.append(f"| {role}: {', '.join(s['sources'])} | {s['rows']} | "
                        f"{'advise' if who == 'model' else 'naive baseline'} | {_stat(d, 'efficiency', 'median_abs_error')} | "
                        f"{_stat(d, 'efficiency', 'max_abs_error')} | {_stat(d, 'speedup', 'median_abs_error')} | "
                        f"{_stat(d, 'speedup', 'max_abs_error')} | {d['ordered_right']} of {d['comparisons']} |")
-    out += ["", "| source | role | title |", "| --- | --- | --- |"]
-    out += [f"| {k} | {v['role']} | {v['title']} |" for k, v in published.SOURCES.items()]
+    out += ["", "Per source (efficiency errors in points, speed-up errors in percent; *unseen*: declared held out, "
+            "rows committed, before any prediction of them was computed; the other held-out sources had been looked "
+            "at while terms were chosen):", "",
+            "| source | role | rows | advise median \\|err\\| | max | comparisons ordered right | naive median "
+            "\\|err\\| | max | comparisons ordered right | title |",
+            "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+    for k, d in published_by_source(pub).items():
+        m, b = d["model"], d["baseline"]
+        out.append(f"| {k} | {d['role']}{', unseen' if d['unseen'] else ''} | {d['rows']} | "
+                   + "".join(f"{x['median_abs_error']:.1f} | {x['max_abs_error']:.1f} | "
+                             f"{x['ordered_right']} of {x['comparisons']} | " for x in (m, b))
+                   + f"{published.SOURCES[k]['title']} |")
     out += ["", "| source | where | quoted | hardware | model | batch | advise row | published | predicted | err | "
             "baseline err | what limits the prediction | links needed ‡ |",
             "| --- | --- | --- | --- | --- | ---: | --- | ---: | ---: | ---: | ---: | --- | ---: |"]
@@ -526,7 +556,8 @@ def render(dirs: list[str], training_path: str, collectives_path: str, calibrati
     else:
         md += markdown_published(pub)
     return md, {"summary": summ, "held_out": held, "measured": rows, "stats": stats, "published": pub,
-                "published_summary": published_summary(pub), "published_sources": published.SOURCES,
+                "published_summary": published_summary(pub), "published_by_source": published_by_source(pub),
+                "published_sources": published.SOURCES,
                 "assumptions": ASSUMPTIONS, "inputs": list(dirs) or [training_path, collectives_path],
                 **({"transport": transport} if transport else {}), **({"at_scale": at_scale} if at_scale else {}),
                 "calibration": sorted(list(u) for u in cal.used)}

@@ -174,3 +174,39 @@ def test_horovod_overlaps_as_its_tape_does_and_its_grouped_form_does_not():
     tape, grouped = (predict_variant(v, wl, cl).step_s for v in ("horovod", "horovod:grouped=true"))
     assert tape < grouped
     assert tape == predict_variant("horovod:grouped=true", wl, cl, Options(overlap=True)).step_s
+
+
+def test_unseen_sources_are_held_out_and_summarised_apart():
+    unseen = {k for k, v in published.SOURCES.items() if v.get("unseen")}
+    assert unseen and all(published.SOURCES[k]["role"] == "held-out" for k in unseen)
+    pub = check.published_comparison()
+    per = check.published_by_source(pub)
+    assert list(per) == list(published.SOURCES)
+    assert sum(d["rows"] for d in per.values()) == len(published.ROWS)
+    assert {k for k, d in per.items() if d["unseen"]} == unseen
+    for k, d in per.items():
+        mine = [abs(r["error"]) for r in pub if r["source"] == k]
+        assert d["model"]["max_abs_error"] == max(mine)
+        assert 0 <= d["model"]["ordered_right"] <= d["model"]["comparisons"]
+    md = check.markdown_published(pub)
+    assert "| held-out, unseen only: " + ", ".join(sorted(unseen)) + " |" in md
+    assert all(f"| {k} | held-out, unseen |" in md for k in unseen)
+
+
+def test_the_eth_cscs_rows_give_the_efficiencies_its_text_states():
+    # the report's text: 91.77% at 16 GPUs, 88.35% on four and 88.55% on eight p2.8xlarge
+    rows = {r["cluster"]: r for r in published.ROWS if r["source"] == "eth-cscs"}
+    for cluster, pct in (("2x8:pcie,10gbit", 91.77), ("4x8:pcie,10gbit", 88.35), ("8x8:pcie,10gbit", 88.55)):
+        assert abs(rows[cluster]["published"] * 100 - pct) < 0.01, cluster
+    # fewer parameter servers than hosts where the table names fewer, else every host serves
+    assert [rows[c]["servers"] for c in ("2x8:pcie,10gbit", "4x8:pcie,10gbit", "8x8:pcie,10gbit",
+                                         "16x8:pcie,10gbit")] == [1, 3, None, None]
+
+
+def test_paddle_perf_rows_keep_one_batch_per_system_and_name_its_collective():
+    rows = [r for r in published.ROWS if r["source"] == "paddle-perf"]
+    assert len(rows) == 10
+    for r in rows:
+        assert ("Horovod" in r["hardware"]) != ("DistributedDataParallel" in r["hardware"]), r["quoted"]
+        assert f"(batch {r['batch']})" in r["quoted"]
+        assert r["transport"] == ("rdma" if r["cluster"].startswith("4x") else "none")
