@@ -240,17 +240,27 @@ def published_comparison() -> list[dict]:
     return rows
 
 
-def _pairs(rows: list[dict], col: str) -> tuple[int, int]:
+def _framework_pair(x: dict, y: dict) -> bool:
+    """Two rows one source ran on one cluster at one precision with different frameworks
+    (:mod:`hvdkit.advise.published`'s ``framework``): the advisor prices them with no framework term."""
+    return bool(x.get("framework") and y.get("framework") and x["framework"] != y["framework"]
+                and x["cluster"] == y["cluster"] and x.get("precision") == y.get("precision"))
+
+
+def _pairs(rows: list[dict], col: str, frameworks: bool | None = None) -> tuple[int, int]:
     """(comparisons, ordered right): every published comparison of one source: two figures of one model
     and kind more than :data:`TIE` apart (which strategy, transport, network or size is faster), and each
-    speed-up (is the subject faster than the system it is compared with)."""
+    speed-up (is the subject faster than the system it is compared with). ``frameworks``: True, only the
+    pairs of frameworks on one cluster (:func:`_framework_pair`); False, all but those; None, all."""
     total = right = 0
     for i, x in enumerate(rows):
-        if x["kind"] == "speedup" and abs(x["published"] - 1) * 100 > TIE:
+        if x["kind"] == "speedup" and abs(x["published"] - 1) * 100 > TIE and not frameworks:
             total += 1
             right += (x[col] > 1) == (x["published"] > 1)
         for y in rows[i + 1:]:
             if (x["source"], x["model"], x["kind"]) != (y["source"], y["model"], y["kind"]):
+                continue
+            if frameworks is not None and _framework_pair(x, y) != frameworks:
                 continue
             gap = (x["published"] - y["published"]) * 100 / (x["published"] if x["kind"] == "speedup" else 1)
             if abs(gap) <= TIE:
@@ -276,6 +286,7 @@ def published_summary(rows: list[dict]) -> dict:
                 d[kind] = {"rows": len(e), "unit": unit, "median_abs_error": statistics.median(e) if e else None,
                            "max_abs_error": max(e) if e else None}
             d["comparisons"], d["ordered_right"] = _pairs(mine, col)
+            d["framework_comparisons"], d["framework_ordered_right"] = _pairs(mine, col, frameworks=True)
             part[who] = d
         out[role] = part
     return out
@@ -359,6 +370,16 @@ def markdown_published(pub: list[dict]) -> str:
                        f"{'advise' if who == 'model' else 'naive baseline'} | {_stat(d, 'efficiency', 'median_abs_error')} | "
                        f"{_stat(d, 'efficiency', 'max_abs_error')} | {_stat(d, 'speedup', 'median_abs_error')} | "
                        f"{_stat(d, 'speedup', 'max_abs_error')} | {d['ordered_right']} of {d['comparisons']} |")
+    for role, s in (("held-out", summ["held-out"]), ("held-out, unseen only", unseen)):
+        m, b = s["model"], s["baseline"]
+        fw, rest = m["framework_comparisons"], m["comparisons"] - m["framework_comparisons"]
+        if fw:
+            out += ["", f"Of the {role} comparisons, {fw} are between two frameworks a source ran on one cluster at "
+                    "one precision: the advisor has no framework term, so it can order them only by their one-GPU "
+                    f"speeds; advise ordered {m['framework_ordered_right']} of them right, the naive baseline "
+                    f"{b['framework_ordered_right']}. The other {rest}: advise "
+                    f"{m['ordered_right'] - m['framework_ordered_right']}, naive baseline "
+                    f"{b['ordered_right'] - b['framework_ordered_right']}."]
     out += ["", "Per source (efficiency errors in points, speed-up errors in percent; *unseen*: declared held out, "
             "rows committed, before any prediction of them was computed; the other held-out sources had been looked "
             "at while terms were chosen):", "",

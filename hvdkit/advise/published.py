@@ -9,7 +9,10 @@ sends gradients while the backward pass runs (Horovod's DistributedOptimizer, Py
 after it (tf_cnn_benchmarks' replicated and distributed_replicated modes); ``aggregate``: a PS host sums its
 accelerators' gradients before pushing; ``images_per_s``: the one-accelerator throughput the source prints
 next to the figure (None: :data:`hvdkit.advise.presets.KNOWN_MODELS`'s for ``gpu``); ``batch``: per accelerator;
-``servers`` (where present): the parameter servers the source names where it ran fewer than its hosts.
+``servers`` (where present): the parameter servers the source names where it ran fewer than its hosts;
+``framework`` and ``precision`` (where a source ran several frameworks on one cluster): two rows of one source,
+model and cluster at one precision whose frameworks differ are a comparison no term of the advisor prices (it
+has no framework term), counted apart by the check.
 
 :data:`SOURCES` declares, per source and before any term of the model was fitted to these rows, which
 sources may calibrate the model (``"calibrate"``) and which are held out (``"held-out"``): a change to the
@@ -139,7 +142,8 @@ ROWS: list[dict] = [
        "quoted": f"{fw}: 1 device {one}, {n} devices {v} img/s", "model": "resnet50", "kind": "efficiency",
        "published": _eff(n, one, v), "strategy": "horovod", "overlap": True, "aggregate": False,
        "cluster": f"{max(1, n // 8)}x8:nvlink,100gbit+rdma", "gpu": None, "images_per_s": one, "batch": b,
-       "hardware": f"{_DLPERF_HW}; {how}", "transport": "rdma" if n > 8 else "none"}
+       "hardware": f"{_DLPERF_HW}; {how}", "transport": "rdma" if n > 8 else "none", "framework": fw,
+       "precision": "FP32"}
       for fw, how, one, b, vals in (
           ("TensorFlow 1.x", "NVIDIA DeepLearningExamples' script, DALI + Horovod", 362.44, 128,
            ((8, 2721.98), (16, 5099.42), (32, 9514.64))),
@@ -154,7 +158,8 @@ ROWS: list[dict] = [
        "published": round(sp / 32, 6), "strategy": "horovod", "overlap": True, "aggregate": False,
        "cluster": "8x4:pcie,100gbit+rdma", "gpu": "v100", "images_per_s": None, "batch": 64,
        "hardware": "8 PowerEdge C4140 x 4 V100-PCIe, 100 Gb/s EDR InfiniBand; the framework's own synchronous "
-                   "data parallelism (its collective is not named in the text read)", "transport": "rdma"}
+                   "data parallelism (its collective is not named in the text read)", "transport": "rdma",
+       "framework": fw, "precision": "FP32"}
       for fw, sp in (("MXNet", 29.4), ("TensorFlow", 22.0), ("Caffe2", 26.5))),
     # ---- eth-cscs (held out): InceptionV3 on 1 to 16 p2.8xlarge, distributed_replicated, synthetic data; each
     # GPU count's best number of parameter servers (the table's "Num PSs"), run on the worker instances
@@ -178,7 +183,8 @@ ROWS: list[dict] = [
        "cluster": f"{n // 8}x8:nvlink,100gbit+rdma", "gpu": None, "images_per_s": one, "batch": b,
        "hardware": ("1 host of 8 V100-SXM2-32GB (NVLink), Xeon Gold 6148" if n == 8 else
                     "4 hosts of 8 V100-SXM2-32GB (NVLink), Xeon Gold 6271C, InfiniBand 100 Gb/sec (the 1-GPU figure "
-                    "from the single-host machine)") + f"; {how}, {prec}", "transport": "rdma" if n > 8 else "none"}
+                    "from the single-host machine)") + f"; {how}, {prec}", "transport": "rdma" if n > 8 else "none",
+       "framework": fw, "precision": prec}
       for prec, fw, how, one, b, vals in (
           ("FP32", "NGC TensorFlow 1.15", "DeepLearningExamples, Horovod", 408.70, 128, ((8, 3132.27), (32, 11622.9))),
           ("FP32", "NGC PyTorch", "DeepLearningExamples, DistributedDataParallel", 358.30, 128,

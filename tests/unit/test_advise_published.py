@@ -210,3 +210,20 @@ def test_paddle_perf_rows_keep_one_batch_per_system_and_name_its_collective():
         assert ("Horovod" in r["hardware"]) != ("DistributedDataParallel" in r["hardware"]), r["quoted"]
         assert f"(batch {r['batch']})" in r["quoted"]
         assert r["transport"] == ("rdma" if r["cluster"].startswith("4x") else "none")
+
+
+def test_pairs_of_frameworks_on_one_cluster_are_counted_apart():
+    # Dell's three frameworks on one cluster at FP32: three such pairs, priced alike (no framework term)
+    dell = [r for r in check.published_comparison() if r["source"] == "dell"]
+    assert len(dell) == 3 and len({r["predicted"] for r in dell}) == 1
+    assert check._pairs(dell, "predicted", frameworks=True) == (3, 0)
+    assert check._pairs(dell, "predicted", frameworks=False) == (0, 0)
+    # a precision apart, or a cluster apart, is not a framework pair: the advisor prices those
+    tf, pt = ({**dell[0], "framework": "TensorFlow"}, {**dell[0], "framework": "PyTorch"})
+    assert check._framework_pair(tf, pt)
+    assert not check._framework_pair(tf, {**pt, "precision": "AMP"})
+    assert not check._framework_pair(tf, {**pt, "cluster": "4x4:pcie,100gbit+rdma"})
+    summ = check.published_summary(check.published_comparison())["held-out"]["model"]
+    total, right = check._pairs([r for r in check.published_comparison() if r["role"] == "held-out"], "predicted")
+    assert (summ["comparisons"], summ["ordered_right"]) == (total, right)
+    assert 0 < summ["framework_comparisons"] < total
