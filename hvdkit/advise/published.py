@@ -168,8 +168,9 @@ ROWS: list[dict] = [
        "quoted": f"InceptionV3: 1 GPU 30.55, {n} GPUs {v} images/s ({k} PSs)", "model": "inception3",
        "kind": "efficiency", "published": _eff(n, 30.55, v), "strategy": "ps-sync:ps_colocated=true", "overlap": False,
        "aggregate": True, "cluster": f"{max(1, n // 8)}x{min(n, 8)}:pcie,10gbit", "gpu": None, "images_per_s": 30.55,
-       "batch": 64, "hardware": _AWS_HW + f"; distributed_replicated, {k} parameter server(s) on the worker instances "
-                                         "(the workers of a host aggregate before pushing, as the report states)",
+       "batch": 64,
+       "hardware": _AWS_HW + f"; distributed_replicated, {k} parameter server(s) on the worker instances (the "
+                             "workers of a host aggregate before pushing, as the report states)",
        "transport": "tcp", "servers": k if k < max(1, n // 8) else None}
       for k, n, v in ((1, 2, 58.38), (1, 4, 116.34), (1, 8, 230.75), (1, 16, 448.57), (3, 32, 863.72),
                       (8, 64, 1731.31), (16, 128, 3333.20))),
