@@ -27,12 +27,24 @@ import signal
 import sys
 from typing import Callable, Mapping
 
-__all__ = ["LAUNCHED_VARS", "die_with_parent", "preexec_die_with_parent", "launched", "catch_stop_signal",
-           "stop_signal"]
+__all__ = ["LAUNCHED_VARS", "MPI_PROCESS_NAMES", "MPI_PROCESS_PREFIXES", "die_with_parent", "preexec_die_with_parent",
+           "launched", "singleton_child", "outside_mpi", "leave_singleton", "catch_stop_signal", "stop_signal"]
 
 PR_SET_PDEATHSIG = 1   # <linux/prctl.h>
 #: variables a launcher sets in every rank's environment (Open MPI, PMIx, MPICH/Hydra, Horovod, Slurm)
 LAUNCHED_VARS = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "HOROVOD_RANK", "SLURM_PROCID")
+
+#: variables that make a process an MPI process of its own, which Open MPI and PMIx set: an Open MPI singleton
+#: (a process that imported mpi4py without a launcher) sets them in its C environment (``os.environ`` does not
+#: show them; a child it starts inherits them), a launcher in each rank's. They say who the process is and
+#: where its PMIx server listens. An ``mpirun`` started under them exits 1 at once: under a singleton's
+#: without a word (``OMPI_MCA_ess=singleton`` does it alone), under a rank's "does not support recursive calls".
+#: A user's tuning (``OMPI_MCA_btl``, ``PMIX_MCA_gds``, ``OMPI_ALLOW_RUN_AS_ROOT``) is none of them.
+MPI_PROCESS_NAMES = frozenset({"OMPI_MCA_ess", "OMPI_MCA_pmix", "OMPI_APP_CTX_NUM_PROCS", "OMPI_NUM_APP_CTX",
+                               "OMPI_FIRST_RANKS", "OMPI_UNIVERSE_SIZE", "OMPI_ARGV", "OMPI_COMMAND",
+                               "OMPI_FILE_LOCATION", "ORTE_SCHIZO_DETECTION"})
+#: prefixes of such variables (:data:`MPI_PROCESS_NAMES`); ``PMIX_MCA_*`` (PMIx's tuning) excepted
+MPI_PROCESS_PREFIXES = ("OMPI_COMM_WORLD_", "OMPI_MCA_orte_", "OMPI_MCA_ess_base_", "PMIX_")
 
 _libc = None
 
@@ -66,8 +78,36 @@ def preexec_die_with_parent(sig: int = signal.SIGTERM) -> Callable[[], None]:
 
 def launched(environ: Mapping[str, str]) -> bool:
     """True when ``environ`` is a rank's under a launcher (one of :data:`LAUNCHED_VARS` is set);
-    a process started by hand (``nohup python -m hvdkit.train &``) is left alone."""
-    return any(environ.get(v, "").strip().isdigit() for v in LAUNCHED_VARS)
+    a process started by hand (``nohup python -m hvdkit.train &``) is left alone, and so is one
+    that inherited an Open MPI singleton's variables (:func:`singleton_child`: ``PMIX_RANK`` is one)."""
+    return not singleton_child(environ) and any(environ.get(v, "").strip().isdigit() for v in LAUNCHED_VARS)
+
+
+def singleton_child(environ: Mapping[str, str]) -> bool:
+    """True when ``environ`` carries an Open MPI singleton's variables (``OMPI_MCA_ess=singleton``): this
+    process's parent imported mpi4py without a launcher (a notebook, a driver script) and started it.
+    No launcher started it as a rank, and an ``mpirun`` it starts under them exits 1 without a word."""
+    return environ.get("OMPI_MCA_ess") == "singleton"
+
+
+def outside_mpi(environ: Mapping[str, str]) -> dict[str, str]:
+    """``environ`` without what made its process an MPI process of its own (:data:`MPI_PROCESS_NAMES`,
+    :data:`MPI_PROCESS_PREFIXES`): the environment to start an MPI launcher in. Pure."""
+    return {k: v for k, v in environ.items()
+            if not (k in MPI_PROCESS_NAMES or (k.startswith(MPI_PROCESS_PREFIXES) and not k.startswith("PMIX_MCA_")))}
+
+
+def leave_singleton(environ=os.environ) -> list[str]:
+    """Remove an inherited singleton's variables (:func:`singleton_child`) from ``environ`` (this process's:
+    its children's and its own ``MPI_Init``'s), so that an ``mpirun`` it starts, or its own MPI, begins
+    afresh; returns the names removed (none when no singleton's are there). ``hvdkit launch`` and
+    ``hvdkit train`` call it first."""
+    if not singleton_child(environ):
+        return []
+    gone = sorted(set(environ) - set(outside_mpi(environ)))
+    for k in gone:
+        del environ[k]
+    return gone
 
 
 _STOP_SIGNALS: list[int] = []

@@ -29,10 +29,11 @@ def main(argv: list[str] | None = None, prog: str = "python -m hvdkit.train") ->
     as typed (``hvdkit train``), shown by ``--help``."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TF's C++ start-up chatter, on every rank
     args = sys.argv[1:] if argv is None else argv
+    from hvdkit.lifecycle import catch_stop_signal, die_with_parent, launched, leave_singleton
     from hvdkit.mpistart import arm
 
+    leave_singleton()   # started by a process that imported mpi4py: its MPI starts afresh, as its own singleton
     mpi_start = arm(args, os.environ)   # MPI's first connections get --startup-timeout too (before MPI_Init)
-    from hvdkit.lifecycle import catch_stop_signal, die_with_parent, launched
 
     if launched(os.environ):
         die_with_parent()   # no rank outlives mpirun/orted (SIGKILL when it exits)

@@ -40,7 +40,7 @@ import numpy as np
 from hvdkit.errors import UsageError
 from hvdkit.launch import local_command, reaper
 from hvdkit.launch.supervise import ENDING
-from hvdkit.lifecycle import preexec_die_with_parent
+from hvdkit.lifecycle import outside_mpi, preexec_die_with_parent
 from hvdkit.results import make_writable_dir
 
 __all__ = ["Job", "DriverSignal", "ending_signals", "mpirun_cmd", "cluster_mpirun_cmd", "launch", "job_env", "outside_mpi",
@@ -176,26 +176,6 @@ def mpirun_cmd(np_: int, module: str, args: Sequence[str] = (), mpirun_args: Seq
         FileNotFoundError: no ``mpirun`` on PATH (install Open MPI, or activate the venv).
     """
     return local_command(np_, [sys.executable, "-m", module, *args], mpi_args=mpirun_args)
-
-
-#: variables that make a process an MPI process of its own, which Open MPI and PMIx set: an Open MPI singleton
-#: (a process that imported mpi4py without a launcher) sets them in its C environment (``os.environ`` does not
-#: show them; a child it starts inherits them), a launcher in each rank's. They say who the process is and
-#: where its PMIx server listens. An ``mpirun`` started under them exits 1 at once: under a singleton's
-#: without a word (``OMPI_MCA_ess=singleton`` does it alone), under a rank's "does not support recursive calls".
-#: A user's tuning (``OMPI_MCA_btl``, ``PMIX_MCA_gds``, ``OMPI_ALLOW_RUN_AS_ROOT``) is none of them.
-MPI_PROCESS_NAMES = frozenset({"OMPI_MCA_ess", "OMPI_MCA_pmix", "OMPI_APP_CTX_NUM_PROCS", "OMPI_NUM_APP_CTX",
-                               "OMPI_FIRST_RANKS", "OMPI_UNIVERSE_SIZE", "OMPI_ARGV", "OMPI_COMMAND",
-                               "OMPI_FILE_LOCATION", "ORTE_SCHIZO_DETECTION"})
-#: prefixes of such variables (:data:`MPI_PROCESS_NAMES`); ``PMIX_MCA_*`` (PMIx's tuning) excepted
-MPI_PROCESS_PREFIXES = ("OMPI_COMM_WORLD_", "OMPI_MCA_orte_", "OMPI_MCA_ess_base_", "PMIX_")
-
-
-def outside_mpi(environ: Mapping[str, str]) -> dict[str, str]:
-    """``environ`` without what made its process an MPI process of its own (:data:`MPI_PROCESS_NAMES`,
-    :data:`MPI_PROCESS_PREFIXES`): the environment to start an MPI launcher in. Pure."""
-    return {k: v for k, v in environ.items()
-            if not (k in MPI_PROCESS_NAMES or (k.startswith(MPI_PROCESS_PREFIXES) and not k.startswith("PMIX_MCA_")))}
 
 
 def job_env(environ: Mapping[str, str]) -> dict[str, str]:

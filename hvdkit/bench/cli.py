@@ -64,8 +64,10 @@ _USAGE = ("usage: hvdkit-bench {collectives,training,plots,plot-timeline,timelin
 def _in_mpi_job() -> bool:
     """Whether a launcher started this process as a rank. An Open MPI singleton's variables (``PMIX_RANK``
     with ``OMPI_MCA_ess=singleton``), inherited from a parent that imported mpi4py, are no launch."""
+    from hvdkit.lifecycle import singleton_child
+
     e = os.environ
-    return e.get("OMPI_MCA_ess") != "singleton" and \
+    return not singleton_child(e) and \
         any(v in e for v in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "HOROVOD_RANK"))
 
 
@@ -119,7 +121,7 @@ def _collectives(args: list[str], name: str = "collectives", prog: str = "hvdkit
     one MPI job of N ranks (default 2) at the place (:func:`hvdkit.bench.places.place_from_args`) running
     the benchmark with ARGS; inside an MPI job, the benchmark itself. ``--help`` (before any ``--``)
     prints :func:`parser`'s help here, without launching."""
-    from hvdkit.bench._common import outside_mpi
+    from hvdkit.lifecycle import outside_mpi
     from hvdkit.bench.places import place_from_args
     from hvdkit.cliparse import print_error
     from hvdkit.errors import UsageError

@@ -31,6 +31,7 @@ from hvdkit.launch.restart import RESTART_ENV, restart_mpi_args, run_once, run_w
 from hvdkit.launch.supervise import FORWARD, FORWARD_VIA_MPIRUN, run_job
 from hvdkit.launch.slurm import allocation, describe
 from hvdkit.launch.templates import TEMPLATES, render
+from hvdkit.lifecycle import leave_singleton
 from hvdkit.mpicheck import mpi_family
 
 __all__ = ["main", "build_parser"]
@@ -203,6 +204,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "hvdkit-launch") -> int:
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     own, after = _split_program(argv)
+    leave_singleton()   # started by a process that imported mpi4py: else the job's mpirun exits 1 without a word
     try:
         ns = build_parser(prog).parse_args(own)
         program = after if after is not None else list(ns.program)

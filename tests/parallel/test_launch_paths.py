@@ -59,3 +59,16 @@ def test_elastic_writes_horovods_timeline_into_a_directory_of_any_characters(tmp
     with open(os.path.join(out, "t.horovod.json")) as f:
         text = f.read()
     assert text.lstrip().startswith("[") and "ALLREDUCE" in text, text[:500]
+
+
+def test_hvdkit_launch_started_by_a_process_that_imported_mpi4py():
+    # the parent is an Open MPI singleton; its variables, inherited, made the job's mpirun exit 1 silently
+    parent = ("import subprocess, sys; from mpi4py import MPI; "
+              "sys.exit(subprocess.call([sys.executable, '-m', 'hvdkit.launch', '-np', '2', '--', "
+              "sys.executable, '-c', 'print(\"rank up\")']))")
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=ROOT,
+               PATH=VENV_BIN + os.pathsep + os.environ.get("PATH", ""))
+    r = subprocess.run([sys.executable, "-c", parent], capture_output=True, text=True, timeout=120, env=env,
+                       cwd=ROOT, stdin=subprocess.DEVNULL, start_new_session=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.count("rank up") == 2, r.stdout   # one line from each rank

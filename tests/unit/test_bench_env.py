@@ -72,3 +72,14 @@ def test_hvdkit_bench_under_a_singletons_variables_launches_its_job_without_them
     monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "2")
     monkeypatch.delenv("OMPI_MCA_ess")
     assert cli._in_mpi_job()   # a rank of mpirun's
+
+
+def test_launch_and_train_leave_a_singletons_variables_and_a_ranks_alone():
+    from hvdkit.lifecycle import launched, leave_singleton, singleton_child
+
+    env = {**SINGLETON, **USER}
+    assert singleton_child(env) and not launched(env)   # PMIX_RANK=0, but no launcher started it
+    assert set(leave_singleton(env)) == set(SINGLETON) and env == USER
+    rank = {**RANK, **USER}
+    assert not singleton_child(rank) and launched(rank)
+    assert leave_singleton(rank) == [] and rank == {**RANK, **USER}   # a rank's: mpirun says "recursive"
