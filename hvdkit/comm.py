@@ -303,9 +303,13 @@ class StopFlag:
     * ``lockstep`` (synchronous strategies, whose loop ranks take every step together): at
       step k it starts a nonblocking ``Iallreduce`` (MAX of one int32, "this rank got the
       signal") over a duplicate of ``comm`` (the strategy's ``metrics_comm``; its own
-      communicator, so it never matches the strategy's collectives) and completes it with
-      ``Wait`` at step k+1, which costs nothing: every rank started it a step ago. Every rank
-      learns the outcome of the same request after the same step, so all stop there.
+      communicator, so it never matches the strategy's collectives), moves it on with ``Test``
+      after each of the next steps, and completes it with ``Wait`` at step k + :attr:`LAG`, when
+      it has long finished. An MPI without a progress thread moves a nonblocking collective only
+      inside MPI calls: a ``Wait`` one step later would finish the exchange there, with a rank that
+      arrives first spinning until its peers arrive, on cores the step needs. Every rank learns the
+      outcome of the same request after the same step, so all stop there, at most 2 x LAG steps
+      after the signal.
     * otherwise (ps-async, ps-ssp, ps-dcasgd: workers at their own pace, which a collective
       per step would tie together): no collective; rank 0 acts on its own signal at its next
       step (mpirun and srun send the signal to every rank; its checkpoint of the servers'
@@ -322,9 +326,13 @@ class StopFlag:
         self._mine = np.zeros(1, np.int32)
         self._all = np.zeros(1, np.int32)
         self._req = None
+        self._age = 0   # polls since self._req started
         self.due = False
         from mpi4py import MPI
         self._max = MPI.MAX
+
+    #: steps from starting a lockstep request to reading its outcome (see the class)
+    LAG = 4
 
     @property
     def acts(self) -> bool:
@@ -342,12 +350,17 @@ class StopFlag:
             self.due = self.due or bool(self.rank0 and stop_signal())
             return self.due
         if self._req is not None:
+            self._age += 1
+            if self._age < self.LAG:   # the same count on every rank: all read the outcome after the same step
+                self._req.Test()   # progress only; a request it completes stays done for the Wait
+                return False
             self._req.Wait()
             self._req = None
             self.due = bool(self._all[0])
         if not self.due:
             self._mine[0] = 1 if stop_signal() else 0
             self._req = self.comm.Iallreduce(self._mine, self._all, op=self._max)
+            self._age = 0
         return self.due
 
     def close(self) -> None:
