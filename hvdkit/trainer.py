@@ -148,11 +148,11 @@ def train_epochs(loop: Loop, p: Progress, commit=None) -> None:
     x_all, y_all = loop.data.x_train, loop.data.y_train
     for epoch in range(p.epoch, cfg.epochs):
         idx = epoch_shard(len(x_all), part[0], part[1], epoch, cfg.seed, start=p.start)
+        all_batches = list(batches(idx, cfg.batch_size))
+        crc = R.trainable_crc(model) if w.is_rank0 else None   # the weights the epoch starts from (a check, untimed)
         t_epoch = time.perf_counter()
         t_log = t_epoch
         sums = np.zeros(4, np.float64)  # loss_sum, correct, samples, steps (after p.start on a mid-epoch resume)
-        all_batches = list(batches(idx, cfg.batch_size))
-        crc = R.trainable_crc(model) if w.is_rank0 else None   # the weights the epoch starts from
         watchdog.at(watchdog.DATA)  # progress marks for --stall-timeout (hvdkit.watchdog)
         for i, b in enumerate(all_batches):
             if cfg.max_steps and p.global_step >= cfg.max_steps:
