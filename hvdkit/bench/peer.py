@@ -3,6 +3,7 @@
     hvdkit-bench peer                                          # horovod, horovod:grouped=true; mlp, 2 ranks
     hvdkit-bench peer --rows tf-multiworker                    # beside TensorFlow's own loop
     hvdkit-bench peer --model cnn --rounds 5 --json benchmarks/reference/peer_horovod.json
+    hvdkit-bench peer --rows horovod,tf-multiworker --model cnn --threads 0,1,2   # which thread rule
 
 The bare loop of Horovod is :mod:`hvdkit.bench.bare_horovod` ``--as-example``, the pattern of
 Horovod's ``examples/tensorflow2/tensorflow2_synthetic_benchmark.py``: a constant synthetic batch,
@@ -15,11 +16,13 @@ tf-multiworker row steps), on the same constant input. The hvdkit side is
 (:mod:`hvdkit.bench.jobs`). Both get the same model (:func:`hvdkit.models.build_model`, same seed),
 batch per rank, ranks, K steps per timed epoch (iteration), timed epochs after one warm-up, and
 threads: ``--threads 0`` each side's own default (hvdkit's rule, :func:`hvdkit.steps.thread_counts`;
-TensorFlow's for the bare loop), ``--threads N`` both N intra-op threads under hvdkit's inter-op rule.
+TensorFlow's for the bare loop), ``--threads N`` both N intra-op threads under hvdkit's inter-op rule;
+``--threads 0,1,2`` measures every row and bare loop at each setting, in the same rounds, so that a row's
+step at one setting can be read beside its step at another.
 
-Rounds interleave the jobs: round r runs the rows and the bare loop in one order, round r + 1 in
-the reverse order, so drifting load hits every side alike. A side's step in a round: for a row,
-batch x ranks / samples/s (the mean over the timed epochs of all samples / the slowest rank's
+Rounds interleave the jobs: round r runs the rows and the bare loop (at every ``--threads`` setting)
+in one order, round r + 1 in the reverse order, so drifting load hits every side alike. A side's step
+in a round: for a row, batch x ranks / samples/s (the mean over the timed epochs of all samples / the slowest rank's
 seconds: :mod:`hvdkit.bench.jobs`); for the bare loop, the median over its timed iterations of
 the slowest rank's seconds / K. The ratio of a row in a round = bare step / row step (the row's
 samples/s over the bare loop's, the same round); reported: the median and [min-max] over rounds.
@@ -71,8 +74,9 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     p.add_argument("--steps-per-iter", type=int, default=20, help="K, steps per timed epoch (default: %(default)s)")
     p.add_argument("--iters", type=int, default=3, help="timed epochs after one warm-up (default: %(default)s)")
     p.add_argument("--rounds", type=int, default=8, help="interleaved rounds (default: %(default)s)")
-    p.add_argument("--threads", type=int, default=0,
-                   help="intra-op threads per rank on both sides; 0: each side's own default (default: 0)")
+    p.add_argument("--threads", default="0", metavar="N[,N...]",
+                   help="intra-op threads per rank on both sides; 0: each side's own default; several, "
+                        "comma-separated: each measured in every round (default: 0)")
     p.add_argument("--seed", type=int, default=0, help="weights seed (default: %(default)s)")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per job before it is killed (default: 300)")
     p.add_argument("--out-dir", metavar="DIR", help="the jobs' directories (default: a new temporary directory)")
@@ -89,8 +93,12 @@ def _check(a) -> list:
     for name in ("ranks", "batch_size", "image_size", "num_classes", "steps_per_iter", "iters", "rounds"):
         if getattr(a, name) < 1:
             raise UsageError(f"--{name.replace('_', '-')}={getattr(a, name)} must be >= 1")
-    if a.threads < 0 or a.timeout <= 0:
-        raise UsageError("--threads must be >= 0 and --timeout > 0")
+    try:
+        a.threads = thread_settings(a.threads)
+    except ValueError:
+        raise UsageError(f"--threads {a.threads}: integers >= 0, comma-separated, each once") from None
+    if a.timeout <= 0:
+        raise UsageError("--timeout must be > 0")
     rows = [parse_variant(r) for r in split_variants(a.rows)]
     for v in rows:
         if v.name not in BARE_LOOPS:
@@ -101,23 +109,48 @@ def _check(a) -> list:
     return rows
 
 
+def thread_settings(text) -> list[int]:
+    """``--threads``: ``"0"`` -> [0], ``"0,1,2"`` -> [0, 1, 2] (an int is one setting, a list is kept).
+
+    Raises:
+        ValueError: not integers >= 0, or one given twice.
+    """
+    out = [text] if isinstance(text, int) else list(text) if isinstance(text, list) else \
+        [int(t) for t in str(text).split(",")]
+    if not out or min(out) < 0 or len(set(out)) != len(out):
+        raise ValueError(text)
+    return out
+
+
 def measure(place, a, rows: list, out_root: str, log=print) -> dict[str, Any]:
-    """Run ``a.rounds`` interleaved rounds of every row and its library's bare loop on ``place``;
-    returns the document (module docstring: the definitions it records)."""
+    """Run ``a.rounds`` interleaved rounds of every row and its library's bare loop on ``place``, at each
+    of ``a.threads`` (one setting or a list); returns the document (module docstring: the definitions it
+    records). A row's key is its label, with `` @ threads N`` when there are several settings."""
+    import dataclasses
+
     from hvdkit.bench import jobs
     from hvdkit.bench.overhead import run_bare
 
-    s = jobs.Settings(measure="throughput", image_size=a.image_size, num_classes=a.num_classes,
-                      batch_size=a.batch_size, steps_per_iter=a.steps_per_iter, iters=a.iters,
-                      threads=a.threads, seed=a.seed)
+    settings = thread_settings(a.threads)
+    s0 = jobs.Settings(measure="throughput", image_size=a.image_size, num_classes=a.num_classes,
+                       batch_size=a.batch_size, steps_per_iter=a.steps_per_iter, iters=a.iters,
+                       threads=settings[0], seed=a.seed)
+
+    def at(name: str, t: int) -> str:
+        return name if len(settings) == 1 else f"{name} @ threads {t}"
+
     libs = sorted({v.name for v in rows})
-    sides = [("row", v) for v in rows] + [("bare", n) for n in libs]
-    steps: dict[str, list] = {v.label: [] for v in rows} | {f"bare:{n}": [] for n in libs}
+    sides = [(t, kind, what) for t in settings
+             for kind, what in [("row", v) for v in rows] + [("bare", n) for n in libs]]
+    steps: dict[str, list] = {at(v.label, t): [] for t in settings for v in rows} | \
+        {at(f"bare:{n}", t): [] for t in settings for n in libs}
     errors: list[str] = []
     for rnd in range(a.rounds):
-        for kind, what in (sides if rnd % 2 == 0 else sides[::-1]):
-            key = what.label if kind == "row" else f"bare:{what}"
-            d = os.path.join(out_root, f"r{rnd}-{key.replace(':', '_').replace('=', '-').replace(',', '_')}")
+        for t, kind, what in (sides if rnd % 2 == 0 else sides[::-1]):
+            s = dataclasses.replace(s0, threads=t)
+            key = at(what.label if kind == "row" else f"bare:{what}", t)
+            d = os.path.join(out_root, f"r{rnd}-{key.replace(':', '_').replace('=', '-').replace(',', '_')}"
+                             .replace(" @ threads ", "-t"))
             if kind == "row":
                 row = jobs.run_job(place, jobs.Cell(what, a.model, a.ranks), rnd, s, d, timeout=a.timeout)
                 step, err = (row["step_ms"] / 1e3, None) if row["status"] == "OK" else (None, row["error"])
@@ -129,14 +162,16 @@ def measure(place, a, rows: list, out_root: str, log=print) -> dict[str, Any]:
                 errors.append(f"{key} round {rnd}: {err}")
             log(f"peer: round {rnd} {key}: " + (f"step {step * 1e3:.2f} ms" if step else f"FAILED {err}"))
     out_rows = {}
-    for v in rows:
-        mine, bare = steps[v.label], steps[f"bare:{v.name}"]
-        ratios = [b / h for h, b in zip(mine, bare) if h and b]
-        out_rows[v.label] = {
-            "library": v.name, "step_ms": [h * 1e3 if h else None for h in mine],
-            "bare_step_ms": [b * 1e3 if b else None for b in bare], "ratio": ratios,
-            "ratio_median": statistics.median(ratios) if ratios else None,
-            "ratio_min": min(ratios) if ratios else None, "ratio_max": max(ratios) if ratios else None}
+    for t in settings:
+        for v in rows:
+            mine, bare = steps[at(v.label, t)], steps[at(f"bare:{v.name}", t)]
+            ratios = [b / h for h, b in zip(mine, bare) if h and b]
+            out_rows[at(v.label, t)] = {
+                "library": v.name, **({"row": v.label, "threads": t} if len(settings) > 1 else {}),
+                "step_ms": [h * 1e3 if h else None for h in mine],
+                "bare_step_ms": [b * 1e3 if b else None for b in bare], "ratio": ratios,
+                "ratio_median": statistics.median(ratios) if ratios else None,
+                "ratio_min": min(ratios) if ratios else None, "ratio_max": max(ratios) if ratios else None}
     return {"rows": out_rows, "errors": errors}
 
 
@@ -154,21 +189,29 @@ def _ms(xs) -> str:
 def blocks(doc: dict) -> list:
     """The document as markdown blocks (:mod:`hvdkit.bench.report.document`): per row its step, its
     library's bare step (ms, median [min-max] over rounds) and the ratio of samples/s, row / bare,
-    median [min-max] over rounds, with whether the median reaches :data:`TARGET`."""
+    median [min-max] over rounds, with whether the median reaches :data:`TARGET`; measured at several
+    ``--threads`` settings, a threads column too (0: each side's own default)."""
     from hvdkit.bench.report.document import Table
 
     s = doc["settings"]
-    rows = [[label, str(len(r["ratio"])), _ms(r["step_ms"]), _ms(r["bare_step_ms"]), _fmt(r),
+    several = isinstance(s["threads"], list) and len(s["threads"]) > 1
+    rows = [[r.get("row", label), *([str(r["threads"] or "default")] if several else []), str(len(r["ratio"])),
+             _ms(r["step_ms"]), _ms(r["bare_step_ms"]), _fmt(r),
              "-" if r.get("ratio_median") is None else ("yes" if r["ratio_median"] >= doc["target"] else "no")]
             for label, r in doc["rows"].items()]
-    threads = "each side's own default (hvdkit's rule; TensorFlow's for the bare loop)" if not s["threads"] \
-        else f"{s['threads']} intra-op per rank on both sides"
+    if several:
+        threads = (f"{', '.join(str(t) for t in s['threads'])} intra-op per rank on both sides, each in every round "
+                   f"(default: each side's own, hvdkit's rule for the row and TensorFlow's for the bare loop)")
+    else:
+        one = s["threads"][0] if isinstance(s["threads"], list) else s["threads"]
+        threads = f"{one} intra-op per rank on both sides" if one else \
+            "each side's own default (hvdkit's rule; TensorFlow's for the bare loop)"
     cap = (f"{s['ranks']} ranks, model {s['model']}, batch {s['batch_size']} per rank, images {s['image_size']}x"
            f"{s['image_size']}x3, {s['steps_per_iter']} steps x {s['iters']} timed epochs after one warm-up, threads: "
            f"{threads}; median [min-max] over rounds. ratio = bare step / row step (the row's samples/s over its "
            f"library's bare loop's, the same round); target: ratio >= {doc['target']}.")
-    out = [Table(["row", "rounds", "row step (ms)", "bare step (ms)", "ratio row/bare", f">= {doc['target']}"],
-                 rows, "lrrrrl", cap)]
+    out = [Table(["row", *(["threads"] if several else []), "rounds", "row step (ms)", "bare step (ms)",
+                  "ratio row/bare", f">= {doc['target']}"], rows, "l" + ("r" if several else "") + "rrrrl", cap)]
     if doc.get("errors"):
         from hvdkit.bench.report.document import Bullets
         out.append(Bullets(list(doc["errors"])))
@@ -211,9 +254,10 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
     doc = {"benchmark": "peer", "meta": {**host_meta(), "command": " ".join([prog, *argv]),
                                           "place": where,
                                           "seconds": round(time.time() - t0, 1), "out_dir": out_root},
-           "settings": {**settings, "rows": [v.label for v in rows]}, "target": TARGET, **doc}
+           "settings": {**settings, "threads": a.threads[0] if len(a.threads) == 1 else a.threads,
+                        "rows": [v.label for v in rows]}, "target": TARGET, **doc}
     for label, r in doc["rows"].items():
-        print(f"{label:28s} ratio row/bare {_fmt(r)}  row {_ms(r['step_ms'])} ms  bare {_ms(r['bare_step_ms'])} ms")
+        print(f"{label:40s} ratio row/bare {_fmt(r)}  row {_ms(r['step_ms'])} ms  bare {_ms(r['bare_step_ms'])} ms")
     ok = not doc["errors"]
     print("OK" if ok else "FAILED: " + "; ".join(doc["errors"]))
     if a.json:

@@ -77,3 +77,51 @@ def test_the_bare_side_is_the_overhead_pairs_command_as_horovods_example(tmp_pat
     assert cmd == overhead.bare_command(Place(), 2, "mlp", s, path, as_example=True)
     assert cmd[cmd.index("hvdkit.bench.bare_horovod") + 1] == "--as-example"
     assert "--as-example" not in overhead.bare_command(Place(), 2, "mlp", s, path)
+
+
+def test_several_thread_settings_are_measured_in_every_round_and_tabled_side_by_side(tmp_path, monkeypatch):
+    # --threads 0,1: every row and bare loop at each setting, in the same rounds; one table with a threads column
+    import argparse
+
+    from hvdkit.bench import jobs, overhead
+    from hvdkit.strategies.variants import parse_variant
+
+    ran = []
+
+    def fake_job(place, cell, rnd, s, d, timeout):
+        ran.append(("row", rnd, s.threads))
+        return {"status": "OK", "step_ms": 10.0 + s.threads}
+
+    def fake_bare(place, ranks, model, s, d, timeout, as_example, module):
+        ran.append(("bare", rnd_of(d), s.threads))
+        return 0.010, None
+
+    def rnd_of(d):
+        return int(d.rsplit("/", 1)[1].split("-")[0][1:])
+
+    monkeypatch.setattr(jobs, "run_job", fake_job)
+    monkeypatch.setattr(overhead, "run_bare", fake_bare)
+    a = argparse.Namespace(model="cnn", ranks=2, batch_size=8, image_size=16, num_classes=10, steps_per_iter=3,
+                           iters=2, rounds=2, threads=[0, 1], seed=5, timeout=9.0)
+    doc = peer.measure(object(), a, [parse_variant("tf-multiworker")], str(tmp_path), log=lambda *_: None)
+    assert sorted(doc["rows"]) == ["tf-multiworker @ threads 0", "tf-multiworker @ threads 1"]
+    assert doc["rows"]["tf-multiworker @ threads 1"]["step_ms"] == [11.0, 11.0]
+    assert doc["rows"]["tf-multiworker @ threads 1"]["threads"] == 1
+    assert [r[2] for r in ran[:4]] == [0, 0, 1, 1] and [r[2] for r in ran[4:]] == [1, 1, 0, 0]   # reversed in round 1
+    d = _doc()
+    d["settings"]["threads"] = [0, 1]
+    d["rows"] = {k: {**r, "row": "tf-multiworker"} for k, r in doc["rows"].items()}
+    md = render("peer.json", d)
+    assert "| tf-multiworker | default | 2 | 10.00 [10.00-10.00] | 10.00 [10.00-10.00] | 1.000 [1.000-1.000] | yes |" in md
+    assert "| tf-multiworker | 1 | 2 | 11.00 [11.00-11.00] |" in md
+    assert "threads: 0, 1 intra-op per rank on both sides, each in every round" in md
+
+
+@pytest.mark.parametrize("text,out", [("0", [0]), ("0,1,2", [0, 1, 2]), (3, [3])])
+def test_thread_settings(text, out):
+    assert peer.thread_settings(text) == out
+
+
+def test_bad_thread_settings_are_refused(capsys):
+    assert cli.main(["peer", "--threads", "1,1"]) == 2
+    assert "--threads 1,1: integers >= 0" in capsys.readouterr().err
