@@ -69,10 +69,12 @@ ENV DEBIAN_FRONTEND=noninteractive \
     LANG=C.UTF-8
 
 # Python (the venv's interpreter), Open MPI's programs and libraries, SSH (multi-node) and
-# iproute2 (hvdkit cluster): no compiler, no CMake, no -dev package.
+# iproute2 (hvdkit cluster): no compiler, no CMake, no -dev package; no downloaded .deb files either
+# (apt-get clean: a debootstrapped base has no docker-clean rule, as debian:*-slim has).
 # hadolint ignore=DL3008
 RUN apt-get update \
  && apt-get install -y --no-install-recommends python3 openmpi-bin openssh-client openssh-server iproute2 \
+ && apt-get clean \
  && rm -rf /var/lib/apt/lists/*
 
 # SSH between containers (mpirun starts remote ranks over SSH; the Kubeflow MPI Operator

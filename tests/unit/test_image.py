@@ -272,6 +272,8 @@ def test_image_builds_and_runs_the_readme_job(tmp_path, request):
 
     p = _sh(f"{engine} run --rm {tag} bash -c 'for t in gcc g++ cc c++ make cmake; do command -v $t; done; true'", 120)
     assert p.returncode == 0 and p.stdout.strip() == "", f"build tools in the image: {p.stdout}"
+    p = _sh(f"{engine} run --rm {tag} bash -c 'find /var/cache/apt -name \"*.deb\" -o -name \"*.bin\"'", 120)
+    assert p.returncode == 0 and p.stdout.strip() == "", f"apt's downloads and caches in the image: {p.stdout}"
 
     cert = os.environ.get("PIP_CERT") or _sh("python3 -m pip config get global.cert", 60).stdout.strip()
     if cert and os.path.isfile(cert):
