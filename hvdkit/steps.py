@@ -12,6 +12,7 @@ TensorFlow is imported inside the functions, so importing this module is cheap.
 """
 from __future__ import annotations
 
+import inspect
 import os
 import time
 
@@ -22,7 +23,8 @@ from hvdkit.models import model_input_shape
 from hvdkit.timing import StepTimer
 
 __all__ = ["configure_threads", "thread_counts", "make_optimizer", "dense_gradients", "make_step_functions",
-           "make_fused_step", "all_finite", "eval_fn", "evaluate", "straggle", "needs_autograph", "graph_function"]
+           "make_fused_step", "all_finite", "eval_fn", "evaluate", "straggle", "needs_autograph", "graph_function",
+           "SignedCall"]
 
 #: the packages whose layers never need AutoGraph (their ``call`` branches with ``tf.cond``, not on tensors
 #: in Python); a layer of any other module is the user's
@@ -57,6 +59,43 @@ def graph_function(fn, model=None, input_signature=None):
     if autograph and model is not None and not hasattr(model, "submodules"):
         _convert_user_calls(model)
     return tf.function(fn, input_signature=input_signature, autograph=autograph)
+
+
+class SignedCall:
+    """Call ``fn``, a ``tf.function`` whose ``input_signature`` covers every argument (so it has one graph),
+    through that graph's concrete function: ``SignedCall(fn)(x, y)`` returns what ``fn(x, y)`` returns.
+
+    Why: every call of a ``tf.function`` works out again, in Python, which of its graphs its arguments
+    select (binding them to the signature, converting and checking each one), on the thread that then
+    waits for the step; a training step pays it once a step, beside the step's own work on the same
+    cores. With one graph there is nothing to select: the arguments are converted here to tensors of
+    the signature's dtypes (``tf.convert_to_tensor``, the conversion the signature applies) and that
+    graph runs on them, so every step computes what it computed before. The first call traces that
+    graph (``fn.get_concrete_function()``, which creates any variable the step makes, as a first call of
+    ``fn`` would), once: ``fn`` itself, called later, finds it traced.
+
+    Raises:
+        ValueError: ``fn``'s Python function takes an argument its signature does not give (one with
+            a default): its concrete function would not bind the signature's arguments (TensorFlow then
+            builds an error message from the tensors and falls back, at a cost of its own every call).
+    """
+
+    __slots__ = ("fn", "_concrete", "_dtypes", "_convert")
+
+    def __init__(self, fn):
+        import tensorflow as tf
+
+        self.fn, self._concrete, self._convert = fn, None, tf.convert_to_tensor
+        self._dtypes = [spec.dtype for spec in fn.input_signature]
+        extra = list(inspect.signature(fn.python_function).parameters)[len(self._dtypes):]
+        if extra:
+            raise ValueError(f"{getattr(fn, '__name__', fn)} takes {', '.join(extra)} beyond its input_signature: "
+                             "call the tf.function itself")
+
+    def __call__(self, *args):
+        if self._concrete is None:
+            self._concrete = self.fn.get_concrete_function()   # traces the one graph
+        return self._concrete(*[self._convert(a, dtype) for a, dtype in zip(args, self._dtypes)])
 
 
 def _convert_user_calls(model) -> None:

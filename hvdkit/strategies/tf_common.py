@@ -12,7 +12,7 @@ from typing import Any
 from hvdkit.comm import exchange, free_port
 from hvdkit.models import keras_of, model_input_shape
 from hvdkit.startup import addresses
-from hvdkit.steps import graph_function
+from hvdkit.steps import SignedCall, graph_function
 from hvdkit.strategies.base import Strategy
 
 __all__ = ["TFDistribute", "make_tf_step", "on_write_scope", "tf_addresses", "local_gpus"]
@@ -180,10 +180,11 @@ class TFDistribute(Strategy):
         with self.scope():
             optimizer.build(model.trainable_variables)  # slots now, inside the scope (and for state())
         self._step = make_tf_step(self.tf, model, optimizer, self.processes)
+        self._call = SignedCall(self._step)   # the step, called through its one graph
 
     def train_step(self, x, y, timer):
         with timer.phase("compute"):  # gradient, all-reduce and update are one tf.function
-            loss_sum, correct = self._step(x, y)
+            loss_sum, correct = self._call(x, y)
             loss_sum, correct = float(loss_sum), int(correct)
         return loss_sum, correct, len(y)
 

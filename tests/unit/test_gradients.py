@@ -301,3 +301,35 @@ def test_the_step_marks_compute_only_once_traced_since_the_last_rebuild():
     assert seen == [False, True, True]
     s.rebuild()   # a re-form
     assert not s.step_marks_collective
+
+
+
+def test_a_step_called_through_its_one_graph_trains_as_the_function_does():
+    """:class:`hvdkit.steps.SignedCall`: the tf.distribute rows' step called through its concrete function
+    trains the same weights, bit for bit, as the ``tf.function`` called every step, a shorter batch
+    included, and traces once; a function with an argument outside its signature is refused."""
+    import tensorflow as tf
+
+    from hvdkit.models import build_model
+    from hvdkit.steps import SignedCall
+    from hvdkit.strategies.tf_common import make_tf_step
+
+    strategy = tf.distribute.get_strategy()   # the default strategy: one replica, this process
+    models = [build_model("mlp", (8, 8, 1), 3, seed=0) for _ in range(2)]
+    optimizers = [tf.keras.optimizers.SGD(0.1, momentum=0.9) for _ in models]
+    for m, opt in zip(models, optimizers):
+        opt.build(m.trainable_variables)   # as the rows' set-up does (TFDistribute.setup)
+    steps = [make_tf_step(strategy, m, opt, 1) for m, opt in zip(models, optimizers)]
+    called = SignedCall(steps[0])
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((20, 8, 8, 1)).astype(np.float32)
+    y = rng.integers(0, 3, 20)
+    for lo, hi in ((0, 4), (4, 8), (8, 12), (12, 15)):   # the last batch shorter
+        a, b = called(x[lo:hi], y[lo:hi]), steps[1](x[lo:hi], y[lo:hi])
+        assert (float(a[0]), int(a[1])) == (float(b[0]), int(b[1]))
+    for a, b in zip(models[0].get_weights(), models[1].get_weights()):
+        np.testing.assert_array_equal(a, b)
+    assert steps[0].experimental_get_tracing_count() == 1
+    spec = [tf.TensorSpec((None,), tf.float32)]
+    with pytest.raises(ValueError, match="scale"):
+        SignedCall(tf.function(lambda x, scale=None: x, input_signature=spec))
