@@ -436,7 +436,7 @@ def make_fused_step(model, optimizer, allreduce, loss_scaling: bool = False, sha
             finite = _apply(optimizer, reduced, variables, loss_scaling)
             return loss_sum, correct, t1 - t0, t0, finite
 
-        return graph_function(step_as_ready, model, _signature(model, loss_scaling))
+        return graph_function(_exact(step_as_ready, loss_scaling), model, _signature(model, loss_scaling))
 
     def step_of(x, y, scale=None):
         loss_sum, correct, grads = _loss_correct_grads(model, x, y, scale)
@@ -458,7 +458,19 @@ def make_fused_step(model, optimizer, allreduce, loss_scaling: bool = False, sha
                 saved.assign(v)
         return loss_sum, correct, t1 - t0, t0, finite
 
-    return graph_function(step_of, model, _signature(model, loss_scaling))
+    return graph_function(_exact(step_of, loss_scaling), model, _signature(model, loss_scaling))
+
+
+def _exact(step, loss_scaling: bool):
+    """``step(x, y, scale=None)`` as a function of exactly its signature's arguments (:func:`_signature`):
+    ``step`` itself with loss scaling, else ``(x, y)``, which :class:`SignedCall` can call."""
+    if loss_scaling:
+        return step
+
+    def unscaled(x, y):
+        return step(x, y)
+
+    return unscaled
 
 
 

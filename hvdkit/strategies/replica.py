@@ -17,7 +17,7 @@ from typing import ClassVar, Sequence
 import numpy as np
 
 from hvdkit.models import tf_variables
-from hvdkit.steps import make_fused_step, make_step_functions, straggle
+from hvdkit.steps import SignedCall, make_fused_step, make_step_functions, straggle
 from hvdkit.strategies.base import Strategy
 
 __all__ = ["ReplicaStrategy", "average_statistics"]
@@ -79,10 +79,10 @@ class ReplicaStrategy(Strategy):
         (such as the fp16 scaling's N) is reused. Local."""
         scaled = self.loss_scale is not None
         self._grads_fn, self._apply_fn = make_step_functions(self.model, self.optimizer, scaled)
-        self._fused = make_fused_step(self.model, self.optimizer, self.allreduce, scaled, self.shadow,
-                                      mark=self.collective_mark if self.marks_collective else None,
-                                      tape_reduce=self.tape_reduce()) \
-            if self.graph_allreduce else None
+        self._fused = SignedCall(make_fused_step(self.model, self.optimizer, self.allreduce, scaled, self.shadow,
+                                                 mark=self.collective_mark if self.marks_collective else None,
+                                                 tape_reduce=self.tape_reduce())) \
+            if self.graph_allreduce else None   # the step, called through its one graph
         self._fused_ran = False   # the next call traces it
 
     @property
