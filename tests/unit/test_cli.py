@@ -142,8 +142,9 @@ DIFFERENT_ON_PURPOSE = {
     # train's synthetic images are ImageNet-sized (224, 1000 classes); the benchmarks and the advisor's
     # registry models use 32x32x3 and 10 classes (what 2 cores can run)
     "--image-size": "train 224 vs benchmarks 32", "--num-classes": "train 1000 (0) vs benchmarks 10",
-    # bench training gives every rank 1 thread (the same CPU share at every N); train and bare_horovod: the rule
-    "--threads": "bench training 1 vs cores / ranks",
+    # bench training gives every rank 1 thread (the same CPU share at every N); train and bare_horovod: the rule;
+    # bench peer takes a list of settings, each measured in every round
+    "--threads": "bench training 1 vs cores / ranks; peer: a list",
     # each benchmark's own repetitions: rounds per message size (collectives 20/5, on clusters 10/3),
     # timed epochs (training 2, bare_horovod 5), jobs per cell; train's epochs vs a convergence job's
     "--iters": "per benchmark", "--warmup": "per benchmark", "--repeats": "per benchmark",
@@ -167,7 +168,8 @@ DIFFERENT_ON_PURPOSE = {
 
 
 #: ... and of those, the options whose type differs too: a different meaning under one name
-DIFFERENT_MEANING = {"--hosts", "--json", "--resume", "--measure", "--min-bytes", "--max-bytes", "--step", "--staleness"}
+DIFFERENT_MEANING = {"--hosts", "--json", "--resume", "--measure", "--min-bytes", "--max-bytes", "--step", "--staleness",
+                     "--threads"}
 
 
 def _declared(key: str, action) -> tuple:
